@@ -1,0 +1,42 @@
+"""The engine's configuration: a small dataclass that checks itself. The gateway's settings
+build it; the engine reads nothing from the environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"  # bundled id, or a local HF directory (config.json + safetensors)
+    served_model_name: str | None = None  # id the API shows; defaults to the bundled id or dir name
+    weights_cache_dir: str = "./data/weights"  # converted GGUF weights are cached here
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str = "auto"  # "auto" (fp32 on CPU, bf16 on CUDA) | "float32" | "bfloat16" | "float16"
+    block_size: int = 16
+    kv_cache_memory_gb: float = 1.0  # memory budget of the KV pool; sets num_blocks
+    num_blocks: int | None = None  # overrides the budget when set (tests)
+    max_model_len: int | None = None  # defaults to the model's context length
+    max_num_batched_tokens: int = 512  # token budget per step
+    max_num_seqs: int = 64  # cap on running requests
+    max_waiting: int = 1024  # beyond this, generate() raises EngineOverloadedError
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"  # "auto" | "torch" | "triton"
+    num_threads: int | None = None  # torch intra-op threads on CPU
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (8, 16, 32, 64):
+            raise ValueError("block_size must be one of 8, 16, 32, 64")
+        if self.kv_cache_memory_gb <= 0:
+            raise ValueError("kv_cache_memory_gb must be > 0")
+        if self.num_blocks is not None and self.num_blocks < 2:
+            raise ValueError("num_blocks must be >= 2")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError("max_num_batched_tokens must be >= block_size")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError("attention_backend must be auto, torch or triton")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError("dtype must be auto, float32, bfloat16 or float16")

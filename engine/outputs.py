@@ -1,0 +1,71 @@
+"""What the engine hands back: per-step deltas of each request, and its stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CompletionDelta:
+    """New output of one choice (``index`` < n) since the previous ``RequestOutput``."""
+
+    index: int
+    text: str  # valid UTF-8, never half a character, never part of a stop string
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
+    num_tokens: int = 0  # completion tokens of this choice so far
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    arrival_time: float
+    queue_time: float | None = None  # seconds from arrival to first scheduling
+    ttft: float | None = None  # seconds from arrival to first output token
+    inter_token_times: list[float] = field(default_factory=list)
+    finished_time: float | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    deltas: list[CompletionDelta]
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prompt tokens served from the prefix cache
+    finished: bool
+    metrics: RequestMetrics | None = None
+
+
+@dataclass(slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_usage: float  # fraction of blocks in use
+    kv_utilization: float  # tokens held / slots of the allocated blocks
+    prefix_hit_rate: float  # prompt tokens served from cache / prompt tokens looked up
+    preemptions: int
+    steps: int
+    generated_tokens: int
+
+
+class EngineError(Exception):
+    """Base of errors the engine raises for a request (the gateway maps them to HTTP)."""
+
+
+class PromptTooLongError(EngineError, ValueError):
+    def __init__(self, prompt_tokens: int, max_model_len: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens, but the request "
+            f"has {prompt_tokens} prompt tokens."
+        )
+
+
+class EngineOverloadedError(EngineError):
+    """The waiting queue is full; retry later."""
+
+
+class EngineDeadError(EngineError):
+    """The engine's step loop stopped on an unexpected error."""

@@ -1,0 +1,41 @@
+"""The interface the gateway talks to. The in-process ``AsyncEngine`` fills it; a remote
+OpenAI-compatible upstream (vLLM, SGLang) can fill it later."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from engine.outputs import EngineStats, RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+class EngineClient(Protocol):
+    model_id: str  # the id clients use in "model"
+    max_model_len: int
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Render chat messages with the model's chat template (generation prompt added) to ids."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        request_id: str,
+        salt: str | None = None,
+        priority_class: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield deltas until the request finishes. Raises ``PromptTooLongError`` or
+        ``EngineOverloadedError`` before the first yield. Closing the iterator early (e.g. the
+        client disconnected) aborts the request and frees its blocks."""
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def start(self) -> None: ...
+
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,53 @@
+"""Sampling parameters of one request; they check themselves on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to sample a request's completion(s).
+
+    ``temperature == 0`` means greedy. ``seed`` makes sampling reproducible per request whatever
+    its batch mates. ``n > 1`` forks the request after its prompt's prefill; children share the
+    prompt's KV blocks. ``stop`` strings are never emitted in the text.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    seed: int | None = None
+    max_tokens: int = 256
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.top_k == -1:
+            self.top_k = 0
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError("n must be an integer >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (or -1 to disable)")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
+            raise ValueError("min_tokens must be between 0 and max_tokens")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,38 @@
+"""The ``pagegate`` command. Each subcommand lives with the code it drives; this file only wires
+them: ``serve`` (gateway.serve), ``generate`` (gateway.generate_cmd: the engine alone), ``admin``
+(admin.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagegate", description="Self-hosted multi-tenant LLM gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from gateway import generate_cmd, serve
+
+    serve.register(sub)
+    generate_cmd.register(sub)
+    try:
+        from admin import cli as admin_cli
+    except ImportError:  # admin package not built yet
+        admin_cli = None
+    if admin_cli is not None and hasattr(admin_cli, "register"):
+        admin_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""OpenAI-format errors. Anything the gateway refuses is raised as ``ApiError`` and rendered as
+``{"error": {"message", "type", "param", "code"}}`` with its status and headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class ApiError(Exception):
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.code or self.type}: {self.message}"
+
+
+def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def invalid_api_key(message: str = "Incorrect API key provided.") -> ApiError:
+    return ApiError(401, message, "invalid_request_error", "invalid_api_key")
+
+
+def permission_denied(message: str, *, code: str = "permission_denied") -> ApiError:
+    return ApiError(403, message, "permission_error", code)
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"The model `{model}` does not exist or you do not have access to it.",
+                    "invalid_request_error", "model_not_found", "model")
+
+
+def rate_limited(message: str, *, retry_after_s: float, headers: dict[str, str] | None = None) -> ApiError:
+    h = dict(headers or {})
+    h["retry-after"] = str(max(1, int(retry_after_s + 0.999)))
+    h["retry-after-ms"] = str(max(1, int(retry_after_s * 1000)))
+    return ApiError(429, message, "rate_limit_exceeded", "rate_limit_exceeded", None, h)
+
+
+def insufficient_quota(message: str, *, retry_after_s: float) -> ApiError:
+    err = rate_limited(message, retry_after_s=retry_after_s)
+    err.type = "insufficient_quota"
+    err.code = "insufficient_quota"
+    return err
+
+
+def overloaded(message: str = "The engine is overloaded; retry shortly.", retry_after_s: float = 1.0) -> ApiError:
+    return ApiError(503, message, "server_error", "overloaded", None,
+                    {"retry-after": str(max(1, int(retry_after_s)))})

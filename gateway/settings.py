@@ -1,0 +1,83 @@
+"""All of pagegate's settings: one pydantic-settings class (env prefix ``PAGEGATE_``), read once at
+start and passed down. No other module reads the environment."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.config import EngineConfig
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PAGEGATE_", env_file=None, extra="ignore")
+
+    # server
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dev_mode: bool = False  # `make run`: create a default tenant + key on an empty database
+    log_level: str = "info"
+
+    # storage
+    database_url: str = "sqlite+aiosqlite:///./data/pagegate.db"
+    redis_url: str | None = None  # unset: `pagegate serve` starts an embedded Redis server
+    redis_prefix: str = "pg:"  # every Redis key starts with this
+    data_dir: str = "./data"
+    usage_spool_dir: str = "./data/usage-spool"
+    usage_flush_interval_s: float = 0.5
+    usage_batch_size: int = 500
+
+    # engine
+    model: str = "smollm2-135m-instruct"
+    served_model_name: str | None = None
+    weights_cache_dir: str = "./data/weights"
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_cache_memory_gb: float = 1.0
+    num_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_waiting: int = 1024
+    enable_prefix_caching: bool = True
+    attention_backend: str = "auto"
+    num_threads: int | None = None
+    load_engine: bool = True  # False: no in-process engine (admin-only process)
+
+    # tenancy defaults
+    default_rpm: int = 600
+    default_tpm: int = 200_000
+    key_cache_ttl_s: float = 30.0  # local auth cache; revocations are pushed through Redis
+
+    # semantic cache
+    cache_enabled: bool = True
+    cache_threshold: float = 0.90
+    cache_ttl_s: int = 86_400
+    cache_max_entries: int = 10_000
+    embedding_model: str = "all-MiniLM-L6-v2"
+
+    # admin
+    admin_jwt_secret: str = Field(default="change-me-admin-secret-at-least-32-bytes!!")
+    admin_jwt_issuer: str = "pagegate"
+    admin_jwks_url: str | None = None  # URL or file path of a JWKS for RS256/ES256 tokens
+    admin_token_ttl_s: int = 3600
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model,
+            served_model_name=self.served_model_name,
+            weights_cache_dir=self.weights_cache_dir,
+            device=self.device,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            kv_cache_memory_gb=self.kv_cache_memory_gb,
+            num_blocks=self.num_blocks,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_waiting=self.max_waiting,
+            enable_prefix_caching=self.enable_prefix_caching,
+            attention_backend=self.attention_backend,
+            num_threads=self.num_threads,
+        )

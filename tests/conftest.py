@@ -1,0 +1,7 @@
+"""Suite-wide settings. Each area keeps its fixtures in its own tests/<area>/conftest.py."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
