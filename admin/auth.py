@@ -1,0 +1,156 @@
+"""Admin tokens: JWTs verified with joserfc (Authlib's JOSE library; ``authlib.jose`` is
+deprecated since Authlib 1.6 in its favour and warns on import).
+
+- HS256 tokens signed with ``settings.admin_jwt_secret`` (``pagegate admin token`` mints them).
+- RS256/ES256 (and the other RSA/EC algorithms) tokens from a company IdP, verified against the
+  JWKS at ``settings.admin_jwks_url`` by the header's ``kid``.
+
+Every token must carry ``sub``, ``exp`` (enforced) and ``iss`` equal to
+``settings.admin_jwt_issuer``. Scopes come from ``scope`` (space-separated, RFC 8693) or ``scp``
+(a list, as Okta and Entra ID issue them). ``admin:write`` implies ``admin:read``.
+Failures raise ``ApiError``: 401 ``invalid_token`` for a missing, malformed, expired, badly signed
+or unknown-``kid`` token; 403 ``insufficient_scope`` for a valid token without the scope.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from joserfc import jwt
+from joserfc.errors import ExpiredTokenError, JoseError, MissingClaimError
+from joserfc.jwk import OctKey
+
+from admin.jwks import JwksError, JwksSource
+from gateway.errors import ApiError
+from gateway.settings import Settings
+
+SCOPE_READ = "admin:read"
+SCOPE_WRITE = "admin:write"
+ALL_SCOPES = (SCOPE_READ, SCOPE_WRITE)
+HMAC_ALGS = ("HS256",)
+ASYMMETRIC_ALGS = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "ES512")
+LEEWAY_S = 30  # clock skew tolerated on exp/nbf/iat
+
+
+@dataclass(frozen=True, slots=True)
+class AdminPrincipal:
+    """Who is calling the admin API: the token's subject and granted scopes."""
+
+    subject: str
+    scopes: frozenset[str]
+    claims: dict = field(default_factory=dict, compare=False)
+
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes or (scope == SCOPE_READ and SCOPE_WRITE in self.scopes)
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, "invalid_request_error", "invalid_token",
+                    headers={"www-authenticate": 'Bearer realm="pagegate-admin"'})
+
+
+def forbidden(scope: str) -> ApiError:
+    return ApiError(403, f"This admin token lacks the '{scope}' scope.", "permission_error",
+                    "insufficient_scope",
+                    headers={"www-authenticate": f'Bearer error="insufficient_scope", scope="{scope}"'})
+
+
+def require(principal: AdminPrincipal, scope: str) -> AdminPrincipal:
+    if not principal.has(scope):
+        raise forbidden(scope)
+    return principal
+
+
+def _hmac_key(secret: str) -> OctKey:
+    return OctKey.import_key(secret.encode())
+
+
+def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str, ...] | list[str] = ALL_SCOPES,
+               ttl_s: int | None = None, now: int | None = None) -> str:
+    """An HS256 admin token signed with ``settings.admin_jwt_secret``."""
+    unknown = set(scopes) - set(ALL_SCOPES)
+    if unknown:
+        raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
+    issued = int(time.time()) if now is None else now
+    ttl = settings.admin_token_ttl_s if ttl_s is None else ttl_s
+    claims = {"iss": settings.admin_jwt_issuer, "sub": subject, "iat": issued, "exp": issued + ttl,
+              "scope": " ".join(scopes), "jti": uuid.uuid4().hex}
+    return jwt.encode({"alg": "HS256"}, claims, _hmac_key(settings.admin_jwt_secret))
+
+
+def _peek_header(token: str) -> dict:
+    try:
+        head = token.split(".")[0]
+        header = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+    except (ValueError, IndexError) as exc:
+        raise unauthorized("The admin token is malformed.") from exc
+    if not isinstance(header, dict) or token.count(".") != 2:
+        raise unauthorized("The admin token is malformed.")
+    return header
+
+
+def _scopes(claims: dict) -> frozenset[str]:
+    raw = claims.get("scope", claims.get("scp", ""))
+    if isinstance(raw, str):
+        return frozenset(raw.split())
+    if isinstance(raw, list):
+        return frozenset(s for s in raw if isinstance(s, str))
+    return frozenset()
+
+
+class AdminTokenVerifier:
+    """Checks admin bearer tokens. One per app; holds the cached JWKS."""
+
+    def __init__(self, settings: Settings, *, jwks: JwksSource | None = None) -> None:
+        self.settings = settings
+        self._hmac = _hmac_key(settings.admin_jwt_secret)
+        self.jwks = jwks or (JwksSource(settings.admin_jwks_url) if settings.admin_jwks_url else None)
+        self._claims = jwt.JWTClaimsRegistry(
+            leeway=LEEWAY_S,
+            iss={"essential": True, "value": settings.admin_jwt_issuer},
+            sub={"essential": True},
+            exp={"essential": True},
+        )
+
+    async def verify(self, token: str | None) -> AdminPrincipal:
+        if not token:
+            raise unauthorized("Missing admin bearer token (Authorization: Bearer <jwt>).")
+        header = _peek_header(token)
+        alg = header.get("alg")
+        if alg in HMAC_ALGS:
+            key = self._hmac
+        elif alg in ASYMMETRIC_ALGS:
+            key = await self._jwks_key(header.get("kid"))
+        else:
+            raise unauthorized(f"Admin tokens signed with {alg!r} are not accepted.")
+        try:
+            decoded = jwt.decode(token, key, algorithms=[alg])
+        except JoseError as exc:
+            raise unauthorized("The admin token's signature is invalid.") from exc
+        try:
+            self._claims.validate(decoded.claims)
+        except ExpiredTokenError as exc:
+            raise unauthorized("The admin token has expired.") from exc
+        except MissingClaimError as exc:
+            raise unauthorized(f"The admin token lacks a required claim: {exc.description}") from exc
+        except JoseError as exc:
+            raise unauthorized(f"The admin token's claims are invalid: {exc.description}") from exc
+        return AdminPrincipal(subject=decoded.claims["sub"], scopes=_scopes(decoded.claims),
+                              claims=decoded.claims)
+
+    async def _jwks_key(self, kid: str | None):
+        if self.jwks is None:
+            raise unauthorized("Asymmetric admin tokens need PAGEGATE_ADMIN_JWKS_URL to be configured.")
+        if not kid:
+            raise unauthorized("The admin token has no 'kid' header.")
+        try:
+            key = await self.jwks.get(kid)
+        except JwksError as exc:
+            raise unauthorized(f"The admin key set is unavailable: {exc}") from exc
+        if key is None:
+            raise unauthorized(f"Unknown admin signing key id {kid!r}.")
+        return key

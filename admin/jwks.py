@@ -1,0 +1,92 @@
+"""A JSON Web Key Set read from a URL or a file, cached, and looked up by key id.
+
+Company identity providers publish their signing keys as a JWKS (``/.well-known/jwks.json``)
+and rotate them; an unknown ``kid`` therefore triggers one re-read (at most every
+``refresh_floor_s``) before the token is refused. Reading never blocks the event loop: URLs are
+fetched with ``httpx.AsyncClient``, files are read on a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+from joserfc.jwk import Key, KeySet
+
+
+class JwksError(Exception):
+    """The key set could not be read or parsed."""
+
+
+class JwksSource:
+    """Keys from ``location`` (``https://…``, ``http://…``, ``file://…`` or a plain path).
+
+    Contract: ``await get(kid)`` returns the key with that id or ``None`` when the (freshly
+    re-read) set has no such key; it raises ``JwksError`` when the set cannot be read at all.
+    """
+
+    def __init__(self, location: str, *, ttl_s: float = 300.0, refresh_floor_s: float = 10.0,
+                 timeout_s: float = 5.0) -> None:
+        self.location = location
+        self.ttl_s = ttl_s
+        self.refresh_floor_s = refresh_floor_s
+        self.timeout_s = timeout_s
+        self._keys: KeySet | None = None
+        self._loaded_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self, kid: str | None) -> Key | None:
+        keys = await self._current()
+        key = _find(keys, kid)
+        if key is None and time.monotonic() - self._loaded_at >= self.refresh_floor_s:
+            keys = await self._current(force=True)
+            key = _find(keys, kid)
+        return key
+
+    async def _current(self, *, force: bool = False) -> KeySet:
+        async with self._lock:
+            fresh = self._keys is not None and time.monotonic() - self._loaded_at < self.ttl_s
+            if fresh and not force:
+                return self._keys  # type: ignore[return-value]
+            data = await self._read()
+            try:
+                self._keys = KeySet.import_key_set(data)  # type: ignore[arg-type]
+            except Exception as exc:  # joserfc raises assorted errors on malformed keys
+                raise JwksError(f"bad key in the JWKS at {self.location}: {exc}") from exc
+            self._loaded_at = time.monotonic()
+            return self._keys
+
+    async def _read(self) -> dict:
+        loc = self.location
+        try:
+            if loc.startswith(("http://", "https://")):
+                async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                    resp = await client.get(loc)
+                    resp.raise_for_status()
+                    data = resp.json()
+            else:
+                path = Path(loc.removeprefix("file://"))
+                data = json.loads(await asyncio.to_thread(path.read_text))
+        except (OSError, ValueError, httpx.HTTPError) as exc:
+            raise JwksError(f"cannot read the JWKS at {loc}: {exc}") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+            raise JwksError(f"{loc} is not a JWKS (no 'keys' list)")
+        # Only public asymmetric keys verify IdP tokens: drop shared secrets and private members.
+        keys = [{k: v for k, v in key.items() if k not in _PRIVATE}
+                for key in data["keys"] if isinstance(key, dict) and key.get("kty") in ("RSA", "EC", "OKP")]
+        return {"keys": keys}
+
+
+_PRIVATE = {"d", "p", "q", "dp", "dq", "qi", "oth"}
+
+
+def _find(keys: KeySet, kid: str | None) -> Key | None:
+    if kid is None:
+        return None
+    for key in keys:
+        if key.kid == kid:
+            return key
+    return None

@@ -1,0 +1,169 @@
+"""Iteration-level scheduler: which sequences run in the next forward, and how many tokens each.
+
+Every step has a token budget (``max_num_batched_tokens``) and a cap on running sequences
+(``max_num_seqs``). Running sequences go first (decodes, or the next chunk of a long prefill),
+in admission order; then waiting ones are admitted (prefills, chunked to the budget left),
+round-robin across scheduling classes. Everything chosen runs in one flat varlen batch.
+
+When the pool runs out of blocks, the most recently admitted running sequence is preempted:
+its blocks are freed and it waits (ahead of new requests) to be recomputed from its tokens,
+so its output is unaffected. A step that preempts admits nothing new.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Sequence, SeqStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """The one record the model runner gets: sequences in batch order and their new tokens."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class WaitingQueues:
+    """FIFO per scheduling class, served round-robin; preempted sequences come before all."""
+
+    def __init__(self) -> None:
+        self.preempted: deque[Sequence] = deque()
+        self.classes: OrderedDict[str | None, deque[Sequence]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.preempted) + sum(len(q) for q in self.classes.values())
+
+    def add(self, seq: Sequence) -> None:
+        self.classes.setdefault(seq.request.priority_class, deque()).append(seq)
+
+    def add_preempted(self, seq: Sequence) -> None:
+        self.preempted.appendleft(seq)  # victims come newest first: keep admission order
+
+    def peek(self) -> Sequence | None:
+        if self.preempted:
+            return self.preempted[0]
+        for q in self.classes.values():
+            if q:
+                return q[0]
+        return None
+
+    def pop(self, seq: Sequence) -> None:
+        """Remove ``seq`` (the one ``peek`` returned); its class moves to the back of the round."""
+        if self.preempted and self.preempted[0] is seq:
+            self.preempted.popleft()
+            return
+        cls = seq.request.priority_class
+        self.classes[cls].popleft()
+        if self.classes[cls]:
+            self.classes.move_to_end(cls)
+        else:
+            del self.classes[cls]
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.preempted:
+            self.preempted.remove(seq)
+            return
+        q = self.classes.get(seq.request.priority_class)
+        if q is not None and seq in q:
+            q.remove(seq)
+            if not q:
+                del self.classes[seq.request.priority_class]
+
+
+class Scheduler:
+    def __init__(
+        self, kv: KVCacheManager, *, max_num_batched_tokens: int, max_num_seqs: int
+    ) -> None:
+        self.kv = kv
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting = WaitingQueues()
+        self.running: list[Sequence] = []  # admission order: the last is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.add(seq)
+
+    def add_running(self, seq: Sequence, after: Sequence) -> None:
+        """Place a freshly forked child (its blocks already shared) right after its parent."""
+        seq.status = SeqStatus.RUNNING
+        self.running.insert(self.running.index(after) + 1, seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(seq, n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.seqs.append(seq)
+                out.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+                continue
+            break
+
+        while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            computed = self.kv.get_computed_blocks(seq)
+            num_cached = len(computed) * self.kv.block_size
+            n = min(seq.num_tokens - num_cached, budget)
+            if not self.kv.allocate_slots(seq, n, computed):
+                break
+            self.waiting.pop(seq)
+            if seq.num_preemptions == 0 and seq.index == 0:
+                self.kv.record_prefix_lookup(seq.num_tokens, num_cached)
+                seq.request.cached_prompt_tokens = num_cached
+            seq.num_computed_tokens = num_cached
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+
+        out.block_copies = self.kv.take_pending_copies()
+        return out
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.num_preemptions += 1
+        self.waiting.add_preempted(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence wherever it is and free its blocks at once."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+        self.kv.free(seq)

@@ -1,0 +1,72 @@
+"""The database handle: one async SQLAlchemy engine + sessionmaker per process, and the schema
+upgrade (``alembic upgrade head``) that ``pagegate serve`` runs on start.
+
+SQLite (default, ``sqlite+aiosqlite:///./data/pagegate.db``) gets WAL mode, a busy timeout and
+foreign keys; PostgreSQL goes through asyncpg (``postgresql+asyncpg://...``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DBAPI callback
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=5000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class Database:
+    """Owns the async engine. ``sessionmaker()`` yields ``AsyncSession`` (expire_on_commit=False)."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = url
+        parsed = make_url(url)
+        self.dialect = parsed.get_backend_name()  # "sqlite" | "postgresql"
+        kwargs: dict = {"echo": echo}
+        if self.dialect == "sqlite":
+            db = parsed.database
+            if db and db != ":memory:":
+                Path(db).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
+        self.engine: AsyncEngine = create_async_engine(url, **kwargs)
+        if self.dialect == "sqlite":
+            event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+        self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
+            self.engine, expire_on_commit=False
+        )
+
+    async def upgrade(self, revision: str = "head") -> None:
+        """Run ``alembic upgrade <revision>`` on a worker thread (never on the event loop)."""
+        await asyncio.to_thread(upgrade_sync, self.url, revision)
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def alembic_config(url: str):  # noqa: ANN201 - alembic.config.Config
+    """An Alembic config pointing at ``migrations/`` (works from an installed package)."""
+    from alembic.config import Config
+
+    cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["configure_logger"] = False
+    return cfg
+
+
+def upgrade_sync(url: str, revision: str = "head") -> None:
+    """Blocking ``alembic upgrade``; env.py runs it on its own event loop in this thread."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

@@ -1,0 +1,227 @@
+"""OpenAI request and response bodies (pydantic v2).
+
+Requests: unknown fields are ignored (as OpenAI does); a field of the wrong type or out of range
+fails validation and becomes a 400 ``invalid_request_error`` naming the field (see
+``gateway.app``). Numbers are strict: a string where a number belongs is refused, an integer
+where a float belongs is fine. Responses mirror the OpenAI objects the official clients parse.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+Float = StrictFloat  # accepts JSON integers too; "0.5" (a string) and booleans are refused
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Request):
+    include_usage: StrictBool = False
+
+
+class ResponseFormat(_Request):
+    type: Literal["text"]  # json_object / json_schema need constrained decoding: refused
+
+
+class _Sampling(_Request):
+    """Fields shared by chat and text completions (OpenAI + the vLLM extras ``extra_body`` sends)."""
+
+    model: StrictStr
+    temperature: Annotated[Float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[Float | None, Field(gt=0, le=1)] = None
+    max_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
+    seed: StrictInt | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+    presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # accepted, not applied
+    frequency_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # accepted, not applied
+    # vLLM extras
+    top_k: Annotated[StrictInt | None, Field(ge=-1)] = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    ignore_eos: StrictBool = False
+    repetition_penalty: Annotated[Float | None, Field(gt=0, le=10)] = None
+    stop_token_ids: list[StrictInt] | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
+    response_format: ResponseFormat | None = None
+    logprobs: StrictBool | None = None  # not supported: true is refused by the service
+    tools: list[dict] | None = None  # not supported: a non-empty list is refused by the service
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    # One prompt per request: a string or token ids (a one-element list of either is accepted).
+    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    echo: StrictBool = False
+    suffix: StrictStr | None = None  # not supported: refused by the service
+    logprobs: StrictInt | None = None  # not supported: refused by the service
+    best_of: StrictInt | None = None  # only 1 (or unset) is supported
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default
+
+
+class EmbeddingRequest(_Request):
+    model: StrictStr
+    input: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=2048)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[StrictInt | None, Field(ge=1)] = None
+    user: StrictStr | None = None
+
+    def inputs(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+# ---------------------------------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int
+    delta: ChunkDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    """Both the whole text completion and its stream chunks (OpenAI uses one shape)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pagegate"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: EmbeddingUsage

@@ -1,0 +1,56 @@
+"""Alembic environment (async engines: aiosqlite / asyncpg). Runs on its own event loop, so
+callers invoke it from a worker thread (``Database.upgrade``)."""
+
+from __future__ import annotations
+
+import asyncio
+from logging.config import fileConfig
+
+from alembic import context
+from sqlalchemy import pool
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from gateway.db.models import Base
+
+config = context.config
+if config.config_file_name and config.attributes.get("configure_logger", True):
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
+target_metadata = Base.metadata
+
+
+def _url() -> str:
+    url = config.get_main_option("sqlalchemy.url")
+    if url:
+        return url
+    from gateway.settings import Settings
+
+    return Settings().database_url
+
+
+def _do_run(connection) -> None:  # noqa: ANN001 - sync Connection
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+async def _run_async() -> None:
+    engine = create_async_engine(_url(), poolclass=pool.NullPool)
+    try:
+        async with engine.connect() as conn:
+            await conn.run_sync(_do_run)
+            await conn.commit()
+    finally:
+        await engine.dispose()
+
+
+if context.is_offline_mode():
+    context.configure(url=_url(), target_metadata=target_metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    asyncio.run(_run_async())

@@ -1,0 +1,1 @@
+"""Schema versions, oldest first."""
