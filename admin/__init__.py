@@ -1,0 +1,41 @@
+"""pagegate's admin surface: JSON API under ``/admin/v1``, dashboard pages under ``/admin``,
+and ``pagegate admin …`` CLI commands (``admin.cli``)."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+    from redis.asyncio import Redis
+
+    from gateway.db.session import Database
+    from gateway.settings import Settings
+
+
+def build_admin_router(settings: Settings, *, database: Database | None = None,
+                       redis: Redis | None = None) -> APIRouter:
+    """One router with the admin API (``/admin/v1/...``) and the dashboard (``/admin/...``).
+
+    ``database``/``redis`` let the gateway share its own handles; by default they are opened from
+    ``settings`` on first use and closed when the app shuts down (the router's lifespan).
+    """
+    from fastapi import APIRouter
+
+    from admin.api import build_api_router
+    from admin.context import AdminContext
+    from admin.dashboard import build_dashboard_router
+
+    ctx = AdminContext(settings, database=database, redis=redis)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await ctx.aclose()
+
+    router = APIRouter(lifespan=lifespan)
+    router.include_router(build_api_router(ctx))
+    router.include_router(build_dashboard_router(ctx))
+    router.admin_context = ctx  # type: ignore[attr-defined]  # tests and embedders reach it here
+    return router

@@ -4,7 +4,7 @@ and the target's state before and after as JSON."""
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,7 +18,10 @@ def jsonable(value: Any) -> Any:
     """Decimals, datetimes and nested containers made JSON-safe (money keeps 8 decimals)."""
     if isinstance(value, Decimal):
         return float(round(value, 8))
-    if isinstance(value, (datetime, date)):
+    if isinstance(value, datetime):
+        # SQLite hands back naive datetimes; everything pagegate stores is UTC.
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}

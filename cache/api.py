@@ -37,4 +37,8 @@ class SemanticCacheClient(Protocol):
     async def store(self, namespace: str, body: dict, response: dict, policy: CachePolicy) -> None:
         """Store a complete (non-partial) response; a no-op when not cacheable or no_store."""
 
+    def stats(self) -> dict[str, int]:
+        """Counters since start: lookups, hits, semantic_hits, misses, bypasses,
+        verifier_rejections, stores, evictions, redis_errors, ..."""
+
     async def close(self) -> None: ...

@@ -35,7 +35,7 @@ BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # model_type values (config.json) the engine's Llama implementation covers.
 LLAMA_FAMILY_MODEL_TYPES = frozenset({"llama", "mistral"})
 SOURCE_MARKER = "pagegate_source.json"
-CONVERSION_FORMAT = 1  # bump when the converted layout changes: old caches are rebuilt
+CONVERSION_FORMAT = 2  # bump when the converted layout changes: old caches are rebuilt
 
 conversions = 0  # converted directories written by this process (tests check cache hits with it)
 
@@ -165,11 +165,14 @@ def _is_complete(target: Path, source: GGUFSource) -> bool:
     return marker == source.fingerprint() and (target / "model.safetensors").is_file()
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+def convert_gguf(gguf_path: Path, out_dir: Path):
     """Dequantize a GGUF checkpoint to fp32 and write a plain HF directory into ``out_dir``.
 
     transformers refuses ``save_pretrained`` on a GGUF-loaded model, so the state dict is written
     with safetensors directly and the config is saved without its quantization entry.
+
+    Returns:
+        The GGUF-loaded transformers model (fp32), e.g. as a reference for the written directory.
     """
     global conversions
     from safetensors.torch import save_file
@@ -204,6 +207,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         config.architectures = [type(model).__name__]
         config.dtype = "float32"
         config.save_pretrained(str(out_dir))
+        _add_legacy_rope_theta(out_dir / "config.json")
         gen = GenerationConfig.from_model_config(config)
         gen.save_pretrained(str(out_dir))
         steps.update()
@@ -216,3 +220,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         steps.close()
     conversions += 1
     logger.info("converted %s into %s", gguf_path, out_dir)
+    return model
+
+
+def _add_legacy_rope_theta(config_path: Path) -> None:
+    """transformers 5 writes RoPE as ``rope_parameters``; older readers (transformers 4, vLLM's
+    loaders) look for a top-level ``rope_theta``. Both load to the same config."""
+    config = json.loads(config_path.read_text())
+    theta = (config.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None and "rope_theta" not in config:
+        config["rope_theta"] = theta
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

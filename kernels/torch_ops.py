@@ -1,22 +1,102 @@
-"""The torch path of the kernel operations (CPU fast path). Starts as the reference; the engine
-work replaces it with faster code that stays equal to ``kernels.reference``."""
+"""The torch path of the kernel operations: the CPU fast path, equal to ``kernels.reference``
+(up to float rounding; tested in ``tests/kernels/test_torch_ops.py``).
+
+Attention splits the flat batch in two:
+
+- decodes (one new token per sequence) run as ONE batched attention: the context of every
+  sequence is gathered through the block tables into ``[B, L, Hkv, D]`` and the ``G`` query
+  heads of each KV head are laid out as ``G`` "query rows", so grouped-query attention needs no
+  repeated K/V and no causal mask, only a length mask;
+- prefill chunks run one sequence at a time through ``scaled_dot_product_attention``, causal
+  with the chunk's offset into its context (``is_causal`` when there is no earlier context).
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from kernels.reference import paged_attention_ref, write_kv_cache_ref
+from kernels.reference import write_kv_cache_ref
 
 
 def write_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping) -> None:
-    write_kv_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+    """Scatter the new tokens' K/V into their slots (``index_copy_`` into the flat cache)."""
+    if slot_mapping.numel() == 0:
+        return
+    if bool((slot_mapping < 0).any()):
+        write_kv_cache_ref(key, value, key_cache, value_cache, slot_mapping)
+        return
+    slots = slot_mapping.long()
+    kc = key_cache.view(-1, *key_cache.shape[2:])
+    vc = value_cache.view(-1, *value_cache.shape[2:])
+    kc.index_copy_(0, slots, key.to(kc.dtype))
+    vc.index_copy_(0, slots, value.to(vc.dtype))
 
 
 def paged_attention_torch(
     query, key_cache, value_cache, *, query_start_loc, seq_lens, block_tables, scale,
     max_query_len: int | None = None, max_seq_len: int | None = None,
 ) -> torch.Tensor:
-    return paged_attention_ref(
-        query, key_cache, value_cache,
-        query_start_loc=query_start_loc, seq_lens=seq_lens, block_tables=block_tables, scale=scale,
-    )
+    """Same contract as ``kernels.reference.paged_attention_ref``; the hints spare host syncs."""
+    num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or query.shape[0] == 0:
+        return torch.empty_like(query)
+    if max_query_len == 1:
+        return _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [starts[i + 1] - starts[i] for i in range(num_seqs)]
+    out = torch.empty_like(query)
+    decode = [i for i, n in enumerate(q_lens) if n == 1]
+    if decode:
+        rows = torch.tensor([starts[i] for i in decode], device=query.device)
+        idx = torch.tensor(decode, device=query.device)
+        d_out = _decode(
+            query.index_select(0, rows), key_cache, value_cache, seq_lens.index_select(0, idx),
+            block_tables.index_select(0, idx), scale, max(lens[i] for i in decode),
+        )
+        out.index_copy_(0, rows, d_out)
+    for i, n in enumerate(q_lens):
+        if n > 1:
+            s = starts[i]
+            out[s : s + n] = _prefill(query[s : s + n], key_cache, value_cache, block_tables[i], lens[i], scale)
+    return out
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """``[B, num_blocks * block_size, Hkv, D]``: each sequence's first blocks, in order."""
+    # entries past a sequence's length may be padding (even -1): clamp, the length mask hides them
+    g = cache[block_tables[:, :num_blocks].long().clamp_(min=0)]  # [B, nb, bs, Hkv, D]
+    return g.view(g.shape[0], -1, *cache.shape[2:])
+
+
+def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len) -> torch.Tensor:
+    b, hq, d = query.shape
+    bs, hkv = key_cache.shape[1], key_cache.shape[2]
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    nb = -(-max_seq_len // bs)
+    k = _gather(key_cache, block_tables, nb).transpose(1, 2)  # [B, Hkv, L, D]
+    v = _gather(value_cache, block_tables, nb).transpose(1, 2)
+    q = query.view(b, hkv, hq // hkv, d)  # the group's query heads as rows
+    positions = torch.arange(nb * bs, device=query.device)
+    mask = (positions[None, :] < seq_lens[:, None]).view(b, 1, 1, -1)
+    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
+    return out.reshape(b, hq, d)
+
+
+def _prefill(query, key_cache, value_cache, block_table, seq_len, scale) -> torch.Tensor:
+    n, hq, d = query.shape
+    bs, hkv = key_cache.shape[1], key_cache.shape[2]
+    nb = -(-seq_len // bs)
+    blocks = block_table[:nb].long()
+    k = key_cache[blocks].view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+    v = value_cache[blocks].view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)
+    q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    if seq_len == n:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv)
+    else:
+        q_pos = torch.arange(seq_len - n, seq_len, device=query.device)
+        mask = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
+    return out[0].transpose(0, 1)

@@ -27,6 +27,7 @@ partial result (running max, sum, accumulator) and ``_reduce_splits_kernel`` mer
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -52,7 +53,7 @@ def _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "split_len"])
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
@@ -73,6 +74,7 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -102,6 +104,8 @@ def _paged_attention_kernel(
         q_ptr + token[:, None] * stride_qt + q_head[:, None] * stride_qh + dims[None, :] * stride_qd,
         mask=row_valid[:, None] & dim_valid[None, :], other=0.0,
     )
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
 
     # Causal bound of the tile's last token; a split covers one slice of [0, kv_end).
     kv_end = tl.minimum(seq_len, prefix_len + (tile_in_seq + 1) * BLOCK_Q)
@@ -131,6 +135,9 @@ def _paged_attention_kernel(
             v_head + block[:, None] * stride_vb + in_block[:, None] * stride_vs + dims[None, :] * stride_vd,
             mask=k_valid[:, None] & dim_valid[None, :], other=0.0,
         )
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # log2 domain
         allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         s = tl.where(allowed, s, float("-inf"))
@@ -173,11 +180,11 @@ def _reduce_splits_kernel(
     dims = tl.arange(0, DIM_PAD)
     part = (token * NUM_Q_HEADS + head) * NUM_SPLITS + splits
     m = tl.load(part_max_ptr + part, mask=split_valid, other=float("-inf"))
-    l = tl.load(part_sum_ptr + part, mask=split_valid, other=0.0)
+    sums = tl.load(part_sum_ptr + part, mask=split_valid, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * DIM_PAD + dims[None, :], mask=split_valid[:, None], other=0.0)
     m_max = tl.max(m, 0)  # finite: split 0 always holds key 0
     w = tl.exp2(m - m_max)  # empty splits (m = -inf) weigh 0
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    out = tl.sum(acc * w[:, None], 0) / tl.sum(sums * w, 0)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + dims * stride_od,
         out.to(out_ptr.dtype.element_ty),
@@ -185,19 +192,27 @@ def _reduce_splits_kernel(
     )
 
 
-def choose_num_splits(
-    *, num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, device: torch.device
-) -> int:
-    """How many KV partitions pay for this batch: > 1 only on CUDA, for decode-only batches whose
-    (sequence, KV head) pairs cannot fill the GPU and whose contexts are long."""
-    if device.type != "cuda" or max_query_len != 1:
-        return 1
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+def choose_num_splits(*, num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int,
+                      sm_count: int) -> int:
+    """How many KV partitions pay for a batch: > 1 only for decode-only batches whose
+    (sequence, KV head) pairs cannot fill the ``sm_count`` multiprocessors and whose contexts are
+    long enough that each partition still reads at least ``_MIN_SPLIT_LEN`` keys."""
     work = num_seqs * num_kv_heads
-    if work >= sm_count:
+    if max_query_len != 1 or work >= sm_count:
         return 1
     splits = min(_MAX_SPLITS, max_seq_len // _MIN_SPLIT_LEN, triton.cdiv(2 * sm_count, work))
     return splits if splits >= 2 else 1
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0  # the interpreter: never split unless asked
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _tile_sizes(group_pad: int, dim_pad: int, max_query_len: int) -> tuple[int, int]:
@@ -251,7 +266,7 @@ def paged_attention_triton(
     block_q, tile_n = _tile_sizes(group_pad, dim_pad, max_query_len)
     num_splits = num_kv_splits or choose_num_splits(
         num_seqs=num_seqs, num_kv_heads=num_kv_heads, max_query_len=max_query_len,
-        max_seq_len=max_seq_len, device=query.device,
+        max_seq_len=max_seq_len, sm_count=_sm_count(query.device),
     )
     num_splits = max(1, min(num_splits, triton.cdiv(max_seq_len, tile_n)))
     split_len = triton.cdiv(triton.cdiv(max_seq_len, num_splits), tile_n) * tile_n
@@ -282,6 +297,8 @@ def paged_attention_triton(
         TILE_N=tile_n,
         NUM_SPLITS=num_splits,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        # The interpreter's tl.dot multiplies bf16 bit patterns (triton-lang/triton#11584).
+        DOT_IN_FP32=query.dtype == torch.bfloat16 and query.device.type != "cuda",
         num_warps=4,
     )
     if num_splits > 1:

@@ -7,7 +7,7 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.db.models import Base
@@ -35,6 +35,8 @@ def _do_run(connection) -> None:  # noqa: ANN001 - sync Connection
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":  # gateways starting together upgrade one at a time
+            connection.execute(text("SELECT pg_advisory_xact_lock(7472615)"))
         context.run_migrations()
 
 

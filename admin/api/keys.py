@@ -1,0 +1,33 @@
+"""``/admin/v1/keys``: list (by tenant and/or display prefix), get, revoke, rotate. A key is named
+by its numeric id or its display prefix; the full key is only ever shown in a create/rotate reply."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from admin.api.deps import ReadDep, WriteDep
+from admin.management import key_view
+from gateway.db.models import Tenant
+
+
+def add_routes(router: APIRouter) -> None:
+    @router.get("/keys")
+    async def list_keys(ops: ReadDep, prefix: str | None = None, tenant: str | None = None,
+                        include_revoked: bool = True) -> dict:
+        owner = await ops.tenant(tenant) if tenant else None
+        rows = await ops.keys(tenant=owner, prefix=prefix, include_revoked=include_revoked)
+        return {"object": "list", "data": [key_view(k, n) for k, n in rows]}
+
+    @router.get("/keys/{ref}")
+    async def get_key(ref: str, ops: ReadDep) -> dict:
+        row = await ops.key(ref)
+        return key_view(row, (await ops.session.get_one(Tenant, row.tenant_id)).name)
+
+    @router.post("/keys/{ref}/revoke")
+    async def revoke_key(ref: str, ops: WriteDep) -> dict:
+        return key_view(await ops.revoke_key(ref))
+
+    @router.post("/keys/{ref}/rotate", status_code=201)
+    async def rotate_key(ref: str, ops: WriteDep) -> dict:
+        old, row, new = await ops.rotate_key(ref)
+        return {**key_view(row), "key": new.key, "replaces": key_view(old)}

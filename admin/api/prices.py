@@ -1,0 +1,20 @@
+"""``/admin/v1/prices``: USD per 1M prompt / completion tokens, per model."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from admin.api.deps import ReadDep, WriteDep
+from admin.api.schemas import PriceSet
+from admin.management import price_view
+
+
+def add_routes(router: APIRouter) -> None:
+    @router.get("/prices")
+    async def list_prices(ops: ReadDep) -> dict:
+        return {"object": "list", "data": [price_view(p) for p in await ops.prices()]}
+
+    @router.put("/prices/{model:path}")
+    async def set_price(model: str, body: PriceSet, ops: WriteDep) -> dict:
+        return price_view(await ops.set_price(model=model, prompt_usd_per_1m=body.prompt_usd_per_1m,
+                                              completion_usd_per_1m=body.completion_usd_per_1m))

@@ -1,0 +1,45 @@
+"""``/admin/v1/tenants/{name}/report`` and ``/admin/v1/summary``: usage and cost over a UTC range
+(default: the last 30 days), JSON or ``?format=csv``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from fastapi import APIRouter, Response
+
+from admin import reports
+from admin.api.deps import ReadDep
+from gateway.errors import invalid_request
+
+
+def _reply(report: reports.Report, fmt: str, filename: str) -> Response | dict:
+    if fmt == "csv":
+        return Response(reports.to_csv(report), media_type="text/csv; charset=utf-8",
+                        headers={"content-disposition": f'attachment; filename="{filename}.csv"'})
+    return report.as_dict()
+
+
+def _range(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
+    since, until = reports.default_range(since, until)
+    if since >= until:
+        raise invalid_request("'since' must be before 'until'.", param="since")
+    return since, until
+
+
+def add_routes(router: APIRouter) -> None:
+    @router.get("/tenants/{name}/report", response_model=None)
+    async def tenant_report(name: str, ops: ReadDep, since: datetime | None = None, until: datetime | None = None,
+                            group_by: Literal["day", "model", "key"] = "day",
+                            format: Literal["json", "csv"] = "json") -> Response | dict:
+        tenant = await ops.tenant(name)
+        since, until = _range(since, until)
+        report = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until,
+                                             group_by=group_by)
+        return _reply(report, format, f"{name}-by-{group_by}")
+
+    @router.get("/summary", response_model=None)
+    async def summary(ops: ReadDep, since: datetime | None = None, until: datetime | None = None,
+                      format: Literal["json", "csv"] = "json") -> Response | dict:
+        since, until = _range(since, until)
+        return _reply(await reports.summary(ops.session, since=since, until=until), format, "summary")

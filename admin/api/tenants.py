@@ -1,0 +1,60 @@
+"""``/admin/v1/tenants``: create, list, get, update limits / budget / cache settings, disable and
+enable, and the tenant's keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from admin.api.deps import ReadDep, WriteDep
+from admin.api.schemas import BudgetUpdate, KeyCreate, TenantCreate, TenantLimits
+from admin.management import key_view, tenant_view
+
+
+def add_routes(router: APIRouter) -> None:
+    @router.get("/tenants")
+    async def list_tenants(ops: ReadDep) -> dict:
+        return {"object": "list", "data": [tenant_view(t) for t in await ops.tenants()]}
+
+    @router.post("/tenants", status_code=201)
+    async def create_tenant(body: TenantCreate, ops: WriteDep) -> dict:
+        fields = body.changes()
+        fields.pop("name")
+        return tenant_view(await ops.create_tenant(name=body.name, **fields))
+
+    @router.get("/tenants/{name}")
+    async def get_tenant(name: str, ops: ReadDep) -> dict:
+        return tenant_view(await ops.tenant(name))
+
+    @router.patch("/tenants/{name}")
+    async def update_tenant(name: str, body: TenantLimits, ops: WriteDep) -> dict:
+        return tenant_view(await ops.update_tenant(name, **body.changes()))
+
+    @router.post("/tenants/{name}/disable")
+    async def disable_tenant(name: str, ops: WriteDep) -> dict:
+        return tenant_view(await ops.set_enabled(name, False))
+
+    @router.post("/tenants/{name}/enable")
+    async def enable_tenant(name: str, ops: WriteDep) -> dict:
+        return tenant_view(await ops.set_enabled(name, True))
+
+    @router.get("/tenants/{name}/budget")
+    async def get_budget(name: str, ops: ReadDep) -> dict:
+        return await ops.budget(await ops.tenant(name))
+
+    @router.put("/tenants/{name}/budget")
+    async def set_budget(name: str, body: BudgetUpdate, ops: WriteDep) -> dict:
+        changes = body.model_dump()
+        if changes["period"] is None:
+            del changes["period"]
+        return await ops.budget(await ops.update_tenant(name, **changes))
+
+    @router.get("/tenants/{name}/keys")
+    async def list_tenant_keys(name: str, ops: ReadDep) -> dict:
+        tenant = await ops.tenant(name)
+        return {"object": "list", "data": [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]}
+
+    @router.post("/tenants/{name}/keys", status_code=201)
+    async def create_key(name: str, body: KeyCreate, ops: WriteDep) -> dict:
+        row, new = await ops.create_key(tenant=name, name=body.name, allowed_models=body.allowed_models,
+                                        rpm=body.rpm)
+        return {**key_view(row, name), "key": new.key}

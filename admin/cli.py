@@ -1,0 +1,155 @@
+"""``pagegate admin …``: tenants, keys, prices, reports, the audit log and admin tokens, straight
+against the configured database (``PAGEGATE_DATABASE_URL``) and Redis (``PAGEGATE_REDIS_URL``).
+This file only builds the parser; ``admin.cli_commands`` does the work."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from decimal import Decimal, InvalidOperation
+
+from admin import cli_commands as cmd
+from admin.management import Conflict, NotFound
+from gateway.settings import Settings
+from gateway.tenancy import TenancyError
+
+
+def _usd(value: str) -> Decimal:
+    try:
+        amount = Decimal(value)
+    except InvalidOperation as exc:
+        raise argparse.ArgumentTypeError(f"not an amount: {value!r}") from exc
+    if amount < 0 or not amount.is_finite():
+        raise argparse.ArgumentTypeError("amounts must be >= 0")
+    return amount
+
+
+def _count(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return n
+
+
+def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
+    p.add_argument("--rpm", type=_count, help="requests per minute (0: unlimited; default: server default)")
+    p.add_argument("--tpm", type=_count, help="tokens per minute (0: unlimited; default: server default)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--budget-tokens", type=_count, help="token budget per period")
+    budget.add_argument("--budget-usd", type=_usd, help="money budget (USD) per period")
+    if update:
+        budget.add_argument("--no-budget", action="store_true", help="remove both budgets")
+    p.add_argument("--period", choices=("day", "month"), default=None if update else "month",
+                   help="budget period (default: month)")
+    p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
+    p.add_argument("--cache-threshold", type=float, help="semantic-cache similarity threshold (0..1]")
+    p.add_argument("--cache-ttl-s", type=int, help="semantic-cache entry lifetime in seconds")
+
+
+def _range_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--since", type=cmd.parse_time, help="start (UTC, inclusive; default: 30 days ago)")
+    p.add_argument("--until", type=cmd.parse_time, help="end (UTC, exclusive; default: now)")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    admin = subparsers.add_parser("admin", help="manage tenants, keys, prices; cost reports; admin tokens")
+    sub = admin.add_subparsers(dest="admin_cmd", required=True)
+
+    tenants = sub.add_parser("tenants", help="create, list, show, update, disable, enable tenants")
+    tsub = tenants.add_subparsers(dest="tenants_cmd", required=True)
+    p = tsub.add_parser("create", help="add a tenant")
+    p.add_argument("name")
+    _limit_options(p, update=False)
+    p.set_defaults(run=cmd.tenants_create)
+    tsub.add_parser("list", help="all tenants").set_defaults(run=cmd.tenants_list)
+    p = tsub.add_parser("show", help="one tenant, its budget use and keys")
+    p.add_argument("name")
+    p.set_defaults(run=cmd.tenants_show)
+    p = tsub.add_parser("update", help="change limits, budget or cache settings")
+    p.add_argument("name")
+    _limit_options(p, update=True)
+    p.set_defaults(run=cmd.tenants_update)
+    for verb in ("disable", "enable"):
+        p = tsub.add_parser(verb, help=f"{verb} a tenant (every gateway within 1 s with Redis)")
+        p.add_argument("name")
+        p.set_defaults(run=cmd.tenants_enable)
+
+    keys = sub.add_parser("keys", help="create, list, revoke, rotate API keys")
+    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
+    p = ksub.add_parser("create", help="mint a key; prints it alone on stdout (shown once)")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--name")
+    p.add_argument("--models", help="comma-separated allowed models (default: all)")
+    p.add_argument("--rpm", type=_count, help="per-key requests per minute")
+    p.set_defaults(run=cmd.keys_create)
+    p = ksub.add_parser("list", help="keys (never the keys themselves: prefixes)")
+    p.add_argument("--tenant")
+    p.add_argument("--prefix", help="display prefix, e.g. pg-AbC1234")
+    p.add_argument("--active", action="store_true", help="hide revoked keys")
+    p.set_defaults(run=cmd.keys_list)
+    for verb, fn, text in (("revoke", cmd.keys_revoke, "revoke a key"),
+                           ("rotate", cmd.keys_rotate, "revoke a key and print its replacement")):
+        p = ksub.add_parser(verb, help=text)
+        p.add_argument("key", help="key id or display prefix")
+        p.set_defaults(run=fn)
+
+    prices = sub.add_parser("prices", help="model prices (USD per 1M tokens)")
+    psub = prices.add_subparsers(dest="prices_cmd", required=True)
+    p = psub.add_parser("set", help="set a model's price")
+    p.add_argument("model")
+    p.add_argument("--prompt", type=_usd, required=True, help="USD per 1M prompt tokens")
+    p.add_argument("--completion", type=_usd, required=True, help="USD per 1M completion tokens")
+    p.set_defaults(run=cmd.prices_set)
+    psub.add_parser("list", help="all prices").set_defaults(run=cmd.prices_list)
+
+    p = sub.add_parser("report", help="one tenant's usage and cost")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--group-by", choices=("day", "model", "key"), default="day")
+    _range_options(p)
+    p.set_defaults(run=cmd.report)
+    p = sub.add_parser("summary", help="usage and cost of every tenant")
+    _range_options(p)
+    p.set_defaults(run=cmd.summary)
+    p = sub.add_parser("audit", help="recent admin changes")
+    p.add_argument("--target", help="e.g. tenant:acme or key:pg-AbC1234")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(run=cmd.audit)
+
+    p = sub.add_parser("token", help="mint an HS256 admin token (PAGEGATE_ADMIN_JWT_SECRET)")
+    p.add_argument("--scope", action="append", help="admin:read and/or admin:write (default: both)")
+    p.add_argument("--ttl", type=int, default=None, help="lifetime in seconds (default: admin_token_ttl_s)")
+    p.add_argument("--sub", default="admin", help="subject recorded in the audit log (default: admin)")
+    p.set_defaults(run=None)
+
+    admin.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
+    """Entry point for ``pagegate admin``; returns the exit status (1 on a refused change)."""
+    settings = settings or Settings()
+    try:
+        if args.admin_cmd == "token":
+            return cmd.token(settings, args)
+        return asyncio.run(_run_async(settings, args))
+    except (NotFound, Conflict, TenancyError, ValueError) as exc:
+        cmd.note(f"error: {exc}")
+        return 1
+
+
+async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
+    async with cmd.management(settings) as ops:
+        return await args.run(ops, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m admin.cli …`` (same as ``pagegate admin …``)."""
+    parser = argparse.ArgumentParser(prog="pagegate")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["admin", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

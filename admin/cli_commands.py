@@ -1,0 +1,206 @@
+"""What each ``pagegate admin …`` command does. Every command opens the configured database
+(upgrading the schema first) and, when ``PAGEGATE_REDIS_URL`` is set, Redis for invalidations.
+Results go to stdout (tables, or a bare key/token for scripts); notes and errors go to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+from redis.asyncio import Redis
+
+from admin import reports
+from admin.audit import list_entries
+from admin.auth import ALL_SCOPES, mint_token
+from admin.management import Management, key_view, price_view, tenant_view
+from admin.tables import format_record, format_table
+from gateway.db.session import Database
+from gateway.settings import Settings
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+@asynccontextmanager
+async def management(settings: Settings) -> AsyncIterator[Management]:
+    db = Database(settings.database_url)
+    await db.upgrade()
+    redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+    try:
+        async with db.sessionmaker() as session:
+            yield Management(session=session, actor=f"cli:{_user()}", redis=redis,
+                             redis_prefix=settings.redis_prefix)
+    finally:
+        if redis is not None:
+            await redis.aclose()
+        await db.dispose()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+def _warn_no_redis(ops: Management) -> None:
+    if ops.redis is None:
+        note("note: PAGEGATE_REDIS_URL is unset; running gateways see this change when their key cache "
+             "expires (key_cache_ttl_s) instead of within a second.")
+
+
+TENANT_COLUMNS = ("name", "enabled", "rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_enabled")
+KEY_COLUMNS = ("id", "tenant", "prefix", "name", "allowed_models", "rpm", "revoked", "created_at")
+REPORT_COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "cost_usd",
+                  "cache_hits", "saved_usd", "p50_latency_ms", "p95_latency_ms")
+
+
+def _limits(args: argparse.Namespace) -> dict:
+    """Tenant fields given on the command line (only those given)."""
+    out = {}
+    for attr in ("rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_threshold", "cache_ttl_s",
+                 "cache_max_entries"):
+        value = getattr(args, attr, None)
+        if value is not None:
+            out[attr] = value
+    if getattr(args, "cache", None) is not None:
+        out["cache_enabled"] = args.cache == "on"
+    if getattr(args, "no_budget", False):
+        out["budget_tokens"] = out["budget_usd"] = None
+    return out
+
+
+async def tenants_create(ops: Management, args: argparse.Namespace) -> int:
+    tenant = await ops.create_tenant(name=args.name, **_limits(args))
+    note(f"created tenant {tenant.name} (id {tenant.id})")
+    print(format_table(TENANT_COLUMNS, [[tenant_view(tenant)[c] for c in TENANT_COLUMNS]]))
+    return 0
+
+
+async def tenants_list(ops: Management, args: argparse.Namespace) -> int:
+    views = [tenant_view(t) for t in await ops.tenants()]
+    print(format_table(("id", *TENANT_COLUMNS), [[v["id"], *(v[c] for c in TENANT_COLUMNS)] for v in views]))
+    return 0
+
+
+async def tenants_show(ops: Management, args: argparse.Namespace) -> int:
+    tenant = await ops.tenant(args.name)
+    view = tenant_view(tenant)
+    budget = await ops.budget(tenant)
+    print(format_record([*view.items(), ("spent_tokens", budget["spent_tokens"]),
+                         ("spent_usd", budget["spent_usd"]), ("period_start", budget["period_start"])]))
+    keys = [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]
+    print()
+    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in keys]) if keys else "(no keys)")
+    return 0
+
+
+async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
+    changes = _limits(args)
+    if not changes:
+        note("nothing to change (give --rpm, --tpm, --budget-tokens, --budget-usd, --period, --cache, ...)")
+        return 2
+    tenant = await ops.update_tenant(args.name, **changes)
+    _warn_no_redis(ops)
+    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+    return 0
+
+
+async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:
+    enabled = args.tenants_cmd == "enable"
+    await ops.set_enabled(args.name, enabled)
+    _warn_no_redis(ops)
+    note(f"{'enabled' if enabled else 'disabled'} tenant {args.name}")
+    return 0
+
+
+async def keys_create(ops: Management, args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
+    row, new = await ops.create_key(tenant=args.tenant, name=args.name, allowed_models=models, rpm=args.rpm)
+    note(f"created key {row.prefix}… (id {row.id}) for tenant {args.tenant}; it is shown only once:")
+    print(new.key)
+    return 0
+
+
+async def keys_list(ops: Management, args: argparse.Namespace) -> int:
+    owner = await ops.tenant(args.tenant) if args.tenant else None
+    rows = [key_view(k, n) for k, n in await ops.keys(tenant=owner, prefix=args.prefix,
+                                                       include_revoked=not args.active)]
+    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in rows]))
+    return 0
+
+
+async def keys_revoke(ops: Management, args: argparse.Namespace) -> int:
+    row = await ops.revoke_key(args.key)
+    _warn_no_redis(ops)
+    note(f"revoked key {row.prefix} (id {row.id})")
+    return 0
+
+
+async def keys_rotate(ops: Management, args: argparse.Namespace) -> int:
+    old, row, new = await ops.rotate_key(args.key)
+    _warn_no_redis(ops)
+    note(f"revoked {old.prefix} (id {old.id}); its replacement {row.prefix} (id {row.id}) is shown only once:")
+    print(new.key)
+    return 0
+
+
+async def prices_set(ops: Management, args: argparse.Namespace) -> int:
+    row = await ops.set_price(model=args.model, prompt_usd_per_1m=args.prompt, completion_usd_per_1m=args.completion)
+    note(f"price of {row.model}: ${row.prompt_usd_per_1m} prompt, ${row.completion_usd_per_1m} completion per 1M")
+    return 0
+
+
+async def prices_list(ops: Management, args: argparse.Namespace) -> int:
+    cols = ("model", "prompt_usd_per_1m", "completion_usd_per_1m", "updated_at")
+    print(format_table(cols, [[price_view(p)[c] for c in cols] for p in await ops.prices()]))
+    return 0
+
+
+def _print_report(report: reports.Report, as_csv: bool, first: str) -> None:
+    if as_csv:
+        sys.stdout.write(reports.to_csv(report))
+        return
+    note(f"{report.since:%Y-%m-%d %H:%M} .. {report.until:%Y-%m-%d %H:%M} UTC")
+    rows = [r.as_dict() for r in [*report.rows, report.total]]
+    print(format_table((first, *REPORT_COLUMNS), [[r["group"], *(r[c] for c in REPORT_COLUMNS)] for r in rows]))
+
+
+async def report(ops: Management, args: argparse.Namespace) -> int:
+    tenant = await ops.tenant(args.tenant)
+    since, until = reports.default_range(args.since, args.until)
+    result = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by=args.group_by)
+    _print_report(result, args.csv, args.group_by)
+    return 0
+
+
+async def summary(ops: Management, args: argparse.Namespace) -> int:
+    since, until = reports.default_range(args.since, args.until)
+    _print_report(await reports.summary(ops.session, since=since, until=until), args.csv, "tenant")
+    return 0
+
+
+async def audit(ops: Management, args: argparse.Namespace) -> int:
+    entries = await list_entries(ops.session, target=args.target, limit=args.limit)
+    cols = ("id", "created_at", "actor", "action", "target")
+    print(format_table(cols, [[e[c] for c in cols] for e in entries]))
+    return 0
+
+
+def token(settings: Settings, args: argparse.Namespace) -> int:
+    scopes = [s for raw in (args.scope or list(ALL_SCOPES)) for s in raw.replace(",", " ").split()]
+    print(mint_token(settings, subject=args.sub, scopes=scopes, ttl_s=args.ttl))
+    return 0
+
+
+def parse_time(value: str) -> datetime:
+    """ISO date or datetime (``2026-03-01``, ``2026-03-01T12:00Z``); naive means UTC."""
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO date/time: {value!r}") from exc

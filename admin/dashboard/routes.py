@@ -1,0 +1,222 @@
+"""Dashboard pages under ``/admin``: sign in, tenants (list + create), tenant detail (usage charts,
+limits, keys: create shown once, revoke). Server-rendered Jinja2; POSTs answer 303 redirects,
+except key creation, which renders the page with the new key (never put in a URL)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import quote
+
+from fastapi import APIRouter, Form, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import ValidationError
+
+from admin import reports
+from admin.api.deps import ContextDep, SessionDep
+from admin.api.routing import admin_route_class
+from admin.api.schemas import TenantCreate, TenantLimits
+from admin.context import AdminContext
+from admin.dashboard.charts import Series, bar_chart, count, usd
+from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
+from admin.management import Management, key_view, tenant_view
+from gateway.db.models import Tenant
+from gateway.errors import ApiError, invalid_request
+
+ROOT = "/admin"
+HERE = Path(__file__).parent
+CSS = (HERE / "static" / "admin.css").read_text()
+DEFAULT_DAYS = 30
+
+
+def _money(value: float | Decimal | None) -> str:
+    return usd(float(value or 0))
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.0f} ms"
+
+
+def _budget_text(t: dict) -> str:
+    parts = []
+    if t.get("budget_tokens") is not None:
+        parts.append(f"{t['budget_tokens']:,} tokens")
+    if t.get("budget_usd") is not None:
+        parts.append(_money(t["budget_usd"]))
+    return f"{' + '.join(parts)} per {t['period']}" if parts else "none"
+
+
+_env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
+_env.globals.update(root=ROOT, money=_money, ms=_ms, budget_text=_budget_text)
+
+
+def page(name: str, *, status: int = 200, **values: object) -> HTMLResponse:
+    html = _env.get_template(name).render(**values)
+    return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
+
+
+def _render_error(request: Request, err: ApiError) -> Response:
+    if err.status == 401:
+        resp = RedirectResponse(f"{ROOT}/login", status_code=303)
+        if request.cookies.get(COOKIE):
+            resp.delete_cookie(COOKIE, path=ROOT)
+        return resp
+    return page("error.html", status=err.status, message=err.message, viewer=None,
+                back=request.headers.get("referer"))
+
+
+def _ops(ctx: AdminContext, session, viewer: Viewer) -> Management:
+    return Management(session=session, actor=viewer.principal.subject, redis=ctx.redis,
+                      redis_prefix=ctx.settings.redis_prefix)
+
+
+def _blank(value: str | None) -> str | None:
+    return None if value is None or not value.strip() else value.strip()
+
+
+def _form_fields(model: type[TenantLimits], **raw: str | None) -> TenantLimits:
+    try:
+        return model(**{k: v for k, v in ((k, _blank(v)) for k, v in raw.items()) if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise invalid_request(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+
+
+def _to_tenant_page(name: str) -> RedirectResponse:
+    return RedirectResponse(f"{ROOT}/tenants/{quote(name, safe='')}", status_code=303)
+
+
+async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, new_key: str | None = None):
+    tenant = await ops.tenant(name)
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    since, until = today - timedelta(days=days - 1), today + timedelta(days=1)
+    report = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by="day")
+    by_day = {r.group: r for r in report.rows}
+    day_names = [(since + timedelta(days=i)).strftime("%Y-%m-%d") for i in range(days)]
+
+    def values(field: str) -> list[float]:
+        return [float(getattr(by_day[d], field)) if d in by_day else 0.0 for d in day_names]
+
+    charts = [
+        bar_chart(Series("chart-cost", "Daily cost (USD)", day_names, values("cost_usd"), usd)),
+        bar_chart(Series("chart-tokens", "Daily tokens", day_names, values("total_tokens"), count, "#7a5cc7")),
+        bar_chart(Series("chart-savings", "Saved by the semantic cache (USD)", day_names, values("saved_usd"),
+                         usd, "#1e8449")),
+    ]
+    keys = [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]
+    return page("tenant.html", viewer=viewer, tenant=tenant_view(tenant), report=report, charts=charts,
+                keys=keys, budget=await ops.budget(tenant), days=days, new_key=new_key)
+
+
+def add_routes(router: APIRouter) -> None:
+    @router.get("", include_in_schema=False)
+    @router.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse(f"{ROOT}/tenants", status_code=303)
+
+    @router.get("/static/admin.css", include_in_schema=False)
+    async def stylesheet() -> Response:
+        return Response(CSS, media_type="text/css", headers={"cache-control": "max-age=300"})
+
+    @router.get("/login", include_in_schema=False)
+    async def login_form() -> HTMLResponse:
+        return page("login.html", viewer=None, message=None)
+
+    @router.post("/login", include_in_schema=False)
+    async def login(request: Request, ctx: ContextDep, token: Annotated[str, Form()] = "") -> Response:
+        same_origin(request)
+        token = token.strip()
+        try:
+            principal = await ctx.verifier.verify(token)
+            if not principal.has("admin:read"):
+                raise ApiError(403, "This token has neither admin:read nor admin:write.", "permission_error")
+        except ApiError as err:
+            return page("login.html", status=err.status, viewer=None, message=err.message)
+        resp = RedirectResponse(f"{ROOT}/tenants", status_code=303)
+        max_age = max(int(principal.claims.get("exp", 0) - datetime.now(UTC).timestamp()), 0)
+        resp.set_cookie(COOKIE, token, max_age=max_age, path=ROOT, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+        return resp
+
+    @router.post("/logout", include_in_schema=False)
+    async def logout(request: Request) -> RedirectResponse:
+        same_origin(request)
+        resp = RedirectResponse(f"{ROOT}/login", status_code=303)
+        resp.delete_cookie(COOKIE, path=ROOT)
+        return resp
+
+    @router.get("/tenants", include_in_schema=False)
+    async def tenants(viewer: ViewerDep, ctx: ContextDep, session: SessionDep) -> HTMLResponse:
+        ops = _ops(ctx, session, viewer)
+        since, until = reports.default_range(None, None, days=DEFAULT_DAYS)
+        usage = {r.group: r for r in (await reports.summary(session, since=since, until=until)).rows}
+        return page("tenants.html", viewer=viewer, tenants=[tenant_view(t) for t in await ops.tenants()],
+                    usage=usage, days=DEFAULT_DAYS)
+
+    @router.post("/tenants", include_in_schema=False)
+    async def create_tenant(viewer: EditorDep, ctx: ContextDep, session: SessionDep,
+                            name: Annotated[str, Form()], rpm: Annotated[str, Form()] = "",
+                            tpm: Annotated[str, Form()] = "", budget_tokens: Annotated[str, Form()] = "",
+                            budget_usd: Annotated[str, Form()] = "",
+                            period: Annotated[str, Form()] = "month") -> RedirectResponse:
+        body = _form_fields(TenantCreate, name=name, rpm=rpm, tpm=tpm, budget_tokens=budget_tokens,
+                            budget_usd=budget_usd, period=period)
+        fields = body.changes()
+        fields.pop("name")
+        tenant = await _ops(ctx, session, viewer).create_tenant(name=body.name, **fields)
+        return _to_tenant_page(tenant.name)
+
+    @router.get("/tenants/{name}", include_in_schema=False)
+    async def tenant_detail(name: str, viewer: ViewerDep, ctx: ContextDep, session: SessionDep,
+                            days: int = DEFAULT_DAYS) -> HTMLResponse:
+        return await _tenant_page(_ops(ctx, session, viewer), viewer, name, min(max(days, 1), 366))
+
+    @router.post("/tenants/{name}/limits", include_in_schema=False)
+    async def update_limits(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
+                            rpm: Annotated[str, Form()] = "", tpm: Annotated[str, Form()] = "",
+                            budget_tokens: Annotated[str, Form()] = "", budget_usd: Annotated[str, Form()] = "",
+                            period: Annotated[str, Form()] = "month",
+                            cache_enabled: Annotated[str, Form()] = "on") -> RedirectResponse:
+        body = _form_fields(TenantLimits, period=period)
+        changes = body.changes()
+        # an emptied field clears the limit (null: server default / no budget)
+        limits = _form_fields(TenantLimits, rpm=rpm, tpm=tpm, budget_tokens=budget_tokens, budget_usd=budget_usd)
+        for field in ("rpm", "tpm", "budget_tokens", "budget_usd"):
+            changes[field] = getattr(limits, field)
+        changes["cache_enabled"] = cache_enabled == "on"
+        await _ops(ctx, session, viewer).update_tenant(name, **changes)
+        return _to_tenant_page(name)
+
+    for verb in ("enable", "disable"):
+        def make(enabled: bool):
+            async def toggle(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep) -> RedirectResponse:
+                await _ops(ctx, session, viewer).set_enabled(name, enabled)
+                return _to_tenant_page(name)
+            return toggle
+
+        router.add_api_route(f"/tenants/{{name}}/{verb}", make(verb == "enable"), methods=["POST"],
+                             include_in_schema=False, name=f"dashboard_{verb}")
+
+    @router.post("/tenants/{name}/keys", include_in_schema=False)
+    async def create_key(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
+                         key_name: Annotated[str, Form()] = "", models: Annotated[str, Form()] = "") -> HTMLResponse:
+        ops = _ops(ctx, session, viewer)
+        allowed = [m.strip() for m in models.split(",") if m.strip()] or None
+        _, new = await ops.create_key(tenant=name, name=_blank(key_name), allowed_models=allowed)
+        return await _tenant_page(ops, viewer, name, DEFAULT_DAYS, new_key=new.key)
+
+    @router.post("/keys/{ref}/revoke", include_in_schema=False)
+    async def revoke_key(ref: int, viewer: EditorDep, ctx: ContextDep, session: SessionDep) -> RedirectResponse:
+        ops = _ops(ctx, session, viewer)
+        row = await ops.revoke_key(ref)
+        owner = await ops.session.get_one(Tenant, row.tenant_id)
+        return _to_tenant_page(owner.name)
+
+
+def build_dashboard_router(ctx: AdminContext) -> APIRouter:
+    router = APIRouter(prefix=ROOT, route_class=admin_route_class(ctx, _render_error))
+    add_routes(router)
+    return router

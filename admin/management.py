@@ -1,0 +1,218 @@
+"""Audited management operations shared by the admin API, CLI and dashboard.
+
+Each write goes through ``gateway.tenancy``'s service functions, adds an audit row (actor, action,
+target, before → after) in the same transaction, commits, and only then publishes a Redis
+invalidation when the change must reach running gateways (a key revoked or rotated, a tenant
+disabled or its limits changed), so no gateway re-reads the old state after the push.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from redis.asyncio import Redis
+from sqlalchemy import case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from admin import audit
+from admin.reports import CACHE_HIT_VALUES
+from gateway import tenancy
+from gateway.db.models import ApiKey, ModelPrice, Tenant, UsageRecord
+from gateway.keys import NewKey
+
+TENANT_FIELDS = ("rpm", "tpm", "budget_tokens", "budget_usd", "period", "enabled", "cache_enabled",
+                 "cache_threshold", "cache_ttl_s", "cache_max_entries")
+
+
+class NotFound(LookupError):
+    """The tenant, key or price named does not exist."""
+
+
+class Conflict(ValueError):
+    """The change clashes with existing state (e.g. a duplicate tenant name)."""
+
+
+def tenant_view(t: Tenant) -> dict:
+    return audit.jsonable({
+        "id": t.id, "name": t.name, "enabled": t.enabled, "rpm": t.rpm_limit, "tpm": t.tpm_limit,
+        "budget_tokens": t.budget_tokens, "budget_usd": t.budget_usd, "period": t.budget_period,
+        "cache_enabled": t.cache_enabled, "cache_threshold": t.cache_threshold, "cache_ttl_s": t.cache_ttl_s,
+        "cache_max_entries": t.cache_max_entries, "created_at": t.created_at, "updated_at": t.updated_at,
+    })
+
+
+def key_view(k: ApiKey, tenant_name: str | None = None) -> dict:
+    return audit.jsonable({
+        "id": k.id, "tenant_id": k.tenant_id, "tenant": tenant_name, "prefix": k.prefix, "name": k.name,
+        "allowed_models": k.allowed_models, "rpm": k.rpm_limit, "revoked": k.revoked,
+        "created_at": k.created_at, "revoked_at": k.revoked_at, "last_used_at": k.last_used_at,
+    })
+
+
+def price_view(p: ModelPrice) -> dict:
+    return audit.jsonable({"model": p.model, "prompt_usd_per_1m": p.prompt_usd_per_1m,
+                           "completion_usd_per_1m": p.completion_usd_per_1m, "updated_at": p.updated_at})
+
+
+def period_start(period: str, now: datetime | None = None) -> datetime:
+    """Start (UTC) of the budget period containing ``now``: today 00:00 or the 1st of the month."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return start.replace(day=1) if period == "month" else start
+
+
+@dataclass(slots=True)
+class Management:
+    """One unit of admin work: a session, who does it, and where invalidations go."""
+
+    session: AsyncSession
+    actor: str
+    redis: Redis | None = None
+    redis_prefix: str = "pg:"
+
+    # --- reads ---------------------------------------------------------------------------------
+    async def tenant(self, name: str) -> Tenant:
+        tenant = await tenancy.get_tenant(self.session, name=name)
+        if tenant is None:
+            raise NotFound(f"No tenant named {name!r}.")
+        return tenant
+
+    async def tenants(self) -> list[Tenant]:
+        return list((await self.session.execute(select(Tenant).order_by(Tenant.name))).scalars())
+
+    async def key(self, ref: int | str) -> ApiKey:
+        """A key by numeric id or by display prefix (``pg-…``)."""
+        if isinstance(ref, int) or str(ref).isdigit():
+            row = await self.session.get(ApiKey, int(ref))
+        else:
+            rows = (await self.session.execute(select(ApiKey).where(ApiKey.prefix == ref))).scalars().all()
+            if len(rows) > 1:
+                raise Conflict(f"Prefix {ref!r} matches {len(rows)} keys; use the key id.")
+            row = rows[0] if rows else None
+        if row is None:
+            raise NotFound(f"No API key {ref!r}.")
+        return row
+
+    async def keys(self, *, tenant: Tenant | None = None, prefix: str | None = None,
+                   include_revoked: bool = True) -> list[tuple[ApiKey, str]]:
+        query = select(ApiKey, Tenant.name).join(Tenant, ApiKey.tenant_id == Tenant.id).order_by(ApiKey.id)
+        if tenant is not None:
+            query = query.where(ApiKey.tenant_id == tenant.id)
+        if prefix:
+            query = query.where(ApiKey.prefix.startswith(prefix, autoescape=True))
+        if not include_revoked:
+            query = query.where(ApiKey.revoked.is_(False))
+        return [(k, n) for k, n in (await self.session.execute(query)).all()]
+
+    async def prices(self) -> list[ModelPrice]:
+        return list((await self.session.execute(select(ModelPrice).order_by(ModelPrice.model))).scalars())
+
+    async def budget(self, tenant: Tenant, now: datetime | None = None) -> dict:
+        """The tenant's budget and what usage rows say it spent in the current period (cache hits
+        used no engine tokens and cost nothing, as the gateway's quota ledger counts them)."""
+        start = period_start(tenant.budget_period, now)
+        engine_tokens = case((UsageRecord.cache.in_(CACHE_HIT_VALUES), 0),
+                             else_=UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
+        spent = (await self.session.execute(
+            select(func.coalesce(func.sum(engine_tokens), 0),
+                   func.coalesce(func.sum(UsageRecord.cost_usd), 0))
+            .where(UsageRecord.tenant_id == tenant.id, UsageRecord.created_at >= start))).one()
+        return audit.jsonable({
+            "tenant": tenant.name, "period": tenant.budget_period, "period_start": start,
+            "budget_tokens": tenant.budget_tokens, "budget_usd": tenant.budget_usd,
+            "spent_tokens": int(spent[0]), "spent_usd": Decimal(str(spent[1])),
+        })
+
+    # --- writes --------------------------------------------------------------------------------
+    async def create_tenant(self, *, name: str, **fields: object) -> Tenant:
+        _only(fields, TENANT_FIELDS)
+        if await tenancy.get_tenant(self.session, name=name.strip()) is not None:
+            raise Conflict(f"Tenant {name.strip()!r} already exists.")
+        tenant = await tenancy.create_tenant(self.session, name=name, **fields)
+        await self.session.refresh(tenant)
+        audit.record(self.session, actor=self.actor, action="tenant.create", target=f"tenant:{tenant.name}",
+                     after=tenant_view(tenant))
+        await self.session.commit()
+        return tenant
+
+    async def update_tenant(self, name: str, **changes: object) -> Tenant:
+        _only(changes, TENANT_FIELDS)
+        tenant = await self.tenant(name)
+        before = tenant_view(tenant)
+        if not changes:
+            return tenant
+        await tenancy.update_tenant(self.session, tenant_id=tenant.id, **changes)
+        await self.session.refresh(tenant)
+        action = "tenant.update"
+        if set(changes) == {"enabled"}:
+            action = "tenant.enable" if changes["enabled"] else "tenant.disable"
+        audit.record(self.session, actor=self.actor, action=action, target=f"tenant:{tenant.name}",
+                     before=before, after=tenant_view(tenant))
+        await self.session.commit()
+        await self._invalidate(tenant_id=tenant.id)
+        return tenant
+
+    async def set_enabled(self, name: str, enabled: bool) -> Tenant:
+        return await self.update_tenant(name, enabled=enabled)
+
+    async def create_key(self, *, tenant: str, name: str | None = None, allowed_models: list[str] | None = None,
+                         rpm: int | None = None) -> tuple[ApiKey, NewKey]:
+        owner = await self.tenant(tenant)
+        row, new = await tenancy.create_api_key(self.session, tenant_id=owner.id, name=name,
+                                                allowed_models=allowed_models, rpm=rpm)
+        await self.session.refresh(row)
+        audit.record(self.session, actor=self.actor, action="key.create", target=f"key:{row.prefix}",
+                     after=key_view(row, owner.name))
+        await self.session.commit()
+        return row, new
+
+    async def revoke_key(self, ref: int | str) -> ApiKey:
+        row = await self.key(ref)
+        before = key_view(row)
+        await tenancy.revoke_key(self.session, key_id=row.id)
+        audit.record(self.session, actor=self.actor, action="key.revoke", target=f"key:{row.prefix}",
+                     before=before, after=key_view(row))
+        await self.session.commit()
+        await self._invalidate(key_hash=row.key_hash)
+        return row
+
+    async def rotate_key(self, ref: int | str) -> tuple[ApiKey, ApiKey, NewKey]:
+        """Revoke a key and mint its replacement (same tenant, name, models, rpm) in one commit."""
+        old = await self.key(ref)
+        if old.revoked:
+            raise Conflict(f"Key {old.prefix} is already revoked; create a new one instead.")
+        before = key_view(old)
+        await tenancy.revoke_key(self.session, key_id=old.id)
+        row, new = await tenancy.create_api_key(self.session, tenant_id=old.tenant_id, name=old.name,
+                                                allowed_models=old.allowed_models, rpm=old.rpm_limit)
+        await self.session.refresh(row)
+        audit.record(self.session, actor=self.actor, action="key.rotate", target=f"key:{old.prefix}",
+                     before=before, after={"revoked": key_view(old), "replacement": key_view(row)})
+        await self.session.commit()
+        await self._invalidate(key_hash=old.key_hash)
+        return old, row, new
+
+    async def set_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
+                        completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
+        existing = await self.session.get(ModelPrice, model)
+        before = price_view(existing) if existing is not None else None
+        row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=prompt_usd_per_1m,
+                                      completion_usd_per_1m=completion_usd_per_1m)
+        await self.session.refresh(row)
+        audit.record(self.session, actor=self.actor, action="price.set", target=f"model:{model}",
+                     before=before, after=price_view(row))
+        await self.session.commit()
+        return row
+
+    async def _invalidate(self, *, key_hash: str | None = None, tenant_id: int | None = None) -> None:
+        if self.redis is not None:
+            await tenancy.publish_invalidation(self.redis, self.redis_prefix, key_hash=key_hash,
+                                               tenant_id=tenant_id)
+
+
+def _only(fields: dict, allowed: tuple[str, ...]) -> None:
+    unknown = set(fields) - set(allowed)
+    if unknown:
+        raise tenancy.TenancyError(f"unknown tenant field(s): {', '.join(sorted(unknown))}")

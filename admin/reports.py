@@ -1,0 +1,196 @@
+"""Cost and usage reports over ``usage_records``.
+
+Counts and sums are SQL aggregates (``GROUP BY`` day, model, key or tenant) that run the same on
+SQLite and PostgreSQL; p50/p95 latency are computed in Python over the range's latencies (linear
+interpolation, the same definition as PostgreSQL's ``percentile_cont`` and numpy's default) so both
+databases give identical answers. Times are UTC; a range is ``since <= created_at < until``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from sqlalchemy import String, case, func, literal, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.db.models import ApiKey, Tenant, UsageRecord
+
+GROUPS = ("day", "model", "key")
+CACHE_HIT_VALUES = ("hit", "semantic-hit")  # cache outcomes that count as hits
+U = UsageRecord
+
+
+@dataclass(slots=True)
+class ReportRow:
+    """One line of a report; ``group`` is a day (YYYY-MM-DD), model, key prefix or tenant name."""
+
+    group: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    cache_hits: int = 0
+    saved_usd: Decimal = Decimal(0)
+    p50_latency_ms: float | None = None
+    p95_latency_ms: float | None = None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["cost_usd"] = float(round(self.cost_usd, 8))
+        d["saved_usd"] = float(round(self.saved_usd, 8))
+        return d
+
+
+@dataclass(slots=True)
+class Report:
+    group_by: str
+    since: datetime
+    until: datetime
+    rows: list[ReportRow]
+    total: ReportRow
+    tenant: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"tenant": self.tenant, "group_by": self.group_by, "since": self.since.isoformat(),
+                "until": self.until.isoformat(), "rows": [r.as_dict() for r in self.rows],
+                "total": self.total.as_dict()}
+
+
+def default_range(since: datetime | None, until: datetime | None, *, days: int = 30) -> tuple[datetime, datetime]:
+    """UTC ``[since, until)``; defaults to the last ``days`` days up to now."""
+    until = _utc(until) if until else datetime.now(UTC)
+    since = _utc(since) if since else until - timedelta(days=days)
+    return since, until
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Linearly interpolated ``q``-quantile (0..1) of already sorted values."""
+    if not sorted_values:
+        return None
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+async def tenant_report(session: AsyncSession, *, tenant: Tenant, since: datetime, until: datetime,
+                        group_by: str = "day") -> Report:
+    """One tenant's usage in ``[since, until)`` grouped by ``day``, ``model`` or ``key``."""
+    if group_by not in GROUPS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
+    dialect = (await session.connection()).dialect.name
+    if group_by == "day":
+        group_col, joins = _day(dialect), []
+    elif group_by == "model":
+        group_col, joins = U.model, []
+    else:
+        label = func.coalesce(ApiKey.prefix + literal(" ") + func.coalesce(ApiKey.name, ""), "(no key)")
+        group_col, joins = label, [ApiKey]
+    where = [U.tenant_id == tenant.id, U.created_at >= _utc(since), U.created_at < _utc(until)]
+    report = await _run(session, group_col, joins, where, group_by, since, until)
+    report.tenant = tenant.name
+    return report
+
+
+async def summary(session: AsyncSession, *, since: datetime, until: datetime) -> Report:
+    """Every tenant's usage in ``[since, until)``, one row per tenant with usage."""
+    where = [U.created_at >= _utc(since), U.created_at < _utc(until)]
+    return await _run(session, Tenant.name, [Tenant], where, "tenant", since, until)
+
+
+def to_csv(report: Report) -> str:
+    """The report's rows and a final ``TOTAL`` row as CSV with a header line."""
+    names = [f.name for f in fields(ReportRow)]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([report.group_by if n == "group" else n for n in names])
+    for row in [*report.rows, report.total]:
+        d = row.as_dict()
+        writer.writerow(["" if d[n] is None else d[n] for n in names])
+    return buf.getvalue()
+
+
+def from_csv(text: str) -> list[dict]:
+    """Parse ``to_csv`` output back into dicts with numbers (for clients and tests)."""
+    rows = []
+    for raw in csv.DictReader(io.StringIO(text)):
+        row = {}
+        for key, value in raw.items():
+            if value == "" or key in GROUPS or key in ("tenant", "group"):
+                row[key] = value or None
+            elif key.endswith(("_usd", "_ms")):
+                row[key] = float(value)
+            else:
+                row[key] = int(value)
+        rows.append(row)
+    return rows
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _day(dialect: str):
+    if dialect == "postgresql":
+        return func.to_char(func.timezone("UTC", U.created_at), "YYYY-MM-DD")
+    return func.strftime("%Y-%m-%d", U.created_at, type_=String)
+
+
+def _measures() -> list:
+    hit = case((U.cache.in_(CACHE_HIT_VALUES), 1), else_=0)
+    return [
+        func.count(U.id),
+        func.coalesce(func.sum(U.prompt_tokens), 0),
+        func.coalesce(func.sum(U.cached_prompt_tokens), 0),
+        func.coalesce(func.sum(U.completion_tokens), 0),
+        func.coalesce(func.sum(U.cost_usd), 0),
+        func.coalesce(func.sum(hit), 0),
+        func.coalesce(func.sum(U.saved_usd), 0),
+    ]
+
+
+def _row(group: str, values, latencies: list[float]) -> ReportRow:
+    n, prompt, cached, completion, cost, hits, saved = values
+    latencies.sort()
+    return ReportRow(group=group, requests=int(n), prompt_tokens=int(prompt), cached_prompt_tokens=int(cached),
+                     completion_tokens=int(completion), total_tokens=int(prompt) + int(completion),
+                     cost_usd=_money(cost), cache_hits=int(hits), saved_usd=_money(saved),
+                     p50_latency_ms=_round(percentile(latencies, 0.50)),
+                     p95_latency_ms=_round(percentile(latencies, 0.95)))
+
+
+async def _run(session: AsyncSession, group_col, joins: list, where: list, group_by: str,
+               since: datetime, until: datetime) -> Report:
+    def base(*cols):
+        q = select(*cols).select_from(U)
+        for target in joins:
+            q = q.outerjoin(target, U.api_key_id == ApiKey.id) if target is ApiKey else q.join(
+                target, U.tenant_id == Tenant.id)
+        return q.where(*where)
+
+    grouped = (await session.execute(
+        base(group_col.label("g"), *_measures()).group_by(group_col).order_by(group_col))).all()
+    total = (await session.execute(base(*_measures()))).one()
+    by_group: dict[str, list[float]] = defaultdict(list)
+    everything: list[float] = []
+    for g, latency in (await session.execute(base(group_col.label("g"), U.latency_ms))).all():
+        by_group[str(g)].append(float(latency or 0.0))
+        everything.append(float(latency or 0.0))
+    rows = [_row(str(r[0]), r[1:], by_group[str(r[0])]) for r in grouped]
+    return Report(group_by=group_by, since=_utc(since), until=_utc(until), rows=rows,
+                  total=_row("TOTAL", tuple(total), everything))
+
+
+def _money(value) -> Decimal:
+    return Decimal(str(value)).quantize(Decimal("0.00000001")) if value is not None else Decimal(0)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,141 @@
+"""Semantic-cache answer quality on a labelled set of request pairs (bench/cache_pairs.jsonl).
+
+For each pair, entry A is cached and request B looks it up. B should hit for paraphrases and
+must not hit for hard negatives (negation, entity/number/unit swaps, task changes, related
+questions) nor for multi-turn follow-ups whose earlier turns differ. Reports, per category and
+threshold, the hit rate with the cosine threshold alone and with the verifier; the "dev" and
+"heldout" halves separately (the verifier's guards were written against the dev half only).
+
+    .venv/bin/python bench/cache_quality.py [--split all|dev|heldout] [--e2e]
+
+--e2e also runs every pair through the real SemanticCache (Redis DB 4) at the default
+threshold and checks it agrees with the offline computation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from cache.canonical import canonicalize  # noqa: E402
+from cache.embedder import Embedder  # noqa: E402
+from cache.verifier import Verifier  # noqa: E402
+
+PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
+THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
+DEFAULT_T = 0.85
+
+
+def body(text: str, history: list[dict] | None) -> dict:
+    return {"model": "m", "temperature": 0, "messages": [*(history or []), {"role": "user", "content": text}]}
+
+
+def load(split: str) -> list[dict]:
+    rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    return [r for r in rows if split == "all" or r["split"] == split]
+
+
+async def score(rows: list[dict], emb: Embedder) -> tuple[np.ndarray, list[bool], float]:
+    """Cosine of each pair (-1 when B's namespace differs from A's) and the verifier's verdicts."""
+    texts = sorted({r["a"] for r in rows} | {r["b"] for r in rows})
+    vecs = dict(zip(texts, await emb.embed_many(texts), strict=True))
+    verifier = Verifier(vocab=emb.vocab())
+    sims, ok = [], []
+    t0 = time.perf_counter()
+    for r in rows:
+        ca = canonicalize("tenant", body(r["a"], r.get("history_a")))
+        cb = canonicalize("tenant", body(r["b"], r.get("history_b")))
+        same_ns = ca.context_key == cb.context_key
+        sims.append(float(vecs[r["a"]] @ vecs[r["b"]]) if same_ns else -1.0)
+        ok.append(verifier.check(r["b"], r["a"]).ok)
+    per_check_us = (time.perf_counter() - t0) / max(1, len(rows)) * 1e6
+    return np.array(sims), ok, per_check_us
+
+
+def report(rows: list[dict], sims: np.ndarray, ok: list[bool], title: str) -> dict:
+    cats = sorted({r["cat"] for r in rows}, key=lambda c: (c != "paraphrase", c))
+    print(f"\n### {title} ({len(rows)} pairs)\n")
+    head = "| category | n | " + " | ".join(f"{t:.2f} cos / +verif" for t in THRESHOLDS) + " |"
+    print(head)
+    print("|" + "---|" * (2 + len(THRESHOLDS)))
+    summary = {}
+    for cat in [*cats, "ALL NEGATIVES"]:
+        idx = [i for i, r in enumerate(rows) if (r["cat"] == cat if cat != "ALL NEGATIVES" else r["expect"] == "miss")]
+        if not idx:
+            continue
+        cells = []
+        for t in THRESHOLDS:
+            hit_cos = sum(sims[i] >= t for i in idx) / len(idx)
+            hit_ver = sum(sims[i] >= t and ok[i] for i in idx) / len(idx)
+            cells.append(f"{hit_cos:6.1%} / {hit_ver:6.1%}")
+            summary[(cat, t)] = (hit_cos, hit_ver)
+        print(f"| {cat} | {len(idx)} | " + " | ".join(cells) + " |")
+    print("\n(paraphrase: hit rate, higher is better; every other row: false-hit rate, lower is better)")
+    return summary
+
+
+async def e2e(rows: list[dict], emb: Embedder, threshold: float) -> None:
+    import redis.asyncio as aioredis
+
+    from cache.api import CachePolicy
+    from cache.semantic_cache import SemanticCache
+
+    prefix = f"bench-quality-{os.getpid()}:"
+    r = aioredis.Redis.from_url("redis://127.0.0.1:6379/4")
+    cache = SemanticCache(r, emb, prefix=prefix)
+    policy = CachePolicy(threshold=threshold)
+    resp = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}]}
+    got = {"hit": 0, "miss": 0}
+    wrong = 0
+    try:
+        for i, row in enumerate(rows):
+            ns = f"pair-{i}"
+            await cache.store(ns, body(row["a"], row.get("history_a")), resp, policy)
+            out = await cache.lookup(ns, body(row["b"], row.get("history_b")), policy)
+            hit = out.outcome in ("hit", "semantic-hit")
+            got["hit" if hit else "miss"] += 1
+            wrong += hit != (row["expect"] == "hit")
+    finally:
+        async for k in r.scan_iter(match=prefix + "*", count=1000):
+            await r.delete(k)
+        await r.aclose()
+    print(f"\nend-to-end through SemanticCache + Redis at {threshold}: {got}, wrong outcomes {wrong}/{len(rows)}")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--split", default="both", choices=["both", "all", "dev", "heldout"])
+    ap.add_argument("--e2e", action="store_true")
+    args = ap.parse_args()
+    emb = Embedder()
+    await emb.ready()
+    splits = ["dev", "heldout", "all"] if args.split == "both" else [args.split]
+    for split in splits:
+        rows = load(split)
+        sims, ok, us = await score(rows, emb)
+        s = report(rows, sims, ok, f"split={split}")
+        p, n = s[("paraphrase", DEFAULT_T)], s[("ALL NEGATIVES", DEFAULT_T)]
+        print(f"\nat {DEFAULT_T}: paraphrase hit {p[0]:.1%} -> {p[1]:.1%} with verifier; "
+              f"false hits {n[0]:.1%} -> {n[1]:.1%}; verifier {us:.0f} us/pair")
+        if split == "all":
+            for i, r in enumerate(rows):  # what the verifier still gets wrong at the default threshold
+                hit = sims[i] >= DEFAULT_T and ok[i]
+                if hit != (r["expect"] == "hit") and (r["expect"] == "miss" or sims[i] >= DEFAULT_T):
+                    print(f"  wrong: {r['id']} ({r['split']}) cos={sims[i]:.3f} {r['a']!r} / {r['b']!r}")
+    if args.e2e:
+        await e2e(load("all"), emb, DEFAULT_T)
+    emb.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

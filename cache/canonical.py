@@ -1,0 +1,100 @@
+"""Canonical form of a chat-completions request, and the keys derived from it.
+
+Two requests that must get the same answer map to the same canonical form; any difference
+that can change the answer (tenant, model, earlier turns, sampling parameters) changes it.
+
+    exact_key    = H(tenant, model, every message, every answer-changing parameter)
+    context_key  = H(tenant, model, every message but the final user one, the parameters)
+    query        = the final user message's text (what the semantic tier embeds)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+# Keys that never change the answer: transport and bookkeeping only.
+_IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier"})
+# Values equal to these are the defaults: dropping them makes "absent" and "explicit default" agree.
+_DEFAULTS: dict[str, object] = {
+    "n": 1,
+    "top_p": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "logprobs": False,
+    "top_k": -1,
+    "stop": [],
+    "response_format": {"type": "text"},
+    "tools": [],
+}
+
+
+@dataclass(slots=True, frozen=True)
+class CanonicalRequest:
+    exact_key: str  # hex, identifies the whole request inside the tenant
+    context_key: str  # hex, the semantic namespace inside the tenant
+    query: str | None  # final user message text; None: no semantic tier for this request
+    deterministic: bool  # temperature 0 or a seed: the same request gets the same answer
+
+
+def _text(content: object) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep only the text, in order
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _message(m: dict) -> dict:
+    out = {"role": m.get("role"), "content": _text(m.get("content"))}
+    for k in ("name", "tool_calls", "tool_call_id", "function_call"):
+        if m.get(k) is not None:
+            out[k] = m[k]
+    return out
+
+
+def _params(body: dict) -> dict:
+    p: dict[str, object] = {}
+    for k, v in body.items():
+        if k in _IGNORED or k in ("messages", "model") or v is None:
+            continue
+        if k == "max_completion_tokens":
+            k = "max_tokens"  # same meaning, one name
+        if k == "stop" and isinstance(v, str):
+            v = [v]
+        if k in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            v = float(v)
+        if k in _DEFAULTS and v == _DEFAULTS[k]:
+            continue
+        p[k] = v
+    return p
+
+
+def _hash(obj: object) -> str:
+    raw = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+
+
+def is_deterministic(body: dict) -> bool:
+    """Temperature 0 (explicit) or a seed: only such requests are cached by default."""
+    t = body.get("temperature")
+    return (t is not None and float(t) == 0.0) or body.get("seed") is not None
+
+
+def canonicalize(namespace: str, body: dict) -> CanonicalRequest:
+    """Build the keys of ``body`` inside tenant ``namespace``. Pure and cheap (no I/O)."""
+    messages = [_message(m) for m in body.get("messages") or []]
+    params = _params(body)
+    model = body.get("model")
+    exact_key = _hash(["exact", namespace, model, messages, params])
+    query: str | None = None
+    if messages and messages[-1]["role"] == "user" and len(messages[-1]) == 2:
+        query = messages[-1]["content"]
+    context_key = _hash(["ctx", namespace, model, messages[:-1], params])
+    return CanonicalRequest(exact_key, context_key, query or None, is_deterministic(body))

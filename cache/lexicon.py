@@ -1,0 +1,214 @@
+"""Word lists for the hard-negative verifier. General English knowledge (function words,
+antonyms, number words, units, task verbs, common entity classes), not tuned to any test set."""
+
+from __future__ import annotations
+
+STOPWORDS = frozenset("""
+a an the this that these those there here it its it's i me my mine we us our you your yours he him his
+she her they them their what which who whom whose when where why how is are was were be been being am
+do does did doing done have has had having will would shall should can could may might must
+to of for from by at as into onto upon about with within via per than then so such very just also too
+and or but if because while until since though although either both each every any some all
+please pls kindly tell give show help want need like know let get got make made way ways thing things
+one's oneself really actually basically simply quite rather bit little lot lots
+hi hello hey thanks thank ok okay yes
+""".split())
+
+# Filler that paraphrases add or drop without changing the question.
+FILLER = frozenset("""
+explain describe detail details define definition mean meaning question questions answer steps step
+procedure process method approach guide instructions instruction tutorial example examples best good
+possible correct proper properly right exactly quickly easy easily simple simply briefly overview
+anyone someone somebody something able anybody go going try trying write writing say saying
+""".split())
+
+NEGATIONS = frozenset("""
+not no never none nothing nobody nowhere neither nor cannot without isn't aren't wasn't weren't
+don't doesn't didn't won't wouldn't can't couldn't shouldn't mustn't hasn't haven't hadn't
+isnt arent wasnt werent dont doesnt didnt wont wouldnt cant couldnt shouldnt mustnt hasnt havent hadnt
+""".split())
+
+ANTONYM_PAIRS = [
+    ("enable", "disable"), ("activate", "deactivate"), ("add", "remove"), ("add", "delete"),
+    ("create", "delete"), ("create", "destroy"), ("insert", "delete"), ("install", "uninstall"),
+    ("install", "remove"), ("increase", "decrease"), ("increase", "reduce"), ("raise", "lower"),
+    ("start", "stop"), ("begin", "end"), ("open", "close"), ("on", "off"), ("up", "down"),
+    ("before", "after"), ("above", "below"), ("over", "under"), ("min", "max"),
+    ("minimum", "maximum"), ("more", "less"), ("more", "fewer"), ("most", "least"), ("high", "low"),
+    ("higher", "lower"), ("highest", "lowest"), ("best", "worst"), ("better", "worse"),
+    ("first", "last"), ("encrypt", "decrypt"), ("encode", "decode"), ("compress", "decompress"),
+    ("zip", "unzip"), ("upload", "download"), ("import", "export"), ("buy", "sell"),
+    ("true", "false"), ("allow", "deny"), ("allow", "block"), ("accept", "reject"),
+    ("include", "exclude"), ("lock", "unlock"), ("show", "hide"), ("push", "pull"),
+    ("send", "receive"), ("connect", "disconnect"), ("login", "logout"), ("log in", "log out"),
+    ("subscribe", "unsubscribe"), ("follow", "unfollow"), ("win", "lose"), ("hot", "cold"),
+    ("fast", "slow"), ("cheap", "expensive"), ("positive", "negative"), ("left", "right"),
+    ("north", "south"), ("east", "west"), ("ascending", "descending"), ("asc", "desc"),
+    ("mount", "unmount"), ("freeze", "unfreeze"), ("merge", "split"), ("input", "output"),
+    ("read", "write"), ("public", "private"), ("internal", "external"), ("inside", "outside"),
+    ("always", "never"), ("with", "without"), ("pros", "cons"), ("advantage", "disadvantage"),
+    ("benefit", "drawback"), ("safe", "dangerous"), ("safe", "unsafe"), ("legal", "illegal"),
+    ("valid", "invalid"), ("success", "failure"), ("succeed", "fail"), ("pass", "fail"),
+    ("import", "export"), ("expand", "collapse"), ("attach", "detach"), ("block", "unblock"),
+    ("mute", "unmute"), ("pause", "resume"), ("archive", "unarchive"), ("pin", "unpin"),
+    ("hide", "unhide"), ("approve", "reject"), ("grant", "revoke"), ("gain", "lose"),
+    ("sync", "unsync"), ("link", "unlink"), ("encrypted", "unencrypted"), ("serialize", "deserialize"),
+    ("uppercase", "lowercase"), ("upper", "lower"), ("maximize", "minimize"), ("max", "min"),
+    ("earliest", "latest"), ("oldest", "newest"), ("old", "new"), ("young", "old"), ("big", "small"),
+    ("large", "small"), ("long", "short"), ("wide", "narrow"), ("heavy", "light"), ("dark", "light"),
+    ("light", "heavy"), ("rich", "poor"), ("strong", "weak"), ("easy", "hard"), ("easy", "difficult"),
+    ("love", "hate"), ("like", "dislike"), ("agree", "disagree"), ("arrive", "depart"),
+    ("import", "export"), ("borrow", "lend"), ("lend", "borrow"), ("give", "take"), ("buy", "rent"),
+    ("ban", "unban"), ("signup", "signin"), ("sign up", "sign in"), ("join", "leave"),
+    ("morning", "evening"), ("day", "night"), ("summer", "winter"), ("spring", "autumn"),
+    ("male", "female"), ("men", "women"), ("man", "woman"), ("boy", "girl"), ("plus", "minus"),
+    ("add", "subtract"), ("multiply", "divide"), ("sum", "difference"), ("profit", "loss"),
+    ("import", "export"), ("client", "server"), ("frontend", "backend"), ("source", "target"),
+    ("horizontal", "vertical"), ("row", "column"), ("rows", "columns"), ("width", "height"),
+    ("top", "bottom"), ("front", "back"), ("inbound", "outbound"), ("incoming", "outgoing"),
+]
+
+# Prefixes that flip meaning: "install" vs "uninstall", "able" vs "unable".
+NEGATING_PREFIXES = ("un", "dis", "de", "non", "in", "im", "ir", "il", "anti", "mis")
+
+NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
+    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30,
+    "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+    "hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9, "dozen": 12,
+    "half": 0.5, "quarter": 0.25, "twice": 2, "double": 2, "triple": 3, "once": 1,
+}
+ORDINALS = {
+    "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
+    "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "twentieth": 20,
+    "hundredth": 100, "last": -1,
+}
+MONTHS = ("january february march april may june july august september october november december"
+          ).split()
+MONTH_ABBR = {m[:3]: m for m in MONTHS} | {"sept": "september"}
+WEEKDAYS = "monday tuesday wednesday thursday friday saturday sunday".split()
+
+UNITS = {
+    "km": "kilometer kilometers kilometre kilometres km kms".split(),
+    "mile": "mile miles mi".split(),
+    "m": "meter meters metre metres m".split(),
+    "cm": "centimeter centimeters centimetre centimetres cm".split(),
+    "mm": "millimeter millimeters millimetre millimetres mm".split(),
+    "ft": "foot feet ft".split(),
+    "inch": "inch inches".split(),
+    "yard": "yard yards yd".split(),
+    "kg": "kilogram kilograms kilo kilos kg kgs".split(),
+    "g": "gram grams g".split(),
+    "lb": "pound pounds lb lbs".split(),
+    "oz": "ounce ounces oz".split(),
+    "ton": "ton tons tonne tonnes".split(),
+    "celsius": "celsius centigrade °c".split(),
+    "fahrenheit": "fahrenheit °f".split(),
+    "kelvin": "kelvin".split(),
+    "l": "liter liters litre litres l".split(),
+    "ml": "milliliter milliliters millilitre millilitres ml".split(),
+    "gallon": "gallon gallons gal".split(),
+    "cup": "cup cups".split(),
+    "tbsp": "tablespoon tablespoons tbsp".split(),
+    "tsp": "teaspoon teaspoons tsp".split(),
+    "usd": "usd dollar dollars $ bucks".split(),
+    "eur": "eur euro euros €".split(),
+    "gbp": "gbp sterling £".split(),
+    "jpy": "jpy yen ¥".split(),
+    "inr": "inr rupee rupees".split(),
+    "btc": "btc bitcoin bitcoins".split(),
+    "ms": "millisecond milliseconds ms".split(),
+    "s": "second seconds sec secs s".split(),
+    "min": "minute minutes mins".split(),
+    "h": "hour hours hr hrs h".split(),
+    "day": "day days".split(),
+    "week": "week weeks".split(),
+    "month": "month months".split(),
+    "year": "year years yr yrs".split(),
+    "kb": "kb kilobyte kilobytes".split(),
+    "mb": "mb megabyte megabytes".split(),
+    "gb": "gb gigabyte gigabytes".split(),
+    "tb": "tb terabyte terabytes".split(),
+    "bit": "bit bits".split(),
+    "byte": "byte bytes".split(),
+    "mph": "mph".split(),
+    "kph": "kph km/h kmh".split(),
+    "%": "% percent percentage pct".split(),
+    "w": "watt watts w".split(),
+    "kw": "kilowatt kilowatts kw".split(),
+    "kwh": "kwh".split(),
+    "v": "volt volts v".split(),
+    "a": "amp amps ampere amperes".split(),
+    "hz": "hz hertz".split(),
+    "ghz": "ghz gigahertz".split(),
+    "mhz": "mhz megahertz".split(),
+    "cal": "calorie calories kcal cal".split(),
+    "acre": "acre acres".split(),
+    "hectare": "hectare hectares ha".split(),
+    "sqft": "sqft".split(),
+    "psi": "psi".split(),
+    "bar": "bar".split(),
+    "degree": "degree degrees °".split(),
+    "radian": "radian radians rad".split(),
+}
+UNIT_OF = {w: canon for canon, words in UNITS.items() for w in words}
+
+# Tasks that transform given content: a different one asks for a different answer.
+TASKS = {
+    "summarize": "summarize summarise summary summarization summarisation tldr recap condense".split(),
+    "translate": "translate translation translating".split(),
+    "rewrite": "rewrite rephrase paraphrase reword".split(),
+    "fix": "fix debug repair troubleshoot".split(),
+    "proofread": "proofread grammar spelling".split(),
+    "classify": "classify categorize categorise label".split(),
+    "extract": "extract".split(),
+    "sentiment": "sentiment".split(),
+    "shorten": "shorten shorter abbreviate".split(),
+    "expand": "expand elaborate lengthen longer".split(),
+    "critique": "critique review evaluate assess grade".split(),
+    "compare": "compare comparison versus vs difference differences differ".split(),
+    "test": "test tests unittest".split(),
+    "optimize": "optimize optimise".split(),
+    "document": "document docstring docstrings comment comments".split(),
+    "title": "title headline".split(),
+    "keywords": "keywords tags".split(),
+    "simplify": "simplify eli5".split(),
+    "formal": "formal formalize".split(),
+    "casual": "casual informal".split(),
+    "poem": "poem haiku limerick sonnet".split(),
+    "story": "story".split(),
+    "email": "email letter".split(),
+    "joke": "joke jokes".split(),
+    "tweet": "tweet".split(),
+}
+TASK_OF = {w: t for t, words in TASKS.items() for w in words}
+
+# Co-hyponym classes whose members swap easily and change the answer (lower-case).
+ENTITY_CLASSES = {
+    "language": """english french spanish german italian portuguese dutch russian chinese mandarin
+        cantonese japanese korean arabic hindi bengali urdu turkish polish swedish norwegian danish
+        finnish greek hebrew thai vietnamese indonesian malay swahili czech hungarian romanian ukrainian
+        latin persian farsi tamil telugu""",
+    "country": """france germany spain italy portugal netherlands belgium russia china japan korea
+        india pakistan brazil argentina mexico canada usa america australia egypt nigeria kenya turkey
+        poland sweden norway denmark finland greece israel iran iraq thailand vietnam indonesia
+        switzerland austria ireland scotland england uk britain ukraine chile peru colombia""",
+    "city": """paris london berlin madrid rome lisbon amsterdam brussels moscow beijing shanghai tokyo
+        seoul delhi mumbai sydney melbourne toronto vancouver montreal cairo istanbul dubai singapore
+        chicago boston seattle york angeles francisco miami dallas houston vienna prague warsaw dublin""",
+    "proglang": """python java javascript typescript golang rust ruby php perl swift kotlin scala
+        haskell c++ c# csharp cpp lua bash powershell sql r julia matlab elixir erlang clojure dart
+        fortran cobol assembly html css""",
+    "tech": """linux windows macos mac ios android ubuntu debian fedora centos docker kubernetes
+        react vue angular svelte django flask fastapi rails spring node nodejs npm pip conda git github
+        gitlab aws azure gcp postgres postgresql mysql sqlite mongodb redis kafka nginx apache chrome
+        firefox safari edge excel word powerpoint outlook gmail slack zoom teams iphone ipad pixel
+        samsung numpy pandas pytorch tensorflow""",
+    "planet": "mercury venus earth mars jupiter saturn uranus neptune pluto moon sun",
+    "color": "red blue green yellow orange purple pink black white gray grey brown",
+    "animal": """cat cats dog dogs horse horses cow cows bird birds fish rabbit rabbits snake snakes
+        lion lions tiger tigers bear bears wolf wolves mouse mice""",
+    "element": "hydrogen helium oxygen nitrogen carbon iron gold silver copper sodium",
+}
+ENTITY_WORDS = frozenset(w for words in ENTITY_CLASSES.values() for w in words.split())

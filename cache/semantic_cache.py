@@ -1,0 +1,256 @@
+"""SemanticCache: the two-tier cache behind ``cache.api.SemanticCacheClient``.
+
+lookup:  policy gate (enabled, no-cache, deterministic)
+         -> exact tier: HGET of the entry keyed by the canonical request's hash
+            (pipelined with the tenant's change-log read when the index is in-process)
+         -> semantic tier: embed the final user message, k nearest entries in the same
+            namespace (tenant + model + earlier turns + parameters) with cosine >= threshold,
+            then the hard-negative verifier; the first candidate that passes is served.
+store:   same gate (plus no-store), embed, one atomic script: entry + TTL + cap eviction + log.
+
+Redis failures never escape: lookup answers bypass("redis-down"), store drops the entry; both
+log (at most once per ``_LOG_EVERY_S``) and count. redis-py reconnects by itself, so the cache
+recovers as soon as Redis answers again; in-process indexes are reloaded after an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from cache.api import CacheLookup, CachePolicy
+from cache.canonical import CanonicalRequest, canonicalize
+from cache.embedder import Embedder
+from cache.ft_index import QueryEngineIndex, has_query_engine
+from cache.local_index import Candidate, LocalIndex
+from cache.stats import CacheStats
+from cache.store import EntryStore, NewEntry, TenantKeys
+from cache.verifier import Verifier
+
+log = logging.getLogger("pagegate.cache")
+
+_LOG_EVERY_S = 10.0
+_TOP_K = 4
+_REDIS_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+_STORABLE_FINISH = {"stop", "length"}
+
+
+def bytes_client(redis: Redis) -> Redis:
+    """The same server through a client that returns bytes (vectors are binary)."""
+    pool = getattr(redis, "connection_pool", None)
+    if pool is None or not pool.connection_kwargs.get("decode_responses"):
+        return redis
+    kwargs = dict(pool.connection_kwargs, decode_responses=False)
+    return Redis(connection_pool=type(pool)(connection_class=pool.connection_class,
+                                            max_connections=pool.max_connections, **kwargs))
+
+
+class SemanticCache:
+    def __init__(self, redis: Redis, embedder: Embedder, *, prefix: str = "pg:",
+                 verifier: Verifier | None = None, index: str = "auto", op_timeout_s: float = 2.0,
+                 defaults: CachePolicy | None = None, owns_embedder: bool = False) -> None:
+        """``index``: "auto" (Query Engine when the server has it), "ft" or "local"."""
+        self.redis = bytes_client(redis)
+        self._owns_client = self.redis is not redis
+        self._owns_embedder = owns_embedder
+        self.embedder = embedder
+        self.prefix = prefix
+        self.verifier = verifier if verifier is not None else Verifier()
+        self.defaults = defaults or CachePolicy()
+        self.store_ = EntryStore(self.redis, prefix, with_log=index != "ft")
+        self._index_mode = index
+        self._timeout = op_timeout_s
+        self._local: LocalIndex | None = None
+        self._ft: QueryEngineIndex | None = None
+        self._stats = CacheStats()
+        self._last_log = 0.0
+
+    # -- public API ------------------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        s = self._stats
+        if self._local is not None:
+            s.index_reloads = self._local.reloads
+        return s.as_dict()
+
+    @property
+    def index_kind(self) -> str | None:
+        """ "ft", "local", or None before the first Redis round trip decided it."""
+        return "ft" if self._ft else "local" if self._local else None
+
+    async def lookup(self, namespace: str, body: dict, policy: CachePolicy) -> CacheLookup:
+        self._stats.lookups += 1
+        if not policy.enabled:
+            return self._bypass("disabled")
+        if policy.no_cache:
+            return self._bypass("no-cache")
+        req = canonicalize(namespace, body)
+        if not req.deterministic:
+            return self._bypass("non-deterministic")
+        try:
+            return await self._lookup(namespace, req, policy)
+        except _REDIS_ERRORS as e:
+            self._redis_failed("lookup", e)
+            return self._bypass("redis-down")
+
+    async def store(self, namespace: str, body: dict, response: dict, policy: CachePolicy) -> None:
+        if not policy.enabled or policy.no_store or not _complete(response):
+            self._stats.store_skips += 1
+            return
+        req = canonicalize(namespace, body)
+        if not req.deterministic:
+            self._stats.store_skips += 1
+            return
+        try:
+            await self._store(namespace, req, response, policy)
+        except _REDIS_ERRORS as e:
+            self._redis_failed("store", e)
+
+    async def store_many(self, namespace: str, items: list[tuple[dict, dict]], policy: CachePolicy) -> int:
+        """Prefill: store many (body, response) pairs of one tenant in batched round trips.
+        Raises on Redis errors (an admin/benchmark path, not a request path)."""
+        await self._ensure_index()
+        keys = self.store_.keys(namespace)
+        reqs = [(canonicalize(namespace, b), r) for b, r in items]
+        reqs = [(q, r) for q, r in reqs if q.deterministic and _complete(r)]
+        texts = [q.query for q, _ in reqs if q.query]
+        vecs = iter(await self.embedder.embed_many(texts)) if texts else iter(())
+        entries = [NewEntry(q.exact_key, keys.ns(q.context_key), q.query or "",
+                            next(vecs) if q.query else None, r) for q, r in reqs]
+        for i in range(0, len(entries), 1000):
+            res = await self.store_.put_many(keys, entries[i:i + 1000], ttl_s=policy.ttl_s,
+                                             max_entries=policy.max_entries)
+            self._stats.evictions += sum(e for e, _ in res)
+        self._stats.stores += len(entries)
+        return len(entries)
+
+    async def clear(self, namespace: str) -> int:
+        n = await self.store_.clear(namespace)
+        if self._local is not None:
+            self._local.forget_all()
+        return n
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.redis.aclose()
+        if self._owns_embedder:
+            self.embedder.close()
+
+    # -- tiers -----------------------------------------------------------------------------
+    async def _lookup(self, namespace: str, req: CanonicalRequest, policy: CachePolicy) -> CacheLookup:
+        await self._ensure_index()
+        keys = self.store_.keys(namespace)
+        events = None
+        if self._local is not None and req.query and (args := self._local.log_read_args(keys)):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hget(keys.entry(req.exact_key), "resp")
+            pipe.xrange(args[0], args[1], "+", count=1000)
+            raw, events = await self._io(pipe.execute())
+        else:
+            raw = await self._io(self.redis.hget(keys.entry(req.exact_key), "resp"))
+        if raw is not None:
+            self._stats.hits += 1
+            return CacheLookup("hit", 1.0, json.loads(raw))
+        if not req.query:
+            return self._miss("no-semantic-tier")
+        try:
+            vec = await self.embedder.embed(req.query)
+        except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
+            self._stats.embed_errors += 1
+            log.warning("cache embedder failed: %s", e)
+            return self._miss("embedder-error")
+        ns = keys.ns(req.context_key)
+        if self._local is not None:
+            await self._io(self._local.sync(keys, events), slow=True)  # a first load may be big
+            candidates = self._local.search(keys, ns, vec, _TOP_K, policy.threshold)
+        else:
+            candidates = await self._io(self._ft.search(ns, vec, _TOP_K, policy.threshold))
+        if not candidates:
+            return self._miss("below-threshold")
+        rejected = 0
+        for cand in candidates:
+            if not self.verifier.check(req.query, cand.text).ok:
+                rejected += 1
+                continue
+            resp = await self._response(keys, cand)
+            if resp is not None:
+                self._stats.semantic_hits += 1
+                return CacheLookup("semantic-hit", round(cand.score, 4), resp)
+        self._stats.verifier_rejections += rejected
+        return self._miss("verifier" if rejected else "expired")
+
+    async def _response(self, keys: TenantKeys, cand: Candidate) -> dict | None:
+        if cand.response is not None:
+            return cand.response
+        resp = await self._io(self.store_.get_response(keys, cand.entry_id))
+        if resp is None and self._local is not None:
+            self._local.drop_entry(keys, cand.entry_id)  # expired before its log event
+        return resp
+
+    async def _store(self, namespace: str, req: CanonicalRequest, response: dict, policy: CachePolicy) -> None:
+        await self._ensure_index()
+        vec = None
+        if req.query:
+            try:
+                vec = await self.embedder.embed(req.query)
+            except Exception as e:  # noqa: BLE001
+                self._stats.embed_errors += 1
+                log.warning("cache embedder failed: %s", e)
+        keys = self.store_.keys(namespace)
+        entry = NewEntry(req.exact_key, keys.ns(req.context_key), req.query or "", vec, response)
+        evicted, _ = await self._io(
+            self.store_.put(keys, entry, ttl_s=policy.ttl_s, max_entries=policy.max_entries))
+        self._stats.stores += 1
+        self._stats.evictions += evicted
+
+    async def _ensure_index(self) -> None:
+        if self._local is not None or self._ft is not None:
+            return
+        await self.embedder.ready()
+        dim = self.embedder.dim
+        if not self.verifier.has_vocab:
+            self.verifier.set_vocab(self.embedder.vocab())
+        mode = self._index_mode
+        if mode == "auto":
+            mode = "ft" if await self._io(has_query_engine(self.redis)) else "local"
+        if mode == "ft":
+            ft = QueryEngineIndex(self.redis, self.prefix, dim)
+            await self._io(ft.ensure())
+            self._ft = ft
+            self.store_.with_log = False
+        else:
+            self._local = LocalIndex(self.redis, dim)
+
+    async def _io(self, aw, *, slow: bool = False):
+        """A Redis round trip under the cache's deadline (a hung Redis must not hang requests)."""
+        return await asyncio.wait_for(aw, self._timeout * (10 if slow else 1))
+
+    # -- outcomes --------------------------------------------------------------------------
+    def _bypass(self, reason: str) -> CacheLookup:
+        self._stats.bypasses += 1
+        return CacheLookup("bypass", reason=reason)
+
+    def _miss(self, reason: str) -> CacheLookup:
+        self._stats.misses += 1
+        return CacheLookup("miss", reason=reason)
+
+    def _redis_failed(self, op: str, e: BaseException) -> None:
+        self._stats.redis_errors += 1
+        if self._local is not None:
+            self._local.forget_all()  # Redis may come back empty: reload what we serve from
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_EVERY_S:
+            self._last_log = now
+            log.error("semantic cache %s failed, serving without cache: %s: %s",
+                      op, type(e).__name__, e)
+
+
+def _complete(response: dict) -> bool:
+    """A whole answer: every choice finished normally (never a partial or aborted stream)."""
+    choices = response.get("choices") or []
+    return bool(choices) and all(c.get("finish_reason") in _STORABLE_FINISH for c in choices)
+

@@ -1,0 +1,251 @@
+"""Hard-negative verifier: the second stage after an embedding match.
+
+Sentence embeddings score "enable 2FA" vs "disable 2FA" at ~0.9+, and swapped numbers or
+entities not far below: a cosine threshold alone serves wrong answers. A candidate passes
+only if every guard agrees the two questions ask the same thing:
+
+    negation   one is negated (not, never, without, n't) and the other is not
+    antonym    a word on one side has its antonym (or un-/dis-/de- form) on the other only
+    number     the numbers (digits, number words, ordinals, dates) differ, in order
+    unit       the quantities (number + unit: 10 miles, $5) or the other units named
+               (km/miles, °C/°F, USD/EUR, …) differ
+    task       the requested operation on the content differs (summarize vs translate …)
+    entity     a name on one side (capitalised, acronym, code-like, known entity class) is
+               missing from the other
+    content    both sides carry a rare content word the other lacks (a swap of specific terms;
+               rarity from the embedder's word-piece vocabulary rank)
+
+Each guard is a few set operations on cached token analyses: microseconds per candidate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cache import lexicon as lx
+
+_TOKEN = re.compile(
+    r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
+    r"|[A-Za-z][A-Za-z0-9'’+#]*(?:-[A-Za-z0-9]+)*"  # words (hyphenated compounds kept whole)
+    r"|[$€£¥%°]"
+)
+_ORDINAL_SUFFIX = re.compile(r"^(\d+)(st|nd|rd|th)$")
+_AMBIGUOUS_UNITS = frozenset(w for w in lx.UNIT_OF if len(w) <= 2) | {"may", "second", "min"}
+
+
+def stem(w: str) -> str:
+    """A deliberately crude suffix stripper, applied identically to both sides."""
+    if len(w) > 4 and w.endswith("ies"):
+        w = w[:-3] + "y"
+    elif len(w) > 5 and w.endswith("ing"):
+        w = w[:-3]
+    elif len(w) > 4 and w.endswith("ed"):
+        w = w[:-2]
+    elif len(w) > 4 and (w.endswith(("ses", "xes", "zes", "ches", "shes"))):
+        w = w[:-2]
+    elif len(w) > 3 and w.endswith("s") and not w.endswith(("ss", "us", "is")):
+        w = w[:-1]
+    if len(w) > 3 and w.endswith("e"):
+        w = w[:-1]
+    if len(w) > 3 and w[-1] == w[-2] and w[-1] not in "lsz":
+        w = w[:-1]
+    return w
+
+
+_ANTONYMS: dict[str, set[str]] = {}
+for _a, _b in lx.ANTONYM_PAIRS:
+    if " " in _a:
+        continue
+    _ANTONYMS.setdefault(stem(_a), set()).add(stem(_b))
+    _ANTONYMS.setdefault(stem(_b), set()).add(stem(_a))
+_STOP = frozenset(stem(w) for w in lx.STOPWORDS) | lx.STOPWORDS
+_FILLER = frozenset(stem(w) for w in lx.FILLER) | lx.FILLER
+_ENTITY = frozenset(stem(w) for w in lx.ENTITY_WORDS) | lx.ENTITY_WORDS
+_TASK = {stem(w): t for w, t in lx.TASK_OF.items()} | dict(lx.TASK_OF)
+
+
+@dataclass(slots=True, frozen=True)
+class Verdict:
+    ok: bool
+    reason: str | None = None  # the guard that rejected
+
+
+@dataclass(slots=True)
+class _Analysis:
+    words: frozenset[str]  # stems of every word token
+    negated: bool
+    numbers: tuple[str, ...]
+    units: tuple[str, ...]
+    tasks: frozenset[str]
+    entities: frozenset[str]
+    content: frozenset[str]  # stems of content words (no stopwords, filler, numbers, units)
+    rare: frozenset[str]  # content stems that are rare words
+
+
+def _num(s: str) -> str:
+    s = s.replace(",", "")
+    try:
+        v = float(s)
+    except ValueError:
+        return s
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
+class Verifier:
+    """``check(query, candidate)`` -> Verdict. Thread-safe enough for asyncio (no awaits)."""
+
+    def __init__(self, vocab: Mapping[str, int] | None = None, *, rare_rank: int = 6000,
+                 guards: frozenset[str] | None = None, memo_size: int = 8192) -> None:
+        self._vocab = vocab or {}
+        self._rare_rank = rare_rank
+        self.guards = guards or frozenset(
+            {"negation", "antonym", "number", "unit", "task", "entity", "content"})
+        self._memo: OrderedDict[str, _Analysis] = OrderedDict()
+        self._memo_size = memo_size
+
+    @property
+    def has_vocab(self) -> bool:
+        return bool(self._vocab)
+
+    def set_vocab(self, vocab: Mapping[str, int]) -> None:
+        """Word-rarity source (word -> rank, e.g. the embedder's word-piece vocabulary)."""
+        self._vocab = vocab
+        self._memo.clear()
+
+    # -- analysis --------------------------------------------------------------------------
+    def _is_rare(self, w: str) -> bool:
+        if not self._vocab:
+            return False
+        for form in (w, w.rstrip("s"), w + "e", w[:-2] if w.endswith("ed") else w,
+                     w[:-3] if w.endswith("ing") else w):
+            rank = self._vocab.get(form)
+            if rank is not None:
+                return rank > self._rare_rank
+        return len(w) >= 4  # not a whole word in the vocabulary: rare
+
+    def analyse(self, text: str) -> _Analysis:
+        hit = self._memo.get(text)
+        if hit is not None:
+            return hit
+        tokens = _TOKEN.findall(text.replace("’", "'"))
+        words: set[str] = set()
+        numbers: list[str] = []
+        units: list[str] = []
+        tasks: set[str] = set()
+        entities: set[str] = set()
+        content: set[str] = set()
+        rare: set[str] = set()
+        quantities: list[str] = []  # "10 mile": a number with the unit that follows it
+        negated = False
+        prev_number = False
+        sentence_start = True
+
+        def _unit(u: str) -> None:
+            if prev_number and numbers:
+                quantities.append(numbers[-1] + " " + u)
+            else:
+                units.append(u)
+        for tok in tokens:
+            low = tok.lower()
+            is_number = False
+            currency = None
+            if low[0] in "$€£¥" and len(low) > 1:
+                currency = lx.UNIT_OF[low[0]]
+                low = low[1:]
+            if low[0].isdigit():
+                m = _ORDINAL_SUFFIX.match(low)
+                if m:
+                    numbers.append("#" + m.group(1))
+                else:
+                    num = re.match(r"[\d,]*\d(?:\.\d+)?", low).group(0)
+                    suffix = low[len(num):]
+                    numbers.append(_num(num))
+                    if currency:
+                        quantities.append(numbers[-1] + " " + currency)
+                    elif suffix in lx.UNIT_OF:
+                        quantities.append(numbers[-1] + " " + lx.UNIT_OF[suffix])
+                    elif suffix:
+                        entities.add(low)  # "2fa", "gpt4"-like identifiers
+                prev_number = is_number = True
+            elif low in lx.UNIT_OF and low[0] in "$€£¥%°":
+                _unit(lx.UNIT_OF[low])
+            else:
+                st = stem(low)
+                words.add(st)
+                if low in lx.NEGATIONS or low.endswith("n't"):
+                    negated = True
+                elif low in lx.NUMBER_WORDS:
+                    numbers.append(_num(str(lx.NUMBER_WORDS[low])))
+                    is_number = True
+                elif low in lx.ORDINALS:
+                    numbers.append("#" + str(lx.ORDINALS[low]))
+                elif low in lx.MONTHS or low in lx.WEEKDAYS or (low in lx.MONTH_ABBR and tok[0].isupper()):
+                    numbers.append(lx.MONTH_ABBR.get(low, low))
+                elif low in lx.UNIT_OF and (prev_number or low not in _AMBIGUOUS_UNITS):
+                    _unit(lx.UNIT_OF[low])
+                else:
+                    if st in _TASK or low in _TASK:
+                        tasks.add(_TASK.get(st) or _TASK[low])
+                    is_entity = (
+                        low in _ENTITY or st in _ENTITY
+                        or (tok[0].isupper() and not sentence_start and len(tok) > 1 and low != "i")
+                        or (len(tok) >= 2 and tok.isupper())
+                        or any(c.isdigit() for c in tok) or "+" in tok or "#" in tok
+                    )
+                    if is_entity:
+                        entities.add(st)
+                    if st not in _STOP and low not in _STOP and st not in _FILLER and low not in _FILLER:
+                        content.add(st)
+                        if self._is_rare(low):
+                            rare.add(st)
+            prev_number = is_number
+            sentence_start = False
+        unit_key = (*sorted(quantities), "|", *sorted(units))
+        a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
+                      frozenset(entities), frozenset(content), frozenset(rare))
+        self._memo[text] = a
+        if len(self._memo) > self._memo_size:
+            self._memo.popitem(last=False)
+        return a
+
+    # -- decision --------------------------------------------------------------------------
+    def check(self, query: str, candidate: str) -> Verdict:
+        if query == candidate:
+            return Verdict(True)
+        q, c = self.analyse(query), self.analyse(candidate)
+        g = self.guards
+        if "negation" in g and q.negated != c.negated:
+            return Verdict(False, "negation")
+        if "antonym" in g and _antonym_swap(q.words - c.words, c.words - q.words):
+            return Verdict(False, "antonym")
+        if "number" in g and q.numbers != c.numbers:
+            return Verdict(False, "number")
+        if "unit" in g and q.units != c.units:
+            return Verdict(False, "unit")
+        if "task" in g and q.tasks != c.tasks:
+            return Verdict(False, "task")
+        if "entity" in g and ((q.entities - c.words - c.entities) or (c.entities - q.words - q.entities)):
+            return Verdict(False, "entity")
+        if "content" in g and (q.rare - c.content) and (c.rare - q.content):
+            return Verdict(False, "content")
+        return Verdict(True)
+
+
+def _antonym_swap(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:
+    for w in only_q:
+        opposite = _ANTONYMS.get(w)
+        if opposite and opposite & only_c:
+            return True
+        if len(w) >= 3:
+            for p in lx.NEGATING_PREFIXES:
+                if p + w in only_c:
+                    return True
+    for w in only_c:
+        if len(w) >= 3:
+            for p in lx.NEGATING_PREFIXES:
+                if p + w in only_q:
+                    return True
+    return False

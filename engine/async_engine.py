@@ -1,0 +1,214 @@
+"""The asyncio front of the engine (fills ``engine.protocol.EngineClient``).
+
+    asyncio side                         engine thread (daemon)
+    generate() ── add cmd ──► cmds ──►   apply adds/aborts; step(); step(); ...
+    per-request asyncio.Queue ◄── loop.call_soon_threadsafe(put) ── RequestOutput deltas
+
+The step loop never runs on the event loop; it sleeps on a condition while idle and is woken
+by new commands. Closing or cancelling a ``generate`` stream aborts its request (blocks freed
+before the next step). If the loop dies, every pending stream gets ``EngineDeadError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import (
+    EngineDeadError,
+    EngineOverloadedError,
+    EngineStats,
+    PromptTooLongError,
+    RequestOutput,
+)
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import render_chat
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    salt: str | None
+    priority_class: str | None
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+            pass
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, *, engine: LLMEngine | None = None,
+                 model_id: str | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.model_id = model_id or config.served_model_name or _served_name(config.model)
+        self._cv = threading.Condition()
+        self._cmds: list[_Add | _Abort] = []
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._dead: BaseException | None = None
+        self._stats: EngineStats | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the model (off the event loop) and start the step thread. Idempotent."""
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        if self._thread is None:
+            self._stats = self.engine.stats()
+            self._thread = threading.Thread(target=self._run, name="pagegate-engine", daemon=True)
+            self._thread.start()
+
+    async def shutdown(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+        self._fail_all(EngineDeadError("the engine has shut down"))
+
+    @property
+    def max_model_len(self) -> int:
+        return self._require().max_model_len
+
+    @property
+    def is_dead(self) -> bool:
+        return self._dead is not None
+
+    # ---- tokenization -------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        tok = self._require().tokenizer
+        if tok is None:
+            raise ValueError("this model has no tokenizer; send token ids")
+        return tok.encode(text, add_special_tokens=False)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        return render_chat(self._require().tokenizer, messages)
+
+    # ---- requests -----------------------------------------------------------------------
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, request_id: str,
+        salt: str | None = None, priority_class: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yield ``RequestOutput`` deltas until the request finishes (see ``EngineClient``)."""
+        engine = self._require()
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine stopped: {self._dead!r}")
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) + 1 > engine.max_model_len:
+            raise PromptTooLongError(len(ids), engine.max_model_len)
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        stats = self._stats
+        if stats is not None and stats.waiting + len(self._cmds) >= self.config.max_waiting:
+            raise EngineOverloadedError("the engine's waiting queue is full; retry later")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        self._streams[request_id] = stream
+        if self._dead is not None:  # died between the check above and the registration
+            self._streams.pop(request_id, None)
+            raise EngineDeadError(f"the engine stopped: {self._dead!r}")
+        self._send(_Add(request_id, ids, params, salt, priority_class))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; its stream ends with finish reason "abort"."""
+        self._send(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        """The engine's figures as of its last step (never blocks on the step thread)."""
+        if self._stats is None:
+            return self._require().stats()
+        return self._stats
+
+    # ---- the step thread ----------------------------------------------------------------
+    def _send(self, cmd: _Add | _Abort) -> None:
+        with self._cv:
+            self._cmds.append(cmd)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        engine = self.engine
+        try:
+            while True:
+                with self._cv:
+                    while not (self._cmds or self._stopping or engine.has_unfinished_requests()):
+                        self._cv.wait()
+                    if self._stopping:
+                        return
+                    cmds, self._cmds = self._cmds, []
+                for cmd in cmds:
+                    self._apply(engine, cmd)
+                if engine.has_unfinished_requests():
+                    for out in engine.step():
+                        stream = self._streams.get(out.request_id)
+                        if stream is not None:
+                            stream.put(out)
+                    self._stats = engine.stats()
+        except BaseException as exc:  # noqa: BLE001 - any crash must release every waiter
+            logger.exception("engine step loop crashed")
+            self._dead = exc
+            self._fail_all(EngineDeadError(f"the engine stopped: {exc!r}"))
+
+    def _apply(self, engine: LLMEngine, cmd: _Add | _Abort) -> None:
+        if isinstance(cmd, _Abort):
+            engine.abort_request(cmd.request_id)
+            return
+        if cmd.request_id not in self._streams:
+            return  # its consumer already left
+        try:
+            engine.add_request(cmd.request_id, cmd.prompt_token_ids, cmd.params,
+                               salt=cmd.salt, priority_class=cmd.priority_class)
+        except Exception as exc:  # invalid request: only that stream fails
+            self._streams[cmd.request_id].put(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for stream in list(self._streams.values()):
+            stream.put(exc)
+
+    def _require(self) -> LLMEngine:
+        if self.engine is None:
+            raise RuntimeError("AsyncEngine.start() has not been awaited")
+        return self.engine
+
+
+def _served_name(model: str) -> str:
+    from engine.weights import served_name
+
+    return served_name(model)

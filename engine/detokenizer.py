@@ -1,0 +1,81 @@
+"""Incremental detokenization with stop strings, one ``IncrementalDetokenizer`` per sequence.
+
+Text is decoded over a short window of tokens (a few tokens of context before the new ones,
+so leading spaces come out right); while the window ends in an incomplete UTF-8 character
+(byte-level or byte-fallback tokens decode it as U+FFFD) nothing is released. Text that could
+still be the start of a stop string is held back; a stop string found across any token
+boundary ends the sequence and is never emitted.
+"""
+
+from __future__ import annotations
+
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.max_stop_len = max((len(s) for s in stop), default=0)
+        self.ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""  # decoded output text so far (truncated at a stop string once found)
+        self.emitted = 0  # characters of ``text`` already released
+        self.stopped = False
+
+    def add_token(self, token_id: int, check_stop: bool = True) -> bool:
+        """Decode one more output token. Returns True when a stop string has just appeared
+        (``text`` is then cut right before it). ``check_stop=False`` (before ``min_tokens``)
+        lets stop strings pass."""
+        self.ids.append(token_id)
+        if self.tokenizer is None or self.stopped:
+            return False
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return False  # nothing new yet, or half a character
+        before = len(self.text)
+        self.text += full[len(prefix) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        if self.stop and check_stop:
+            start = max(0, before - self.max_stop_len + 1)
+            cut = min((i for s in self.stop if (i := self.text.find(s, start)) != -1), default=-1)
+            if cut != -1:
+                self.text = self.text[:cut]
+                self.stopped = True
+                return True
+        return False
+
+    def take_delta(self, finished: bool) -> str:
+        """Text not yet released: everything when ``finished``, else all but a possible
+        stop-string prefix at the end."""
+        if finished and not self.stopped and self.tokenizer is not None and self.read_offset < len(self.ids):
+            self._flush()
+        end = len(self.text)
+        if not finished and self.stop:
+            end -= self._held_back()
+        if end <= self.emitted:
+            return ""
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta
+
+    def _flush(self) -> None:
+        """At the end, release whatever the pending tokens decode to (even a lone U+FFFD)."""
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
+        if len(full) > len(prefix):
+            self.text += full[len(prefix) :]
+        self.prefix_offset = self.read_offset = len(self.ids)
+
+    def _held_back(self) -> int:
+        text, held = self.text, 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), held, -1):
+                if text.endswith(s[:k]):
+                    held = k
+                    break
+        return held

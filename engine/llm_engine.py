@@ -1,0 +1,262 @@
+"""The synchronous engine core. One ``step()`` reads top to bottom:
+
+    schedule -> run the model -> sample -> postprocess (detokenize, stops, free finished)
+
+It is not thread-safe; ``AsyncEngine`` drives it from its own thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache_manager import KVCacheManager
+from engine.model import LlamaModel
+from engine.model_runner import ModelRunner, kv_bytes_per_block
+from engine.outputs import CompletionDelta, EngineStats, PromptTooLongError, RequestOutput
+from engine.request import Request, RequestId, Sequence
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.tokenizer import load_tokenizer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, *, model_dir: str | Path | None = None) -> None:
+        self.config = config
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        if config.num_threads and device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        self.model_dir = Path(model_dir) if model_dir is not None else self._resolve_model_dir(config)
+        self.model = LlamaModel.from_dir(self.model_dir, device, dtype)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        arch, bs = self.model.arch, config.block_size
+        num_blocks = config.num_blocks or max(
+            2, int(config.kv_cache_memory_gb * 2**30) // kv_bytes_per_block(self.model, bs)
+        )
+        if config.max_model_len and config.max_model_len > arch.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the model's {arch.max_position_embeddings}"
+            )
+        # a single sequence must always fit in the pool, so preemption can never deadlock
+        self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, num_blocks * bs)
+        eos = set(arch.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(eos)
+        self.kv = KVCacheManager(num_blocks, bs, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv, max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs
+        )
+        backend = config.attention_backend
+        if backend == "auto" and device.type != "cuda":
+            backend = "torch"
+        self.runner = ModelRunner(
+            self.model, num_blocks=num_blocks, block_size=bs,
+            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+            attention_backend=backend,
+        )
+        self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
+        self.requests: dict[RequestId, Request] = {}
+        self._abort_outputs: list[RequestOutput] = []
+        self._ids = itertools.count()
+        self.num_steps = 0
+        self.num_generated_tokens = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        return cls(config)
+
+    @staticmethod
+    def _resolve_model_dir(config: EngineConfig) -> Path:
+        from engine.weights import resolve_model_dir
+
+        return Path(resolve_model_dir(config.model, config.weights_cache_dir))
+
+    # ---- requests -----------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, *,
+        salt: str | None = None, priority_class: str | None = None,
+    ) -> None:
+        """Queue a request. Raises ``PromptTooLongError`` when ``prompt + 1 > max_model_len``."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("the prompt must have at least one token")
+        if len(prompt_token_ids) + 1 > self.max_model_len:
+            raise PromptTooLongError(len(prompt_token_ids), self.max_model_len)
+        vocab = self.model.arch.vocab_size
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        req = Request(RequestId(request_id), list(prompt_token_ids), params, salt=salt,
+                      priority_class=priority_class)
+        self._init_seq(req.sequences[0])
+        self.requests[req.request_id] = req
+        self.scheduler.add(req.sequences[0])
+
+    def _init_seq(self, seq: Sequence) -> None:
+        seq.detok = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids, seq.params.stop)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a request now (its blocks return to the pool); the next ``step()`` reports it
+        finished with reason "abort". Returns False for an unknown or finished request."""
+        req = self.requests.pop(RequestId(request_id), None)
+        if req is None:
+            return False
+        req.aborted = True
+        deltas = []
+        for seq in req.sequences:
+            if not seq.is_finished:
+                self.scheduler.finish(seq)
+                seq.finish_reason = "abort"
+                deltas.append(CompletionDelta(seq.index, "", [], "abort", seq.num_output_tokens))
+        req.metrics.finished_time = time.monotonic()
+        self._abort_outputs.append(self._output(req, deltas))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._abort_outputs)
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._abort_outputs = self._abort_outputs, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        self._mark_scheduled(sched)
+        logits, sample_idx = self.runner.run(sched, self.kv)
+        seqs, rows = self._advance(sched, sample_idx)
+        tokens = self.sampler.sample(logits[rows] if len(rows) != len(sample_idx) else logits, seqs)
+        outputs += self._postprocess(seqs, tokens)
+        self.num_steps += 1
+        return outputs
+
+    def _mark_scheduled(self, sched: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for seq in sched.seqs:
+            m = seq.request.metrics
+            if m.queue_time is None:
+                m.queue_time = now - m.arrival_time
+
+    def _advance(self, sched: SchedulerOutput, sample_idx: list[int]) -> tuple[list[Sequence], list[int]]:
+        """Count the computed tokens, register full blocks in the prefix cache, and fork
+        ``n > 1`` requests whose prompt just finished. Returns the sequences to sample and,
+        for each, its row in the logits."""
+        for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+            seq.num_computed_tokens += n
+            self.kv.cache_full_blocks(seq)
+        seqs = [sched.seqs[i] for i in sample_idx]
+        rows = list(range(len(seqs)))
+        for row, seq in enumerate(list(seqs)):
+            req = seq.request
+            if req.params.n > 1 and not req.forked:
+                req.forked = True
+                for index in range(1, req.params.n):
+                    child = Sequence(req, index, list(seq.token_ids), seq.num_prompt_tokens,
+                                     num_computed_tokens=seq.num_computed_tokens)
+                    self._init_seq(child)
+                    req.sequences.append(child)
+                    self.kv.fork(seq, child)
+                    self.scheduler.add_running(child, after=req.sequences[index - 1])
+                    seqs.append(child)
+                    rows.append(row)
+        return seqs, rows
+
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[RequestOutput]:
+        now = time.monotonic()
+        deltas: dict[RequestId, list[CompletionDelta]] = {}
+        for seq, tok in zip(seqs, tokens, strict=True):
+            seq.token_ids.append(tok)
+            req, m = seq.request, seq.request.metrics
+            if m.ttft is None:
+                m.ttft = now - m.arrival_time
+            elif seq.index == 0 and seq.last_token_time is not None:
+                m.inter_token_times.append(now - seq.last_token_time)
+            seq.last_token_time = now
+            reason = self._check_finish(seq, tok)
+            if reason is not None:
+                seq.finish_reason = reason
+                self.scheduler.finish(seq)
+            text = seq.detok.take_delta(reason is not None)
+            deltas.setdefault(req.request_id, []).append(
+                CompletionDelta(seq.index, text, [tok], reason, seq.num_output_tokens)
+            )
+        self.num_generated_tokens += len(tokens)
+        outputs = []
+        for rid, ds in deltas.items():
+            req = self.requests[rid]
+            if req.is_finished:
+                req.metrics.finished_time = now
+                del self.requests[rid]
+            outputs.append(self._output(req, ds))
+        return outputs
+
+    def _check_finish(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.params
+        can_stop = seq.num_output_tokens >= p.min_tokens
+        hit_stop_string = seq.detok.add_token(tok, check_stop=can_stop)
+        if can_stop and (
+            hit_stop_string or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids)
+        ):
+            return "stop"
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _output(self, req: Request, deltas: list[CompletionDelta]) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, deltas=deltas, prompt_tokens=req.num_prompt_tokens,
+            cached_prompt_tokens=req.cached_prompt_tokens, finished=req.is_finished, metrics=req.metrics,
+        )
+
+    # ---- measurements and conveniences --------------------------------------------------
+    def stats(self) -> EngineStats:
+        kv = self.kv
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_total=kv.pool.num_blocks,
+            kv_blocks_used=kv.num_used_blocks,
+            kv_usage=kv.usage,
+            kv_utilization=kv.utilization(),
+            prefix_hit_rate=kv.prefix_hit_rate,
+            preemptions=self.scheduler.num_preemptions,
+            steps=self.num_steps,
+            generated_tokens=self.num_generated_tokens,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+    ) -> list[list[int]]:
+        """Offline batch: run every prompt together to the end; returns the completion token ids
+        of each prompt (its first choice when ``n > 1``), in order."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        reqs = []
+        for prompt, p in zip(prompts, params, strict=True):
+            rid = f"offline-{next(self._ids)}"
+            self.add_request(rid, prompt, p)
+            reqs.append(self.requests[RequestId(rid)])
+        while any(not r.is_finished for r in reqs):
+            self.step()
+        return [r.sequences[0].output_token_ids for r in reqs]

@@ -1,0 +1,127 @@
+"""A Llama-family decoder (Llama, Mistral, SmolLM) whose attention reads and writes the paged
+KV cache through ``kernels``. QKV and gate/up projections are fused into one matmul each.
+
+    input_ids [T] -> embed -> N x (RMSNorm -> QKV -> RoPE -> write KV -> paged attention -> O
+                                   + residual -> RMSNorm -> gate_up -> SiLU*up -> down + residual)
+                  -> RMSNorm -> hidden [T, H];  compute_logits(hidden[rows]) -> [rows, vocab]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine.attention import AttentionMetadata
+from engine.model_config import ModelArch
+from engine.rotary import RotaryEmbedding
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+class DecoderLayer:
+    def __init__(self, arch: ModelArch, w: dict[str, torch.Tensor]) -> None:
+        self.eps = arch.rms_norm_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim,
+        )
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.input_norm = w["input_layernorm.weight"]
+        self.post_norm = w["post_attention_layernorm.weight"]
+        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                              w["self_attn.v_proj.weight"]])
+        self.qkv_bias = (
+            torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"], w["self_attn.v_proj.bias"]])
+            if "self_attn.q_proj.bias" in w else None
+        )
+        self.o = w["self_attn.o_proj.weight"]
+        self.o_bias = w.get("self_attn.o_proj.bias")
+        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
+        self.gate_up_bias = (
+            torch.cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]]) if "mlp.gate_proj.bias" in w else None
+        )
+        self.down = w["mlp.down_proj.weight"]
+        self.down_bias = w.get("mlp.down_proj.bias")
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+        kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        h = rms_norm(x, self.input_norm, self.eps)
+        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope.apply(positions, q, k)
+        key_cache, value_cache = kv
+        kernels.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend)
+        attn = kernels.paged_attention(
+            q, key_cache, value_cache,
+            query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens, block_tables=meta.block_tables,
+            scale=self.scale, max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
+            backend=meta.backend,
+        )
+        x = x + F.linear(attn.reshape(t, self.q_size), self.o, self.o_bias)
+        h = rms_norm(x, self.post_norm, self.eps)
+        gate, up = F.linear(h, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down, self.down_bias)
+
+
+class LlamaModel:
+    def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.arch = arch
+        self.dtype, self.device = dtype, device
+        self.embed = weights["model.embed_tokens.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.lm_head = self.embed if arch.tie_word_embeddings or "lm_head.weight" not in weights \
+            else weights["lm_head.weight"]
+        self.layers = []
+        for i in range(arch.num_hidden_layers):
+            prefix = f"model.layers.{i}."
+            layer_w = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+            self.layers.append(DecoderLayer(arch, layer_w))
+        self.rope = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
+                                    arch.rope_scaling, dtype, device)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+        """Load ``config.json`` and every ``*.safetensors`` of a Hugging Face directory."""
+        from safetensors import safe_open
+
+        model_dir = Path(model_dir)
+        arch = ModelArch.from_dir(model_dir)
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+        weights: dict[str, torch.Tensor] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as sf:
+                for name in sf.keys():
+                    if "rotary_emb" in name:
+                        continue
+                    weights[name] = sf.get_tensor(name).to(device=device, dtype=dtype)
+        return cls(arch, weights, device, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` of a flat batch (after the final norm)."""
+        x = F.embedding(input_ids, self.embed)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = layer.forward(x, positions, self.rope, kv, meta)
+        return rms_norm(x, self.norm, self.arch.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()

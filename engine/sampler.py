@@ -1,0 +1,100 @@
+"""Next-token sampling for a batch of sequences, vectorized over the batch.
+
+Per row: repetition penalty and ``min_tokens`` masking (only rows that need them), then greedy
+argmax, or temperature -> top-k -> top-p -> inverse-CDF draw with one uniform number from the
+sequence's own ``torch.Generator``. A row's result therefore depends only on its logits and its
+generator, never on its batch mates.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.request import Sequence
+
+
+def make_generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return g
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: list[int] | None = None, seed: int = 0) -> None:
+        self.eos_token_ids = list(eos_token_ids or [])
+        self._seed_source = make_generator(seed)
+
+    def generator_for(self, seq: Sequence) -> torch.Generator:
+        """A sequence's generator: from ``params.seed`` (and its choice index) when given."""
+        seed = seq.params.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+        return make_generator(seed * 1_000_003 + seq.index)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One token per row of ``logits [len(seqs), vocab]``."""
+        if not seqs:
+            return []
+        logits = self._apply_penalties(logits, seqs)
+        greedy = [s.params.temperature == 0.0 for s in seqs]
+        if all(greedy):
+            return logits.argmax(dim=-1).tolist()
+        out = logits.argmax(dim=-1).tolist()
+        rows = [i for i, g in enumerate(greedy) if not g]
+        sub = logits[rows] if len(rows) < len(seqs) else logits
+        params = [seqs[i].params for i in rows]
+        temps = torch.tensor([p.temperature for p in params], dtype=sub.dtype)
+        sub = sub / temps.unsqueeze(1)
+        top_k = [p.top_k for p in params]
+        top_p = [p.top_p for p in params]
+        vocab = sub.shape[-1]
+        if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+            sub, order = sub.sort(dim=-1, descending=True)
+            ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k])
+            ranks = torch.arange(vocab).unsqueeze(0)
+            sub = sub.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
+            probs = sub.softmax(dim=-1)
+            ps = torch.tensor(top_p, dtype=probs.dtype).unsqueeze(1)
+            # drop a token when the mass of the tokens before it already reaches top_p
+            drop = (probs.cumsum(dim=-1) - probs) >= ps
+            drop[:, 0] = False
+            probs = probs.masked_fill(drop, 0.0)
+        else:
+            order = None
+            probs = sub.softmax(dim=-1)
+        cdf = probs.cumsum(dim=-1)
+        u = torch.stack([torch.rand((), generator=self._gen(seqs[i]), dtype=cdf.dtype) for i in rows])
+        idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).clamp_(max=vocab - 1)
+        # never land on a zero-probability token (rounding at the very end of the CDF)
+        chosen = probs.gather(1, idx) == 0
+        if chosen.any():
+            idx = torch.where(chosen, probs.argmax(dim=-1, keepdim=True), idx)
+        tokens = (order.gather(1, idx) if order is not None else idx).squeeze(1).tolist()
+        for r, tok in zip(rows, tokens, strict=True):
+            out[r] = tok
+        return out
+
+    def _gen(self, seq: Sequence) -> torch.Generator:
+        if seq.generator is None:
+            seq.generator = self.generator_for(seq)
+        return seq.generator
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        cloned = False
+        for i, seq in enumerate(seqs):
+            p = seq.params
+            pen = p.repetition_penalty != 1.0
+            block = seq.num_output_tokens < p.min_tokens
+            if not (pen or block):
+                continue
+            if not cloned:
+                logits, cloned = logits.clone(), True
+            if pen:
+                ids = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+                vals = logits[i, ids]
+                logits[i, ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            if block:
+                stop_ids = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
+                if stop_ids:
+                    logits[i, stop_ids] = float("-inf")
+        return logits

@@ -1,0 +1,112 @@
+"""The FastAPI app factory. ``create_app(settings)`` builds everything the gateway needs in its
+lifespan and tears it down in reverse order:
+
+    Redis url (PAGEGATE_REDIS_URL, else an embedded Redis server)
+    → tenancy services (database, Redis client, auth, limits, quota, usage writer, prices)
+    → engine (in-process AsyncEngine, unless handed one or ``load_engine=False``)
+    → semantic cache (when ``cache_enabled``)
+
+Tests hand in their own ``engine`` (shared by the session) or ``services``; what is handed in is
+not started or stopped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+
+from engine.protocol import EngineClient
+from gateway.deps import AppState
+from gateway.error_handlers import install_error_handlers
+from gateway.middleware import RequestContextMiddleware
+from gateway.routes import ROUTERS
+from gateway.settings import Settings
+
+log = logging.getLogger("pagegate.app")
+
+
+async def _build_engine(settings: Settings) -> EngineClient:
+    from engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine(settings.engine_config())
+    await engine.start()  # loads the weights on a worker thread
+    return engine
+
+
+def _build_cache(settings: Settings, redis: Any) -> Any:
+    try:
+        from cache import build_cache  # type: ignore[attr-defined]
+    except ImportError:
+        try:
+            from cache.client import build_cache  # type: ignore[no-redef]
+        except ImportError:
+            log.warning("semantic cache enabled but cache.build_cache is not available; running without")
+            return None
+    return build_cache(settings, redis)
+
+
+def create_app(settings: Settings, *, engine: EngineClient | None = None, services: Any = None,
+               cache: Any = None, embedder: Any = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            svc = services
+            if svc is None:
+                redis_url = settings.redis_url
+                if redis_url is None:
+                    from gateway.redis_server import EmbeddedRedis
+
+                    embedded = EmbeddedRedis(settings.data_dir)
+                    redis_url = await asyncio.to_thread(embedded.start)
+                    stack.push_async_callback(asyncio.to_thread, embedded.stop)
+                from gateway.tenancy_services import build_tenancy
+
+                svc = await build_tenancy(settings, redis_url=redis_url)
+                stack.push_async_callback(svc.close)
+            eng = engine
+            if eng is None and settings.load_engine:
+                eng = await _build_engine(settings)
+                stack.push_async_callback(eng.shutdown)
+            semantic_cache = cache
+            if semantic_cache is None and settings.cache_enabled:
+                semantic_cache = await _maybe_await(_build_cache(settings, svc.redis))
+                if semantic_cache is not None:
+                    stack.push_async_callback(semantic_cache.close)
+            state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder)
+            app.state.pagegate = state
+            try:
+                yield
+            finally:
+                if embedder is None and state.embedder is not None:
+                    state.embedder.close()
+
+    app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible multi-tenant LLM gateway")
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware)
+    for router in ROUTERS:
+        app.include_router(router)
+    admin_router = _admin_router(settings)
+    if admin_router is not None:
+        app.include_router(admin_router)
+    return app
+
+
+def _admin_router(settings: Settings) -> Any:
+    """The admin API and dashboard (``admin.build_admin_router``), when that package provides it."""
+    try:
+        from admin import build_admin_router
+    except ImportError:
+        return None
+    return build_admin_router(settings)
+
+
+async def _maybe_await(value: Any) -> Any:
+    if asyncio.iscoroutine(value):
+        return await value
+    return value

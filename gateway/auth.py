@@ -1,0 +1,233 @@
+"""API-key authentication: ``Authorization: Bearer pg-…`` → ``Principal`` (the tenant and its
+limits, resolved against the settings' defaults).
+
+Principals are cached in process for ``settings.key_cache_ttl_s``. A revoked key or a disabled
+tenant must be refused by every gateway process within a second, so the cache is invalidated
+through Redis: ``publish_invalidation`` bumps ``<prefix>auth:version`` and publishes on
+``<prefix>auth:invalidate``. Each process listens on the channel (immediate) and, as a fallback
+when a message is lost, re-reads the version at most every ``version_poll_s`` (200 ms); a changed
+version drops the whole cache. Loads that raced an invalidation are not cached."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from decimal import Decimal
+
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db.models import ApiKey, Tenant
+from gateway.errors import invalid_api_key, permission_denied
+from gateway.keys import hash_key, looks_like_key
+from gateway.settings import Settings
+from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Principal:
+    """Who is calling, with every per-tenant setting already resolved (no None for limits:
+    0 means unlimited)."""
+
+    tenant_id: int
+    tenant_name: str
+    key_id: int
+    key_prefix: str
+    key_hash: str
+    allowed_models: list[str] | None  # None: all models
+    rpm_limit: int  # the key's own rpm, else the tenant's
+    tenant_rpm: int
+    tpm_limit: int
+    budget_tokens: int | None
+    budget_usd: Decimal | None
+    budget_period: str  # day | month (UTC)
+    cache_enabled: bool
+    cache_threshold: float
+    cache_ttl_s: int
+    cache_max_entries: int
+
+    def may_use(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
+
+
+def _or_default(value: int | None, default: int) -> int:
+    return default if value is None else int(value)
+
+
+def build_principal(tenant: Tenant, key: ApiKey, settings: Settings) -> Principal:
+    tenant_rpm = _or_default(tenant.rpm_limit, settings.default_rpm)
+    return Principal(
+        tenant_id=tenant.id, tenant_name=tenant.name, key_id=key.id, key_prefix=key.prefix,
+        key_hash=key.key_hash,
+        allowed_models=list(key.allowed_models) if key.allowed_models else None,
+        rpm_limit=_or_default(key.rpm_limit, tenant_rpm), tenant_rpm=tenant_rpm,
+        tpm_limit=_or_default(tenant.tpm_limit, settings.default_tpm),
+        budget_tokens=tenant.budget_tokens,
+        budget_usd=None if tenant.budget_usd is None else Decimal(tenant.budget_usd),
+        budget_period=tenant.budget_period or "month",
+        cache_enabled=bool(tenant.cache_enabled) and settings.cache_enabled,
+        cache_threshold=tenant.cache_threshold if tenant.cache_threshold is not None else settings.cache_threshold,
+        cache_ttl_s=_or_default(tenant.cache_ttl_s, settings.cache_ttl_s),
+        cache_max_entries=_or_default(tenant.cache_max_entries, settings.cache_max_entries),
+    )
+
+
+@dataclass(slots=True)
+class _Entry:
+    principal: Principal | None  # None: unknown or revoked key (negative cache)
+    disabled: bool
+    expires_at: float
+
+
+class Authenticator:
+    """``await authenticate(header)`` → Principal, or ApiError 401 ``invalid_api_key`` /
+    403 ``tenant_disabled``. ``start()`` subscribes to invalidations; ``close()`` stops that."""
+
+    MAX_ENTRIES = 50_000
+    NEGATIVE_TTL_S = 5.0
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], redis: Redis, settings: Settings,
+                 *, version_poll_s: float = 0.2) -> None:
+        self._sessionmaker = sessionmaker
+        self._redis = redis
+        self._settings = settings
+        self._prefix = settings.redis_prefix
+        self._ttl_s = settings.key_cache_ttl_s
+        self._poll_s = version_poll_s
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._generation = 0  # bumped on every local invalidation
+        self._version: bytes | None = None  # last seen Redis version counter
+        self._version_checked = -1e18
+        self._listener: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self._listener is None:
+            ready = asyncio.Event()
+            self._listener = asyncio.create_task(self._listen(ready), name="auth-invalidation")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), 2.0)
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+            self._listener = None
+
+    async def authenticate(self, authorization_header: str | None) -> Principal:
+        key = _bearer(authorization_header)
+        if key is None:
+            raise invalid_api_key("You didn't provide an API key. Send 'Authorization: Bearer pg-...'.")
+        if not looks_like_key(key):
+            raise invalid_api_key()
+        key_hash = hash_key(key)
+        await self._check_version()
+        now = time.monotonic()
+        entry = self._cache.get(key_hash)
+        if entry is None or entry.expires_at < now:
+            entry = await self._load(key_hash)
+        if entry.principal is None:
+            raise invalid_api_key()
+        if entry.disabled:
+            raise permission_denied(f"Tenant '{entry.principal.tenant_name}' is disabled.",
+                                    code="tenant_disabled")
+        return entry.principal
+
+    async def invalidate_key(self, key_hash: str) -> None:
+        """Drop a key everywhere (this process at once, others through Redis)."""
+        self._drop(f"key:{key_hash}")
+        await publish_invalidation(self._redis, self._prefix, key_hash=key_hash)
+
+    async def invalidate_tenant(self, tenant_id: int) -> None:
+        self._drop(f"tenant:{tenant_id}")
+        await publish_invalidation(self._redis, self._prefix, tenant_id=tenant_id)
+
+    async def invalidate_all(self) -> None:
+        self._drop("all")
+        await publish_invalidation(self._redis, self._prefix)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    async def _load(self, key_hash: str) -> _Entry:
+        generation = self._generation
+        async with self._sessionmaker() as session:
+            row = (await session.execute(
+                select(ApiKey, Tenant).join(Tenant, ApiKey.tenant_id == Tenant.id)
+                .where(ApiKey.key_hash == key_hash))).first()
+        now = time.monotonic()
+        if row is None or row[0].revoked:
+            entry = _Entry(None, False, now + self.NEGATIVE_TTL_S)
+        else:
+            key, tenant = row
+            entry = _Entry(build_principal(tenant, key, self._settings), not tenant.enabled, now + self._ttl_s)
+        if generation == self._generation:  # no invalidation arrived while we read the DB
+            self._cache[key_hash] = entry
+            self._cache.move_to_end(key_hash)
+            while len(self._cache) > self.MAX_ENTRIES:
+                self._cache.popitem(last=False)
+        return entry
+
+    def _drop(self, message: str) -> None:
+        self._generation += 1
+        kind, _, value = message.partition(":")
+        if kind == "key":
+            self._cache.pop(value, None)
+        elif kind == "tenant" and value.isdigit():
+            tid = int(value)
+            for h in [h for h, e in self._cache.items() if e.principal and e.principal.tenant_id == tid]:
+                del self._cache[h]
+        else:
+            self._cache.clear()
+
+    async def _check_version(self) -> None:
+        now = time.monotonic()
+        if now - self._version_checked < self._poll_s:
+            return
+        self._version_checked = now
+        try:
+            version = await self._redis.get(invalidation_version_key(self._prefix))
+        except Exception:  # Redis briefly away: keep serving from the cache (entries still expire)
+            log.warning("auth: cannot read the invalidation version from Redis", exc_info=True)
+            return
+        if version != self._version:
+            if self._version is not None or self._cache:
+                self._drop("all")
+            self._version = version
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        channel = invalidation_channel(self._prefix)
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                ready.set()
+                async for message in pubsub.listen():
+                    if message and message.get("type") == "message":
+                        data = message["data"]
+                        self._drop(data.decode() if isinstance(data, bytes) else str(data))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("auth: invalidation listener lost Redis; retrying", exc_info=True)
+                self._drop("all")  # we may have missed messages
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+
+def _bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip()
+    return token or None

@@ -1,0 +1,328 @@
+"""The request pipeline of chat and text completions, as plain functions.
+
+    resolve model (404 / 403) → tokenize → max_tokens vs context length (400)
+    → [chat: semantic cache lookup → hit: replay, JSON or SSE]
+    → quota reservation (429; may clamp max_tokens) → engine start (400 / 503)
+    → JSON, or SSE through ``gateway.sse``
+    → finally: abort the engine request if unfinished, settle the quota, record the usage row;
+      store a cache miss's answer only when it completed normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+from starlette.responses import Response
+from starlette.types import Receive
+
+from engine.protocol import EngineClient
+from engine.sampling_params import SamplingParams
+from gateway.accounting import RequestAccount
+from gateway.deps import Caller
+from gateway.errors import ApiError, insufficient_quota, invalid_request, model_not_found, permission_denied
+from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
+from gateway.generation import Generation, context_length_exceeded
+from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.sse import SSEResponse
+
+log = logging.getLogger("pagegate.chat")
+
+LONG_PROMPT_CHARS = 8_000  # prompts longer than this are tokenized on a worker thread
+Format = ChatFormat | CompletionFormat
+Store = Callable[[dict], Awaitable[None]]
+
+
+# --------------------------------------------------------------------------------- request checks
+
+
+def resolve_engine(caller: Caller, model: str) -> EngineClient:
+    engine = caller.state.engine
+    if engine is None or model != engine.model_id:
+        raise model_not_found(model)
+    if not caller.principal.may_use(model):
+        raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
+                                code="model_not_allowed")
+    return engine
+
+
+async def tokenize(fn: Callable[[Any], list[int]], arg: Any, size: int) -> list[int]:
+    if size > LONG_PROMPT_CHARS:
+        return list(await asyncio.to_thread(fn, arg))
+    return list(fn(arg))
+
+
+def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int) -> int:
+    """``requested`` if the context has room for it; unset: all the room left."""
+    room = max_model_len - prompt_tokens
+    if room < 1:
+        raise context_length_exceeded(prompt_tokens, max_model_len)
+    if requested is None:
+        return room
+    if requested > room:
+        raise context_length_exceeded(prompt_tokens, max_model_len, requested)
+    return requested
+
+
+def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            n=body.n,
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_p=1.0 if body.top_p is None else float(body.top_p),
+            top_k=body.top_k or 0,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            min_tokens=min(body.min_tokens, max_tokens),
+            stop=body.stop_list(),
+            stop_token_ids=list(body.stop_token_ids or []),
+            ignore_eos=body.ignore_eos,
+            repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
+        )
+    except ValueError as err:
+        message = str(err)
+        raise invalid_request(message, param=message.split()[0]) from err
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    if body.tools:
+        raise invalid_request("Tools are not supported by this model.", param="tools")
+    if body.logprobs:
+        raise invalid_request("logprobs are not supported.", param="logprobs")
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in body.messages]
+
+
+# ------------------------------------------------------------------------------------- endpoints
+
+
+async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
+    engine = resolve_engine(caller, body.model)
+    messages = chat_messages(body)
+    prompt = await tokenize(engine.encode_chat, messages, sum(len(m["content"]) for m in messages))
+    max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len)
+    fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage)
+    account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
+                             model=engine.model_id, endpoint="chat.completions", started=caller.started)
+    store: Store | None = None
+    cache = caller.state.cache
+    if cache is not None:
+        from gateway.cache_glue import cache_body, cache_lookup, cache_policy, cache_store
+
+        policy = cache_policy(caller.principal, caller.cache_control)
+        request_body = cache_body(body)
+        namespace = str(caller.principal.tenant_id)
+        lookup = await cache_lookup(cache, namespace, request_body, policy)
+        account.cache = lookup.outcome
+        caller.response_headers["x-cache"] = lookup.outcome
+        if lookup.similarity is not None:
+            caller.response_headers["x-cache-similarity"] = f"{lookup.similarity:.4f}"
+        if lookup.outcome in ("hit", "semantic-hit") and lookup.response is not None:
+            return await replay(lookup.response, fmt, account, stream=body.stream)
+        if lookup.outcome == "miss" and not policy.no_store:
+            store = cache_store(cache, namespace, request_body, policy)
+    return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller, store=store)
+
+
+async def create_completion(body: CompletionRequest, caller: Caller) -> Response:
+    engine = resolve_engine(caller, body.model)
+    prompts = body.prompts()
+    if len(prompts) != 1:
+        raise invalid_request("Send one prompt per request (batched prompts are not supported).",
+                              param="prompt")
+    if body.suffix:
+        raise invalid_request("suffix is not supported.", param="suffix")
+    if body.logprobs is not None:
+        raise invalid_request("logprobs are not supported.", param="logprobs")
+    if body.best_of not in (None, 1):
+        raise invalid_request("best_of must be 1 (use n for several completions).", param="best_of")
+    prompt_in = prompts[0]
+    if isinstance(prompt_in, str):
+        prompt = await tokenize(engine.encode, prompt_in, len(prompt_in))
+    else:
+        if body.echo:
+            raise invalid_request("echo needs a text prompt.", param="echo")
+        vocab = getattr(engine, "vocab_size", None)
+        if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt_in):
+            raise invalid_request("The prompt holds token ids outside the model's vocabulary.", param="prompt")
+        prompt = list(prompt_in)
+    if not prompt:
+        raise invalid_request("The prompt must not be empty.", param="prompt")
+    try:
+        max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len)
+    except ApiError as err:
+        err.param = "prompt"
+        raise
+    fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage,
+                           echo_prefix=prompt_in if body.echo and isinstance(prompt_in, str) else "")
+    account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
+                             model=engine.model_id, endpoint="completions", started=caller.started)
+    return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller)
+
+
+# ----------------------------------------------------------------------------------- generation
+
+
+async def run_generation(engine: EngineClient, prompt: list[int], body: ChatCompletionRequest | CompletionRequest,
+                         max_tokens: int, fmt: Format, account: RequestAccount, caller: Caller, *,
+                         store: Store | None = None) -> Response:
+    n = body.n
+    reserved = await account.reserve(prompt_tokens=len(prompt), max_tokens=max_tokens * n)
+    caller.response_headers.update(account.headers)
+    gen: Generation | None = None
+    try:
+        per_choice = min(max_tokens, reserved // n)
+        if per_choice < 1:
+            raise insufficient_quota("Your quota leaves no room for a completion.", retry_after_s=60)
+        if per_choice < max_tokens:
+            store = None  # clamped by the quota: not the answer this request asked for
+        params = sampling_params(body, per_choice)
+        gen = Generation.open(engine, prompt, params, request_id=caller.request_id,
+                              tenant=str(caller.principal.tenant_id), started=caller.started)
+        await gen.start()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            if gen is not None:
+                await gen.aclose()
+            await account.close(status="error")
+        raise
+    if body.stream:
+        return SSEResponse(stream_events(gen, fmt, account, n, store))
+    return await whole_response(gen, fmt, account, caller.receive, store)
+
+
+def _usage(gen: Generation):  # noqa: ANN202 - schemas.Usage
+    return make_usage(gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
+
+
+def _whole(gen: Generation, fmt: Format) -> BaseModel:
+    n = len(gen.choices)
+    return fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen))
+
+
+async def _settle(gen: Generation, account: RequestAccount, status: str) -> None:
+    with anyio.CancelScope(shield=True):
+        await gen.aclose()  # aborts the engine request if it is still running
+        await account.close(status=status, finish_reason=gen.finish_reason if gen.finished else None,
+                            prompt_tokens=gen.prompt_tokens, cached_prompt_tokens=gen.cached_tokens,
+                            completion_tokens=gen.completion_tokens, ttft_ms=gen.ttft_ms)
+
+
+async def _store(store: Store | None, response: BaseModel) -> None:
+    if store is None:
+        return
+    try:
+        await store(response.model_dump(mode="json"))
+    except Exception:  # the cache is best effort: the client already has its answer
+        log.exception("cache store failed")
+
+
+async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n: int,
+                        store: Store | None) -> AsyncIterator[BaseModel]:
+    status = "aborted"  # until the engine says finished: a client that leaves aborts
+    try:
+        for chunk in fmt.opening(n):
+            yield chunk
+        async for deltas in gen.deltas():
+            for d in deltas:
+                if d.text:
+                    yield fmt.text_chunk(d.index, d.text)
+                if d.finish_reason is not None:
+                    yield fmt.finish_chunk(d.index, d.finish_reason)
+        status = "ok"
+        if fmt.include_usage:
+            yield fmt.usage_chunk(_usage(gen))
+        await _store(store, _whole(gen, fmt))
+    except ApiError:
+        status = "error"
+        raise
+    finally:
+        await _settle(gen, account, status)
+
+
+async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, receive: Receive,
+                         store: Store | None) -> Response:
+    status = "error"
+    try:
+        if not await until_done_or_disconnect(gen.run_to_end(), receive):
+            status = "aborted"
+            return Response(status_code=499)  # nobody is listening any more
+        status = "ok"
+        response = _whole(gen, fmt)
+        await _store(store, response)
+        return Response(response.model_dump_json(), media_type="application/json")
+    finally:
+        await _settle(gen, account, status)
+
+
+async def until_done_or_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:
+    """Run ``work``; False (and ``work`` cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        watch.cancel()
+        task.cancel()
+        raise
+    watch.cancel()
+    if task.done():
+        task.result()  # re-raises ApiError from the engine
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+# ---------------------------------------------------------------------------------- cache replay
+
+
+async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: bool) -> Response:
+    """Serve a cached answer in the request's own format; nothing reaches the engine."""
+    usage = stored.get("usage") or {}
+    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    completion_tokens = int(usage.get("completion_tokens") or 0)
+    choices = sorted(stored.get("choices") or [], key=lambda c: c.get("index", 0))
+    texts = [((c.get("message") or {}).get("content") or c.get("text") or "") for c in choices]
+    reasons = [c.get("finish_reason") or "stop" for c in choices]
+    whole = fmt.response(texts, reasons, make_usage(prompt_tokens, completion_tokens, 0))
+
+    async def close() -> None:
+        with anyio.CancelScope(shield=True):
+            await account.close(status="ok", finish_reason=reasons[0] if reasons else None,
+                                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                ttft_ms=None, cache_hit=True)
+
+    if not stream:
+        try:
+            return Response(whole.model_dump_json(), media_type="application/json")
+        finally:
+            await close()
+
+    async def events() -> AsyncIterator[BaseModel]:
+        try:
+            for chunk in fmt.opening(len(texts)):
+                yield chunk
+            for i, text in enumerate(texts):
+                for piece in natural_pieces(text):
+                    yield fmt.text_chunk(i, piece)
+                yield fmt.finish_chunk(i, reasons[i])
+            if fmt.include_usage:
+                yield fmt.usage_chunk(whole.usage)  # type: ignore[arg-type]
+        finally:
+            await close()
+
+    return SSEResponse(events())

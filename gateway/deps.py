@@ -1,0 +1,77 @@
+"""What routes receive: the app's state and the authenticated caller, as ``Annotated`` aliases.
+
+    async def route(body: ..., ctx: CallerDep) -> ...
+
+``authenticate_and_limit`` checks the API key (401/403) and the request-rate limit (429), and
+puts the ``x-ratelimit-*`` headers on whatever response the request ends with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from starlette.types import Receive
+
+from engine.protocol import EngineClient
+from gateway.errors import ApiError
+from gateway.settings import Settings
+
+
+@dataclass(slots=True)
+class AppState:
+    """Everything the app built at start; ``app.state.pagegate``."""
+
+    settings: Settings
+    engine: EngineClient | None
+    services: Any  # gateway.tenancy_services.TenancyServices
+    cache: Any = None  # cache.api.SemanticCacheClient | None
+    embedder: Any = None  # gateway.embedder.Embedder, loaded on first use
+    started_at: float = field(default_factory=time.time)
+    _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get_embedder(self) -> Any:
+        if self.embedder is None:
+            async with self._embedder_lock:
+                if self.embedder is None:
+                    from gateway.embedder import Embedder
+
+                    self.embedder = await asyncio.to_thread(Embedder)
+        return self.embedder
+
+
+@dataclass(slots=True)
+class Caller:
+    """One authenticated request: who, its id, and the headers its response will carry."""
+
+    state: AppState
+    principal: Any  # gateway.auth.Principal
+    request_id: str
+    response_headers: dict[str, str]
+    receive: Receive
+    cache_control: str | None
+    started: float
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.pagegate
+
+
+async def authenticate_and_limit(request: Request) -> Caller:
+    state: AppState = request.app.state.pagegate
+    if state.services is None:
+        raise ApiError(503, "The gateway is starting.", "server_error", "unavailable")
+    principal = await state.services.auth.authenticate(request.headers.get("authorization"))
+    headers: dict[str, str] = request.state.response_headers
+    headers.update(await state.services.limiter.check_request(principal))
+    return Caller(state=state, principal=principal, request_id=request.state.request_id,
+                  response_headers=headers, receive=request.receive,
+                  cache_control=request.headers.get("cache-control"),
+                  started=getattr(request.state, "started", None) or time.perf_counter())
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+CallerDep = Annotated[Caller, Depends(authenticate_and_limit)]

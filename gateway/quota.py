@@ -1,0 +1,249 @@
+"""Quotas and token-rate limits: ``QuotaLedger`` reserves a request's worst case before it reaches
+the engine and reconciles it with the real counts afterwards.
+
+Per tenant and period (UTC day or month) Redis holds a counter of tokens and money (1e-8 USD
+units) — a cache of the usage rows in the database: when the counter is missing (new period,
+Redis restarted or flushed) it is rebuilt from the period's usage rows before reserving.
+
+``reserve`` charges prompt_tokens + max_tokens (and their price) in one Lua script, so concurrent
+requests in any number of processes can never overspend. **Clamping:** ``max_tokens`` is lowered
+to the largest completion that still fits the token budget, the money budget (at the model's
+completion price) and the tenant's TPM window; only when not even one completion token fits (or
+the prompt alone does not) is the request refused — 429 ``insufficient_quota`` for a budget,
+429 ``rate_limit_exceeded`` for TPM. The engine then stops at the clamped length
+(``finish_reason: "length"``). ``settle`` replaces the reservation by the real counts and is
+idempotent. TPM is a sliding-window counter over the current and the previous minute.
+
+Keys (one hash tag per tenant, so the multi-key scripts work on Redis Cluster)::
+
+    <prefix>{t:<id>}:q:<d20261129|m202611>   hash tok, usd, epoch   (period counter)
+    <prefix>{t:<id>}:tpm:<minute>            int                     (TPM bucket)
+    <prefix>{t:<id>}:res                     hash id -> "tok:usd:tpm:epoch" (open reservations)
+    <prefix>{t:<id>}:resdl                   zset id -> deadline
+
+A reservation its gateway never settles (the process was killed) is refunded in full by the next
+reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must not run longer.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from importlib import resources
+
+from redis.asyncio import Redis
+from sqlalchemy import and_, case, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.auth import Principal
+from gateway.db.models import UsageRecord
+from gateway.errors import ApiError, insufficient_quota, rate_limited
+from gateway.limits import format_reset
+from gateway.pricing import Price, PriceBook
+
+UNITS_PER_USD = Decimal(100_000_000)  # the MONEY column's scale: 1e-8 USD
+RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
+CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
+
+
+def _script(name: str) -> str:
+    return resources.files("gateway.lua").joinpath(name).read_text()
+
+
+def usd_to_units(usd: Decimal) -> int:
+    return int((Decimal(usd) * UNITS_PER_USD).to_integral_value())
+
+
+def units_to_usd(units: int) -> Decimal:
+    return Decimal(units) / UNITS_PER_USD
+
+
+def period_bounds(period: str, now: datetime) -> tuple[str, datetime, datetime]:
+    """(id, start, end) of the UTC ``day`` or ``month`` containing ``now``."""
+    now = now.astimezone(UTC)
+    if period == "day":
+        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return f"d{start:%Y%m%d}", start, start + timedelta(days=1)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = (start + timedelta(days=32)).replace(day=1)
+    return f"m{start:%Y%m}", start, end
+
+
+@dataclass(slots=True)
+class Reservation:
+    id: str
+    tenant_id: int
+    model: str
+    prompt_tokens: int
+    requested_max_tokens: int
+    max_tokens: int  # possibly clamped: pass THIS to the engine
+    reserved_tokens: int
+    reserved_usd: Decimal
+    price: Price
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*-tokens
+    settled: bool = False
+    counter_key: str = ""
+    tpm_key: str = ""
+
+    @property
+    def clamped(self) -> bool:
+        return self.max_tokens < self.requested_max_tokens
+
+
+class QuotaUnavailable(ApiError):
+    pass
+
+
+class QuotaLedger:
+    """``await reserve(principal, model=, prompt_tokens=, max_tokens=)`` → Reservation;
+    ``await settle(reservation, prompt_tokens=, completion_tokens=)`` (idempotent);
+    ``await release(reservation)`` = settle with zero (cache hits, failures before the engine)."""
+
+    def __init__(self, redis: Redis, sessionmaker: async_sessionmaker[AsyncSession], prices: PriceBook, *,
+                 prefix: str, before_rebuild: Callable[[], Awaitable[None]] | None = None,
+                 reservation_ttl_s: int = RESERVATION_TTL_S) -> None:
+        self._redis = redis
+        self._sessionmaker = sessionmaker
+        self._prices = prices
+        self._prefix = prefix
+        self._before_rebuild = before_rebuild  # e.g. flush pending usage rows so the DB is complete
+        self.reservation_ttl_s = reservation_ttl_s
+        self._reserve = redis.register_script(_script("quota_reserve.lua"))
+        self._settle = redis.register_script(_script("quota_settle.lua"))
+        self._init = redis.register_script(_script("quota_init.lua"))
+
+    def _tag(self, tenant_id: int) -> str:
+        return f"{self._prefix}{{t:{tenant_id}}}"
+
+    def counter_key(self, tenant_id: int, period_id: str) -> str:
+        return f"{self._tag(tenant_id)}:q:{period_id}"
+
+    async def reserve(self, principal: Principal, *, model: str, prompt_tokens: int, max_tokens: int) -> Reservation:
+        if prompt_tokens < 0 or max_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        price = await self._prices.get(model)
+        now = time.time()
+        period_id, _, period_end = period_bounds(principal.budget_period, datetime.fromtimestamp(now, UTC))
+        minute, frac = divmod(now / 60.0, 1.0)
+        tag = self._tag(principal.tenant_id)
+        res_id = uuid.uuid4().hex
+        keys = [self.counter_key(principal.tenant_id, period_id), f"{tag}:res", f"{tag}:resdl",
+                f"{tag}:tpm:{int(minute)}", f"{tag}:tpm:{int(minute) - 1}"]
+        pp = float(price.prompt_usd_per_1m * UNITS_PER_USD / 1_000_000)
+        cp = float(price.completion_usd_per_1m * UNITS_PER_USD / 1_000_000)
+        args = [
+            -1 if principal.budget_tokens is None else int(principal.budget_tokens),
+            -1 if principal.budget_usd is None else usd_to_units(principal.budget_usd),
+            max(0, principal.tpm_limit), prompt_tokens, max_tokens, repr(pp), repr(cp), repr(frac),
+            res_id, int(now), int(now) + self.reservation_ttl_s, 1 if max_tokens > 0 else 0,
+            2 * self.reservation_ttl_s + 86400,
+        ]
+        result = await self._reserve(keys=keys, args=args)
+        if result[0] == -1:
+            await self._rebuild(principal.tenant_id, principal.budget_period, keys[0], period_end)
+            result = await self._reserve(keys=keys, args=args)
+        code = int(result[0])
+        tpm_reset = 60.0 * (1.0 - frac)
+        if code == -2:
+            raise insufficient_quota(
+                f"You exceeded your current quota for this {principal.budget_period}: "
+                f"{_describe_budget(principal, int(result[1]), int(result[2]))}. "
+                f"It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
+                retry_after_s=max(1.0, period_end.timestamp() - now))
+        if code == -3:
+            used = int(result[1])
+            raise rate_limited(
+                f"Rate limit reached for tokens per minute: limit {principal.tpm_limit}, used {used}, "
+                f"requested {prompt_tokens + (1 if max_tokens else 0)}. Please try again in {format_reset(tpm_reset)}.",
+                retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(principal.tpm_limit, used, tpm_reset))
+        if code != 1:
+            raise QuotaUnavailable(503, "Quota store is unavailable; retry shortly.", "server_error", "quota_unavailable")
+        allowed = int(result[1])
+        return Reservation(
+            id=res_id, tenant_id=principal.tenant_id, model=model, prompt_tokens=prompt_tokens,
+            requested_max_tokens=max_tokens, max_tokens=allowed, reserved_tokens=prompt_tokens + allowed,
+            reserved_usd=price.cost(prompt_tokens, allowed),
+            price=price, counter_key=keys[0], tpm_key=keys[3],
+            headers=_tpm_headers(principal.tpm_limit, int(result[4]), tpm_reset) if principal.tpm_limit > 0 else {},
+        )
+
+    async def settle(self, reservation: Reservation, *, prompt_tokens: int, completion_tokens: int) -> bool:
+        """Replace the reservation by the real counts. Returns True when this call settled it,
+        False when it had been settled before (by this or another call)."""
+        if reservation.settled:
+            return False
+        tokens = max(0, prompt_tokens) + max(0, completion_tokens)
+        units = usd_to_units(reservation.price.cost(max(0, prompt_tokens), max(0, completion_tokens)))
+        tag = self._tag(reservation.tenant_id)
+        done = await self._settle(keys=[f"{tag}:res", f"{tag}:resdl", reservation.counter_key, reservation.tpm_key],
+                                  args=[reservation.id, tokens, units])
+        reservation.settled = True
+        return bool(done)
+
+    async def release(self, reservation: Reservation) -> bool:
+        """Give the whole reservation back (nothing was generated or it was a cache hit)."""
+        return await self.settle(reservation, prompt_tokens=0, completion_tokens=0)
+
+    async def open_reservations(self, tenant_id: int) -> int:
+        """How many reservations of the tenant are not settled yet."""
+        return int(await self._redis.hlen(f"{self._tag(tenant_id)}:res"))
+
+    async def usage(self, tenant_id: int, period: str = "month") -> tuple[int, Decimal] | None:
+        """(tokens, usd) charged in the current period per Redis (incl. open reservations), or None
+        when the counter is not in Redis."""
+        period_id, _, _ = period_bounds(period, datetime.now(UTC))
+        tok, usd = await self._redis.hmget(self.counter_key(tenant_id, period_id), "tok", "usd")
+        if tok is None:
+            return None
+        return int(tok), units_to_usd(int(usd or 0))
+
+    async def forget(self, tenant_id: int, period: str = "month") -> None:
+        """Drop the period counter; the next reservation rebuilds it from the database."""
+        period_id, _, _ = period_bounds(period, datetime.now(UTC))
+        await self._redis.delete(self.counter_key(tenant_id, period_id))
+
+    async def _rebuild(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
+        if self._before_rebuild is not None:
+            await self._before_rebuild()
+        _, start, end = period_bounds(period, datetime.now(UTC))
+        try:
+            tokens, usd = await period_usage_from_db(self._sessionmaker, tenant_id, start, end)
+        except Exception as exc:  # fail closed: without the DB the period's spend is unknown
+            raise QuotaUnavailable(503, "Quota state is being rebuilt and the database is unavailable; "
+                                   "retry shortly.", "server_error", "quota_unavailable",
+                                   headers={"retry-after": "1"}) from exc
+        ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
+        await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
+
+
+async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], tenant_id: int,
+                               start: datetime, end: datetime) -> tuple[int, Decimal]:
+    """Tokens (engine-served rows only) and cost of a tenant's usage rows in [start, end)."""
+    charged = case((UsageRecord.cache.in_(CACHE_HITS), 0),
+                   else_=UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
+    stmt = select(func.coalesce(func.sum(charged), 0), func.coalesce(func.sum(UsageRecord.cost_usd), 0)).where(
+        and_(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= start, UsageRecord.created_at < end))
+    async with sessionmaker() as session:
+        tokens, usd = (await session.execute(stmt)).one()
+    return int(tokens or 0), Decimal(str(usd or 0))
+
+
+def _tpm_headers(limit: int, used: int, reset_s: float) -> dict[str, str]:
+    return {
+        "x-ratelimit-limit-tokens": str(limit),
+        "x-ratelimit-remaining-tokens": str(max(0, limit - used)),
+        "x-ratelimit-reset-tokens": format_reset(reset_s),
+    }
+
+
+def _describe_budget(p: Principal, tok_used: int, usd_units: int) -> str:
+    parts = []
+    if p.budget_tokens is not None:
+        parts.append(f"{tok_used} of {p.budget_tokens} tokens used")
+    if p.budget_usd is not None:
+        parts.append(f"${units_to_usd(usd_units):.4f} of ${p.budget_usd:.4f} used")
+    return ", ".join(parts) or "budget exhausted"

@@ -1,0 +1,17 @@
+"""POST /v1/chat/completions"""
+
+from fastapi import APIRouter
+from starlette.responses import Response
+
+from gateway.chat_service import create_chat_completion
+from gateway.deps import CallerDep
+from gateway.schemas import ChatCompletion, ChatCompletionRequest
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletion,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def chat_completions(body: ChatCompletionRequest, caller: CallerDep) -> Response:
+    """OpenAI chat completions; ``stream: true`` answers with ``chat.completion.chunk`` events."""
+    return await create_chat_completion(body, caller)

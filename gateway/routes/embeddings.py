@@ -1,0 +1,14 @@
+"""POST /v1/embeddings (the bundled all-MiniLM-L6-v2)"""
+
+from fastapi import APIRouter
+
+from gateway.deps import CallerDep
+from gateway.embedding_service import create_embeddings
+from gateway.schemas import EmbeddingList, EmbeddingRequest
+
+router = APIRouter(tags=["embeddings"])
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingList)
+async def embeddings(body: EmbeddingRequest, caller: CallerDep) -> EmbeddingList:
+    return await create_embeddings(body, caller)

@@ -1,0 +1,37 @@
+"""GET /health (liveness + engine stats, no auth) and GET /metrics (the same, as JSON numbers)."""
+
+import dataclasses
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from gateway.deps import StateDep
+
+router = APIRouter(tags=["health"])
+
+
+def _engine_stats(state) -> dict | None:  # noqa: ANN001 - AppState
+    if state.engine is None:
+        return None
+    return dataclasses.asdict(state.engine.stats())
+
+
+@router.get("/health")
+async def health(state: StateDep) -> JSONResponse:
+    try:
+        stats = _engine_stats(state)
+    except Exception:  # a dead engine: say so, with 503 so load balancers take the process out
+        return JSONResponse({"status": "unavailable", "model": state.engine.model_id if state.engine else None},
+                            status_code=503)
+    return JSONResponse({"status": "ok", "model": state.engine.model_id if state.engine else None,
+                         "engine": stats})
+
+
+@router.get("/metrics")
+async def metrics(state: StateDep) -> JSONResponse:
+    try:
+        stats = _engine_stats(state)
+    except Exception:
+        stats = None
+    return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats})

@@ -1,0 +1,35 @@
+"""GET /v1/models and GET /v1/models/{id}: the served chat model and the embedding model, as far
+as the caller's key may use them."""
+
+from fastapi import APIRouter
+
+from gateway.deps import Caller, CallerDep
+from gateway.embedding_service import embedding_model_id
+from gateway.errors import model_not_found
+from gateway.schemas import ModelCard, ModelList
+
+router = APIRouter(tags=["models"])
+
+
+def _cards(caller: Caller) -> list[ModelCard]:
+    state = caller.state
+    created = int(state.started_at)
+    cards = []
+    if state.engine is not None:
+        cards.append(ModelCard(id=state.engine.model_id, created=created,
+                               max_model_len=state.engine.max_model_len))
+    cards.append(ModelCard(id=embedding_model_id(state.settings), created=created, max_model_len=256))
+    return [c for c in cards if caller.principal.may_use(c.id)]
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(caller: CallerDep) -> ModelList:
+    return ModelList(data=_cards(caller))
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard)
+async def get_model(model_id: str, caller: CallerDep) -> ModelCard:
+    for card in _cards(caller):
+        if card.id == model_id:
+            return card
+    raise model_not_found(model_id)

@@ -1,0 +1,142 @@
+"""``pagegate serve [--host H] [--port P] [--dev]``: the gateway under uvicorn.
+
+Before serving: start an embedded Redis when ``PAGEGATE_REDIS_URL`` is unset, upgrade the
+database schema (``alembic upgrade head``), and in dev mode (``make run``) on an empty database
+create a ``default`` tenant and print one API key with a curl and an OpenAI-SDK example.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shlex
+import sys
+
+from gateway.settings import Settings
+
+log = logging.getLogger("pagegate.serve")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway",
+                              description="Run the gateway (defaults from PAGEGATE_* settings).")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--dev", action="store_true",
+                   help="development mode: on an empty database create a 'default' tenant and print a key")
+    p.set_defaults(func=run)
+
+
+def served_model_id(settings: Settings) -> str:
+    if settings.served_model_name:
+        return settings.served_model_name
+    from engine.weights import served_name
+
+    return served_name(settings.model)
+
+
+async def bootstrap_dev(settings: Settings) -> str | None:
+    """On a database without tenants: create tenant ``default`` and one key; returns the key."""
+    from sqlalchemy import func, select
+
+    from gateway import tenancy
+    from gateway.db.models import Tenant
+    from gateway.db.session import Database
+
+    db = Database(settings.database_url)
+    try:
+        async with db.sessionmaker() as session:
+            if (await session.execute(select(func.count()).select_from(Tenant))).scalar_one():
+                return None
+            tenant = await tenancy.create_tenant(session, name="default")
+            _row, new = await tenancy.create_api_key(session, tenant_id=tenant.id, name="dev")
+            await session.commit()
+            return new.key
+    finally:
+        await db.dispose()
+
+
+def dev_banner(settings: Settings, key: str) -> str:
+    base = f"http://{settings.host}:{settings.port}/v1"
+    model = served_model_id(settings)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello in French."}],
+                       "max_tokens": 32})
+    sdk = (f'from openai import OpenAI\n'
+           f'client = OpenAI(base_url="{base}", api_key="{key}")\n'
+           f'reply = client.chat.completions.create(model="{model}", '
+           f'messages=[{{"role": "user", "content": "Say hello in French."}}], max_tokens=32)\n'
+           f'print(reply.choices[0].message.content)')
+    return "\n".join([
+        "",
+        "pagegate dev mode: created tenant 'default' and this API key (shown once, keep it):",
+        "",
+        f"    {key}",
+        "",
+        "Try it with curl:",
+        f"    curl {base}/chat/completions -H 'Authorization: Bearer {key}' \\",
+        f"      -H 'Content-Type: application/json' -d {shlex.quote(body)}",
+        "",
+        "or with the OpenAI Python SDK:",
+        *("    " + line for line in sdk.splitlines()),
+        "",
+    ])
+
+
+async def prestart(settings: Settings) -> str | None:
+    """Upgrade the schema; in dev mode bootstrap an empty database. Returns a new dev key, if any."""
+    from gateway.db.session import Database
+
+    db = Database(settings.database_url)
+    try:
+        await db.upgrade()
+    finally:
+        await db.dispose()
+    if settings.dev_mode:
+        return await bootstrap_dev(settings)
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    settings = Settings()
+    updates: dict = {}
+    if args.host:
+        updates["host"] = args.host
+    if args.port:
+        updates["port"] = args.port
+    if args.dev:
+        updates["dev_mode"] = True
+    settings = settings.model_copy(update=updates)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    embedded = None
+    if settings.redis_url is None:
+        from gateway.redis_server import EmbeddedRedis
+
+        embedded = EmbeddedRedis(settings.data_dir)
+        settings = settings.model_copy(update={"redis_url": embedded.start()})
+    try:
+        key = asyncio.run(prestart(settings))
+        if settings.dev_mode:
+            if key is not None:
+                print(dev_banner(settings, key), flush=True)
+            else:
+                print("pagegate dev mode: the database already has tenants; create a key with "
+                      "`pagegate admin keys create --tenant default`.", flush=True)
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                    log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    return 0
+
+
+if __name__ == "__main__":  # python -m gateway.serve
+    parser = argparse.ArgumentParser(prog="pagegate")
+    register(parser.add_subparsers(dest="command", required=True))
+    sys.exit(run(parser.parse_args(["serve", *sys.argv[1:]])))

@@ -1,0 +1,211 @@
+"""Tenant, key and price management: plain service functions with keyword-only arguments, used by
+dev mode, the admin CLI and the admin API. They only touch the database session (the caller
+commits); pushing a revocation or a disabled tenant to every gateway process is the caller's job
+through ``publish_invalidation`` (Redis only, so the CLI can call it without a running gateway)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.db.models import ApiKey, ModelPrice, Tenant
+from gateway.keys import NewKey, generate_key
+
+PERIODS = ("day", "month")
+
+
+class TenancyError(ValueError):
+    """A management request that cannot be done (unknown tenant, duplicate name, bad value)."""
+
+
+def _check_limits(rpm: int | None, tpm: int | None, budget_tokens: int | None,
+                  budget_usd: Decimal | float | str | None, period: str) -> None:
+    if period not in PERIODS:
+        raise TenancyError(f"period must be one of {PERIODS}, not {period!r}")
+    for name, value in (("rpm", rpm), ("tpm", tpm), ("budget_tokens", budget_tokens)):
+        if value is not None and int(value) < 0:
+            raise TenancyError(f"{name} must be >= 0")
+    if budget_usd is not None and Decimal(str(budget_usd)) < 0:
+        raise TenancyError("budget_usd must be >= 0")
+
+
+async def get_tenant(session: AsyncSession, *, tenant_id: int | None = None,
+                     name: str | None = None) -> Tenant | None:
+    """The tenant by id or by name (exactly one must be given); None when absent."""
+    if (tenant_id is None) == (name is None):
+        raise TenancyError("give exactly one of tenant_id or name")
+    if tenant_id is not None:
+        return await session.get(Tenant, tenant_id)
+    return (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one_or_none()
+
+
+async def _require_tenant(session: AsyncSession, tenant_id: int | None, tenant_name: str | None) -> Tenant:
+    tenant = await get_tenant(session, tenant_id=tenant_id, name=tenant_name)
+    if tenant is None:
+        raise TenancyError(f"no tenant {tenant_name or tenant_id!r}")
+    return tenant
+
+
+async def create_tenant(
+    session: AsyncSession,
+    *,
+    name: str,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    budget_tokens: int | None = None,
+    budget_usd: Decimal | float | str | None = None,
+    period: str = "month",
+    enabled: bool = True,
+    cache_enabled: bool = True,
+    cache_threshold: float | None = None,
+    cache_ttl_s: int | None = None,
+    cache_max_entries: int | None = None,
+) -> Tenant:
+    """Add a tenant (flushed, not committed). ``rpm``/``tpm`` None means the settings' defaults
+    (``default_rpm``/``default_tpm``), 0 means unlimited; budgets None mean no budget."""
+    name = name.strip()
+    if not name:
+        raise TenancyError("tenant name must not be empty")
+    _check_limits(rpm, tpm, budget_tokens, budget_usd, period)
+    if await get_tenant(session, name=name) is not None:
+        raise TenancyError(f"tenant {name!r} already exists")
+    tenant = Tenant(
+        name=name, enabled=enabled, rpm_limit=rpm, tpm_limit=tpm, budget_tokens=budget_tokens,
+        budget_usd=None if budget_usd is None else Decimal(str(budget_usd)), budget_period=period,
+        cache_enabled=cache_enabled, cache_threshold=cache_threshold, cache_ttl_s=cache_ttl_s,
+        cache_max_entries=cache_max_entries,
+    )
+    session.add(tenant)
+    await session.flush()
+    return tenant
+
+
+
+async def update_tenant(session: AsyncSession, *, tenant_id: int | None = None,
+                        tenant_name: str | None = None, **changes: object) -> Tenant:
+    """Change tenant fields (``rpm``, ``tpm``, ``budget_tokens``, ``budget_usd``, ``period`` or any
+    Tenant column name). Callers then ``publish_invalidation(..., tenant_id=...)``."""
+    tenant = await _require_tenant(session, tenant_id, tenant_name)
+    alias = {"rpm": "rpm_limit", "tpm": "tpm_limit", "period": "budget_period"}
+    for key, value in changes.items():
+        col = alias.get(key, key)
+        if col in ("id", "created_at", "updated_at") or not hasattr(Tenant, col):
+            raise TenancyError(f"unknown tenant field {key!r}")
+        if col == "budget_usd" and value is not None:
+            value = Decimal(str(value))
+        setattr(tenant, col, value)
+    _check_limits(tenant.rpm_limit, tenant.tpm_limit, tenant.budget_tokens, tenant.budget_usd,
+                  tenant.budget_period)
+    await session.flush()
+    return tenant
+
+
+async def set_tenant_enabled(session: AsyncSession, *, enabled: bool, tenant_id: int | None = None,
+                             tenant_name: str | None = None) -> Tenant:
+    """Enable or disable a tenant. Disabled tenants get 403 on every key."""
+    tenant = await _require_tenant(session, tenant_id, tenant_name)
+    tenant.enabled = enabled
+    await session.flush()
+    return tenant
+
+
+async def create_api_key(
+    session: AsyncSession,
+    *,
+    tenant_id: int | None = None,
+    tenant_name: str | None = None,
+    name: str | None = None,
+    allowed_models: list[str] | None = None,
+    rpm: int | None = None,
+) -> tuple[ApiKey, NewKey]:
+    """Mint a key for a tenant. Returns the row and the ``NewKey`` whose ``.key`` is shown once
+    (only its SHA-256 hash and display prefix are stored). ``allowed_models`` None: all models."""
+    tenant = await _require_tenant(session, tenant_id, tenant_name)
+    if rpm is not None and rpm < 0:
+        raise TenancyError("rpm must be >= 0")
+    new = generate_key()
+    row = ApiKey(tenant_id=tenant.id, key_hash=new.key_hash, prefix=new.prefix, name=name,
+                 allowed_models=list(allowed_models) if allowed_models else None, rpm_limit=rpm,
+                 revoked=False)
+    session.add(row)
+    await session.flush()
+    return row, new
+
+
+async def revoke_key(session: AsyncSession, *, key_id: int | None = None,
+                     prefix: str | None = None) -> ApiKey:
+    """Revoke a key by id or by its display prefix. Callers then
+    ``publish_invalidation(redis, prefix, key_hash=row.key_hash)``."""
+    if (key_id is None) == (prefix is None):
+        raise TenancyError("give exactly one of key_id or prefix")
+    if key_id is not None:
+        row = await session.get(ApiKey, key_id)
+    else:
+        rows = (await session.execute(select(ApiKey).where(ApiKey.prefix == prefix))).scalars().all()
+        if len(rows) > 1:
+            raise TenancyError(f"prefix {prefix!r} is ambiguous; use the key id")
+        row = rows[0] if rows else None
+    if row is None:
+        raise TenancyError(f"no key {key_id or prefix!r}")
+    if not row.revoked:
+        row.revoked = True
+        row.revoked_at = datetime.now(UTC)
+        await session.flush()
+    return row
+
+
+async def list_keys(session: AsyncSession, *, tenant_id: int) -> list[ApiKey]:
+    return list((await session.execute(
+        select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.id))).scalars())
+
+
+async def set_price(session: AsyncSession, *, model: str, prompt_usd_per_1m: Decimal | float | str,
+                    completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
+    """Insert or update a model's price (USD per 1M prompt / completion tokens)."""
+    p, c = Decimal(str(prompt_usd_per_1m)), Decimal(str(completion_usd_per_1m))
+    if p < 0 or c < 0:
+        raise TenancyError("prices must be >= 0")
+    row = await session.get(ModelPrice, model)
+    if row is None:
+        row = ModelPrice(model=model, prompt_usd_per_1m=p, completion_usd_per_1m=c)
+        session.add(row)
+    else:
+        row.prompt_usd_per_1m, row.completion_usd_per_1m = p, c
+    await session.flush()
+    return row
+
+
+async def bootstrap_dev_tenant(session: AsyncSession, *, name: str = "default") -> str | None:
+    """Development mode: on a database without tenants create tenant ``name`` and one key, and
+    return the key (to print once); None when tenants already exist."""
+    if (await session.execute(select(Tenant.id).limit(1))).first() is not None:
+        return None
+    tenant = await create_tenant(session, name=name)
+    _, new = await create_api_key(session, tenant_id=tenant.id, name="dev")
+    return new.key
+
+
+def invalidation_channel(prefix: str) -> str:
+    return f"{prefix}auth:invalidate"
+
+
+def invalidation_version_key(prefix: str) -> str:
+    return f"{prefix}auth:version"
+
+
+async def publish_invalidation(redis: Redis, prefix: str, *, key_hash: str | None = None,
+                               tenant_id: int | None = None) -> None:
+    """Tell every gateway process to drop cached principals: of one key, of one tenant, or all
+    (neither given). Bumps a version counter (polled as a fallback) then publishes on a channel."""
+    if key_hash is not None:
+        message = f"key:{key_hash}"
+    elif tenant_id is not None:
+        message = f"tenant:{tenant_id}"
+    else:
+        message = "all"
+    await redis.incr(invalidation_version_key(prefix))
+    await redis.publish(invalidation_channel(prefix), message)

@@ -1,0 +1,88 @@
+"""Everything tenancy the gateway needs per process, built once at start-up and closed at exit:
+
+    services = await build_tenancy(settings, redis_url=url)   # url: PAGEGATE_REDIS_URL or EmbeddedRedis
+    principal = await services.auth.authenticate(request.headers.get("authorization"))
+    headers = await services.limiter.check_request(principal)            # 429 rate_limit_exceeded
+    res = await services.quota.reserve(principal, model=m, prompt_tokens=p, max_tokens=n)  # 429s
+    ... generate with res.max_tokens (may be clamped) ...
+    await services.quota.settle(res, prompt_tokens=p, completion_tokens=c)   # always, also on abort
+    services.usage.record(UsageEvent(...cost_usd=await services.prices.cost(m, p, c)...))
+    await services.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from gateway.auth import Authenticator
+from gateway.db.session import Database
+from gateway.limits import RequestLimiter
+from gateway.pricing import PriceBook
+from gateway.quota import QuotaLedger
+from gateway.settings import Settings
+from gateway.usage import UsageWriter
+
+REDIS_MAX_CONNECTIONS = 512
+
+
+@dataclass(slots=True)
+class TenancyServices:
+    settings: Settings
+    db: Database
+    redis: Redis
+    auth: Authenticator
+    limiter: RequestLimiter
+    quota: QuotaLedger
+    usage: UsageWriter
+    prices: PriceBook
+
+    async def close(self) -> None:
+        """Drain the usage writer (rows not written stay spooled), stop listeners, close clients."""
+        with contextlib.suppress(Exception):
+            await self.usage.close()
+        with contextlib.suppress(Exception):
+            await self.auth.close()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect()
+        with contextlib.suppress(Exception):
+            await self.db.dispose()
+
+
+async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: bool = False,
+                        database: Database | None = None) -> TenancyServices:
+    """Connect to the database and Redis and start the background tasks (auth invalidation
+    listener, usage writer). ``upgrade_schema=True`` runs ``alembic upgrade head`` first (what
+    ``pagegate serve`` does); otherwise call ``await services.db.upgrade()`` yourself."""
+    db = database or Database(settings.database_url)
+    if upgrade_schema:
+        await db.upgrade()
+    # A blocking pool: a burst beyond max_connections waits for a free connection instead of failing.
+    pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_MAX_CONNECTIONS, timeout=10,
+                                           health_check_interval=30)
+    redis = Redis(connection_pool=pool)
+    await redis.ping()
+    prices = PriceBook(db.sessionmaker)
+    usage = UsageWriter(db.engine, settings.usage_spool_dir, flush_interval_s=settings.usage_flush_interval_s,
+                        batch_size=settings.usage_batch_size)
+    auth = Authenticator(db.sessionmaker, redis, settings)
+    limiter = RequestLimiter(redis, redis_url, prefix=settings.redis_prefix)
+
+    async def flush_usage() -> None:
+        with contextlib.suppress(Exception):  # DB down: rebuild sees what reached the DB
+            await usage.flush()
+
+    quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
+    services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
+                               usage=usage, prices=prices)
+    try:
+        await usage.start()
+        await auth.start()
+    except BaseException:
+        await services.close()
+        raise
+    return services

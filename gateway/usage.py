@@ -1,0 +1,249 @@
+"""Usage rows: one per request, recorded without ever waiting on the database.
+
+``record(event)`` only appends to an in-memory batch. A background task, every
+``flush_interval_s`` (or as soon as ``batch_size`` events wait):
+
+1. writes the batch to a new spool file ``<spool>/<time>-<pid>-<seq>.jsonl`` (written to
+   ``.tmp``, fsynced, renamed: a visible spool file is always complete) on a worker thread;
+2. inserts the spool's files, oldest first, into ``usage_records`` with
+   INSERT … ON CONFLICT (request_id) DO NOTHING (SQLite and PostgreSQL), then deletes each file.
+
+If the database is down the files stay and are retried with backoff; a restarted process (or any
+other process sharing the spool directory) replays them. ``request_id`` is unique, so a replay
+after a crash between insert and delete never duplicates a row. Rows the database rejects for good
+(e.g. a deleted tenant) are moved to ``<spool>/rejected/`` instead of blocking the spool.
+Durability: an event is on disk within one flush interval of ``record``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.db.models import UsageRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class UsageEvent:
+    """Mirrors ``UsageRecord`` (without the surrogate id)."""
+
+    request_id: str
+    tenant_id: int
+    model: str
+    status: str  # ok | error | aborted | ...
+    created_at: datetime | None = None  # request start, UTC; None: now
+    api_key_id: int | None = None
+    endpoint: str = "chat.completions"
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+    saved_usd: Decimal = Decimal(0)
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    finish_reason: str | None = None
+    cache: str = "miss"  # hit | semantic-hit | miss | bypass
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        created = self.created_at or datetime.now(UTC)
+        d["created_at"] = created.astimezone(UTC).isoformat()
+        d["cost_usd"], d["saved_usd"] = str(self.cost_usd), str(self.saved_usd)
+        return json.dumps(d, separators=(",", ":"))
+
+
+_REJECTED = (IntegrityError, DataError)  # the row is bad, not the database
+_COLUMNS = {f.name for f in fields(UsageEvent)}
+
+
+def _row_from_json(line: str) -> dict:
+    d = json.loads(line)
+    row = {k: v for k, v in d.items() if k in _COLUMNS}
+    row["created_at"] = datetime.fromisoformat(row["created_at"]).astimezone(UTC)
+    row["cost_usd"], row["saved_usd"] = Decimal(row["cost_usd"]), Decimal(row["saved_usd"])
+    return row
+
+
+def _insert_ignore(dialect: str):  # noqa: ANN202 - an Insert construct
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        raise NotImplementedError(f"usage writer supports sqlite and postgresql, not {dialect}")
+    return insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id"])
+
+
+class UsageWriter:
+    def __init__(self, engine: AsyncEngine, spool_dir: str | Path, *, flush_interval_s: float = 0.5,
+                 batch_size: int = 500, max_backoff_s: float = 10.0) -> None:
+        self._engine = engine
+        self._spool = Path(spool_dir)
+        self._rejected = self._spool / "rejected"
+        self._interval = flush_interval_s
+        self._batch_size = batch_size
+        self._max_backoff = max_backoff_s
+        self._pending: list[UsageEvent] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()  # one flush at a time in this process
+        self._seq = itertools.count()
+        self._db_ok_after = 0.0  # monotonic time before which DB writes are not retried
+        self._backoff = flush_interval_s
+        self.rows_written = 0  # rows the DB accepted from this process (duplicates excluded)
+        self.files_spooled = 0  # batches this process wrote to the spool
+
+    # -- public -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the spool directory and start the background flusher (which first replays any
+        files left by an earlier run)."""
+        await asyncio.to_thread(self._spool.mkdir, parents=True, exist_ok=True)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="usage-writer")
+
+    def record(self, event: UsageEvent) -> None:
+        """Queue one row. Never blocks, never raises for database trouble."""
+        if event.created_at is None:
+            event.created_at = datetime.now(UTC)
+        self._pending.append(event)
+        if len(self._pending) >= self._batch_size:
+            self._wake.set()
+
+    async def flush(self) -> bool:
+        """Spool what is pending and try to write the whole spool to the database now.
+        Returns True when the spool is empty afterwards (everything is in the database)."""
+        async with self._lock:
+            await self._spool_pending()
+            return await self._drain_spool(force=True)
+
+    async def close(self) -> None:
+        """Stop the flusher, spool everything pending, and try one last database write."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await self.flush()
+        except Exception:  # the rows are spooled; a later start replays them
+            log.warning("usage: final flush failed; rows stay spooled in %s", self._spool, exc_info=True)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def spooled_files(self) -> list[Path]:
+        if not self._spool.is_dir():
+            return []
+        return sorted(p for p in self._spool.iterdir() if p.suffix == ".jsonl" and p.is_file())
+
+    # -- internals --------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            self._wake.clear()
+            try:
+                async with self._lock:
+                    await self._spool_pending()
+                    await self._drain_spool(force=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the writer die; rows are on disk
+                log.exception("usage writer: unexpected error")
+
+    async def _spool_pending(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}.jsonl"
+        lines = "".join(e.to_json() + "\n" for e in batch)
+        try:
+            await asyncio.to_thread(_write_durably, self._spool / name, lines)
+        except Exception:
+            self._pending[:0] = batch  # keep them in memory; retry next tick
+            raise
+        self.files_spooled += 1
+
+    async def _drain_spool(self, *, force: bool) -> bool:
+        if not force and time.monotonic() < self._db_ok_after:
+            return False
+        for path in await asyncio.to_thread(self.spooled_files):
+            try:
+                rows = await asyncio.to_thread(_read_rows, path)
+            except FileNotFoundError:
+                continue  # another process replayed it
+            try:
+                await self._insert(rows, path)
+            except Exception as exc:  # database unreachable / down / timing out: keep the file
+                self._db_ok_after = time.monotonic() + self._backoff
+                log.warning("usage: database unavailable (%s); %d rows stay spooled, retry in %.1fs",
+                            type(exc).__name__, len(rows), self._backoff)
+                self._backoff = min(self._max_backoff, self._backoff * 2)
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(path.unlink)
+        self._backoff = self._interval
+        self._db_ok_after = 0.0
+        return True
+
+    async def _insert(self, rows: list[dict], path: Path) -> None:
+        if not rows:
+            return
+        stmt = _insert_ignore(self._engine.dialect.name)
+        try:
+            async with self._engine.begin() as conn:
+                result = await conn.execute(stmt, rows)
+            self.rows_written += max(0, result.rowcount or 0)
+        except _REJECTED:  # a row the database will never take: isolate it
+            await self._insert_one_by_one(rows, path)
+
+    async def _insert_one_by_one(self, rows: list[dict], path: Path) -> None:
+        stmt = _insert_ignore(self._engine.dialect.name)
+        bad: list[dict] = []
+        for row in rows:
+            try:
+                async with self._engine.begin() as conn:
+                    result = await conn.execute(stmt, [row])
+                self.rows_written += max(0, result.rowcount or 0)
+            except _REJECTED as exc:
+                log.error("usage: row %s rejected by the database: %s", row.get("request_id"), exc.orig)
+                bad.append(row)
+        if bad:
+            lines = "".join(json.dumps(r, default=str) + "\n" for r in bad)
+            await asyncio.to_thread(_write_durably, self._rejected / path.name, lines)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_rows(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [_row_from_json(line) for line in f if line.strip()]

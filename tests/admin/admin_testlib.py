@@ -1,0 +1,23 @@
+"""Helpers shared by the admin tests (imported by name: tests/admin is on sys.path)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from gateway.db.models import UsageRecord
+
+SECRET = "admin-tests-secret-0123456789-abcdefghijklmnop"
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def usage_row(*, tenant_id: int, key_id: int | None, model: str, when: datetime, prompt: int, cached: int,
+              completion: int, cost: str, saved: str = "0", latency: float, cache: str = "miss") -> UsageRecord:
+    return UsageRecord(request_id=uuid.uuid4().hex, created_at=when.astimezone(UTC), tenant_id=tenant_id,
+                       api_key_id=key_id, model=model, prompt_tokens=prompt, cached_prompt_tokens=cached,
+                       completion_tokens=completion, cost_usd=Decimal(cost), saved_usd=Decimal(saved),
+                       latency_ms=latency, ttft_ms=latency / 4, status="ok", finish_reason="stop", cache=cache)

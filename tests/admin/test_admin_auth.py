@@ -1,0 +1,184 @@
+"""Admin API authentication: HS256 tokens, RS256/ES256 against a JWKS file, and every refusal
+as a 401/403 OpenAI-style error object."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from admin_testlib import SECRET
+from fastapi import FastAPI
+from joserfc import jwt
+from joserfc.jwk import ECKey, OctKey, RSAKey
+
+import admin
+from admin.auth import AdminTokenVerifier, mint_token
+from gateway.errors import ApiError
+
+
+def _claims(settings, **over) -> dict:
+    now = int(time.time())
+    base = {"iss": settings.admin_jwt_issuer, "sub": "idp-user", "iat": now, "exp": now + 300,
+            "scope": "admin:read admin:write"}
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def _assert_error(resp: httpx.Response, status: int, code: str) -> dict:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    return body["error"]
+
+
+async def test_hs256_token_grants_access(client, auth):
+    resp = await client.get("/admin/v1/whoami", headers=auth("admin:read", sub="bob"))
+    assert resp.status_code == 200
+    assert resp.json()["sub"] == "bob"
+    assert resp.json()["scopes"] == ["admin:read"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer"}, {"authorization": "Basic abc"},
+                                     {"authorization": "Bearer not-a-jwt"}])
+async def test_missing_or_malformed_token_is_401(client, headers):
+    err = _assert_error(await client.get("/admin/v1/tenants", headers=headers), 401, "invalid_token")
+    assert err["type"] == "invalid_request_error"
+
+
+async def test_expired_token_is_401(client, settings):
+    tok = mint_token(settings, ttl_s=-120)
+    err = _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                        401, "invalid_token")
+    assert "expired" in err["message"]
+
+
+async def test_bad_signature_is_401(client, settings):
+    other = settings.model_copy(update={"admin_jwt_secret": SECRET[::-1]})
+    tok = mint_token(other)
+    err = _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                        401, "invalid_token")
+    assert "signature" in err["message"]
+    # a flipped payload byte with the original signature also fails
+    good = mint_token(settings)
+    head, payload, sig = good.split(".")
+    forged = ".".join([head, payload[:-2] + ("A" if payload[-2] != "A" else "B") + payload[-1], sig])
+    _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {forged}"}),
+                  401, "invalid_token")
+
+
+async def test_wrong_issuer_and_alg_none_are_401(client, settings):
+    tok = jwt.encode({"alg": "HS256"}, _claims(settings, iss="someone-else"), OctKey.import_key(SECRET.encode()))
+    _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                  401, "invalid_token")
+    import base64
+
+    def b64(d: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+
+    none_tok = f"{b64({'alg': 'none'})}.{b64(_claims(settings))}."
+    _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {none_tok}"}),
+                  401, "invalid_token")
+
+
+async def test_missing_sub_or_exp_is_401(client, settings):
+    key = OctKey.import_key(SECRET.encode())
+    for missing in ("sub", "exp"):
+        tok = jwt.encode({"alg": "HS256"}, _claims(settings, **{missing: None}), key)
+        _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                      401, "invalid_token")
+
+
+async def test_read_scope_cannot_write_and_no_scope_cannot_read(client, auth, settings):
+    err = _assert_error(await client.post("/admin/v1/tenants", json={"name": "nope"}, headers=auth("admin:read")),
+                        403, "insufficient_scope")
+    assert err["type"] == "permission_error"
+    assert "admin:write" in err["message"]
+    key = OctKey.import_key(SECRET.encode())
+    tok = jwt.encode({"alg": "HS256"}, _claims(settings, scope="openid profile"), key)
+    _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                  403, "insufficient_scope")
+    # admin:write alone implies admin:read
+    assert (await client.get("/admin/v1/tenants", headers=auth("admin:write"))).status_code == 200
+
+
+@pytest.fixture
+def jwks(tmp_path):
+    rsa = RSAKey.generate_key(2048, parameters={"kid": "rsa-1", "use": "sig"})
+    ec = ECKey.generate_key("P-256", parameters={"kid": "ec-1", "use": "sig"})
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [rsa.as_dict(private=False), ec.as_dict(private=False)]}))
+    return path, rsa, ec
+
+
+@pytest.fixture
+async def idp_client(settings, jwks):
+    path, _, _ = jwks
+    app = FastAPI()
+    router = admin.build_admin_router(settings.model_copy(update={"admin_jwks_url": str(path)}))
+    app.include_router(router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://admin.test") as c:
+        yield c
+    await router.admin_context.aclose()
+
+
+async def test_rs256_and_es256_tokens_from_jwks_file(idp_client, settings, jwks):
+    _, rsa, ec = jwks
+    for alg, key in (("RS256", rsa), ("ES256", ec)):
+        tok = jwt.encode({"alg": alg, "kid": key.kid}, _claims(settings, sub=f"idp-{alg}", scope=None,
+                                                               scp=["admin:read"]), key)
+        resp = await idp_client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {tok}"})
+        assert resp.status_code == 200, resp.text
+        assert resp.json() == {"sub": f"idp-{alg}", "scopes": ["admin:read"], "exp": resp.json()["exp"]}
+        # read-only IdP token cannot write
+        _assert_error(await idp_client.post("/admin/v1/tenants", json={"name": "x"},
+                                            headers={"authorization": f"Bearer {tok}"}), 403, "insufficient_scope")
+    # HS256 tokens keep working next to the JWKS
+    hs = mint_token(settings)
+    assert (await idp_client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {hs}"})).status_code == 200
+
+
+async def test_unknown_kid_and_foreign_key_are_401(idp_client, settings, jwks):
+    _, rsa, _ = jwks
+    stranger = RSAKey.generate_key(2048, parameters={"kid": "rsa-9"})
+    tok = jwt.encode({"alg": "RS256", "kid": "rsa-9"}, _claims(settings), stranger)
+    err = _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                        401, "invalid_token")
+    assert "rsa-9" in err["message"]
+    # a stranger's key that claims a known kid fails the signature check
+    tok = jwt.encode({"alg": "RS256", "kid": rsa.kid}, _claims(settings), stranger)
+    err = _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                        401, "invalid_token")
+    assert "signature" in err["message"]
+    # expired IdP token
+    tok = jwt.encode({"alg": "RS256", "kid": rsa.kid}, _claims(settings, exp=int(time.time()) - 300), rsa)
+    _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                  401, "invalid_token")
+
+
+async def test_rs256_without_jwks_configured_is_401(client, settings):
+    rsa = RSAKey.generate_key(2048, parameters={"kid": "rsa-1"})
+    tok = jwt.encode({"alg": "RS256", "kid": "rsa-1"}, _claims(settings), rsa)
+    _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                  401, "invalid_token")
+
+
+async def test_jwks_rotation_is_picked_up_on_unknown_kid(settings, tmp_path):
+    first = RSAKey.generate_key(2048, parameters={"kid": "old"})
+    second = RSAKey.generate_key(2048, parameters={"kid": "new"})
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [first.as_dict(private=False)]}))
+    verifier = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": f"file://{path}"}))
+    verifier.jwks.refresh_floor_s = 0
+    tok_old = jwt.encode({"alg": "RS256", "kid": "old"}, _claims(settings), first)
+    assert (await verifier.verify(tok_old)).subject == "idp-user"
+    path.write_text(json.dumps({"keys": [second.as_dict(private=False)]}))
+    tok_new = jwt.encode({"alg": "RS256", "kid": "new"}, _claims(settings), second)
+    assert (await verifier.verify(tok_new)).subject == "idp-user"  # re-read on the unknown kid
+    with pytest.raises(ApiError) as info:
+        await verifier.verify(tok_old)  # cached set still fresh: old key is gone after re-read
+    assert info.value.status == 401

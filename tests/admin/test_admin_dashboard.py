@@ -1,0 +1,149 @@
+"""Dashboard pages over HTTP (no browser): sign-in cookie, CSRF and origin checks, tenant and key
+management, charts fed by usage rows."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from admin_testlib import unique, usage_row
+from sqlalchemy import select
+
+from admin.dashboard.session import COOKIE
+from gateway.db.models import ApiKey, AuditLog, Tenant
+from gateway.keys import hash_key
+
+
+@pytest.fixture
+async def browser_like(app):
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://admin.test",
+                                 follow_redirects=False) as c:
+        yield c
+
+
+async def _sign_in(c: httpx.AsyncClient, token: str) -> None:
+    resp = await c.post("/admin/login", data={"token": token})
+    assert resp.status_code == 303, resp.text
+    assert resp.headers["location"] == "/admin/tenants"
+    cookie = resp.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert "Path=/admin" in cookie
+
+
+def _csrf(html: str) -> str:
+    return re.search(r'name="csrf" value="([0-9a-f]+)"', html).group(1)
+
+
+async def test_signed_out_pages_redirect_to_login(browser_like):
+    for path in ("/admin/tenants", "/admin/tenants/x", "/admin", "/admin/"):
+        resp = await browser_like.get(path)
+        assert resp.status_code == 303
+        assert resp.headers["location"] in ("/admin/login", "/admin/tenants")
+    resp = await browser_like.get("/admin/login")
+    assert resp.status_code == 200 and 'name="token"' in resp.text
+    resp = await browser_like.post("/admin/tenants", data={"name": "x", "csrf": "y"})
+    assert resp.status_code == 303 and resp.headers["location"] == "/admin/login"
+
+
+async def test_bad_token_sign_in_shows_message(browser_like, settings, token):
+    resp = await browser_like.post("/admin/login", data={"token": "garbage"})
+    assert resp.status_code == 401 and "malformed" in resp.text and COOKIE not in resp.headers.get("set-cookie", "")
+    resp = await browser_like.post("/admin/login", data={"token": token(ttl_s=-100)})
+    assert resp.status_code == 401 and "expired" in resp.text
+
+
+async def test_manage_tenant_and_keys_through_pages(browser_like, app, token):
+    c = browser_like
+    await _sign_in(c, token(sub="dash-user"))
+    page = await c.get("/admin/tenants")
+    assert page.status_code == 200 and 'id="create-tenant"' in page.text
+    csrf = _csrf(page.text)
+
+    name = unique("dash")
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name, "rpm": "30", "tpm": "",
+                                                "budget_usd": "4.5", "period": "day"})
+    assert resp.status_code == 303 and resp.headers["location"] == f"/admin/tenants/{name}"
+    async with app.state.admin_context.database.sessionmaker() as s:
+        tenant = await s.scalar(select(Tenant).where(Tenant.name == name))
+        assert (tenant.rpm_limit, tenant.tpm_limit, float(tenant.budget_usd), tenant.budget_period) == (
+            30, None, 4.5, "day")
+        s.add(usage_row(tenant_id=tenant.id, key_id=None, model="m", when=datetime.now(UTC), prompt=100, cached=0,
+                        completion=50, cost="0.25", saved="0.05", latency=120.0, cache="miss"))
+        await s.commit()
+
+    detail = await c.get(f"/admin/tenants/{name}")
+    assert detail.status_code == 200
+    for chart in ("chart-cost", "chart-tokens", "chart-savings"):
+        assert f'id="{chart}"' in detail.text
+    bars = re.findall(r'<rect class="bar" data-day="[^"]+" data-value="([0-9.e-]+)"', detail.text)
+    assert len(bars) == 3 * 30 and max(float(v) for v in bars[:30]) == pytest.approx(0.25)
+    assert "$0.2500" in detail.text
+
+    resp = await c.post(f"/admin/tenants/{name}/keys", data={"csrf": csrf, "key_name": "web", "models": "a, b"})
+    assert resp.status_code == 200
+    key = re.search(r'<pre id="new-key">(pg-[0-9A-Za-z]+)</pre>', resp.text).group(1)
+    async with app.state.admin_context.database.sessionmaker() as s:
+        row = await s.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))
+        assert row.name == "web" and row.allowed_models == ["a", "b"]
+    again = await c.get(f"/admin/tenants/{name}")
+    assert key not in again.text and row.prefix in again.text  # shown once
+
+    resp = await c.post(f"/admin/keys/{row.id}/revoke", data={"csrf": csrf})
+    assert resp.status_code == 303
+    async with app.state.admin_context.database.sessionmaker() as s:
+        assert (await s.get(ApiKey, row.id)).revoked is True
+        actors = (await s.execute(select(AuditLog.actor, AuditLog.action)
+                                  .where(AuditLog.target.in_([f"tenant:{name}", f"key:{row.prefix}"])))).all()
+        assert set(actors) == {("dash-user", "tenant.create"), ("dash-user", "key.create"),
+                               ("dash-user", "key.revoke")}
+
+    resp = await c.post(f"/admin/tenants/{name}/limits", data={"csrf": csrf, "rpm": "", "tpm": "900",
+                                                               "budget_tokens": "", "budget_usd": "",
+                                                               "period": "month", "cache_enabled": "off"})
+    assert resp.status_code == 303
+    resp = await c.post(f"/admin/tenants/{name}/disable", data={"csrf": csrf})
+    assert resp.status_code == 303
+    async with app.state.admin_context.database.sessionmaker() as s:
+        t = await s.scalar(select(Tenant).where(Tenant.name == name))
+        assert (t.rpm_limit, t.tpm_limit, t.budget_usd, t.budget_period, t.cache_enabled, t.enabled) == (
+            None, 900, None, "month", False, False)
+
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name})
+    assert resp.status_code == 409 and "already exists" in resp.text
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("x"), "rpm": "-3"})
+    assert resp.status_code == 400
+
+
+async def test_csrf_and_origin_are_enforced(browser_like, token):
+    c = browser_like
+    await _sign_in(c, token())
+    csrf = _csrf((await c.get("/admin/tenants")).text)
+    name = unique("csrf")
+    resp = await c.post("/admin/tenants", data={"csrf": "0" * 40, "name": name})
+    assert resp.status_code == 403 and "form" in resp.text
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name},
+                        headers={"origin": "https://evil.example"})
+    assert resp.status_code == 403
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name}, headers={"origin": "http://admin.test"})
+    assert resp.status_code == 303
+
+
+async def test_read_only_viewer_sees_no_forms_and_cannot_post(browser_like, token):
+    c = browser_like
+    await _sign_in(c, token("admin:read"))
+    page = await c.get("/admin/tenants")
+    assert page.status_code == 200 and 'id="create-tenant"' not in page.text and "read-only" in page.text
+    csrf = _csrf(page.text)  # the sign-out form still carries one
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("ro")})
+    assert resp.status_code == 403 and "admin:write" in resp.text
+
+
+async def test_logout_clears_cookie(browser_like, token):
+    c = browser_like
+    await _sign_in(c, token())
+    resp = await c.post("/admin/logout")
+    assert resp.status_code == 303 and f'{COOKIE}=""' in resp.headers["set-cookie"]
+    c.cookies.clear()
+    assert (await c.get("/admin/tenants")).status_code == 303

@@ -1,0 +1,186 @@
+"""Reports: totals and groups equal the usage rows inserted, percentiles match an independent
+oracle, CSV round-trips, and the cross-tenant summary adds up."""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+import statistics
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from admin_testlib import unique, usage_row
+from sqlalchemy import func, select
+
+from admin import reports
+from gateway.db.models import UsageRecord
+
+SINCE = datetime(2026, 3, 1, tzinfo=UTC)
+UNTIL = datetime(2026, 3, 4, tzinfo=UTC)
+
+
+def _q(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 3)
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return round(cuts[int(q * 100) - 1], 3)
+
+
+@pytest.fixture
+async def seeded(client, app, auth):
+    """Two tenants, keys, and usage rows over three days plus rows outside the range."""
+    rng = random.Random(7)
+    names = [unique("rep"), unique("rep")]
+    tenants, keys = {}, defaultdict(list)
+    for name in names:
+        tenants[name] = (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).json()
+        for label in ("web", "batch"):
+            k = (await client.post(f"/admin/v1/tenants/{name}/keys", json={"name": label}, headers=auth())).json()
+            keys[name].append(k)
+    rows = []
+    for name in names:
+        tid = tenants[name]["id"]
+        for i in range(40):
+            key = keys[name][i % 2]
+            hit = i % 5 == 0
+            when = SINCE + timedelta(hours=rng.randrange(0, 72), minutes=rng.randrange(60))
+            rows.append(usage_row(
+                tenant_id=tid, key_id=key["id"], model=("alpha" if i % 3 else "beta/v2"), when=when,
+                prompt=rng.randrange(10, 500), cached=rng.randrange(0, 10), completion=rng.randrange(1, 300),
+                cost="0" if hit else f"0.{rng.randrange(1, 99999):05d}123",
+                saved=f"0.000{rng.randrange(1, 999):03d}" if hit else "0",
+                latency=round(rng.uniform(5, 900), 2), cache="semantic-hit" if hit else "miss"))
+        # outside the range: just before since, exactly at until (exclusive)
+        rows.append(usage_row(tenant_id=tid, key_id=None, model="alpha", when=SINCE - timedelta(seconds=1),
+                              prompt=1000, cached=0, completion=1000, cost="9", latency=1.0))
+        rows.append(usage_row(tenant_id=tid, key_id=None, model="alpha", when=UNTIL, prompt=1000, cached=0,
+                              completion=1000, cost="9", latency=1.0))
+        # in range, no key (e.g. a key deleted later)
+        rows.append(usage_row(tenant_id=tid, key_id=None, model="alpha", when=SINCE + timedelta(hours=1),
+                              prompt=7, cached=0, completion=3, cost="0.00000100", latency=42.0))
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add_all(rows)
+        await s.commit()
+    in_range = [r for r in rows if SINCE <= r.created_at < UNTIL]
+    return {"names": names, "tenants": tenants, "keys": keys, "rows": in_range}
+
+
+def _expected(rows: list[UsageRecord], group) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    buckets: dict[str, list[UsageRecord]] = defaultdict(list)
+    for r in rows:
+        buckets[group(r)].append(r)
+    for g, rs in buckets.items():
+        out[g] = {
+            "requests": len(rs), "prompt_tokens": sum(r.prompt_tokens for r in rs),
+            "cached_prompt_tokens": sum(r.cached_prompt_tokens for r in rs),
+            "completion_tokens": sum(r.completion_tokens for r in rs),
+            "cost_usd": float(sum((r.cost_usd for r in rs), Decimal(0))),
+            "saved_usd": float(sum((r.saved_usd for r in rs), Decimal(0))),
+            "cache_hits": sum(r.cache in ("hit", "semantic-hit") for r in rs),
+            "p50_latency_ms": _q([r.latency_ms for r in rs], 0.50),
+            "p95_latency_ms": _q([r.latency_ms for r in rs], 0.95),
+        }
+    return out
+
+
+def _check(row: dict, want: dict) -> None:
+    for field, value in want.items():
+        if field.endswith("_usd"):
+            assert row[field] == pytest.approx(value, abs=1e-8), field
+        elif field.endswith("_ms"):
+            assert row[field] == pytest.approx(value, abs=1e-3), field
+        else:
+            assert row[field] == value, field
+    assert row["total_tokens"] == row["prompt_tokens"] + row["completion_tokens"]
+
+
+@pytest.mark.parametrize("group_by", ["day", "model", "key"])
+async def test_report_groups_and_totals_equal_usage_rows(client, auth, seeded, group_by):
+    name = seeded["names"][0]
+    tid = seeded["tenants"][name]["id"]
+    mine = [r for r in seeded["rows"] if r.tenant_id == tid]
+    labels = {k["id"]: f"{k['prefix']} {k['name']}" for k in seeded["keys"][name]}
+    group = {"day": lambda r: r.created_at.strftime("%Y-%m-%d"), "model": lambda r: r.model,
+             "key": lambda r: labels.get(r.api_key_id, "(no key)")}[group_by]
+    resp = await client.get(f"/admin/v1/tenants/{name}/report", headers=auth("admin:read"),
+                            params={"since": SINCE.isoformat(), "until": UNTIL.isoformat(), "group_by": group_by})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["tenant"] == name and body["group_by"] == group_by
+    want = _expected(mine, group)
+    assert sorted(r["group"] for r in body["rows"]) == sorted(want)
+    for row in body["rows"]:
+        _check(row, want[row["group"]])
+    _check(body["total"], _expected(mine, lambda r: "all")["all"])
+    # the groups add up to the total
+    for field in ("requests", "prompt_tokens", "completion_tokens", "cache_hits"):
+        assert sum(r[field] for r in body["rows"]) == body["total"][field]
+    if group_by == "day":
+        assert [r["group"] for r in body["rows"]] == ["2026-03-01", "2026-03-02", "2026-03-03"]
+
+
+async def test_report_csv_round_trip(client, auth, seeded):
+    name = seeded["names"][1]
+    params = {"since": "2026-03-01", "until": "2026-03-04T00:00:00Z", "group_by": "model"}
+    as_json = (await client.get(f"/admin/v1/tenants/{name}/report", params=params, headers=auth())).json()
+    resp = await client.get(f"/admin/v1/tenants/{name}/report", params={**params, "format": "csv"},
+                            headers=auth())
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/csv")
+    assert "attachment" in resp.headers["content-disposition"]
+    parsed = list(csv.DictReader(io.StringIO(resp.text)))
+    assert parsed[0].keys() >= {"model", "requests", "cost_usd", "p95_latency_ms"}
+    assert [p["model"] for p in parsed] == [r["group"] for r in as_json["rows"]] + ["TOTAL"]
+    back = reports.from_csv(resp.text)
+    for got, want in zip(back, [*as_json["rows"], as_json["total"]], strict=True):
+        for field, value in want.items():
+            if field == "group":
+                assert got["model"] == value
+            else:
+                assert got[field] == value, field
+
+
+async def test_summary_across_tenants(client, auth, app, seeded):
+    resp = await client.get("/admin/v1/summary", params={"since": SINCE.isoformat(), "until": UNTIL.isoformat()},
+                            headers=auth("admin:read"))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    by_name = {r["group"]: r for r in body["rows"]}
+    for name in seeded["names"]:
+        tid = seeded["tenants"][name]["id"]
+        _check(by_name[name], _expected([r for r in seeded["rows"] if r.tenant_id == tid], lambda r: "x")["x"])
+    async with app.state.admin_context.database.sessionmaker() as s:
+        n, tokens = (await s.execute(select(func.count(UsageRecord.id), func.sum(UsageRecord.prompt_tokens))
+                                     .where(UsageRecord.created_at >= SINCE, UsageRecord.created_at < UNTIL))).one()
+    assert body["total"]["requests"] == n and body["total"]["prompt_tokens"] == tokens
+    csv_text = (await client.get("/admin/v1/summary", params={"since": SINCE.isoformat(),
+                                                               "until": UNTIL.isoformat(), "format": "csv"},
+                                 headers=auth())).text
+    assert {r["tenant"] for r in reports.from_csv(csv_text)} >= set(seeded["names"])
+
+
+async def test_report_errors(client, auth, seeded):
+    name = seeded["names"][0]
+    resp = await client.get(f"/admin/v1/tenants/{name}/report", headers=auth(),
+                            params={"since": UNTIL.isoformat(), "until": SINCE.isoformat()})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "since"
+    resp = await client.get(f"/admin/v1/tenants/{name}/report", headers=auth(), params={"group_by": "week"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "group_by"
+    assert (await client.get("/admin/v1/tenants/nobody/report", headers=auth())).status_code == 404
+    empty = (await client.get(f"/admin/v1/tenants/{name}/report", headers=auth(),
+                              params={"since": "2020-01-01", "until": "2020-02-01"})).json()
+    assert empty["rows"] == [] and empty["total"]["requests"] == 0 and empty["total"]["p50_latency_ms"] is None
+
+
+def test_percentile_matches_statistics():
+    values = sorted(random.Random(3).uniform(0, 100) for _ in range(37))
+    for q in (0.5, 0.95):
+        assert reports.percentile(values, q) == pytest.approx(_q(values, q), abs=1e-3)
+    assert reports.percentile([], 0.5) is None
+    assert reports.percentile([4.0], 0.95) == 4.0

@@ -1,0 +1,69 @@
+"""Canonical request: what changes the keys and what does not."""
+
+from cache.canonical import canonicalize, is_deterministic
+
+from cache_testlib import chat
+
+
+def keys(body, ns="tenant-a"):
+    c = canonicalize(ns, body)
+    return c.exact_key, c.context_key
+
+
+def test_identical_requests_share_keys():
+    assert keys(chat("Hi there")) == keys(chat("Hi there"))
+
+
+def test_tenant_changes_both_keys():
+    a, b = keys(chat("Hi"), "tenant-a"), keys(chat("Hi"), "tenant-b")
+    assert a[0] != b[0] and a[1] != b[1]
+
+
+def test_every_answer_changing_parameter_changes_both_keys():
+    base = keys(chat("Hi"))
+    for change in [dict(temperature=0.5), dict(top_p=0.9), dict(max_tokens=7), dict(stop=["\n"]),
+                   dict(seed=3), dict(n=2), dict(top_k=5), dict(response_format={"type": "json_object"}),
+                   dict(presence_penalty=0.5), dict(repetition_penalty=1.2), dict(min_tokens=3),
+                   dict(model="other-model")]:
+        body = chat("Hi") | change
+        ek, ck = keys(body)
+        assert ek != base[0] and ck != base[1], change
+
+
+def test_transport_fields_and_defaults_do_not_change_keys():
+    base = keys(chat("Hi"))
+    assert keys(chat("Hi", stream=True, stream_options={"include_usage": True}, user="u1")) == base
+    assert keys(chat("Hi", n=1, top_p=1.0, stop=None, logprobs=False)) == base
+    assert keys(chat("Hi", max_tokens=9)) == keys(chat("Hi", max_completion_tokens=9))
+    assert keys(chat("Hi", stop="x")) == keys(chat("Hi", stop=["x"]))
+    parts = chat("Hi")
+    parts["messages"][0]["content"] = [{"type": "text", "text": "H"}, {"type": "text", "text": "i"}]
+    assert keys(parts) == base
+
+
+def test_final_message_changes_exact_key_only():
+    a, b = keys(chat("How do I reset my password?")), keys(chat("How can I reset my password?"))
+    assert a[0] != b[0] and a[1] == b[1]
+
+
+def test_earlier_turns_change_the_context():
+    h1 = [{"role": "user", "content": "Tell me about Paris"}, {"role": "assistant", "content": "Paris is..."}]
+    h2 = [{"role": "user", "content": "Tell me about Rome"}, {"role": "assistant", "content": "Rome is..."}]
+    a, b = keys(chat("What is its population?", history=h1)), keys(chat("What is its population?", history=h2))
+    assert a[0] != b[0] and a[1] != b[1]
+    sys1 = [{"role": "system", "content": "Answer in French."}]
+    assert keys(chat("Hi", history=sys1)) != keys(chat("Hi"))
+
+
+def test_query_only_for_a_final_user_message():
+    assert canonicalize("t", chat("Hi")).query == "Hi"
+    body = chat("Hi")
+    body["messages"].append({"role": "assistant", "content": "prefill"})
+    assert canonicalize("t", body).query is None
+
+
+def test_determinism():
+    assert is_deterministic(chat("x"))
+    assert is_deterministic({"seed": 1, "temperature": 0.8})
+    assert not is_deterministic({"temperature": 0.7})
+    assert not is_deterministic({})

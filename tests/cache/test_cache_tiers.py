@@ -1,0 +1,192 @@
+"""Exact and semantic tiers against real Redis: isolation, parameters, turns, policy."""
+
+import pytest
+from cache_testlib import answer, chat
+
+from cache.api import CachePolicy
+
+
+async def test_exact_then_semantic_hit(make_cache, policy):
+    c = make_cache()
+    body = chat("How do I reset my password?")
+    assert (await c.lookup("acme", body, policy)).outcome == "miss"
+    await c.store("acme", body, answer("Use the reset link."), policy)
+    hit = await c.lookup("acme", body, policy)
+    assert hit.outcome == "hit" and hit.similarity == 1.0
+    assert hit.response["choices"][0]["message"]["content"] == "Use the reset link."
+    sem = await c.lookup("acme", chat("How can I reset my password?"), policy)
+    assert sem.outcome == "semantic-hit" and policy.threshold <= sem.similarity < 1.0
+    assert sem.response["choices"][0]["message"]["content"] == "Use the reset link."
+
+
+async def test_tenant_isolation_exact_and_semantic(make_cache, policy):
+    c = make_cache()
+    body = chat("What is the refund policy?")
+    await c.store("tenant-a", body, answer("A's secret policy"), policy)
+    assert (await c.lookup("tenant-a", body, policy)).outcome == "hit"
+    for q in ("What is the refund policy?", "What's the refund policy?"):
+        r = await c.lookup("tenant-b", chat(q), policy)
+        assert r.outcome == "miss" and r.response is None
+    # and B's own entry never leaks back to A
+    await c.store("tenant-b", body, answer("B's policy"), policy)
+    assert (await c.lookup("tenant-a", body, policy)).response["choices"][0]["message"]["content"] == (
+        "A's secret policy")
+
+
+@pytest.mark.parametrize("change", [dict(max_tokens=5), dict(stop=["."]), dict(seed=7),
+                                    dict(top_p=0.5), dict(n=2), dict(top_k=3),
+                                    dict(model="another-model"),
+                                    dict(response_format={"type": "json_object"})])
+async def test_parameters_are_part_of_the_key(make_cache, policy, change):
+    c = make_cache()
+    await c.store("acme", chat("Name three primary colors."), answer("red, yellow, blue"), policy)
+    for text in ("Name three primary colors.", "List three primary colors."):
+        r = await c.lookup("acme", chat(text) | change, policy)
+        assert r.outcome == "miss", (change, r)
+
+
+async def test_multi_turn_same_last_message_different_history(make_cache, policy):
+    c = make_cache()
+    h1 = [{"role": "user", "content": "Tell me about the Eiffel Tower."}, {"role": "assistant", "content": "..."}]
+    h2 = [{"role": "user", "content": "Tell me about the Colosseum."}, {"role": "assistant", "content": "..."}]
+    await c.store("acme", chat("How tall is it?", history=h1), answer("330 m"), policy)
+    assert (await c.lookup("acme", chat("How tall is it?", history=h1), policy)).outcome == "hit"
+    assert (await c.lookup("acme", chat("How tall is it exactly?", history=h1), policy)).outcome == "semantic-hit"
+    for q in ("How tall is it?", "How tall is it exactly?"):
+        assert (await c.lookup("acme", chat(q, history=h2), policy)).outcome == "miss"
+        assert (await c.lookup("acme", chat(q), policy)).outcome == "miss"
+
+
+async def test_hard_negative_rejected_by_verifier(make_cache):
+    c = make_cache()
+    loose = CachePolicy(threshold=0.5)
+    await c.store("acme", chat("How do I enable two-factor authentication?"), answer("Settings > enable"), loose)
+    r = await c.lookup("acme", chat("How do I disable two-factor authentication?"), loose)
+    assert r.outcome == "miss" and r.reason == "verifier"
+    assert c.stats()["verifier_rejections"] == 1
+
+
+async def test_policy_gates(make_cache, policy):
+    c = make_cache()
+    body = chat("Ping?")
+    await c.store("acme", body, answer("Pong"), policy)
+    assert (await c.lookup("acme", body, CachePolicy(no_cache=True))).reason == "no-cache"
+    assert (await c.lookup("acme", body, CachePolicy(enabled=False))).reason == "disabled"
+    hot = chat("Ping?", temperature=0.7)
+    assert (await c.lookup("acme", hot, policy)).reason == "non-deterministic"
+    seeded = chat("Ping?", temperature=0.7, seed=1)
+    assert (await c.lookup("acme", seeded, policy)).outcome == "miss"  # cacheable, not stored yet
+    await c.store("acme", seeded, answer("Pong!"), CachePolicy(no_store=True))
+    await c.store("acme", hot, answer("Pong?"), policy)
+    await c.store("acme", chat("Other?"), answer("cut", finish="abort"), policy)
+    assert (await c.lookup("acme", seeded, policy)).outcome == "miss"
+    assert (await c.lookup("acme", chat("Other?"), policy)).outcome == "miss"
+    assert c.stats()["store_skips"] == 3 and c.stats()["bypasses"] == 3
+
+
+async def test_ttl_expiry(make_cache):
+    import asyncio
+    import time
+
+    c = make_cache()
+    short = CachePolicy(threshold=0.8, ttl_s=3)
+    await c.store("acme", chat("What is the boiling point of water?"), answer("100 C"), short)
+    t0 = time.monotonic()  # the entry expires at most 3 s from here
+    assert (await c.lookup("acme", chat("What is the boiling point of water?"), short)).outcome == "hit"
+    assert (await c.lookup("acme", chat("What's the boiling point of water?"), short)).outcome == "semantic-hit"
+    await asyncio.sleep(max(0.0, 3.2 - (time.monotonic() - t0)))
+    r = await c.lookup("acme", chat("What's the boiling point of water?"), short)
+    assert r.outcome == "miss" and r.reason == "expired"  # index still had it; Redis did not
+    assert (await c.lookup("acme", chat("What is the boiling point of water?"), short)).outcome == "miss"
+    assert (await c.lookup("acme", chat("What's the boiling point of water?"), short)).outcome == "miss"
+
+
+async def test_eviction_at_cap(make_cache, redis_client):
+    c, other = make_cache(), make_cache()
+    cap = CachePolicy(threshold=0.8, max_entries=3)
+    topics = ["volcanoes", "glaciers", "deserts", "rainforests", "coral reefs"]
+    assert (await other.lookup("acme", chat("Explain volcanoes briefly"), cap)).outcome == "miss"  # loaded
+    for t in topics:
+        await c.store("acme", chat(f"Explain {t} briefly"), answer(t), cap)
+    keys = c.store_.keys("acme")
+    assert await redis_client.zcard(keys.zset) == 3
+    assert c.stats()["evictions"] == 2
+    for cache in (c, other):
+        for t in topics[:2]:
+            assert (await cache.lookup("acme", chat(f"Explain {t} briefly"), cap)).outcome == "miss"
+        for t in topics[2:]:
+            assert (await cache.lookup("acme", chat(f"Explain {t} briefly"), cap)).outcome == "hit"
+    # the other process's in-process index dropped the evicted vectors too
+    assert other._local.tenant(keys).size() == 3
+
+
+async def test_cross_process_visibility_within_one_second(make_cache, policy):
+    import time
+
+    a, b = make_cache(), make_cache()
+    assert (await b.lookup("acme", chat("How do I rotate an API key?"), policy)).outcome == "miss"
+    await a.store("acme", chat("How do I rotate an API key?"), answer("Admin > keys > rotate"), policy)
+    t0 = time.monotonic()
+    r = await b.lookup("acme", chat("How can I rotate my API key?"), policy)
+    while r.outcome != "semantic-hit" and time.monotonic() - t0 < 1.0:
+        r = await b.lookup("acme", chat("How can I rotate my API key?"), policy)
+    assert r.outcome == "semantic-hit"
+    assert b._local is not None and a._local is not b._local
+
+
+async def test_cross_process_visibility_subprocess(make_cache, policy, prefix):
+    """A real second process stores; this one finds it."""
+    import asyncio
+    import sys
+    import textwrap
+
+    c = make_cache()
+    assert (await c.lookup("acme", chat("What port does Redis use by default?"), policy)).outcome == "miss"
+    code = textwrap.dedent(f"""
+        import asyncio, redis.asyncio as R
+        from cache.store import EntryStore, NewEntry
+        from cache.canonical import canonicalize
+        from cache.embedder import Embedder
+        async def main():
+            r = R.Redis.from_url("redis://127.0.0.1:6379/4")
+            st = EntryStore(r, {prefix!r})
+            body = {{"model": "smollm2-135m-instruct", "temperature": 0,
+                     "messages": [{{"role": "user", "content": "What port does Redis use by default?"}}]}}
+            q = canonicalize("acme", body)
+            vec = (await Embedder().embed_many([q.query]))[0]
+            keys = st.keys("acme")
+            resp = {{"choices": [{{"index": 0, "message": {{"role": "assistant", "content": "6379"}},
+                                   "finish_reason": "stop"}}]}}
+            await st.put(keys, NewEntry(q.exact_key, keys.ns(q.context_key), q.query, vec, resp),
+                         ttl_s=60, max_entries=10)
+            await r.aclose()
+        asyncio.run(main())
+    """)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code)
+    assert await proc.wait() == 0
+    r = await c.lookup("acme", chat("Which port does Redis use by default?"), policy)
+    assert r.outcome == "semantic-hit" and r.response["choices"][0]["message"]["content"] == "6379"
+
+
+async def test_log_gap_triggers_reload(make_cache, policy, redis_client):
+    a, b = make_cache(), make_cache()
+    await b.lookup("acme", chat("warm"), policy)
+    await a.store("acme", chat("What is DNS?"), answer("names"), policy)
+    keys = a.store_.keys("acme")
+    await redis_client.xtrim(keys.log, maxlen=0)  # simulate a reader far behind a trimmed log
+    await a.store("acme", chat("What is TCP?"), answer("transport"), policy)
+    reloads = b.stats()["index_reloads"]
+    assert (await b.lookup("acme", chat("What's DNS?"), policy)).outcome == "semantic-hit"
+    assert b.stats()["index_reloads"] == reloads + 1
+
+
+async def test_concurrent_lookups_share_embedding_batches(make_cache, policy, embedder):
+    import asyncio
+
+    c = make_cache()
+    await c.store("acme", chat("What is a mutex?"), answer("a lock"), policy)
+    before = embedder.batches
+    qs = [chat(f"Question number {i} about mutexes?") for i in range(12)]
+    rs = await asyncio.gather(*(c.lookup("acme", q, policy) for q in qs))
+    assert all(r.outcome in ("miss", "semantic-hit") for r in rs)
+    assert embedder.batches - before < 12

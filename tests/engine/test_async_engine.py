@@ -1,0 +1,145 @@
+"""AsyncEngine: streaming on its own thread, abort by closing or by id, errors, crash safety."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from engine.async_engine import AsyncEngine
+from engine.llm_engine import LLMEngine
+from engine.outputs import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from engine.sampling_params import SamplingParams
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+async def make_engine(tiny_model_dir, engine_config):
+    engines = []
+
+    async def make(**kw):
+        cfg = engine_config(tiny_model_dir, **kw)
+        eng = AsyncEngine(cfg, engine=LLMEngine(cfg), model_id="tiny")
+        await eng.start()
+        engines.append(eng)
+        return eng
+
+    yield make
+    for eng in engines:
+        await eng.shutdown()
+
+
+async def collect(engine, prompt, params, rid, **kw):
+    tokens, text, outs = [], "", []
+    async for out in engine.generate(prompt, params, request_id=rid, **kw):
+        outs.append(out)
+        for d in out.deltas:
+            tokens += d.token_ids
+            text += d.text
+    return tokens, text, outs
+
+
+async def test_streams_concurrently_like_the_sync_engine(make_engine, tiny_model_dir, engine_config):
+    eng = await make_engine()
+    prompts = [list(range(i, i + 5 + 7 * i)) for i in range(6)]
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    results = await asyncio.gather(*(collect(eng, p, params, f"r{i}") for i, p in enumerate(prompts)))
+    expected = LLMEngine(engine_config(tiny_model_dir)).generate(prompts, params)
+    assert [r[0] for r in results] == expected
+    for _, _, outs in results:
+        assert outs[-1].finished and all(not o.finished for o in outs[:-1])
+        assert len(outs) >= 2  # streamed as deltas, not in one piece
+    assert threading.current_thread() is not eng._thread
+    assert eng.stats().kv_blocks_used == 0
+
+
+async def test_event_loop_stays_free_while_generating(make_engine):
+    eng = await make_engine()
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    t = asyncio.create_task(ticker())
+    tokens, _, _ = await collect(eng, list(range(60)), SamplingParams(max_tokens=40, **GREEDY), "busy")
+    t.cancel()
+    assert len(tokens) == 40 and ticks > 10
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks(make_engine):
+    eng = await make_engine()
+    gen = eng.generate(list(range(40)), SamplingParams(max_tokens=500, **GREEDY), request_id="gone")
+    await gen.__anext__()
+    await gen.__anext__()
+    assert eng.engine.kv.num_used_blocks > 0
+    await gen.aclose()
+    for _ in range(500):
+        if not eng.engine.requests and eng.engine.kv.num_used_blocks == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert not eng.engine.requests and eng.engine.kv.num_used_blocks == 0
+
+
+async def test_cancelling_the_consumer_aborts(make_engine):
+    eng = await make_engine()
+    task = asyncio.create_task(collect(eng, list(range(30)), SamplingParams(max_tokens=500, **GREEDY), "cancel"))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(500):
+        if not eng.engine.requests:
+            break
+        await asyncio.sleep(0.01)
+    assert not eng.engine.requests and eng.engine.kv.num_used_blocks == 0
+
+
+async def test_abort_by_id_ends_the_stream(make_engine):
+    eng = await make_engine()
+    outs = []
+    async for out in eng.generate([1, 2, 3], SamplingParams(max_tokens=500, **GREEDY), request_id="x"):
+        outs.append(out)
+        if len(outs) == 2:
+            await eng.abort("x")
+    assert outs[-1].finished and outs[-1].deltas[-1].finish_reason == "abort"
+
+
+async def test_errors_before_the_first_yield(make_engine):
+    eng = await make_engine(max_model_len=16)
+    with pytest.raises(PromptTooLongError):
+        await eng.generate(list(range(16)), SamplingParams(), request_id="long").__anext__()
+    eng.config.max_waiting = 0
+    with pytest.raises(EngineOverloadedError):
+        await eng.generate([1], SamplingParams(), request_id="busy").__anext__()
+
+
+async def test_crashed_step_loop_fails_every_stream(make_engine):
+    eng = await make_engine()
+
+    def boom(*a, **kw):
+        raise RuntimeError("kaboom")
+
+    eng.engine.runner.run = boom
+    results = await asyncio.wait_for(asyncio.gather(
+        *(collect(eng, [1, 2, 3], SamplingParams(max_tokens=5), f"d{i}") for i in range(3)),
+        return_exceptions=True), timeout=30)
+    assert all(isinstance(r, EngineDeadError) for r in results)
+    with pytest.raises(EngineDeadError):
+        await eng.generate([1], SamplingParams(), request_id="after").__anext__()
+
+
+async def test_chat_and_text_prompts(make_engine):
+    eng = await make_engine()
+    plain = eng.encode_chat([{"role": "user", "content": "hi there"}])
+    parts = eng.encode_chat([{"role": "user", "content": [{"type": "text", "text": "hi "},
+                                                          {"type": "text", "text": "there"}]}])
+    assert plain == parts
+    assert eng.encode("ab") == [ord("a"), ord("b")]
+    tokens, _, outs = await collect(eng, "hello", SamplingParams(max_tokens=3, **GREEDY), "t")
+    assert len(tokens) == 3 and outs[-1].prompt_tokens == 5
+    assert eng.model_id == "tiny" and eng.max_model_len > 0

@@ -1,0 +1,82 @@
+import pytest
+
+from engine.detokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer(tiny_model_dir):
+    """A real Hugging Face byte-level tokenizer where every UTF-8 byte is its own token, so
+    multi-byte characters always span several tokens."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+def feed(detok, ids, finish=True):
+    deltas, stopped_at = [], None
+    for i, t in enumerate(ids):
+        if detok.add_token(t):
+            stopped_at = i
+            deltas.append(detok.take_delta(True))
+            break
+        deltas.append(detok.take_delta(False))
+    else:
+        if finish:
+            deltas.append(detok.take_delta(True))
+    return deltas, stopped_at
+
+
+def test_multibyte_utf8_never_split(byte_tokenizer):
+    text = "héllo 世界 🎉 ok"
+    ids = byte_tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) == len(text.encode())  # one token per byte
+    detok = IncrementalDetokenizer(byte_tokenizer, byte_tokenizer.encode("Q: ", add_special_tokens=False), [])
+    deltas, _ = feed(detok, ids)
+    assert "".join(deltas) == text
+    assert all("\ufffd" not in d for d in deltas)
+    # the 4 bytes of the emoji come out as one delta, at its last byte
+    assert "🎉" in deltas
+
+
+def test_stop_string_across_tokens_is_never_emitted(byte_tokenizer):
+    ids = byte_tokenizer.encode("Hello STOP world", add_special_tokens=False)
+    detok = IncrementalDetokenizer(byte_tokenizer, [], ["STOP"])
+    deltas, stopped_at = feed(detok, ids)
+    assert stopped_at == len("Hello STOP") - 1
+    assert "".join(deltas) == "Hello "
+    assert detok.text == "Hello "
+
+
+def test_possible_stop_prefix_is_held_back_then_released(byte_tokenizer):
+    detok = IncrementalDetokenizer(byte_tokenizer, [], ["STOP", "\n\n"])
+    emitted = ""
+    for ch in "ab ST":
+        assert not detok.add_token(byte_tokenizer.encode(ch, add_special_tokens=False)[0])
+        emitted += detok.take_delta(False)
+    assert emitted == "ab "  # "ST" could start "STOP"
+    detok.add_token(byte_tokenizer.encode("x", add_special_tokens=False)[0])
+    emitted += detok.take_delta(False)
+    assert emitted == "ab STx"
+    detok.add_token(byte_tokenizer.encode("\n", add_special_tokens=False)[0])
+    assert detok.take_delta(False) == ""
+    assert detok.take_delta(True) == "\n"  # finishing releases what was held back
+
+
+def test_multibyte_stop_string(byte_tokenizer):
+    ids = byte_tokenizer.encode("abc世界def", add_special_tokens=False)
+    detok = IncrementalDetokenizer(byte_tokenizer, [], ["界"])
+    deltas, stopped_at = feed(detok, ids)
+    assert "".join(deltas) == "abc世" and stopped_at is not None
+
+
+def test_special_tokens_are_not_text(byte_tokenizer):
+    ids = byte_tokenizer.encode("hi", add_special_tokens=False) + [byte_tokenizer.eos_token_id]
+    detok = IncrementalDetokenizer(byte_tokenizer, [], [])
+    deltas, _ = feed(detok, ids)
+    assert "".join(deltas) == "hi"
+
+
+def test_without_tokenizer_text_is_empty():
+    detok = IncrementalDetokenizer(None, [1, 2], ["x"])
+    assert not detok.add_token(5)
+    assert detok.take_delta(True) == ""

@@ -1,0 +1,155 @@
+"""LLMEngine behaviour on the tiny model: finishing rules, abort, errors, forks, stats."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from engine.llm_engine import LLMEngine
+from engine.outputs import PromptTooLongError
+from engine.sampling_params import SamplingParams
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, engine_config):
+    return LLMEngine(engine_config(tiny_model_dir, num_blocks=64, max_num_batched_tokens=64))
+
+
+def run(engine, rid, prompt, params):
+    engine.add_request(rid, prompt, params)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.request_id == rid]
+    return outs
+
+
+def test_max_tokens_gives_length(engine):
+    outs = run(engine, "len", [1, 2, 3], SamplingParams(max_tokens=7, **GREEDY))
+    assert outs[-1].finished and outs[-1].deltas[-1].finish_reason == "length"
+    assert sum(len(d.token_ids) for o in outs for d in o.deltas) == 7
+    assert outs[-1].deltas[-1].num_tokens == 7
+    assert all(not o.finished for o in outs[:-1])
+
+
+def test_stop_token_ids_stop_and_are_counted(engine):
+    full = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=20, **GREEDY))[0]
+    stop_tok = full[4]
+    cut = full.index(stop_tok) + 1
+    got = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=20, stop_token_ids=[stop_tok], **GREEDY))[0]
+    assert got == full[:cut]
+    # min_tokens keeps it going past the stop token
+    got = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=20, min_tokens=cut + 1,
+                                                      stop_token_ids=[stop_tok], **GREEDY))[0]
+    assert len(got) > cut and stop_tok not in got[:cut - 1]
+
+
+def test_eos_stops_unless_ignored(tiny_model_dir, engine_config, tmp_path):
+    base = LLMEngine(engine_config(tiny_model_dir))
+    full = base.generate([[9, 8, 7]], SamplingParams(max_tokens=20, **GREEDY))[0]
+    eos = full[3]
+    model_dir = tmp_path / "eos-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    cfg["eos_token_id"] = eos
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    e = LLMEngine(engine_config(model_dir))
+    assert eos in e.eos_token_ids
+    stopped = e.generate([[9, 8, 7]], SamplingParams(temperature=0.0, max_tokens=20))[0]
+    first = min(i for i, t in enumerate(full) if t in e.eos_token_ids)  # the tokenizer's EOS counts too
+    assert stopped == full[: first + 1]
+    assert e.generate([[9, 8, 7]], SamplingParams(max_tokens=20, **GREEDY))[0] == full
+
+
+def test_stop_string_is_not_emitted(engine):
+    prompt = list(b"Hello there, ")
+    outs = run(engine, "text", prompt, SamplingParams(max_tokens=30, **GREEDY))
+    text = "".join(d.text for o in outs for d in o.deltas)
+    clean = [i for i in range(1, len(text) - 2) if "\ufffd" not in text[i : i + 2]]
+    assert clean, text
+    stop = text[clean[0] : clean[0] + 2]
+    outs = run(engine, "text2", prompt, SamplingParams(max_tokens=30, stop=[stop], **GREEDY))
+    got = "".join(d.text for o in outs for d in o.deltas)
+    assert got == text[: text.index(stop)]
+    assert outs[-1].deltas[-1].finish_reason == "stop"
+
+
+def test_abort_frees_every_block(tiny_model_dir, engine_config):
+    e = LLMEngine(engine_config(tiny_model_dir, num_blocks=32, max_num_batched_tokens=32, max_num_seqs=2))
+    for i in range(4):
+        e.add_request(f"r{i}", list(range(i, i + 30)), SamplingParams(n=2 if i == 0 else 1, max_tokens=50, **GREEDY))
+    for _ in range(5):
+        e.step()
+    assert e.kv.num_used_blocks > 0 and e.stats().waiting > 0
+    for i in range(4):
+        assert e.abort_request(f"r{i}")
+    assert e.kv.num_free_blocks == 32 and not e.kv.tables
+    outs = e.step()
+    assert sorted(o.request_id for o in outs) == [f"r{i}" for i in range(4)]
+    assert all(o.finished and o.deltas[0].finish_reason == "abort" for o in outs)
+    assert not e.has_unfinished_requests() and not e.abort_request("r0")
+
+
+def test_prompt_too_long(tiny_model_dir, engine_config):
+    e = LLMEngine(engine_config(tiny_model_dir, max_model_len=32))
+    with pytest.raises(PromptTooLongError):
+        e.add_request("x", list(range(32)), SamplingParams())
+    e.add_request("ok", list(range(31)), SamplingParams(max_tokens=100, **GREEDY))
+    out = e.generate([list(range(31))], SamplingParams(max_tokens=100, **GREEDY))[0]
+    assert len(out) == 1  # the context is full after one token: finish "length"
+
+
+def test_pool_bounds_max_model_len(tiny_model_dir, engine_config):
+    e = LLMEngine(engine_config(tiny_model_dir, num_blocks=4))
+    assert e.max_model_len == 4 * 16
+
+
+def test_parallel_sampling_children_differ_and_are_seeded(engine):
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)
+
+    def choices(rid):
+        out = {}
+        for o in run(engine, rid, [1, 2, 3, 4, 5], params):
+            for d in o.deltas:
+                out.setdefault(d.index, []).extend(d.token_ids)
+        return out
+
+    a, b = choices("p1"), choices("p2")
+    assert a == b and sorted(a) == [0, 1, 2]
+    assert len({tuple(v) for v in a.values()}) > 1
+    assert engine.kv.num_used_blocks == 0
+
+
+def test_stats_and_request_metrics(tiny_model_dir, engine_config):
+    e = LLMEngine(engine_config(tiny_model_dir, num_blocks=64, max_num_batched_tokens=256))
+    system = list(range(100, 148))  # 3 full blocks
+    e.generate([system + [1]], SamplingParams(max_tokens=2, **GREEDY))
+    e.add_request("m", system + [2, 3], SamplingParams(max_tokens=5, **GREEDY))
+    e.step()
+    s = e.stats()
+    assert s.running == 1 and s.waiting == 0 and 0 < s.kv_usage <= 1
+    assert 0.5 < s.kv_utilization <= 1.0
+    outs = []
+    while e.has_unfinished_requests():
+        outs += e.step()
+    last = outs[-1]
+    assert last.cached_prompt_tokens == 48 and last.prompt_tokens == 50
+    m = last.metrics
+    assert m.queue_time is not None and m.ttft >= m.queue_time and len(m.inter_token_times) == 4
+    s = e.stats()
+    assert s.prefix_hit_rate == pytest.approx(48 / (49 + 50))
+    assert s.generated_tokens == 7 and s.steps >= 5 and s.kv_blocks_used == 0
+
+
+def test_duplicate_and_invalid_requests(engine):
+    engine.add_request("dup", [1], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError):
+        engine.add_request("dup", [1], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError):
+        engine.add_request("bad", [10_000], SamplingParams(max_tokens=1))
+    engine.abort_request("dup")
+    engine.step()

@@ -1,0 +1,217 @@
+"""Chat and text completions against the real engine (SmolLM2-135M) over HTTP: the SSE wire
+format, usage and prefix-cache accounting, sampling fields, tenant salt, client disconnects."""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# Long enough for several full KV blocks (block_size 16) so the prefix cache has something to hold.
+SYSTEM = ("You are a terse assistant for the pagegate test-suite. Answer in one short sentence, "
+          "never more than ten words, and do not use lists or markdown formatting of any kind.")
+
+
+def headers(api, key: str | None = None) -> dict:  # noqa: ANN001
+    return {"authorization": f"Bearer {key or api.key}"}
+
+
+def chat_body(api, content: str = "Name a colour.", **fields) -> dict:  # noqa: ANN001
+    body = {"model": api.model, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]}
+    body.update(fields)
+    return body
+
+
+def read_sse(resp: httpx.Response) -> list:
+    """The ``data:`` payloads of a stream, parsed (``[DONE]`` kept as the string)."""
+    events = []
+    for line in resp.iter_lines():
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        payload = line[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_chat_stream_wire_format(api) -> None:  # noqa: ANN001
+    body = chat_body(api, stream=True, stream_options={"include_usage": True}, max_tokens=5, ignore_eos=True)
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", json=body, headers=headers(api),
+                      timeout=120) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.headers["x-request-id"].startswith("req_")
+        assert "x-ratelimit-remaining-requests" in resp.headers
+        events = read_sse(resp)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert content_chunks and all(c["usage"] is None for c in chunks[:-1])
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] == "length"
+    last = chunks[-1]
+    assert last["choices"] == []
+    usage = last["usage"]
+    assert usage["completion_tokens"] == 5
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 5
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= 0
+
+
+def test_stream_without_usage_has_no_usage_chunk(api) -> None:  # noqa: ANN001
+    with httpx.stream("POST", api.base_url + "/v1/completions", headers=headers(api), timeout=120,
+                      json={"model": api.model, "prompt": "The sky is", "max_tokens": 3, "stream": True,
+                            "temperature": 0, "ignore_eos": True}) as resp:
+        events = read_sse(resp)
+    assert events[-1] == "[DONE]"
+    assert all(e["object"] == "text_completion" and e["choices"] for e in events[:-1])
+    assert "".join(e["choices"][0]["text"] for e in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_usage_row_prefix_cache_and_cost(api) -> None:  # noqa: ANN001
+    from gateway import tenancy
+
+    async def set_price() -> None:
+        async with api.services.db.sessionmaker() as session:
+            await tenancy.set_price(session, model=api.model, prompt_usd_per_1m="1000", completion_usd_per_1m="2000")
+            await session.commit()
+        api.services.prices.invalidate()
+
+    api.loop.run(set_price())
+    try:
+        tenant_id, key = api.make_tenant()
+        question = f"Is {time.time_ns()} an even number?"  # unseen prompt: only the system prefix can be cached
+        first = httpx.post(api.base_url + "/v1/chat/completions", json=chat_body(api, question),
+                           headers=headers(api, key), timeout=120)
+        second = httpx.post(api.base_url + "/v1/chat/completions", json=chat_body(api, question),
+                            headers=headers(api, key), timeout=120)
+        assert first.status_code == second.status_code == 200
+        u1, u2 = first.json()["usage"], second.json()["usage"]
+        assert u1["prompt_tokens"] == u2["prompt_tokens"] > 32
+        assert u2["prompt_tokens_details"]["cached_tokens"] >= 32  # whole blocks of the first request
+        assert u2["prompt_tokens_details"]["cached_tokens"] > u1["prompt_tokens_details"]["cached_tokens"]
+        # greedy decoding: the same answer twice
+        assert first.json()["choices"][0]["message"] == second.json()["choices"][0]["message"]
+
+        rows = api.usage_rows(second.headers["x-request-id"])
+        assert len(rows) == 1
+        row = rows[0]
+        assert row.tenant_id == tenant_id and row.model == api.model and row.endpoint == "chat.completions"
+        assert row.status == "ok" and row.cache == "miss"
+        assert row.prompt_tokens == u2["prompt_tokens"]
+        assert row.cached_prompt_tokens == u2["prompt_tokens_details"]["cached_tokens"]
+        assert row.completion_tokens == u2["completion_tokens"]
+        expected = (Decimal(1000) * u2["prompt_tokens"] + Decimal(2000) * u2["completion_tokens"]) / Decimal(10**6)
+        assert Decimal(row.cost_usd) == expected
+        assert row.latency_ms > 0 and row.ttft_ms is not None and 0 < row.ttft_ms <= row.latency_ms
+    finally:
+        async def drop_price() -> None:
+            async with api.services.db.sessionmaker() as session:
+                await tenancy.set_price(session, model=api.model, prompt_usd_per_1m="0", completion_usd_per_1m="0")
+                await session.commit()
+            api.services.prices.invalidate()
+
+        api.loop.run(drop_price())
+
+
+def test_tenants_never_share_prefix_blocks(api) -> None:  # noqa: ANN001
+    question = f"Spell the number {time.time_ns()}."
+    _a, key_a = api.make_tenant()
+    _b, key_b = api.make_tenant()
+    warm = httpx.post(api.base_url + "/v1/chat/completions", json=chat_body(api, question), headers=headers(api, key_a),
+                      timeout=120)
+    assert warm.status_code == 200
+    other = httpx.post(api.base_url + "/v1/chat/completions", json=chat_body(api, question), headers=headers(api, key_b),
+                       timeout=120).json()
+    again = httpx.post(api.base_url + "/v1/chat/completions", json=chat_body(api, question), headers=headers(api, key_a),
+                       timeout=120).json()
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # B's first sight of the prompt
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_sampling_fields_reach_the_engine(api) -> None:  # noqa: ANN001
+    url, h = api.base_url + "/v1/chat/completions", headers(api)
+    # seed: reproducible sampling at temperature 1
+    body = chat_body(api, "Invent a word.", temperature=1.0, seed=1234, max_tokens=6)
+    texts = {httpx.post(url, json=body, headers=h, timeout=120).json()["choices"][0]["message"]["content"]
+             for _ in range(2)}
+    assert len(texts) == 1
+    # max_tokens / ignore_eos: exactly max_tokens, finish_reason length
+    r = httpx.post(url, json=chat_body(api, max_tokens=3, ignore_eos=True), headers=h, timeout=120).json()
+    assert r["usage"]["completion_tokens"] == 3 and r["choices"][0]["finish_reason"] == "length"
+    # max_completion_tokens wins over max_tokens
+    r = httpx.post(url, json=chat_body(api, max_tokens=9, max_completion_tokens=2, ignore_eos=True), headers=h,
+                   timeout=120).json()
+    assert r["usage"]["completion_tokens"] == 2
+    # stop strings are never emitted
+    r = httpx.post(url, json=chat_body(api, "Write a sentence about cats.", max_tokens=12, stop=[" "]), headers=h,
+                   timeout=120).json()
+    text = r["choices"][0]["message"]["content"]
+    assert " " not in text
+    assert r["choices"][0]["finish_reason"] in ("stop", "length")
+    # n > 1: independent choices with their own indexes; usage counts all of them
+    r = httpx.post(url, json=chat_body(api, n=2, temperature=1.0, max_tokens=3, ignore_eos=True), headers=h,
+                   timeout=120).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    assert r["usage"]["completion_tokens"] == 6
+    # min_tokens: no end of sequence before it
+    r = httpx.post(url, json=chat_body(api, max_tokens=4, min_tokens=4), headers=h, timeout=120).json()
+    assert r["usage"]["completion_tokens"] == 4
+
+
+def test_text_completion_echo_and_token_prompt(api) -> None:  # noqa: ANN001
+    url, h = api.base_url + "/v1/completions", headers(api)
+    r = httpx.post(url, json={"model": api.model, "prompt": "Once upon a time", "max_tokens": 3, "echo": True,
+                              "temperature": 0, "ignore_eos": True}, headers=h, timeout=120).json()
+    assert r["object"] == "text_completion"
+    assert r["choices"][0]["text"].startswith("Once upon a time")
+    ids = httpx.post(url, json={"model": api.model, "prompt": [1, 2, 3, 4], "max_tokens": 2, "ignore_eos": True},
+                     headers=h, timeout=120).json()
+    assert ids["usage"]["prompt_tokens"] == 4 and ids["usage"]["completion_tokens"] == 2
+
+
+def test_client_disconnect_aborts_the_engine_request(api, api_engine) -> None:  # noqa: ANN001
+    body = chat_body(api, "Count from one to one thousand.", stream=True, max_tokens=400, ignore_eos=True)
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", json=body, headers=headers(api),
+                      timeout=120) as resp:
+        request_id = resp.headers["x-request-id"]
+        seen = 0
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                seen += 1
+            if seen >= 3:
+                break  # leave mid-stream: the connection is closed on exiting the block
+    deadline = time.monotonic() + 30
+    rows = []
+    while time.monotonic() < deadline:
+        rows = api.usage_rows(request_id)
+        if rows:
+            break
+        time.sleep(0.1)
+    assert rows, "no usage row for the aborted stream"
+    assert rows[0].status == "aborted"
+    assert rows[0].completion_tokens < 400
+    # the engine dropped the request: nothing of it is left in the engine
+    while time.monotonic() < deadline and request_id in api_engine.engine.requests:
+        time.sleep(0.05)
+    assert request_id not in api_engine.engine.requests
+
+
+def test_non_streaming_disconnect_aborts_too(api, api_engine) -> None:  # noqa: ANN001
+    body = chat_body(api, "Count from one to one thousand.", max_tokens=400, ignore_eos=True)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(api.base_url + "/v1/chat/completions", json=body, headers=headers(api), timeout=1.5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (api_engine.engine.has_unfinished_requests()):
+        time.sleep(0.05)
+    assert not api_engine.engine.has_unfinished_requests()
+    rows = [r for r in api.usage_rows() if r.status == "aborted" and r.endpoint == "chat.completions"]
+    assert any(r.completion_tokens < 400 for r in rows)

@@ -1,0 +1,81 @@
+"""POST /v1/embeddings with the bundled all-MiniLM-L6-v2, through the official openai client
+(which asks for base64 by default) and raw httpx (floats), plus the embedder's batching."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_embeddings_through_openai_client(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    raw = client.embeddings.with_raw_response.create(model="all-MiniLM-L6-v2",
+                                                     input=["How do I reset my password?",
+                                                            "How can I change my password?",
+                                                            "The cat sat on the mat."])
+    result = raw.parse()
+    vectors = np.array([d.embedding for d in result.data], dtype=np.float32)
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.2  # paraphrases are closer
+    assert result.usage.prompt_tokens == result.usage.total_tokens > 3 * 2
+    assert raw.headers["x-request-id"].startswith("req_")
+    rows = api.usage_rows(raw.headers["x-request-id"])
+    assert len(rows) == 1 and rows[0].endpoint == "embeddings" and rows[0].prompt_tokens == result.usage.prompt_tokens
+
+
+def test_float_base64_and_dimensions(api) -> None:  # noqa: ANN001
+    url, h = api.base_url + "/v1/embeddings", {"authorization": f"Bearer {api.key}"}
+    floats = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": "hello world", "encoding_format": "float"},
+                        headers=h, timeout=60).json()
+    b64 = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": "hello world", "encoding_format": "base64"},
+                     headers=h, timeout=60).json()
+    import base64
+
+    decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(decoded, np.array(floats["data"][0]["embedding"], dtype=np.float32), atol=1e-6)
+    short = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": ["hello world"], "dimensions": 64},
+                       headers=h, timeout=60).json()
+    assert len(short["data"][0]["embedding"]) == 64
+    assert abs(np.linalg.norm(short["data"][0]["embedding"]) - 1.0) < 1e-4
+    too_many = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": "x", "dimensions": 1024}, headers=h,
+                          timeout=60)
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "dimensions"
+    for bad in ({"model": "all-MiniLM-L6-v2", "input": 12}, {"model": "all-MiniLM-L6-v2", "input": []},
+                {"model": "all-MiniLM-L6-v2", "input": ""}, {"model": "all-MiniLM-L6-v2", "input": "x",
+                                                               "encoding_format": "int8"}):
+        resp = httpx.post(url, json=bad, headers=h, timeout=60)
+        assert resp.status_code == 400, (bad, resp.text)
+    with pytest.raises(openai.NotFoundError):
+        api.openai().embeddings.create(model="text-embedding-3-small", input="x")
+
+
+def test_concurrent_calls_are_batched(api) -> None:  # noqa: ANN001
+    """Concurrent aembed calls share forward passes and each gets its own rows back."""
+    embedder = api.loop.run(api.app.state.pagegate.get_embedder())
+    texts = [f"sentence number {i}" for i in range(12)]
+    expected = embedder.embed(texts)
+    calls = []
+
+    async def run() -> list:
+        original = embedder.embed
+
+        def counting(batch: list[str]):  # noqa: ANN202
+            calls.append(len(batch))
+            return original(batch)
+
+        embedder.embed = counting
+        try:
+            return await asyncio.gather(*(embedder.aembed([t]) for t in texts))
+        finally:
+            embedder.embed = original
+
+    results = api.loop.run(run())
+    assert np.allclose(np.vstack(results), expected, atol=1e-5)
+    assert sum(calls) == 12 and len(calls) < 12

@@ -1,0 +1,148 @@
+"""Request validation and error shapes over HTTP (httpx against the live gateway): bad input is a
+400 OpenAI error naming the field, never a 500; every response carries x-request-id."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow  # the session's gateway holds the real engine
+
+
+def post(api, path: str, body=None, *, key: str | None = None, content: bytes | None = None,  # noqa: ANN001
+         headers: dict | None = None) -> httpx.Response:
+    h = {"authorization": f"Bearer {key or api.key}", **(headers or {})}
+    if content is not None:
+        return httpx.post(api.base_url + path, content=content, headers=h, timeout=60)
+    return httpx.post(api.base_url + path, json=body, headers=h, timeout=60)
+
+
+def chat(api, **fields) -> dict:  # noqa: ANN001
+    body = {"model": api.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    body.update(fields)
+    return body
+
+
+def assert_error(resp: httpx.Response, status: int, *, param: str | None = "<any>", code: str | None = "<any>") -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.headers["x-request-id"].startswith("req_")
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and "Traceback" not in err["message"]
+    if param != "<any>":
+        assert err["param"] == param, err
+    if code != "<any>":
+        assert err["code"] == code, err
+    return err
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": "5"}, "max_tokens"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens"),
+    ({"n": 0}, "n"),
+    ({"n": 1.5}, "n"),
+    ({"stream": "yes"}, "stream"),
+    ({"stop": 3}, "stop"),
+    ({"seed": "x"}, "seed"),
+    ({"top_k": "4"}, "top_k"),
+    ({"min_tokens": -2}, "min_tokens"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"stop_token_ids": ["a"]}, "stop_token_ids[0]"),
+    ({"ignore_eos": "no"}, "ignore_eos"),
+    ({"stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0].type"),
+    ({"messages": "hello"}, "messages"),
+    ({"model": 7}, "model"),
+])
+def test_wrong_fields_are_400_with_param(api, fields, param) -> None:  # noqa: ANN001
+    assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param)
+
+
+def test_missing_field_and_bad_json(api) -> None:  # noqa: ANN001
+    body = chat(api)
+    del body["messages"]
+    err = assert_error(post(api, "/v1/chat/completions", body), 400, param="messages",
+                       code="missing_required_parameter")
+    assert "messages" in err["message"]
+    assert_error(post(api, "/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"}),
+                 400, code="invalid_json")
+    assert_error(post(api, "/v1/chat/completions", content=b"[1, 2]", headers={"content-type": "application/json"}),
+                 400, param=None)
+
+
+def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
+    assert_error(post(api, "/v1/chat/completions", chat(api, tools=[{"type": "function", "function": {"name": "f"}}])),
+                 400, param="tools")
+    assert_error(post(api, "/v1/chat/completions", chat(api, logprobs=True)), 400, param="logprobs")
+    assert_error(post(api, "/v1/chat/completions", chat(api, response_format={"type": "json_object"})),
+                 400, param="response_format.type")
+    body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1}
+    assert_error(post(api, "/v1/completions", body), 400, param="prompt")
+    assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": [-1, 5]}), 400, param="prompt")
+    assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": ""}), 400, param="prompt")
+
+
+def test_context_length_exceeded(api) -> None:  # noqa: ANN001
+    long_text = "hello " * 3000  # > 2048 tokens (the test engine's max_model_len)
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": "user", "content": long_text}])),
+                       400, param="messages", code="context_length_exceeded")
+    assert "maximum context length is 2048" in err["message"]
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, max_tokens=5000)), 400, param="messages",
+                       code="context_length_exceeded")
+    assert "5000 in the completion" in err["message"]
+
+
+def test_auth_and_model_errors(api) -> None:  # noqa: ANN001
+    resp = httpx.post(api.base_url + "/v1/chat/completions", json=chat(api), timeout=30)
+    assert_error(resp, 401, code="invalid_api_key")
+    assert_error(post(api, "/v1/chat/completions", chat(api), key="pg-" + "x" * 43), 401, code="invalid_api_key")
+    assert_error(post(api, "/v1/chat/completions", chat(api, model="gpt-17")), 404, param="model",
+                 code="model_not_found")
+    _tid, key = api.make_tenant(allowed_models=["some-other-model"])
+    err = assert_error(post(api, "/v1/chat/completions", chat(api), key=key), 403)
+    assert api.model in err["message"]
+    assert_error(httpx.get(api.base_url + "/v1/nowhere", timeout=30), 404)
+    assert_error(httpx.delete(api.base_url + "/v1/models", timeout=30), 405)
+
+
+def test_unknown_fields_are_ignored_and_headers_present(api) -> None:  # noqa: ANN001
+    resp = post(api, "/v1/chat/completions", chat(api, frobnicate={"a": 1}, logit_bias={"1": 2},
+                                                  parallel_tool_calls=False, metadata={"x": "y"}))
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-request-id"].startswith("req_")
+    for name in ("requests", "tokens"):
+        for part in ("limit", "remaining", "reset"):
+            assert f"x-ratelimit-{part}-{name}" in resp.headers
+    assert resp.json()["object"] == "chat.completion"
+
+
+def test_models_endpoints(api) -> None:  # noqa: ANN001
+    h = {"authorization": f"Bearer {api.key}"}
+    listing = httpx.get(api.base_url + "/v1/models", headers=h, timeout=30).json()
+    ids = [m["id"] for m in listing["data"]]
+    assert listing["object"] == "list" and api.model in ids and "all-MiniLM-L6-v2" in ids
+    card = httpx.get(f"{api.base_url}/v1/models/{api.model}", headers=h, timeout=30).json()
+    assert card["id"] == api.model and card["object"] == "model" and card["max_model_len"] == 2048
+    assert_error(httpx.get(api.base_url + "/v1/models/nope", headers=h, timeout=30), 404, code="model_not_found")
+    _tid, key = api.make_tenant(allowed_models=["all-MiniLM-L6-v2"])
+    limited = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30).json()
+    assert [m["id"] for m in limited["data"]] == ["all-MiniLM-L6-v2"]
+
+
+def test_health_and_metrics(api) -> None:  # noqa: ANN001
+    health = httpx.get(api.base_url + "/health", timeout=30)
+    assert health.status_code == 200 and health.headers["x-request-id"]
+    body = health.json()
+    assert body["status"] == "ok" and body["model"] == api.model
+    assert body["engine"]["kv_blocks_total"] == 512
+    metrics = httpx.get(api.base_url + "/metrics", timeout=30).json()
+    assert metrics["uptime_s"] >= 0 and "prefix_hit_rate" in metrics["engine"]

@@ -1,0 +1,120 @@
+"""The semantic cache wired into the chat route, end to end over HTTP with the real engine:
+miss → stored → hit replayed as JSON and as SSE, x-cache headers, Cache-Control, usage rows with
+the cache outcome and saved cost, and streams that never finished are never stored."""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+
+import httpx
+import pytest
+
+from gateway import tenancy
+
+pytestmark = pytest.mark.slow
+
+
+def _h(key: str, **extra: str) -> dict:
+    return {"authorization": f"Bearer {key}", **extra}
+
+
+def _body(api, question: str, **fields) -> dict:  # noqa: ANN001
+    body = {"model": api.model, "temperature": 0, "max_tokens": 6,
+            "messages": [{"role": "user", "content": question}]}
+    body.update(fields)
+    return body
+
+
+def _post(api, key: str, body: dict, **headers: str) -> httpx.Response:  # noqa: ANN001
+    return httpx.post(api.base_url + "/v1/chat/completions", json=body, headers=_h(key, **headers), timeout=120)
+
+
+def _sse(resp: httpx.Response) -> list:
+    out = []
+    for line in resp.iter_lines():
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_miss_then_hit_json_and_sse(api_cached) -> None:  # noqa: ANN001
+    api = api_cached
+
+    async def price() -> None:
+        async with api.services.db.sessionmaker() as session:
+            await tenancy.set_price(session, model=api.model, prompt_usd_per_1m="100", completion_usd_per_1m="300")
+            await session.commit()
+        api.services.prices.invalidate()
+
+    api.loop.run(price())
+    _tid, key = api.make_tenant()
+    question = f"What is the capital of France? ({time.time_ns()})"
+    first = _post(api, key, _body(api, question))
+    assert first.status_code == 200 and first.headers["x-cache"] == "miss"
+    answer = first.json()["choices"][0]["message"]["content"]
+
+    hit = _post(api, key, _body(api, question))
+    assert hit.status_code == 200
+    assert hit.headers["x-cache"] == "hit" and float(hit.headers["x-cache-similarity"]) == pytest.approx(1.0)
+    assert hit.json()["choices"][0]["message"]["content"] == answer
+    assert hit.json()["id"] != first.json()["id"]
+    assert hit.json()["usage"]["completion_tokens"] == first.json()["usage"]["completion_tokens"]
+
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", headers=_h(key), timeout=120,
+                      json=_body(api, question, stream=True, stream_options={"include_usage": True})) as resp:
+        assert resp.headers["x-cache"] == "hit" and resp.headers["content-type"].startswith("text/event-stream")
+        events = _sse(resp)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == answer
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+
+    miss_row = api.usage_rows(first.headers["x-request-id"])[0]
+    hit_row = api.usage_rows(hit.headers["x-request-id"])[0]
+    assert miss_row.cache == "miss" and Decimal(miss_row.cost_usd) > 0 and Decimal(miss_row.saved_usd) == 0
+    assert hit_row.cache == "hit" and Decimal(hit_row.cost_usd) == 0
+    assert Decimal(hit_row.saved_usd) == Decimal(miss_row.cost_usd)  # same tokens, same prices
+
+
+def test_cache_control_and_streamed_misses(api_cached) -> None:  # noqa: ANN001
+    api = api_cached
+    _tid, key = api.make_tenant()
+    question = f"Name a primary colour. ({time.time_ns()})"
+    # no-store: answered by the engine and not kept
+    assert _post(api, key, _body(api, question), **{"cache-control": "no-store"}).headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question), **{"cache-control": "no-cache"}).headers["x-cache"] == "bypass"
+    # a streamed miss that completes is stored, and served to a JSON request afterwards
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", headers=_h(key), timeout=120,
+                      json=_body(api, question, stream=True)) as resp:
+        assert resp.headers["x-cache"] == "miss"
+        streamed = "".join(c["choices"][0]["delta"].get("content") or ""
+                           for c in _sse(resp)[:-1] if c["choices"])
+    again = _post(api, key, _body(api, question))
+    assert again.headers["x-cache"] == "hit"
+    assert again.json()["choices"][0]["message"]["content"] == streamed
+    # non-deterministic requests are not cached
+    assert _post(api, key, _body(api, question, temperature=0.9)).headers["x-cache"] == "bypass"
+
+
+def test_aborted_stream_is_not_stored_and_tenants_are_isolated(api_cached) -> None:  # noqa: ANN001
+    api = api_cached
+    _a, key_a = api.make_tenant()
+    _b, key_b = api.make_tenant()
+    body = _body(api, f"Count slowly to one hundred. ({time.time_ns()})", max_tokens=40, ignore_eos=True)
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", headers=_h(key_a), timeout=120,
+                      json=dict(body, stream=True)) as resp:
+        assert resp.headers["x-cache"] == "miss"
+        for i, _line in enumerate(resp.iter_lines()):
+            if i >= 2:
+                break  # leave before the end: this partial answer must never be stored
+    time.sleep(0.3)
+    assert _post(api, key_a, body).headers["x-cache"] == "miss"
+    # tenant B never sees tenant A's entry, even for the identical request
+    short = _body(api, f"Say yes. ({time.time_ns()})", max_tokens=2)
+    assert _post(api, key_a, short).headers["x-cache"] == "miss"
+    assert _post(api, key_b, short).headers["x-cache"] == "miss"
+    assert _post(api, key_a, short).headers["x-cache"] == "hit"

@@ -1,0 +1,77 @@
+"""`pagegate generate`: flags over settings, clear errors, and (slow) the real model streamed
+through the CLI equals HF transformers' greedy output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import build_parser
+from gateway.generate_cmd import engine_config_from_args, sampling_params_from_args
+from gateway.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+WEIGHTS_CACHE = REPO / "data" / "weights"  # shared with the engine's slow tests and `make run`
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), PAGEGATE_DEVICE="cpu",
+               PAGEGATE_KV_CACHE_MEMORY_GB="0.05", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "generate", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_flags_override_settings() -> None:
+    args = build_parser().parse_args(
+        ["generate", "hi", "--model", "/models/x", "--dtype", "bfloat16", "--max-tokens", "7",
+         "--temperature", "0", "--top-p", "0.5", "--seed", "3", "--stop", "\n"]
+    )
+    cfg = engine_config_from_args(args, Settings(device="cpu", block_size=32))
+    assert (cfg.model, cfg.dtype, cfg.device, cfg.block_size) == ("/models/x", "bfloat16", "cpu", 32)
+    params = sampling_params_from_args(args)
+    assert (params.max_tokens, params.greedy, params.top_p, params.seed, params.stop) == (7, True, 0.5, 3, ["\n"])
+    unchanged = engine_config_from_args(build_parser().parse_args(["generate", "hi"]), Settings(dtype="float32"))
+    assert unchanged.dtype == "float32" and unchanged.model == "smollm2-135m-instruct"
+
+
+def test_unknown_model_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    res = _cli("hello", "--model", str(tmp_path / "nope"), "--max-tokens", "4", timeout=300)
+    assert res.returncode == 2
+    assert "error: unknown model" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_bad_sampling_flag_is_a_clear_error(capsys) -> None:
+    args = build_parser().parse_args(["generate", "hi", "--top-p", "0"])
+    assert args.func(args) == 2
+    assert "top_p" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_streams_the_greedy_completion() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.weights import BUNDLED_MODEL_ID, resolve_model_dir
+
+    system, question, n = "You are a poet.", "Write a long poem about the sea.", 12
+    res = _cli(question, "--system", system, "--max-tokens", str(n), "--temperature", "0")
+    assert res.returncode == 0, res.stderr
+    assert f"{n} completion tokens, finish=length" in res.stderr
+
+    model_dir = resolve_model_dir(BUNDLED_MODEL_ID, WEIGHTS_CACHE)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    ids = tok.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        add_generation_prompt=True, return_tensors="pt", return_dict=True,
+    )["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                             pad_token_id=tok.eos_token_id)
+    expected = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert res.stdout == expected + "\n"

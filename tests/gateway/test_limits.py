@@ -1,0 +1,92 @@
+"""Request-rate limits (moving window on Redis) per key and per tenant."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import ApiError
+from gateway.limits import RequestLimiter, format_reset
+
+
+def test_format_reset():
+    assert format_reset(0.25) == "250ms"
+    assert format_reset(12.1) == "13s"
+    assert format_reset(65) == "1m5s"
+
+
+async def test_key_rpm_enforced_with_headers(tenancy, make_tenant):
+    _, key, _ = await make_tenant(rpm=100, key_rpm=3)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    remaining = []
+    for _ in range(3):
+        h = await tenancy.limiter.check_request(p)
+        assert h["x-ratelimit-limit-requests"] == "3"
+        remaining.append(int(h["x-ratelimit-remaining-requests"]))
+        assert h["x-ratelimit-reset-requests"].endswith("s")
+    assert remaining == [2, 1, 0]
+    with pytest.raises(ApiError) as e:
+        await tenancy.limiter.check_request(p)
+    err = e.value
+    assert err.status == 429 and err.code == "rate_limit_exceeded"
+    assert 1 <= int(err.headers["retry-after"]) <= 60 and int(err.headers["retry-after-ms"]) > 0
+    assert err.headers["x-ratelimit-remaining-requests"] == "0"
+    assert "API key" in err.message
+
+
+async def test_tenant_rpm_spans_keys_and_limiter_instances(tenancy, make_tenant):
+    """Two keys of one tenant, two limiter instances (as two processes): the tenant's 4 rpm hold."""
+    from gateway import tenancy as svc
+
+    tenant, key1, _ = await make_tenant(rpm=4)
+    async with tenancy.db.sessionmaker() as s:
+        _, new = await svc.create_api_key(s, tenant_id=tenant.id, rpm=10)
+        await s.commit()
+    p1 = await tenancy.auth.authenticate(f"Bearer {key1}")
+    p2 = await tenancy.auth.authenticate(f"Bearer {new.key}")
+    other = RequestLimiter(tenancy.redis, tenancy.settings.redis_url, prefix=tenancy.settings.redis_prefix)
+    accepted = refused = 0
+    for i in range(8):
+        limiter, p = (tenancy.limiter, p1) if i % 2 else (other, p2)
+        try:
+            await limiter.check_request(p)
+            accepted += 1
+        except ApiError as e:
+            assert e.status == 429
+            refused += 1
+    assert (accepted, refused) == (4, 4)
+
+
+async def test_zero_means_unlimited(tenancy, make_tenant):
+    _, key, _ = await make_tenant(rpm=0)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    for _ in range(20):
+        assert await tenancy.limiter.check_request(p) == {}
+
+
+async def test_limits_are_isolated_by_prefix(tenancy, make_tenant):
+    _, key, _ = await make_tenant(rpm=1)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    await tenancy.limiter.check_request(p)
+    elsewhere = RequestLimiter(tenancy.redis, tenancy.settings.redis_url, prefix=tenancy.settings.redis_prefix + "x:")
+    try:
+        await elsewhere.check_request(p)  # another deployment's window: not exhausted
+    finally:
+        await elsewhere.reset(p)
+    keys = [k async for k in tenancy.redis.scan_iter(match=tenancy.settings.redis_prefix + "rl*")]
+    assert keys
+
+
+async def test_windows_are_limits_moving_windows(tenancy, make_tenant):
+    """The windows keep the `limits` package's layout: its own strategy reads the same counts."""
+    from limits import RateLimitItemPerMinute
+
+    _, key, _ = await make_tenant(rpm=50, key_rpm=5)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    for _ in range(3):
+        await tenancy.limiter.check_request(p)
+    strategy = tenancy.limiter._strategy  # limits.aio.strategies.MovingWindowRateLimiter
+    stats = await strategy.get_window_stats(RateLimitItemPerMinute(5), "k", str(p.key_id))
+    assert stats.remaining == 2
+    assert await strategy.hit(RateLimitItemPerMinute(5), "k", str(p.key_id))  # limits' own hit counts too
+    h = await tenancy.limiter.check_request(p)
+    assert h["x-ratelimit-remaining-requests"] == "0"

@@ -1,0 +1,173 @@
+"""Quota reservations on Redis (Lua), reconciled with real counts, rebuilt from the database."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from gateway import tenancy as svc
+from gateway.errors import ApiError
+from gateway.quota import QuotaLedger, period_bounds
+from gateway.usage import UsageEvent
+
+
+async def _principal(tenancy, make_tenant, **kw):
+    _, key, _ = await make_tenant(**kw)
+    return await tenancy.auth.authenticate(f"Bearer {key}")
+
+
+def test_period_bounds():
+    now = datetime(2026, 12, 31, 23, 59, tzinfo=UTC)
+    assert period_bounds("day", now) == ("d20261231", datetime(2026, 12, 31, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+    assert period_bounds("month", now)[0::2] == ("m202612", datetime(2027, 1, 1, tzinfo=UTC))
+
+
+async def test_50_concurrent_reservations_never_exceed_budget(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=10 * 30, tpm=0)
+    # a second ledger instance (as another process) takes half of the requests
+    other = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+
+    async def one(i):
+        ledger = other if i % 2 else tenancy.quota
+        try:
+            return await ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=20)
+        except ApiError as e:
+            assert e.status == 429 and e.code == "insufficient_quota"
+            assert int(e.headers["retry-after"]) >= 1
+            return None
+
+    results = await asyncio.gather(*(one(i) for i in range(50)))
+    accepted = [r for r in results if r is not None]
+    assert len(accepted) == 10
+    assert sum(r.reserved_tokens for r in accepted) <= p.budget_tokens
+    assert all(r.max_tokens == 20 for r in accepted)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 300
+    # every request finishes with 5 completion tokens: the reservations are reconciled
+    settled = await asyncio.gather(*(tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=5)
+                                     for r in accepted))
+    assert all(settled)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 10 * 15
+    assert await tenancy.quota.open_reservations(p.tenant_id) == 0
+
+
+async def test_max_tokens_is_clamped_to_the_remaining_budget(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=500)
+    assert r.max_tokens == 90 and r.clamped and r.reserved_tokens == 100
+    with pytest.raises(ApiError) as e:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
+    assert e.value.code == "insufficient_quota" and "100 of 100 tokens" in e.value.message
+    await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=40)  # gives 50 back
+    r2 = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=500)
+    assert r2.max_tokens == 40
+    # a prompt that alone does not fit is refused, not clamped
+    await tenancy.quota.release(r2)
+    with pytest.raises(ApiError):
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=50, max_tokens=10)
+
+
+async def test_money_budget_clamps_at_model_prices(tenancy, make_tenant):
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="priced", prompt_usd_per_1m=1, completion_usd_per_1m=2)
+        await s.commit()
+    tenancy.prices.invalidate()
+    # $0.0003 = 300 prompt tokens' worth; prompt 100 costs $0.0001, leaves $0.0002 = 100 completion tokens
+    p = await _principal(tenancy, make_tenant, budget_usd="0.0003", tpm=0)
+    r = await tenancy.quota.reserve(p, model="priced", prompt_tokens=100, max_tokens=1000)
+    assert r.max_tokens == 100 and r.reserved_usd == Decimal("0.0003")
+    with pytest.raises(ApiError) as e:
+        await tenancy.quota.reserve(p, model="priced", prompt_tokens=1, max_tokens=1)
+    assert e.value.code == "insufficient_quota"
+    await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=25)
+    tok, usd = await tenancy.quota.usage(p.tenant_id)
+    assert (tok, usd) == (125, Decimal("0.00015"))
+    assert await tenancy.prices.cost("priced", 100, 25) == Decimal("0.00015")
+    assert await tenancy.prices.cost("unpriced", 100, 25) == 0
+
+
+async def test_settle_is_idempotent_across_instances(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+    assert await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=20) is True
+    assert await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=20) is False
+    copy = type(r)(**{f: getattr(r, f) for f in r.__slots__})
+    copy.settled = False  # another process holding the same reservation id
+    other = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    assert await other.settle(copy, prompt_tokens=10, completion_tokens=20) is False
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 30
+
+
+async def test_tpm_limit_is_atomic_and_reports_token_headers(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, tpm=100)
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=30, max_tokens=50)
+    assert r.headers["x-ratelimit-limit-tokens"] == "100"
+    assert r.headers["x-ratelimit-remaining-tokens"] == "20"
+    assert r.headers["x-ratelimit-reset-tokens"].endswith("s")
+    r2 = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=50)  # clamped by TPM
+    assert r2.max_tokens == 10
+    with pytest.raises(ApiError) as e:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
+    assert e.value.code == "rate_limit_exceeded" and e.value.headers["x-ratelimit-remaining-tokens"] == "0"
+    await tenancy.quota.settle(r, prompt_tokens=30, completion_tokens=0)  # frees 50 tokens of the window
+    r3 = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=100)
+    assert r3.max_tokens == 40
+
+
+async def _usage_row(tenancy, p, *, prompt, completion, cost="0", cache="miss"):
+    tenancy.usage.record(UsageEvent(request_id=uuid.uuid4().hex, tenant_id=p.tenant_id, api_key_id=p.key_id,
+                                    model="m", status="ok", prompt_tokens=prompt, completion_tokens=completion,
+                                    cost_usd=Decimal(cost), cache=cache))
+
+
+async def test_counter_lost_in_redis_is_rebuilt_from_usage_rows(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, budget_usd="1", tpm=0)
+    await _usage_row(tenancy, p, prompt=100, completion=200, cost="0.25")
+    await _usage_row(tenancy, p, prompt=50, completion=50, cost="0.05")
+    await _usage_row(tenancy, p, prompt=500, completion=500, cost="0", cache="hit")  # served from cache: free
+    assert await tenancy.usage.flush()
+    # a reservation open while Redis forgets the counter (e.g. Redis restarted)
+    open_res = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    await tenancy.quota.forget(p.tenant_id)
+    assert await tenancy.quota.usage(p.tenant_id) is None
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=100, max_tokens=1000)
+    assert r.max_tokens == 1000 - 400 - 100  # 400 tokens already used per the database
+    tok, usd = await tenancy.quota.usage(p.tenant_id)
+    assert (tok, usd) == (1000, Decimal("0.3"))
+    # settling the reservation made before the rebuild adds its real counts (it was not in the DB)
+    await tenancy.quota.settle(open_res, prompt_tokens=10, completion_tokens=5)
+    await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=100)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 400 + 15 + 200
+
+
+async def test_no_budget_means_no_quota_but_still_counted(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, tpm=0)
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=4096)
+    assert r.max_tokens == 4096 and r.headers == {}
+    await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=3)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 13
+
+
+async def test_keys_share_the_tenant_hash_tag(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=1000)
+    await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
+    keys = [k.decode() async for k in tenancy.redis.scan_iter(match=f"{tenancy.settings.redis_prefix}*")]
+    quota_keys = [k for k in keys if ":rl:" not in k and "auth:" not in k]
+    assert len(quota_keys) == 4  # period counter, TPM bucket, open reservations + their deadlines
+    assert all(k.startswith(f"{tenancy.settings.redis_prefix}{{t:{p.tenant_id}}}:") for k in quota_keys)
+
+
+async def test_unsettled_reservation_of_a_crashed_gateway_is_refunded(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
+    crashed = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices,
+                          prefix=tenancy.settings.redis_prefix, reservation_ttl_s=1)
+    await crashed.reserve(p, model="m", prompt_tokens=10, max_tokens=90)  # never settled
+    with pytest.raises(ApiError):
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    await asyncio.sleep(2.1)
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+    assert r.max_tokens == 90  # the stale reservation was refunded
+    assert await tenancy.quota.open_reservations(p.tenant_id) == 1
