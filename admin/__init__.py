@@ -3,6 +3,7 @@ and ``pagegate admin …`` CLI commands (``admin.cli``)."""
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,9 @@ def build_admin_router(settings: Settings, *, database: Database | None = None,
     from admin.dashboard import build_dashboard_router
 
     ctx = AdminContext(settings, database=database, redis=redis)
+    if settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default:
+        logging.getLogger("pagegate.admin").warning(
+            "PAGEGATE_ADMIN_JWT_SECRET is the built-in default: anyone can mint admin tokens; set your own")
 
     @asynccontextmanager
     async def lifespan(_app):

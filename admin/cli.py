@@ -9,6 +9,8 @@ import asyncio
 import sys
 from decimal import Decimal, InvalidOperation
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from admin import cli_commands as cmd
 from admin.management import Conflict, NotFound
 from gateway.settings import Settings
@@ -136,11 +138,18 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     except (NotFound, Conflict, TenancyError, ValueError) as exc:
         cmd.note(f"error: {exc}")
         return 1
+    except (OSError, SQLAlchemyError) as exc:
+        cmd.note(f"error: cannot use the database at {settings.database_url}: {exc}")
+        return 1
 
 
 async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
     async with cmd.management(settings) as ops:
-        return await args.run(ops, args)
+        code = await args.run(ops, args)
+        if ops.invalidation_failed:
+            cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "
+                     "cache expires (key_cache_ttl_s)")
+        return code
 
 
 def main(argv: list[str] | None = None) -> int:

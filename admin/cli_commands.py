@@ -194,6 +194,8 @@ async def audit(ops: Management, args: argparse.Namespace) -> int:
 
 def token(settings: Settings, args: argparse.Namespace) -> int:
     scopes = [s for raw in (args.scope or list(ALL_SCOPES)) for s in raw.replace(",", " ").split()]
+    if settings.admin_jwt_secret == Settings.model_fields["admin_jwt_secret"].default:
+        note("warning: PAGEGATE_ADMIN_JWT_SECRET is the built-in default; set your own secret in production")
     print(mint_token(settings, subject=args.sub, scopes=scopes, ttl_s=args.ttl))
     return 0
 

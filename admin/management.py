@@ -8,11 +8,13 @@ disabled or its limits changed), so no gateway re-reads the old state after the 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -21,6 +23,8 @@ from admin.reports import CACHE_HIT_VALUES
 from gateway import tenancy
 from gateway.db.models import ApiKey, ModelPrice, Tenant, UsageRecord
 from gateway.keys import NewKey
+
+log = logging.getLogger("pagegate.admin")
 
 TENANT_FIELDS = ("rpm", "tpm", "budget_tokens", "budget_usd", "period", "enabled", "cache_enabled",
                  "cache_threshold", "cache_ttl_s", "cache_max_entries")
@@ -71,6 +75,7 @@ class Management:
     actor: str
     redis: Redis | None = None
     redis_prefix: str = "pg:"
+    invalidation_failed: bool = False
 
     # --- reads ---------------------------------------------------------------------------------
     async def tenant(self, name: str) -> Tenant:
@@ -207,9 +212,17 @@ class Management:
         return row
 
     async def _invalidate(self, *, key_hash: str | None = None, tenant_id: int | None = None) -> None:
-        if self.redis is not None:
+        """Push the change to running gateways. The change is already committed: if Redis is down
+        it is not undone; gateways then see it when their key cache expires (``key_cache_ttl_s``)."""
+        if self.redis is None:
+            return
+        try:
             await tenancy.publish_invalidation(self.redis, self.redis_prefix, key_hash=key_hash,
                                                tenant_id=tenant_id)
+        except RedisError as exc:
+            self.invalidation_failed = True
+            log.warning("change saved but the Redis invalidation failed (%s); gateways pick it up when "
+                        "their key cache expires", exc)
 
 
 def _only(fields: dict, allowed: tuple[str, ...]) -> None:

@@ -66,7 +66,15 @@ ANTONYM_PAIRS = [
     ("import", "export"), ("client", "server"), ("frontend", "backend"), ("source", "target"),
     ("horizontal", "vertical"), ("row", "column"), ("rows", "columns"), ("width", "height"),
     ("top", "bottom"), ("front", "back"), ("inbound", "outbound"), ("incoming", "outgoing"),
+    ("good", "bad"), ("healthy", "unhealthy"), ("right", "wrong"), ("happy", "sad"), ("clean", "dirty"),
+    ("full", "empty"), ("early", "late"), ("cheapest", "most expensive"), ("near", "far"),
+    ("increase", "lower"), ("rise", "fall"), ("gain", "loss"), ("import", "export"), ("wet", "dry"),
+    ("thick", "thin"), ("soft", "hard"), ("loud", "quiet"), ("hard", "easy"), ("true", "untrue"),
+    ("benefit", "risk"), ("pro", "con"), ("legal", "banned"), ("like", "hate"), ("keep", "discard"),
 ]
+# Verbs that negate what follows: "foods to avoid" asks the opposite of "foods to eat".
+NEGATING_VERBS = frozenset("""avoid avoiding avoided prevent preventing stop stopping refrain skip
+    forbid forbidden prohibit prohibited ban banned""".split())
 
 # Prefixes that flip meaning: "install" vs "uninstall", "able" vs "unable".
 NEGATING_PREFIXES = ("un", "dis", "de", "non", "in", "im", "ir", "il", "anti", "mis")
@@ -153,6 +161,9 @@ UNITS = {
     "radian": "radian radians rad".split(),
 }
 UNIT_OF = {w: canon for canon, words in UNITS.items() for w in words}
+# Units that are everyday words too ("a cup of tea", "per day"): they count only after a number.
+WEAK_UNITS = frozenset("""cup cups day days week weeks month months year years hour hours minute
+    minutes second seconds degree degrees bit bits byte bytes bar""".split())
 
 # Tasks that transform given content: a different one asks for a different answer.
 TASKS = {
@@ -201,9 +212,9 @@ ENTITY_CLASSES = {
         haskell c++ c# csharp cpp lua bash powershell sql r julia matlab elixir erlang clojure dart
         fortran cobol assembly html css""",
     "tech": """linux windows macos mac ios android ubuntu debian fedora centos docker kubernetes
-        react vue angular svelte django flask fastapi rails spring node nodejs npm pip conda git github
+        react vue angular svelte django flask fastapi rails node nodejs npm pip conda git github
         gitlab aws azure gcp postgres postgresql mysql sqlite mongodb redis kafka nginx apache chrome
-        firefox safari edge excel word powerpoint outlook gmail slack zoom teams iphone ipad pixel
+        firefox safari excel powerpoint outlook gmail iphone ipad
         samsung numpy pandas pytorch tensorflow""",
     "planet": "mercury venus earth mars jupiter saturn uranus neptune pluto moon sun",
     "color": "red blue green yellow orange purple pink black white gray grey brown",

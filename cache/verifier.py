@@ -4,7 +4,7 @@ Sentence embeddings score "enable 2FA" vs "disable 2FA" at ~0.9+, and swapped nu
 entities not far below: a cosine threshold alone serves wrong answers. A candidate passes
 only if every guard agrees the two questions ask the same thing:
 
-    negation   one is negated (not, never, without, n't) and the other is not
+    negation   one is negated (not, never, without, n't, avoid, prevent) and the other is not
     antonym    a word on one side has its antonym (or un-/dis-/de- form) on the other only
     number     the numbers (digits, number words, ordinals, dates) differ, in order
     unit       the quantities (number + unit: 10 miles, $5) or the other units named
@@ -33,7 +33,7 @@ _TOKEN = re.compile(
     r"|[$€£¥%°]"
 )
 _ORDINAL_SUFFIX = re.compile(r"^(\d+)(st|nd|rd|th)$")
-_AMBIGUOUS_UNITS = frozenset(w for w in lx.UNIT_OF if len(w) <= 2) | {"may", "second", "min"}
+_AMBIGUOUS_UNITS = frozenset(w for w in lx.UNIT_OF if len(w) <= 2) | {"may", "min"} | lx.WEAK_UNITS
 
 
 def stem(w: str) -> str:
@@ -57,7 +57,7 @@ def stem(w: str) -> str:
 
 _ANTONYMS: dict[str, set[str]] = {}
 for _a, _b in lx.ANTONYM_PAIRS:
-    if " " in _a:
+    if " " in _a or " " in _b:
         continue
     _ANTONYMS.setdefault(stem(_a), set()).add(stem(_b))
     _ANTONYMS.setdefault(stem(_b), set()).add(stem(_a))
@@ -97,7 +97,7 @@ def _num(s: str) -> str:
 class Verifier:
     """``check(query, candidate)`` -> Verdict. Thread-safe enough for asyncio (no awaits)."""
 
-    def __init__(self, vocab: Mapping[str, int] | None = None, *, rare_rank: int = 6000,
+    def __init__(self, vocab: Mapping[str, int] | None = None, *, rare_rank: int = 15000,
                  guards: frozenset[str] | None = None, memo_size: int = 8192) -> None:
         self._vocab = vocab or {}
         self._rare_rank = rare_rank
@@ -140,17 +140,25 @@ class Verifier:
         rare: set[str] = set()
         quantities: list[str] = []  # "10 mile": a number with the unit that follows it
         negated = False
-        prev_number = False
+        prev_number = prev_unit = False
         sentence_start = True
 
         def _unit(u: str) -> None:
-            if prev_number and numbers:
-                quantities.append(numbers[-1] + " " + u)
+            if prev_number and numbers:  # "10 miles", and "100 degrees fahrenheit" as one quantity
+                if prev_unit and quantities:
+                    quantities[-1] += " " + u
+                else:
+                    quantities.append(numbers[-1] + " " + u)
             else:
                 units.append(u)
         for tok in tokens:
+            tok = tok.strip("'")
+            if tok.endswith("'s"):  # possessive: "Australia's" is about Australia
+                tok = tok[:-2]
+            if not tok:
+                continue
             low = tok.lower()
-            is_number = False
+            is_number = is_unit = False
             currency = None
             if low[0] in "$€£¥" and len(low) > 1:
                 currency = lx.UNIT_OF[low[0]]
@@ -172,10 +180,12 @@ class Verifier:
                 prev_number = is_number = True
             elif low in lx.UNIT_OF and low[0] in "$€£¥%°":
                 _unit(lx.UNIT_OF[low])
+                is_number = prev_number  # a unit keeps the quantity open for the next unit
+                is_unit = True
             else:
                 st = stem(low)
                 words.add(st)
-                if low in lx.NEGATIONS or low.endswith("n't"):
+                if low in lx.NEGATIONS or low.endswith("n't") or low in lx.NEGATING_VERBS:
                     negated = True
                 elif low in lx.NUMBER_WORDS:
                     numbers.append(_num(str(lx.NUMBER_WORDS[low])))
@@ -186,6 +196,8 @@ class Verifier:
                     numbers.append(lx.MONTH_ABBR.get(low, low))
                 elif low in lx.UNIT_OF and (prev_number or low not in _AMBIGUOUS_UNITS):
                     _unit(lx.UNIT_OF[low])
+                    is_number = prev_number
+                    is_unit = True
                 else:
                     if st in _TASK or low in _TASK:
                         tasks.add(_TASK.get(st) or _TASK[low])
@@ -201,7 +213,7 @@ class Verifier:
                         content.add(st)
                         if self._is_rare(low):
                             rare.add(st)
-            prev_number = is_number
+            prev_number, prev_unit = is_number, is_unit
             sentence_start = False
         unit_key = (*sorted(quantities), "|", *sorted(units))
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),

@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import ApiKey, Tenant
-from gateway.errors import invalid_api_key, permission_denied
+from gateway.errors import ApiError, invalid_api_key, permission_denied
 from gateway.keys import hash_key, looks_like_key
 from gateway.settings import Settings
 from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
@@ -132,7 +132,14 @@ class Authenticator:
         now = time.monotonic()
         entry = self._cache.get(key_hash)
         if entry is None or entry.expires_at < now:
-            entry = await self._load(key_hash)
+            try:
+                entry = await self._load(key_hash)
+            except Exception as exc:
+                if entry is None:  # never seen and the database is unreachable
+                    log.warning("auth: cannot read keys from the database: %r", exc)
+                    raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
+                                   "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
+                # DB hiccup: keep serving what we knew (invalidations still drop entries at once)
         if entry.principal is None:
             raise invalid_api_key()
         if entry.disabled:

@@ -24,9 +24,10 @@ from limits import RateLimitItemPerMinute
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.auth import Principal
-from gateway.errors import rate_limited
+from gateway.errors import ApiError, rate_limited
 
 
 def format_reset(seconds: float) -> str:
@@ -43,6 +44,12 @@ def storage_uri(redis_url: str, *, asyncio_client: bool = True) -> str:
     if uri.startswith("unix://"):
         uri = "redis+unix://" + uri[len("unix://"):]
     return ("async+" + uri) if asyncio_client else uri
+
+
+def store_unavailable(what: str) -> ApiError:
+    """503 when Redis cannot be reached: limits and quotas fail closed, never open."""
+    return ApiError(503, f"The {what} store is unavailable; retry shortly.", "server_error",
+                    "store_unavailable", headers={"retry-after": "1"})
 
 
 @dataclass(slots=True)
@@ -71,8 +78,11 @@ class RequestLimiter:
 
     async def check_request(self, principal: Principal) -> dict[str, str]:
         wanted = [("k", principal.key_id, principal.rpm_limit), ("t", principal.tenant_id, principal.tenant_rpm)]
-        checks = await asyncio.gather(*(self._hit(kind, ident, limit)
-                                        for kind, ident, limit in wanted if limit > 0))
+        try:
+            checks = await asyncio.gather(*(self._hit(kind, ident, limit)
+                                            for kind, ident, limit in wanted if limit > 0))
+        except RedisError as exc:
+            raise store_unavailable("rate-limit") from exc
         if not checks:
             return {}
         refused = [c for c in checks if not c.allowed]

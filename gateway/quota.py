@@ -36,13 +36,14 @@ from decimal import Decimal
 from importlib import resources
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth import Principal
 from gateway.db.models import UsageRecord
 from gateway.errors import ApiError, insufficient_quota, rate_limited
-from gateway.limits import format_reset
+from gateway.limits import format_reset, store_unavailable
 from gateway.pricing import Price, PriceBook
 
 UNITS_PER_USD = Decimal(100_000_000)  # the MONEY column's scale: 1e-8 USD
@@ -125,7 +126,10 @@ class QuotaLedger:
     async def reserve(self, principal: Principal, *, model: str, prompt_tokens: int, max_tokens: int) -> Reservation:
         if prompt_tokens < 0 or max_tokens < 0:
             raise ValueError("token counts must be >= 0")
-        price = await self._prices.get(model)
+        try:
+            price = await self._prices.get(model)
+        except Exception as exc:  # prices never loaded and the database is unreachable
+            raise store_unavailable("price") from exc
         now = time.time()
         period_id, _, period_end = period_bounds(principal.budget_period, datetime.fromtimestamp(now, UTC))
         minute, frac = divmod(now / 60.0, 1.0)
@@ -142,10 +146,13 @@ class QuotaLedger:
             res_id, int(now), int(now) + self.reservation_ttl_s, 1 if max_tokens > 0 else 0,
             2 * self.reservation_ttl_s + 86400,
         ]
-        result = await self._reserve(keys=keys, args=args)
-        if result[0] == -1:
-            await self._rebuild(principal.tenant_id, principal.budget_period, keys[0], period_end)
+        try:
             result = await self._reserve(keys=keys, args=args)
+            if result[0] == -1:
+                await self._rebuild(principal.tenant_id, principal.budget_period, keys[0], period_end)
+                result = await self._reserve(keys=keys, args=args)
+        except RedisError as exc:
+            raise store_unavailable("quota") from exc
         code = int(result[0])
         tpm_reset = 60.0 * (1.0 - frac)
         if code == -2:

@@ -28,10 +28,11 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
+from sqlalchemy import bindparam, or_
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.db.models import UsageRecord
+from gateway.db.models import ApiKey, UsageRecord
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,10 @@ class UsageWriter:
                 rows = await asyncio.to_thread(_read_rows, path)
             except FileNotFoundError:
                 continue  # another process replayed it
+            except (ValueError, KeyError, TypeError):  # not ours / damaged: set aside, keep going
+                log.error("usage: unreadable spool file %s moved to %s", path.name, self._rejected)
+                await asyncio.to_thread(_set_aside, path, self._rejected)
+                continue
             try:
                 await self._insert(rows, path)
             except Exception as exc:  # database unreachable / down / timing out: keep the file
@@ -209,6 +214,7 @@ class UsageWriter:
         try:
             async with self._engine.begin() as conn:
                 result = await conn.execute(stmt, rows)
+                await _touch_keys(conn, rows)
             self.rows_written += max(0, result.rowcount or 0)
         except _REJECTED:  # a row the database will never take: isolate it
             await self._insert_one_by_one(rows, path)
@@ -229,6 +235,24 @@ class UsageWriter:
             await asyncio.to_thread(_write_durably, self._rejected / path.name, lines)
 
 
+_KEYS = ApiKey.__table__
+_TOUCH = (_KEYS.update()
+          .where(_KEYS.c.id == bindparam("kid"))
+          .where(or_(_KEYS.c.last_used_at.is_(None), _KEYS.c.last_used_at < bindparam("ts")))
+          .values(last_used_at=bindparam("ts")))
+
+
+async def _touch_keys(conn, rows: list[dict]) -> None:  # noqa: ANN001 - AsyncConnection
+    """Move ``api_keys.last_used_at`` forward to the newest row of each key in the batch."""
+    newest: dict[int, datetime] = {}
+    for row in rows:
+        kid = row.get("api_key_id")
+        if kid is not None and (kid not in newest or row["created_at"] > newest[kid]):
+            newest[kid] = row["created_at"]
+    if newest:
+        await conn.execute(_TOUCH, [{"kid": k, "ts": ts} for k, ts in newest.items()])
+
+
 def _write_durably(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -242,6 +266,12 @@ def _write_durably(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _set_aside(path: Path, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.replace(path, folder / path.name)
 
 
 def _read_rows(path: Path) -> list[dict]:

@@ -192,6 +192,16 @@ def _reduce_splits_kernel(
     )
 
 
+def require_runnable(device: torch.device, kernel) -> None:
+    """Triton runs CPU tensors only in its interpreter, which it picks when ``triton.jit`` decorates
+    a kernel: fail clearly rather than deep inside the launcher."""
+    if device.type != "cuda" and type(kernel).__name__ != "InterpretedFunction":
+        raise RuntimeError(
+            f"the Triton kernels got {device.type} tensors but were compiled for a GPU; on a CPU set "
+            "TRITON_INTERPRET=1 before kernels.triton_* is imported (tests only), or use backend='torch'"
+        )
+
+
 def choose_num_splits(*, num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int,
                       sm_count: int) -> int:
     """How many KV partitions pay for a batch: > 1 only for decode-only batches whose
@@ -251,6 +261,7 @@ def paged_attention_triton(
             f"query {tuple(query.shape)} does not fit cache {tuple(key_cache.shape)} "
             "(head_dim must match, num_q_heads must be a multiple of num_kv_heads)"
         )
+    require_runnable(query.device, _paged_attention_kernel)
     num_seqs = seq_lens.shape[0]
     out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=query.dtype, device=query.device)
     if num_tokens == 0 or num_seqs == 0:

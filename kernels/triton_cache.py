@@ -68,6 +68,9 @@ def write_kv_cache_triton(
         raise ValueError("slot_mapping is shorter than the number of tokens")
     if num_tokens == 0:
         return
+    from kernels.triton_attention import require_runnable
+
+    require_runnable(key.device, _write_kv_cache_kernel)
     _write_kv_cache_kernel[(num_tokens,)](
         key, value, key_cache, value_cache, slot_mapping,
         *key.stride(), *value.stride(), *key_cache.stride(), *value_cache.stride(),

@@ -152,7 +152,8 @@ def add_routes(router: APIRouter) -> None:
     async def tenants(viewer: ViewerDep, ctx: ContextDep, session: SessionDep) -> HTMLResponse:
         ops = _ops(ctx, session, viewer)
         since, until = reports.default_range(None, None, days=DEFAULT_DAYS)
-        usage = {r.group: r for r in (await reports.summary(session, since=since, until=until)).rows}
+        usage = {r.group: r for r in (await reports.summary(session, since=since, until=until,
+                                                            percentiles=False)).rows}
         return page("tenants.html", viewer=viewer, tenants=[tenant_view(t) for t in await ops.tenants()],
                     usage=usage, days=DEFAULT_DAYS)
 

@@ -14,6 +14,8 @@ router = APIRouter(tags=["health"])
 def _engine_stats(state) -> dict | None:  # noqa: ANN001 - AppState
     if state.engine is None:
         return None
+    if getattr(state.engine, "is_dead", False):
+        raise RuntimeError("the engine's step loop has stopped")
     return dataclasses.asdict(state.engine.stats())
 
 

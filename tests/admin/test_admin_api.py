@@ -238,3 +238,26 @@ async def test_concurrent_key_creation_is_consistent(client, auth):
     assert len({r.json()["key"] for r in replies}) == 5
     listed = (await client.get(f"/admin/v1/tenants/{tenant}/keys", headers=auth())).json()["data"]
     assert len(listed) == 5
+
+
+async def test_write_survives_unreachable_redis(settings, auth):
+    """The change is committed even when the invalidation cannot be pushed (Redis down)."""
+    import httpx
+    from fastapi import FastAPI
+
+    import admin
+
+    router = admin.build_admin_router(settings.model_copy(update={"redis_url": "redis://127.0.0.1:1/0"}))
+    app = FastAPI()
+    app.include_router(router)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            tenant = unique("noredis")
+            assert (await c.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())).status_code == 201
+            key = (await c.post(f"/admin/v1/tenants/{tenant}/keys", json={}, headers=auth())).json()
+            resp = await c.post(f"/admin/v1/keys/{key['id']}/revoke", headers=auth())
+            assert resp.status_code == 200 and resp.json()["revoked"] is True
+            resp = await c.post(f"/admin/v1/tenants/{tenant}/disable", headers=auth())
+            assert resp.status_code == 200 and resp.json()["enabled"] is False
+    finally:
+        await router.admin_context.aclose()

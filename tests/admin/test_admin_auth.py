@@ -182,3 +182,43 @@ async def test_jwks_rotation_is_picked_up_on_unknown_kid(settings, tmp_path):
     with pytest.raises(ApiError) as info:
         await verifier.verify(tok_old)  # cached set still fresh: old key is gone after re-read
     assert info.value.status == 401
+
+
+async def test_jwks_over_http(settings, jwks):
+    """The JWKS can be a URL (as an IdP publishes it); fetched with an async client."""
+    import http.server
+    import threading
+
+    path, rsa, _ = jwks
+    body = path.read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        hits = 0
+
+        def do_GET(self):  # noqa: N802 - http.server API
+            Handler.hits += 1
+            self.send_response(200 if self.path == "/.well-known/jwks.json" else 404)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # keep test output quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
+        verifier = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": url}))
+        tok = jwt.encode({"alg": "RS256", "kid": rsa.kid}, _claims(settings), rsa)
+        for _ in range(3):
+            assert (await verifier.verify(tok)).subject == "idp-user"
+        assert Handler.hits == 1  # cached
+        bad = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": url.replace("jwks", "nope")}))
+        with pytest.raises(ApiError) as info:
+            await bad.verify(tok)
+        assert info.value.status == 401 and "key set" in info.value.message
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -96,6 +96,7 @@ def _insert_usage(settings, tenant_name: str) -> list[float]:
     return costs
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # once: HTTP tests cover PostgreSQL
 def test_dashboard_in_chromium(server, settings):
     from playwright.sync_api import sync_playwright
 

@@ -187,6 +187,7 @@ def test_prices_report_summary_and_token(env, capsys):
     assert code == 1 and "unknown scope" in err
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # once: in-process tests cover PostgreSQL
 def test_pagegate_entry_point_subprocess(env, tmp_path):
     """The real ``pagegate admin`` command line: tenant then key, key alone on stdout."""
     try:

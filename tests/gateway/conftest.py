@@ -60,13 +60,31 @@ def pg_template() -> str:
         pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def pg_url(pg_template: str) -> str:
-    """A fresh, migrated PostgreSQL database for this test (dropped afterwards)."""
+@pytest.fixture(scope="session")
+def pg_session_db(pg_template: str) -> str:
+    """One migrated PostgreSQL database for the session's tenancy tests (dropped at the end)."""
     name = f"pgt_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
-    yield _pg_url(name)
+    yield name
     pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _pg_truncate(dbname: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(PG_ADMIN_DSN.rsplit("/", 1)[0] + "/" + dbname)
+    try:
+        await conn.execute("TRUNCATE usage_records, api_keys, tenants, model_prices, audit_log "
+                           "RESTART IDENTITY CASCADE")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def pg_url(pg_session_db: str) -> str:
+    """A migrated PostgreSQL database emptied for this test (cheaper than one database per test)."""
+    asyncio.run(_pg_truncate(pg_session_db))
+    return _pg_url(pg_session_db)
 
 
 @pytest.fixture

@@ -215,3 +215,20 @@ def test_non_streaming_disconnect_aborts_too(api, api_engine) -> None:  # noqa: 
     assert not api_engine.engine.has_unfinished_requests()
     rows = [r for r in api.usage_rows() if r.status == "aborted" and r.endpoint == "chat.completions"]
     assert any(r.completion_tokens < 400 for r in rows)
+
+
+def test_overloaded_engine_is_503_with_retry_after(api, api_engine) -> None:  # noqa: ANN001
+    import openai
+
+    saved = api_engine.config.max_waiting
+    api_engine.config.max_waiting = 0  # the engine's own admission check now refuses everything
+    try:
+        with pytest.raises(openai.InternalServerError) as err:
+            api.openai().chat.completions.create(model=api.model, max_tokens=1,
+                                                 messages=[{"role": "user", "content": "Hi"}])
+    finally:
+        api_engine.config.max_waiting = saved
+    assert err.value.status_code == 503 and err.value.code == "overloaded"
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    rows = api.usage_rows(err.value.response.headers["x-request-id"])
+    assert len(rows) == 1 and rows[0].status == "error" and rows[0].completion_tokens == 0

@@ -98,3 +98,25 @@ async def test_version_poll_catches_a_lost_message(tenancy, make_tenant):
         await s.commit()
     await svc.publish_invalidation(tenancy.redis, tenancy.settings.redis_prefix, tenant_id=tenant.id)
     assert await _refused_within(other, f"Bearer {key}", 1.0) < 1.0
+
+
+async def test_database_unreachable_is_503_for_unknown_keys_and_stale_cache_for_known(tenancy, make_tenant,
+                                                                                         tmp_path):
+    from gateway.db.session import Database
+
+    _, key, _ = await make_tenant()
+    auth = Authenticator(tenancy.db.sessionmaker, tenancy.redis, tenancy.settings)
+    await auth.authenticate(f"Bearer {key}")
+    broken = Database(f"sqlite+aiosqlite:///{tmp_path / 'no-such-dir' / 'x.db'}")
+    (tmp_path / "no-such-dir").rmdir()
+    (tmp_path / "no-such-dir").write_text("not a directory")
+    auth._sessionmaker = broken.sessionmaker  # the database goes away
+    for entry in auth._cache.values():
+        entry.expires_at = 0  # and the cached entry is due for a reload
+    try:
+        assert (await auth.authenticate(f"Bearer {key}")).tenant_id  # served from the stale entry
+        with pytest.raises(ApiError) as e:
+            await auth.authenticate(f"Bearer {generate_key().key}")
+        assert e.value.status == 503 and e.value.code == "auth_unavailable"
+    finally:
+        await broken.dispose()

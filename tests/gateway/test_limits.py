@@ -90,3 +90,28 @@ async def test_windows_are_limits_moving_windows(tenancy, make_tenant):
     assert await strategy.hit(RateLimitItemPerMinute(5), "k", str(p.key_id))  # limits' own hit counts too
     h = await tenancy.limiter.check_request(p)
     assert h["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_unreachable_redis_fails_closed_with_503(tenancy, make_tenant):
+    import socket
+
+    from redis.asyncio import Redis
+
+    from gateway.quota import QuotaLedger
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_url = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # nothing listens there
+    _, key, _ = await make_tenant(rpm=10, budget_tokens=100)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    dead = Redis.from_url(dead_url, socket_connect_timeout=0.5)
+    try:
+        with pytest.raises(ApiError) as e:
+            await RequestLimiter(dead, dead_url, prefix=tenancy.settings.redis_prefix).check_request(p)
+        assert e.value.status == 503 and e.value.code == "store_unavailable"
+        ledger = QuotaLedger(dead, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+        with pytest.raises(ApiError) as e:
+            await ledger.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
+        assert e.value.status == 503
+    finally:
+        await dead.aclose()

@@ -192,3 +192,53 @@ async def _tenant_id(session, key: str) -> int:
     from gateway.keys import hash_key
 
     return (await session.execute(select(ApiKey.tenant_id).where(ApiKey.key_hash == hash_key(key)))).scalar_one()
+
+
+RESERVER = r"""
+import asyncio, json, sys
+from gateway.settings import Settings
+from gateway.tenancy_services import build_tenancy
+from gateway.errors import ApiError
+
+async def main(key, n):
+    settings = Settings()
+    services = await build_tenancy(settings, redis_url=settings.redis_url)
+    principal = await services.auth.authenticate("Bearer " + key)
+    await asyncio.sleep(max(0.0, float(sys.argv[3]) - __import__("time").time()))  # start together
+
+    async def one():
+        try:
+            r = await services.quota.reserve(principal, model="m", prompt_tokens=10, max_tokens=20)
+        except ApiError as e:
+            return e.code
+        await asyncio.sleep(0.05)
+        await services.quota.settle(r, prompt_tokens=10, completion_tokens=20)
+        return r.reserved_tokens
+
+    out = await asyncio.gather(*(one() for _ in range(n)))
+    await services.close()
+    print(json.dumps(out))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+async def test_budget_holds_for_50_concurrent_reservations_from_two_processes(tmp_path, two_gateways):
+    import json
+
+    _, db_url, prefix = two_gateways
+    key, _, _ = await _tenant_with_key(db_url, budget_tokens=10 * 30, tpm=0)
+    env = {**os.environ, "PAGEGATE_DATABASE_URL": db_url, "PAGEGATE_REDIS_URL": REDIS_URL,
+           "PAGEGATE_REDIS_PREFIX": prefix, "PAGEGATE_USAGE_SPOOL_DIR": str(tmp_path / "spool")}
+    start_at = str(time.time() + 8)
+    procs = [subprocess.Popen([sys.executable, "-c", RESERVER, key, "25", start_at], env=env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    results = []
+    for p in procs:
+        out, err = await asyncio.to_thread(p.communicate, timeout=120)
+        assert p.returncode == 0, err.decode()[-2000:]
+        results += json.loads(out.decode().strip().splitlines()[-1])
+    accepted = [r for r in results if isinstance(r, int)]
+    assert len(results) == 50
+    assert len(accepted) == 10 and sum(accepted) <= 300
+    assert set(r for r in results if not isinstance(r, int)) == {"insufficient_quota"}

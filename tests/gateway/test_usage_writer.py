@@ -9,7 +9,7 @@ from decimal import Decimal
 
 from sqlalchemy import func, select, text
 
-from gateway.db.models import Tenant, UsageRecord
+from gateway.db.models import ApiKey, Tenant, UsageRecord
 from gateway.db.session import Database
 from gateway.usage import UsageEvent, UsageWriter
 
@@ -40,7 +40,12 @@ async def test_batches_reach_the_database(db_url, tmp_path):
     writer = UsageWriter(db.engine, tmp_path / "spool", flush_interval_s=0.05, batch_size=500)
     await writer.start()
     try:
+        async with db.sessionmaker() as s:
+            key = ApiKey(tenant_id=tid, key_hash="h" * 64, prefix="pg-test", revoked=False)
+            s.add(key)
+            await s.commit()
         events = _events(tid, 1200)
+        events[5].api_key_id = key.id
         for e in events:
             writer.record(e)  # never awaits
         assert writer.pending == 1200
@@ -49,7 +54,9 @@ async def test_batches_reach_the_database(db_url, tmp_path):
         assert writer.files_spooled <= 3 and writer.spooled_files() == []
         async with db.sessionmaker() as s:
             row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == events[7].request_id))).scalar_one()
+            used = (await s.execute(select(ApiKey.last_used_at).where(ApiKey.id == key.id))).scalar_one()
         assert (row.prompt_tokens, row.cost_usd, row.finish_reason) == (7, Decimal("0.00000123"), "stop")
+        assert used is not None  # the key's last use moved forward with the batch
         # the background task alone also writes (no explicit flush)
         writer.record(_events(tid, 1)[0])
         for _ in range(100):
@@ -146,8 +153,16 @@ async def test_rows_the_database_rejects_do_not_block_the_spool(pg_url, tmp_path
         assert await _count(db) == (5, 5)
         rejected = list((tmp_path / "spool" / "rejected").iterdir())
         assert len(rejected) == 1 and bad[0].request_id in rejected[0].read_text()
+        # a damaged spool file is set aside too, and the rows after it still get in
+        (tmp_path / "spool" / "00000000000000000001-1-000000.jsonl").write_text('{"request_id": "x", trunc\n')
+        late = _events(tid, 3)
+        for e in late:
+            writer.record(e)
+        assert await writer.flush()
+        assert await _count(db) == (8, 8)
+        assert len(list((tmp_path / "spool" / "rejected").iterdir())) == 2
         async with db.sessionmaker() as s:
-            assert (await s.execute(text("select count(*) from usage_records"))).scalar() == 5
+            assert (await s.execute(text("select count(*) from usage_records"))).scalar() == 8
     finally:
         await writer.close()
         await db.dispose()
