@@ -152,7 +152,6 @@ def main() -> None:
     args = ap.parse_args()
     import httpx
     import redis
-
     import torch
 
     torch.set_num_threads(1)  # one query per forward pass: extra threads only contend on 2 cores

@@ -93,11 +93,14 @@ class KVCacheManager:
             table.extend(self.pool.allocate(need_new))
         return True
 
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the sequence's newly computed full blocks in the prefix cache."""
+    def cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Register the sequence's full blocks among its first ``num_tokens`` tokens in the prefix
+        cache. Called at scheduling time for the tokens of the coming forward: within one forward
+        every layer writes all new K/V before any attention reads, so a sequence admitted later
+        in the same step may already share these blocks."""
         if not self.enable_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = num_tokens // self.block_size
         start = self._num_hashed.get(seq.seq_id, 0)
         if num_full <= start:
             return

@@ -159,12 +159,10 @@ class LLMEngine:
                 m.queue_time = now - m.arrival_time
 
     def _advance(self, sched: SchedulerOutput, sample_idx: list[int]) -> tuple[list[Sequence], list[int]]:
-        """Count the computed tokens, register full blocks in the prefix cache, and fork
-        ``n > 1`` requests whose prompt just finished. Returns the sequences to sample and,
-        for each, its row in the logits."""
+        """Count the computed tokens and fork ``n > 1`` requests whose prompt just finished.
+        Returns the sequences to sample and, for each, its row in the logits."""
         for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq)
         seqs = [sched.seqs[i] for i in sample_idx]
         rows = list(range(len(seqs)))
         for row, seq in enumerate(list(seqs)):

@@ -121,6 +121,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
+                self.kv.cache_full_blocks(seq, seq.num_computed_tokens + n)
                 out.seqs.append(seq)
                 out.num_new_tokens.append(n)
                 budget -= n
@@ -142,6 +143,7 @@ class Scheduler:
                 self.kv.record_prefix_lookup(seq.num_tokens, num_cached)
                 seq.request.cached_prompt_tokens = num_cached
             seq.num_computed_tokens = num_cached
+            self.kv.cache_full_blocks(seq, num_cached + n)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.seqs.append(seq)

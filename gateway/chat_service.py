@@ -24,6 +24,7 @@ from starlette.types import Receive
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.accounting import RequestAccount
+from gateway.cache_glue import cache_body, cache_lookup, cache_policy, cache_store
 from gateway.deps import Caller
 from gateway.errors import ApiError, insufficient_quota, invalid_request, model_not_found, permission_denied
 from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
@@ -104,16 +105,12 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
 async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
     messages = chat_messages(body)
-    prompt = await tokenize(engine.encode_chat, messages, sum(len(m["content"]) for m in messages))
-    max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len)
     fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
     store: Store | None = None
     cache = caller.state.cache
-    if cache is not None:
-        from gateway.cache_glue import cache_body, cache_lookup, cache_policy, cache_store
-
+    if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
         policy = cache_policy(caller.principal, caller.cache_control)
         request_body = cache_body(body)
         namespace = str(caller.principal.tenant_id)
@@ -126,6 +123,8 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
             return await replay(lookup.response, fmt, account, stream=body.stream)
         if lookup.outcome == "miss" and not policy.no_store:
             store = cache_store(cache, namespace, request_body, policy)
+    prompt = await tokenize(engine.encode_chat, messages, sum(len(m["content"]) for m in messages))
+    max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len)
     return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller, store=store)
 
 

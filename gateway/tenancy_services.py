@@ -67,7 +67,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     redis = Redis(connection_pool=pool)
     await redis.ping()
     prices = PriceBook(db.sessionmaker)
-    usage = UsageWriter(db.engine, settings.usage_spool_dir, flush_interval_s=settings.usage_flush_interval_s,
+    usage = UsageWriter(db.url, settings.usage_spool_dir, flush_interval_s=settings.usage_flush_interval_s,
                         batch_size=settings.usage_batch_size)
     auth = Authenticator(db.sessionmaker, redis, settings)
     limiter = RequestLimiter(redis, redis_url, prefix=settings.redis_prefix)

@@ -1,32 +1,39 @@
 """Usage rows: one per request, recorded without ever waiting on the database.
 
-``record(event)`` only appends to an in-memory batch. A background task, every
-``flush_interval_s`` (or as soon as ``batch_size`` events wait):
+``record(event)`` only appends to an in-memory batch. Every ``flush_interval_s`` (or as soon as
+``batch_size`` events wait) the batch is handed to the writer's own thread, which has its own
+event loop and database engine, so neither serialising rows nor SQLAlchemy's per-row work ever
+runs on the gateway's event loop. There:
 
-1. writes the batch to a new spool file ``<spool>/<time>-<pid>-<seq>.jsonl`` (written to
-   ``.tmp``, fsynced, renamed: a visible spool file is always complete) on a worker thread;
-2. inserts the spool's files, oldest first, into ``usage_records`` with
-   INSERT … ON CONFLICT (request_id) DO NOTHING (SQLite and PostgreSQL), then deletes each file.
+1. the batch is written to a new spool file ``<spool>/<time>-<pid>-<seq>.jsonl`` (written to
+   ``.tmp``, fsynced, renamed: a visible spool file is always complete);
+2. the spool's files, oldest first, are inserted into ``usage_records`` with
+   INSERT … ON CONFLICT (request_id) DO NOTHING (SQLite and PostgreSQL), each file deleted once
+   its rows are in; ``api_keys.last_used_at`` moves forward in the same transaction.
 
 If the database is down the files stay and are retried with backoff; a restarted process (or any
 other process sharing the spool directory) replays them. ``request_id`` is unique, so a replay
 after a crash between insert and delete never duplicates a row. Rows the database rejects for good
-(e.g. a deleted tenant) are moved to ``<spool>/rejected/`` instead of blocking the spool.
-Durability: an event is on disk within one flush interval of ``record``."""
+(e.g. a deleted tenant) and unreadable files are moved to ``<spool>/rejected/`` instead of
+blocking the spool. Durability: an event is on disk within one flush interval of ``record``."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import bindparam, or_
 from sqlalchemy.exc import DataError, IntegrityError
@@ -89,59 +96,74 @@ def _insert_ignore(dialect: str):  # noqa: ANN202 - an Insert construct
 
 
 class UsageWriter:
-    def __init__(self, engine: AsyncEngine, spool_dir: str | Path, *, flush_interval_s: float = 0.5,
+    """``record(event)`` (sync, never blocks); ``await flush()``; ``await close()`` drains.
+    ``start()`` launches the writer thread and replays what earlier runs left in the spool."""
+
+    def __init__(self, database_url: str, spool_dir: str | Path, *, flush_interval_s: float = 0.5,
                  batch_size: int = 500, max_backoff_s: float = 10.0) -> None:
-        self._engine = engine
+        self._url = database_url
         self._spool = Path(spool_dir)
         self._rejected = self._spool / "rejected"
         self._interval = flush_interval_s
         self._batch_size = batch_size
         self._max_backoff = max_backoff_s
         self._pending: list[UsageEvent] = []
-        self._wake = asyncio.Event()
+        self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._lock = asyncio.Lock()  # one flush at a time in this process
+        self._lock: asyncio.Lock | None = None  # one flush at a time in this process
+        self._stopping = False
+        self._worker: _WorkerLoop | None = None
+        self._engine: AsyncEngine | None = None  # lives on the worker loop only
         self._seq = itertools.count()
         self._db_ok_after = 0.0  # monotonic time before which DB writes are not retried
         self._backoff = flush_interval_s
         self.rows_written = 0  # rows the DB accepted from this process (duplicates excluded)
         self.files_spooled = 0  # batches this process wrote to the spool
 
-    # -- public -----------------------------------------------------------------------------------
+    # -- public (gateway event loop) --------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the spool directory and start the background flusher (which first replays any
-        files left by an earlier run)."""
-        await asyncio.to_thread(self._spool.mkdir, parents=True, exist_ok=True)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="usage-writer")
+        if self._task is not None:
+            return
+        self._wake, self._lock, self._stopping = asyncio.Event(), asyncio.Lock(), False
+        self._worker = _WorkerLoop()
+        await self._worker.run(self._w_open())
+        self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     def record(self, event: UsageEvent) -> None:
         """Queue one row. Never blocks, never raises for database trouble."""
         if event.created_at is None:
             event.created_at = datetime.now(UTC)
         self._pending.append(event)
-        if len(self._pending) >= self._batch_size:
+        if len(self._pending) >= self._batch_size and self._wake is not None:
             self._wake.set()
 
     async def flush(self) -> bool:
         """Spool what is pending and try to write the whole spool to the database now.
         Returns True when the spool is empty afterwards (everything is in the database)."""
+        if self._worker is None:
+            raise RuntimeError("UsageWriter.start() first")
         async with self._lock:
-            await self._spool_pending()
-            return await self._drain_spool(force=True)
+            return await self._flush_locked(force=True)
 
     async def close(self) -> None:
-        """Stop the flusher, spool everything pending, and try one last database write."""
+        """Stop the flusher, spool everything pending, try one last database write, stop the thread.
+        Whatever the database did not take stays spooled for the next start."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            self._stopping = True
+            self._wake.set()
+            with contextlib.suppress(Exception):
                 await self._task
             self._task = None
-        try:
-            await self.flush()
-        except Exception:  # the rows are spooled; a later start replays them
-            log.warning("usage: final flush failed; rows stay spooled in %s", self._spool, exc_info=True)
+        if self._worker is not None:
+            try:
+                await self.flush()
+            except Exception:
+                log.warning("usage: final flush failed; rows stay spooled in %s", self._spool, exc_info=True)
+            with contextlib.suppress(Exception):
+                await self._worker.run(self._w_close())
+            self._worker.stop()
+            self._worker = None
 
     @property
     def pending(self) -> int:
@@ -152,46 +174,57 @@ class UsageWriter:
             return []
         return sorted(p for p in self._spool.iterdir() if p.suffix == ".jsonl" and p.is_file())
 
-    # -- internals --------------------------------------------------------------------------------
-
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval)
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 async with self._lock:
-                    await self._spool_pending()
-                    await self._drain_spool(force=False)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # never let the writer die; rows are on disk
+                    await self._flush_locked(force=False)
+            except Exception:  # never let the writer die; rows are on disk or back in memory
                 log.exception("usage writer: unexpected error")
 
-    async def _spool_pending(self) -> None:
-        if not self._pending:
-            return
+    async def _flush_locked(self, *, force: bool) -> bool:
         batch, self._pending = self._pending, []
-        name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}.jsonl"
-        lines = "".join(e.to_json() + "\n" for e in batch)
+        on_disk: list[bool] = []  # the worker appends True once the batch is in a spool file
         try:
-            await asyncio.to_thread(_write_durably, self._spool / name, lines)
-        except Exception:
-            self._pending[:0] = batch  # keep them in memory; retry next tick
+            return await self._worker.run(self._w_flush(batch, force, on_disk))
+        except BaseException:
+            if batch and not on_disk:
+                self._pending[:0] = batch  # not on disk: keep them for the next try
             raise
-        self.files_spooled += 1
 
-    async def _drain_spool(self, *, force: bool) -> bool:
+    # -- worker thread (its own event loop and engine) ---------------------------------------------
+
+    async def _w_open(self) -> None:
+        from gateway.db.session import Database
+
+        self._spool.mkdir(parents=True, exist_ok=True)
+        self._engine = Database(self._url).engine
+
+    async def _w_close(self) -> None:
+        if self._engine is not None:
+            await self._engine.dispose()
+
+    async def _w_flush(self, batch: list[UsageEvent], force: bool, on_disk: list[bool]) -> bool:
+        if batch:
+            name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}.jsonl"
+            _write_durably(self._spool / name, "".join(e.to_json() + "\n" for e in batch))
+            on_disk.append(True)
+            self.files_spooled += 1
         if not force and time.monotonic() < self._db_ok_after:
             return False
-        for path in await asyncio.to_thread(self.spooled_files):
+        for path in self.spooled_files():
             try:
-                rows = await asyncio.to_thread(_read_rows, path)
+                rows = _read_rows(path)
             except FileNotFoundError:
                 continue  # another process replayed it
             except (ValueError, KeyError, TypeError):  # not ours / damaged: set aside, keep going
                 log.error("usage: unreadable spool file %s moved to %s", path.name, self._rejected)
-                await asyncio.to_thread(_set_aside, path, self._rejected)
+                _set_aside(path, self._rejected)
                 continue
             try:
                 await self._insert(rows, path)
@@ -202,7 +235,7 @@ class UsageWriter:
                 self._backoff = min(self._max_backoff, self._backoff * 2)
                 return False
             with contextlib.suppress(FileNotFoundError):
-                await asyncio.to_thread(path.unlink)
+                path.unlink()
         self._backoff = self._interval
         self._db_ok_after = 0.0
         return True
@@ -231,8 +264,27 @@ class UsageWriter:
                 log.error("usage: row %s rejected by the database: %s", row.get("request_id"), exc.orig)
                 bad.append(row)
         if bad:
-            lines = "".join(json.dumps(r, default=str) + "\n" for r in bad)
-            await asyncio.to_thread(_write_durably, self._rejected / path.name, lines)
+            _write_durably(self._rejected / path.name, "".join(json.dumps(r, default=str) + "\n" for r in bad))
+
+
+class _WorkerLoop:
+    """A daemon thread running its own asyncio loop; ``await run(coro)`` from the gateway loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="usage-writer", daemon=True)
+        self._thread.start()
+
+    async def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        fut: concurrent.futures.Future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        # shield: cancelling the caller must not cancel a half-done insert on the worker loop
+        return await asyncio.shield(asyncio.wrap_future(fut))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 _KEYS = ApiKey.__table__

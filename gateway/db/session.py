@@ -7,6 +7,7 @@ foreign keys; PostgreSQL goes through asyncpg (``postgresql+asyncpg://...``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 from sqlalchemy import event
@@ -35,7 +36,8 @@ class Database:
         if self.dialect == "sqlite":
             db = parsed.database
             if db and db != ":memory:":
-                Path(db).parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):  # unusable path: connecting will say so
+                    Path(db).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": 30}
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)

@@ -1,8 +1,8 @@
 """Canonical request: what changes the keys and what does not."""
 
-from cache.canonical import canonicalize, is_deterministic
-
 from cache_testlib import chat
+
+from cache.canonical import canonicalize, is_deterministic
 
 
 def keys(body, ns="tenant-a"):

@@ -14,7 +14,7 @@ def admit(kv, seq):
     hits = kv.get_computed_blocks(seq)
     assert kv.allocate_slots(seq, seq.num_tokens - len(hits) * BS, hits)
     seq.num_computed_tokens = seq.num_tokens
-    kv.cache_full_blocks(seq)
+    kv.cache_full_blocks(seq, seq.num_tokens)
     return hits
 
 

@@ -25,7 +25,6 @@ def step(sched, kv):
     out = sched.schedule()
     for seq, n in zip(out.seqs, out.num_new_tokens, strict=True):
         seq.num_computed_tokens += n
-        kv.cache_full_blocks(seq)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.token_ids.append(7)
             if seq.num_output_tokens >= seq.params.max_tokens:
@@ -36,7 +35,7 @@ def step(sched, kv):
 def test_token_budget_and_chunked_prefill():
     kv, sched = make(budget=16)
     a = add(sched, "a", 10)
-    b = add(sched, "b", 10)
+    b = add(sched, "b", 10, base=100)
     out = step(sched, kv)
     assert out.seqs == [a, b] and out.num_new_tokens == [10, 6]
     assert a.num_output_tokens == 1 and b.num_output_tokens == 0  # b's prefill is a chunk
@@ -116,3 +115,15 @@ def test_prefix_hit_stats_counted_once_per_request():
     add(sched, "b", 9)
     step(sched, kv)
     assert kv.prefix_lookup_tokens == 18 and kv.prefix_hit_tokens == 8
+
+
+def test_prefix_shared_within_one_step():
+    """A prompt admitted right after another with the same prefix shares the blocks the first
+    one computes in the same forward (written before any attention reads them)."""
+    kv, sched = make(budget=64)
+    a = add(sched, "a", 10)
+    b = add(sched, "b", 10)
+    out = sched.schedule()
+    assert out.seqs == [a, b] and out.num_new_tokens == [10, 2]
+    assert kv.block_ids(a)[:2] == kv.block_ids(b)[:2]
+    assert b.request.cached_prompt_tokens == 8

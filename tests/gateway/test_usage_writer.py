@@ -37,7 +37,7 @@ async def _add_tenant(db: Database) -> int:
 async def test_batches_reach_the_database(db_url, tmp_path):
     db = Database(db_url)
     tid = await _add_tenant(db)
-    writer = UsageWriter(db.engine, tmp_path / "spool", flush_interval_s=0.05, batch_size=500)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.05, batch_size=500)
     await writer.start()
     try:
         async with db.sessionmaker() as s:
@@ -73,7 +73,7 @@ async def test_database_down_rows_spooled_then_written_once(pg_template, pg_tool
     """The database does not exist yet (down); it appears later with the schema and a tenant."""
     name = f"pgt_down_{uuid.uuid4().hex[:8]}"
     db = Database(pg_tools.url(name))
-    writer = UsageWriter(db.engine, tmp_path / "spool", flush_interval_s=0.05, max_backoff_s=0.2)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.05, max_backoff_s=0.2)
     await writer.start()
     try:
         events = _events(1, 300)
@@ -115,7 +115,7 @@ async def test_restart_replays_the_spool(sqlite_url, tmp_path):
     broken = Database(f"sqlite+aiosqlite:///{tmp_path / 'missing-dir' / 'x' / 'nope.db'}")
     shutil.rmtree(tmp_path / "missing-dir", ignore_errors=True)
     (tmp_path / "missing-dir").write_text("a file where a directory should be")  # unusable database
-    first = UsageWriter(broken.engine, spool, flush_interval_s=0.05)
+    first = UsageWriter(broken.url, spool, flush_interval_s=0.05)
     await first.start()
     db = Database(sqlite_url)
     tid = await _add_tenant(db)
@@ -126,7 +126,7 @@ async def test_restart_replays_the_spool(sqlite_url, tmp_path):
     await broken.dispose()
     assert sum(len(p.read_text().splitlines()) for p in first.spooled_files()) == 40
 
-    second = UsageWriter(db.engine, spool, flush_interval_s=0.05)
+    second = UsageWriter(db.url, spool, flush_interval_s=0.05)
     await second.start()  # a restarted process replays on its own
     try:
         for _ in range(100):
@@ -142,7 +142,7 @@ async def test_restart_replays_the_spool(sqlite_url, tmp_path):
 async def test_rows_the_database_rejects_do_not_block_the_spool(pg_url, tmp_path):
     db = Database(pg_url)
     tid = await _add_tenant(db)
-    writer = UsageWriter(db.engine, tmp_path / "spool", flush_interval_s=0.05)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.05)
     await writer.start()
     try:
         good = _events(tid, 5)

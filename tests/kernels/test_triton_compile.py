@@ -4,7 +4,7 @@ The interpreter checks the kernels' arithmetic but not that they lower to GPU co
 types, ``tl.dot`` shape and dtype rules and shared-memory limits are only checked by the compiler.
 Triton's wheel ships ``ptxas``, so the whole chain (TTIR -> TTGIR -> LLVM -> PTX -> cubin) runs on a
 machine without a GPU. It runs in a subprocess because this test session imported the kernels under
-``TRITON_INTERPRET=1``. Skipped on CUDA machines, where the other tests run the kernels for real.
+``TRITON_INTERPRET=1``; the subprocess also checks that compiled kernels refuse CPU tensors clearly. Skipped on CUDA machines, where the other tests run the kernels for real.
 """
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ results["reduce"] = compile_sm90(_reduce_splits_kernel, dict(
     NUM_Q_HEADS=9, HEAD_DIM=64, DIM_PAD=64, NUM_SPLITS=5, SPLITS_PAD=8), "bf16")
 results["cache"] = compile_sm90(_write_kv_cache_kernel, dict(
     NUM_KV_HEADS=3, HEAD_DIM=64, BLOCK_SIZE=16, HEADS_PAD=4, DIM_PAD=64), "bf16")
+
+# compiled (not interpreted) kernels handed CPU tensors must refuse clearly
+import torch
+from kernels.triton_attention import paged_attention_triton
+try:
+    paged_attention_triton(torch.zeros(1, 1, 16), torch.zeros(1, 16, 1, 16), torch.zeros(1, 16, 1, 16),
+                           query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([1]),
+                           block_tables=torch.zeros(1, 1, dtype=torch.int32), scale=1.0)
+    results["cpu_refusal"] = ""
+except RuntimeError as exc:
+    results["cpu_refusal"] = str(exc)
 print(json.dumps(results))
 """
 
@@ -73,6 +84,7 @@ def test_kernels_compile_to_sm90_cubin():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "TRITON_INTERPRET=1" in results.pop("cpu_refusal")
     assert len(results) == len(VARIANTS) + 2
     for name, info in results.items():
         assert info["cubin_bytes"] > 0, name
