@@ -1,5 +1,4 @@
-"""Admin tokens: JWTs verified with joserfc (Authlib's JOSE library; ``authlib.jose`` is
-deprecated since Authlib 1.6 in its favour and warns on import).
+"""Admin tokens: JWTs verified with Authlib (``authlib.jose``, imported through ``admin.jose``).
 
 - HS256 tokens signed with ``settings.admin_jwt_secret`` (``pagegate admin token`` mints them).
 - RS256/ES256 (and the other RSA/EC algorithms) tokens from a company IdP, verified against the
@@ -20,10 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from joserfc import jwt
-from joserfc.errors import ExpiredTokenError, JoseError, MissingClaimError
-from joserfc.jwk import OctKey
-
+from admin.jose import ExpiredTokenError, JoseError, JsonWebToken, Key, MissingClaimError
 from admin.jwks import JwksError, JwksSource
 from gateway.errors import ApiError
 from gateway.settings import Settings
@@ -32,7 +28,9 @@ SCOPE_READ = "admin:read"
 SCOPE_WRITE = "admin:write"
 ALL_SCOPES = (SCOPE_READ, SCOPE_WRITE)
 HMAC_ALGS = ("HS256",)
-ASYMMETRIC_ALGS = ("RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "ES512")
+# the JWK key type each asymmetric algorithm needs (a mismatched key is refused before verifying)
+ASYMMETRIC_ALGS = {"RS256": "RSA", "RS384": "RSA", "RS512": "RSA", "PS256": "RSA",
+                   "ES256": "EC", "ES384": "EC", "ES512": "EC"}
 LEEWAY_S = 30  # clock skew tolerated on exp/nbf/iat
 
 
@@ -65,10 +63,6 @@ def require(principal: AdminPrincipal, scope: str) -> AdminPrincipal:
     return principal
 
 
-def _hmac_key(secret: str) -> OctKey:
-    return OctKey.import_key(secret.encode())
-
-
 def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str, ...] | list[str] = ALL_SCOPES,
                ttl_s: int | None = None, now: int | None = None) -> str:
     """An HS256 admin token signed with ``settings.admin_jwt_secret``."""
@@ -79,7 +73,7 @@ def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str,
     ttl = settings.admin_token_ttl_s if ttl_s is None else ttl_s
     claims = {"iss": settings.admin_jwt_issuer, "sub": subject, "iat": issued, "exp": issued + ttl,
               "scope": " ".join(scopes), "jti": uuid.uuid4().hex}
-    return jwt.encode({"alg": "HS256"}, claims, _hmac_key(settings.admin_jwt_secret))
+    return JsonWebToken(["HS256"]).encode({"alg": "HS256"}, claims, settings.admin_jwt_secret.encode()).decode()
 
 
 def _peek_header(token: str) -> dict:
@@ -107,14 +101,10 @@ class AdminTokenVerifier:
 
     def __init__(self, settings: Settings, *, jwks: JwksSource | None = None) -> None:
         self.settings = settings
-        self._hmac = _hmac_key(settings.admin_jwt_secret)
+        self._hmac = settings.admin_jwt_secret.encode()
         self.jwks = jwks or (JwksSource(settings.admin_jwks_url) if settings.admin_jwks_url else None)
-        self._claims = jwt.JWTClaimsRegistry(
-            leeway=LEEWAY_S,
-            iss={"essential": True, "value": settings.admin_jwt_issuer},
-            sub={"essential": True},
-            exp={"essential": True},
-        )
+        self._claims_options = {"iss": {"essential": True, "value": settings.admin_jwt_issuer},
+                                "sub": {"essential": True}, "exp": {"essential": True}}
 
     async def verify(self, token: str | None) -> AdminPrincipal:
         if not token:
@@ -122,30 +112,31 @@ class AdminTokenVerifier:
         header = _peek_header(token)
         alg = header.get("alg")
         if alg in HMAC_ALGS:
-            key = self._hmac
+            key: bytes | Key = self._hmac
         elif alg in ASYMMETRIC_ALGS:
-            key = await self._jwks_key(header.get("kid"))
+            key = await self._jwks_key(header.get("kid"), ASYMMETRIC_ALGS[alg])
         else:
             raise unauthorized(f"Admin tokens signed with {alg!r} are not accepted.")
         try:
-            decoded = jwt.decode(token, key, algorithms=[alg])
-        except JoseError as exc:
+            claims = JsonWebToken([alg]).decode(token, key, claims_options=self._claims_options)
+        except (JoseError, ValueError, TypeError, KeyError) as exc:  # bad signature or undecodable
             raise unauthorized("The admin token's signature is invalid.") from exc
         try:
-            self._claims.validate(decoded.claims)
+            claims.validate(leeway=LEEWAY_S)
         except ExpiredTokenError as exc:
             raise unauthorized("The admin token has expired.") from exc
         except MissingClaimError as exc:
             raise unauthorized(f"The admin token lacks a required claim: {exc.description}") from exc
         except JoseError as exc:
             raise unauthorized(f"The admin token's claims are invalid: {exc.description}") from exc
-        return AdminPrincipal(subject=decoded.claims["sub"], scopes=_scopes(decoded.claims),
-                              claims=decoded.claims)
+        if not isinstance(claims["sub"], str):
+            raise unauthorized("The admin token's claims are invalid: 'sub' must be a string.")
+        return AdminPrincipal(subject=claims["sub"], scopes=_scopes(claims), claims=dict(claims))
 
-    async def _jwks_key(self, kid: str | None):
+    async def _jwks_key(self, kid: str | None, kty: str) -> Key:
         if self.jwks is None:
             raise unauthorized("Asymmetric admin tokens need PAGEGATE_ADMIN_JWKS_URL to be configured.")
-        if not kid:
+        if not kid or not isinstance(kid, str):
             raise unauthorized("The admin token has no 'kid' header.")
         try:
             key = await self.jwks.get(kid)
@@ -153,4 +144,6 @@ class AdminTokenVerifier:
             raise unauthorized(f"The admin key set is unavailable: {exc}") from exc
         if key is None:
             raise unauthorized(f"Unknown admin signing key id {kid!r}.")
+        if key.kty != kty:
+            raise unauthorized(f"Admin signing key {kid!r} is not an {kty} key.")
         return key

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 
 import httpx
-from joserfc.jwk import Key, KeySet
+
+from admin.jose import JsonWebKey, Key, KeySet
+
+log = logging.getLogger("pagegate.admin")
 
 
 class JwksError(Exception):
@@ -35,27 +39,35 @@ class JwksSource:
         self.refresh_floor_s = refresh_floor_s
         self.timeout_s = timeout_s
         self._keys: KeySet | None = None
-        self._loaded_at = 0.0
+        self._loaded_at = 0.0  # last successful read
+        self._tried_at = -float("inf")  # last read attempt
         self._lock = asyncio.Lock()
 
     async def get(self, kid: str | None) -> Key | None:
         keys = await self._current()
         key = _find(keys, kid)
-        if key is None and time.monotonic() - self._loaded_at >= self.refresh_floor_s:
+        if key is None and time.monotonic() - self._tried_at >= self.refresh_floor_s:
             keys = await self._current(force=True)
             key = _find(keys, kid)
         return key
 
     async def _current(self, *, force: bool = False) -> KeySet:
         async with self._lock:
-            fresh = self._keys is not None and time.monotonic() - self._loaded_at < self.ttl_s
+            now = time.monotonic()
+            fresh = self._keys is not None and (now - self._loaded_at < self.ttl_s
+                                                or now - self._tried_at < self.refresh_floor_s)
             if fresh and not force:
                 return self._keys  # type: ignore[return-value]
-            data = await self._read()
+            self._tried_at = now
             try:
-                self._keys = KeySet.import_key_set(data)  # type: ignore[arg-type]
-            except Exception as exc:  # joserfc raises assorted errors on malformed keys
-                raise JwksError(f"bad key in the JWKS at {self.location}: {exc}") from exc
+                data = await self._read()
+            except JwksError as exc:
+                if self._keys is None:
+                    raise
+                # the IdP is unreachable: keep the last good set, retry after refresh_floor_s
+                log.warning("%s; keeping the previous admin key set", exc)
+                return self._keys
+            self._keys = KeySet(_import_keys(data))
             self._loaded_at = time.monotonic()
             return self._keys
 
@@ -83,10 +95,22 @@ class JwksSource:
 _PRIVATE = {"d", "p", "q", "dp", "dq", "qi", "oth"}
 
 
+def _import_keys(data: dict) -> list[Key]:
+    """The set's usable keys; a malformed entry is skipped (logged) instead of failing the whole set,
+    so one bad key published by an IdP does not lock every admin out."""
+    keys = []
+    for raw in data["keys"]:
+        try:
+            keys.append(JsonWebKey.import_key(raw))
+        except Exception as exc:  # authlib raises assorted errors on malformed keys
+            log.warning("skipping a malformed key (kid %r) in the admin JWKS: %s", raw.get("kid"), exc)
+    return keys
+
+
 def _find(keys: KeySet, kid: str | None) -> Key | None:
     if kid is None:
         return None
-    for key in keys:
+    for key in keys.keys:
         if key.kid == kid:
             return key
     return None

@@ -16,10 +16,12 @@ from decimal import Decimal
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import case, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from admin import audit
 from admin.reports import CACHE_HIT_VALUES
+from admin.schemas import INT32_MAX, KeyCreate, PriceModel, PriceSet, TenantCreate, TenantLimits, validated
 from gateway import tenancy
 from gateway.db.models import ApiKey, ModelPrice, Tenant, UsageRecord
 from gateway.keys import NewKey
@@ -90,7 +92,8 @@ class Management:
     async def key(self, ref: int | str) -> ApiKey:
         """A key by numeric id or by display prefix (``pg-…``)."""
         if isinstance(ref, int) or str(ref).isdigit():
-            row = await self.session.get(ApiKey, int(ref))
+            key_id = int(ref)  # ids past the column's range cannot exist (and would overflow the driver)
+            row = await self.session.get(ApiKey, key_id) if 0 < key_id <= INT32_MAX else None
         else:
             rows = (await self.session.execute(select(ApiKey).where(ApiKey.prefix == ref))).scalars().all()
             if len(rows) > 1:
@@ -132,18 +135,28 @@ class Management:
 
     # --- writes --------------------------------------------------------------------------------
     async def create_tenant(self, *, name: str, **fields: object) -> Tenant:
+        """Add a tenant. Raises ``InvalidField`` for a bad name or value, ``Conflict`` when taken."""
         _only(fields, TENANT_FIELDS)
-        if await tenancy.get_tenant(self.session, name=name.strip()) is not None:
-            raise Conflict(f"Tenant {name.strip()!r} already exists.")
-        tenant = await tenancy.create_tenant(self.session, name=name, **fields)
-        await self.session.refresh(tenant)
-        audit.record(self.session, actor=self.actor, action="tenant.create", target=f"tenant:{tenant.name}",
-                     after=tenant_view(tenant))
-        await self.session.commit()
+        body = validated(TenantCreate, {"name": name, **fields})
+        fields = body.changes()
+        name = fields.pop("name")
+        if await tenancy.get_tenant(self.session, name=name) is not None:
+            raise Conflict(f"Tenant {name!r} already exists.")
+        try:
+            tenant = await tenancy.create_tenant(self.session, name=name, **fields)
+            await self.session.refresh(tenant)
+            audit.record(self.session, actor=self.actor, action="tenant.create", target=f"tenant:{tenant.name}",
+                         after=tenant_view(tenant))
+            await self.session.commit()
+        except IntegrityError as exc:  # created concurrently by another admin
+            await self.session.rollback()
+            raise Conflict(f"Tenant {name!r} already exists.") from exc
         return tenant
 
     async def update_tenant(self, name: str, **changes: object) -> Tenant:
+        """Change the fields given (``None`` clears a limit or budget); one audit row per call."""
         _only(changes, TENANT_FIELDS)
+        changes = validated(TenantLimits, changes).changes()
         tenant = await self.tenant(name)
         before = tenant_view(tenant)
         if not changes:
@@ -164,9 +177,10 @@ class Management:
 
     async def create_key(self, *, tenant: str, name: str | None = None, allowed_models: list[str] | None = None,
                          rpm: int | None = None) -> tuple[ApiKey, NewKey]:
+        body = validated(KeyCreate, {"name": name, "allowed_models": allowed_models, "rpm": rpm})
         owner = await self.tenant(tenant)
-        row, new = await tenancy.create_api_key(self.session, tenant_id=owner.id, name=name,
-                                                allowed_models=allowed_models, rpm=rpm)
+        row, new = await tenancy.create_api_key(self.session, tenant_id=owner.id, name=body.name,
+                                                allowed_models=body.allowed_models, rpm=body.rpm)
         await self.session.refresh(row)
         audit.record(self.session, actor=self.actor, action="key.create", target=f"key:{row.prefix}",
                      after=key_view(row, owner.name))
@@ -174,7 +188,10 @@ class Management:
         return row, new
 
     async def revoke_key(self, ref: int | str) -> ApiKey:
+        """Revoke a key; revoking a revoked key changes nothing (no audit row, no push)."""
         row = await self.key(ref)
+        if row.revoked:
+            return row
         before = key_view(row)
         await tenancy.revoke_key(self.session, key_id=row.id)
         audit.record(self.session, actor=self.actor, action="key.revoke", target=f"key:{row.prefix}",
@@ -201,10 +218,13 @@ class Management:
 
     async def set_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
                         completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
+        validated(PriceModel, {"model": model})
+        price = validated(PriceSet, {"prompt_usd_per_1m": prompt_usd_per_1m,
+                                     "completion_usd_per_1m": completion_usd_per_1m})
         existing = await self.session.get(ModelPrice, model)
         before = price_view(existing) if existing is not None else None
-        row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=prompt_usd_per_1m,
-                                      completion_usd_per_1m=completion_usd_per_1m)
+        row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
+                                      completion_usd_per_1m=price.completion_usd_per_1m)
         await self.session.refresh(row)
         audit.record(self.session, actor=self.actor, action="price.set", target=f"model:{model}",
                      before=before, after=price_view(row))

@@ -18,6 +18,7 @@ from decimal import Decimal
 from sqlalchemy import String, case, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from admin.schemas import InvalidField
 from gateway.db.models import ApiKey, Tenant, UsageRecord
 
 GROUPS = ("day", "model", "key")
@@ -66,8 +67,10 @@ class Report:
 def default_range(since: datetime | None, until: datetime | None, *, days: int = 30) -> tuple[datetime, datetime]:
     """UTC ``[since, until)``; defaults to the last ``days`` days up to now."""
     until = _utc(until) if until else datetime.now(UTC)
-    since = _utc(since) if since else until - timedelta(days=days)
-    return since, until
+    if since is not None:
+        return _utc(since), until
+    earliest = datetime.min.replace(tzinfo=UTC)
+    return (until - timedelta(days=days) if until - earliest > timedelta(days=days) else earliest), until
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -136,7 +139,10 @@ def from_csv(text: str) -> list[dict]:
 
 
 def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    try:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError as exc:  # e.g. 0001-01-01T00:00+05:00 has no UTC equivalent
+        raise InvalidField(f"{value.isoformat()} is out of range (no UTC equivalent)") from exc
 
 
 def _day(dialect: str):

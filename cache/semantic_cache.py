@@ -157,15 +157,18 @@ class SemanticCache:
             return CacheLookup("hit", 1.0, json.loads(raw))
         if not req.query:
             return self._miss("no-semantic-tier")
+        ns = keys.ns(req.context_key)
+        if self._local is not None:
+            tenant = await self._io(self._local.sync(keys, events), slow=True)  # a first load may be big
+            if ns not in tenant.spaces:  # nothing to compare with: skip the embedding
+                return self._miss("below-threshold")
         try:
             vec = await self.embedder.embed(req.query)
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
             self._stats.embed_errors += 1
             log.warning("cache embedder failed: %s", e)
             return self._miss("embedder-error")
-        ns = keys.ns(req.context_key)
         if self._local is not None:
-            await self._io(self._local.sync(keys, events), slow=True)  # a first load may be big
             candidates = self._local.search(keys, ns, vec, _TOP_K, policy.threshold)
         else:
             candidates = await self._io(self._ft.search(ns, vec, _TOP_K, policy.threshold))

@@ -36,7 +36,12 @@ local function log(op, eid, ens, etext, evec)
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 's', s, 'op', op, 'id', eid)
   end
 end
-redis.call('HSET', KEYS[1], 'resp', resp, 'text', text, 'vec', vec, 'ns', ns, 'exp', now + ttl)
+redis.call('DEL', KEYS[1])
+if vec == '' then  -- no semantic tier: no vector field (the Query Engine would reject an empty one)
+  redis.call('HSET', KEYS[1], 'resp', resp, 'text', text, 'ns', ns, 'exp', now + ttl)
+else
+  redis.call('HSET', KEYS[1], 'resp', resp, 'text', text, 'vec', vec, 'ns', ns, 'exp', now + ttl)
+end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now + ttl, id)
 log('add', id, ns, text, vec)
@@ -149,6 +154,6 @@ class EntryStore:
         """Delete every entry of a tenant (admin, tests)."""
         keys = self.keys(namespace)
         n = 0
-        async for k in self.redis.scan_iter(match=keys.base.replace("[", "\\[") + "*", count=1000):
+        async for k in self.redis.scan_iter(match=keys.base + "*", count=1000):
             n += await self.redis.delete(k)
         return n

@@ -62,6 +62,10 @@ class Embedder:
         limit = int(self.model.get_max_seq_length() or 512)
         return [min(len(ids), limit) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
 
+    async def acount_tokens(self, texts: list[str]) -> list[int]:
+        """``count_tokens`` on the embedder's thread (the tokenizer is not shared across threads)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.count_tokens, list(texts))
+
     async def aembed(self, texts: list[str]) -> np.ndarray:
         """``embed`` on the embedder's thread. Calls that arrive while a batch runs are merged."""
         loop = asyncio.get_running_loop()

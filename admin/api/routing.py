@@ -4,6 +4,7 @@ exception handlers the hosting app has (the admin router also runs inside a bare
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -11,13 +12,16 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from admin.context import AdminContext
 from admin.management import Conflict, NotFound
+from admin.schemas import InvalidField
 from gateway.errors import ApiError, invalid_request
 from gateway.tenancy import TenancyError
 
 SCOPE_KEY = "pagegate.admin"
+log = logging.getLogger("pagegate.admin")
 
 
 def error_response(err: ApiError) -> JSONResponse:
@@ -32,14 +36,31 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return ApiError(404, str(exc), "invalid_request_error", "not_found")
     if isinstance(exc, Conflict):
         return ApiError(409, str(exc), "invalid_request_error", "conflict")
+    if isinstance(exc, InvalidField):
+        return invalid_request(str(exc), param=exc.param)
     if isinstance(exc, TenancyError):
         return invalid_request(str(exc))
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            return invalid_request("The request body is not valid JSON.")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
-        return invalid_request(f"{param or 'request'}: {first.get('msg', 'invalid value')}", param=param)
+        return invalid_request(f"{param or 'request body'}: {first.get('msg', 'invalid value')}", param=param)
     return None
+
+
+def _server_error(exc: Exception) -> ApiError:
+    """Anything unexpected: logged with its traceback, answered in the error shape without it."""
+    # OSError: no route to the server; a DBAPIError without a statement failed while connecting
+    if isinstance(exc, OSError) or isinstance(exc, DBAPIError) and (exc.statement is None
+                                                                     or exc.connection_invalidated):
+        log.error("admin request failed: the database is unreachable: %s", exc)
+        return ApiError(503, "The database is unreachable; retry shortly.", "server_error", "database_unavailable")
+    log.exception("admin request failed", exc_info=exc)
+    what = "A database error" if isinstance(exc, SQLAlchemyError) else "An internal error"
+    return ApiError(500, f"{what} stopped this admin request; the server log has the details.",
+                    "server_error", "internal_error")
 
 
 def _json_error(_request: Request, err: ApiError) -> Response:
@@ -61,9 +82,7 @@ def admin_route_class(ctx: AdminContext,
                 try:
                     return await handler(request)
                 except Exception as exc:
-                    err = as_api_error(exc)
-                    if err is None:
-                        raise
+                    err = as_api_error(exc) or _server_error(exc)
                     return render(request, err)
 
             return handle

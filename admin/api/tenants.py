@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from admin.api.deps import ReadDep, WriteDep
-from admin.api.schemas import BudgetUpdate, KeyCreate, TenantCreate, TenantLimits
 from admin.management import key_view, tenant_view
+from admin.schemas import BudgetUpdate, KeyCreate, TenantCreate, TenantLimits
 
 
 def add_routes(router: APIRouter) -> None:

@@ -13,18 +13,17 @@ from urllib.parse import quote
 from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from pydantic import ValidationError
 
 from admin import reports
 from admin.api.deps import ContextDep, SessionDep
 from admin.api.routing import admin_route_class
-from admin.api.schemas import TenantCreate, TenantLimits
 from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
 from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
 from admin.management import Management, key_view, tenant_view
+from admin.schemas import TenantCreate, TenantLimits, validated
 from gateway.db.models import Tenant
-from gateway.errors import ApiError, invalid_request
+from gateway.errors import ApiError
 
 ROOT = "/admin"
 HERE = Path(__file__).parent
@@ -78,11 +77,8 @@ def _blank(value: str | None) -> str | None:
 
 
 def _form_fields(model: type[TenantLimits], **raw: str | None) -> TenantLimits:
-    try:
-        return model(**{k: v for k, v in ((k, _blank(v)) for k, v in raw.items()) if v is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise invalid_request(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+    """The form's non-blank fields checked by ``model`` (``InvalidField`` on the first bad one)."""
+    return validated(model, {k: v for k, v in ((k, _blank(v)) for k, v in raw.items()) if v is not None})
 
 
 def _to_tenant_page(name: str) -> RedirectResponse:

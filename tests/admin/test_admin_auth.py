@@ -8,10 +8,8 @@ import time
 
 import httpx
 import pytest
-from admin_testlib import SECRET
+from admin_testlib import SECRET, new_jwk, public_jwk, sign
 from fastapi import FastAPI
-from joserfc import jwt
-from joserfc.jwk import ECKey, OctKey, RSAKey
 
 import admin
 from admin.auth import AdminTokenVerifier, mint_token
@@ -72,7 +70,7 @@ async def test_bad_signature_is_401(client, settings):
 
 
 async def test_wrong_issuer_and_alg_none_are_401(client, settings):
-    tok = jwt.encode({"alg": "HS256"}, _claims(settings, iss="someone-else"), OctKey.import_key(SECRET.encode()))
+    tok = sign({"alg": "HS256"}, _claims(settings, iss="someone-else"), SECRET.encode())
     _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                   401, "invalid_token")
     import base64
@@ -86,9 +84,9 @@ async def test_wrong_issuer_and_alg_none_are_401(client, settings):
 
 
 async def test_missing_sub_or_exp_is_401(client, settings):
-    key = OctKey.import_key(SECRET.encode())
+    key = SECRET.encode()
     for missing in ("sub", "exp"):
-        tok = jwt.encode({"alg": "HS256"}, _claims(settings, **{missing: None}), key)
+        tok = sign({"alg": "HS256"}, _claims(settings, **{missing: None}), key)
         _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                       401, "invalid_token")
 
@@ -98,8 +96,8 @@ async def test_read_scope_cannot_write_and_no_scope_cannot_read(client, auth, se
                         403, "insufficient_scope")
     assert err["type"] == "permission_error"
     assert "admin:write" in err["message"]
-    key = OctKey.import_key(SECRET.encode())
-    tok = jwt.encode({"alg": "HS256"}, _claims(settings, scope="openid profile"), key)
+    key = SECRET.encode()
+    tok = sign({"alg": "HS256"}, _claims(settings, scope="openid profile"), key)
     _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                   403, "insufficient_scope")
     # admin:write alone implies admin:read
@@ -108,10 +106,10 @@ async def test_read_scope_cannot_write_and_no_scope_cannot_read(client, auth, se
 
 @pytest.fixture
 def jwks(tmp_path):
-    rsa = RSAKey.generate_key(2048, parameters={"kid": "rsa-1", "use": "sig"})
-    ec = ECKey.generate_key("P-256", parameters={"kid": "ec-1", "use": "sig"})
+    rsa = new_jwk("RSA", "rsa-1")
+    ec = new_jwk("EC", "ec-1")
     path = tmp_path / "jwks.json"
-    path.write_text(json.dumps({"keys": [rsa.as_dict(private=False), ec.as_dict(private=False)]}))
+    path.write_text(json.dumps({"keys": [public_jwk(rsa), public_jwk(ec)]}))
     return path, rsa, ec
 
 
@@ -129,7 +127,7 @@ async def idp_client(settings, jwks):
 async def test_rs256_and_es256_tokens_from_jwks_file(idp_client, settings, jwks):
     _, rsa, ec = jwks
     for alg, key in (("RS256", rsa), ("ES256", ec)):
-        tok = jwt.encode({"alg": alg, "kid": key.kid}, _claims(settings, sub=f"idp-{alg}", scope=None,
+        tok = sign({"alg": alg, "kid": key.kid}, _claims(settings, sub=f"idp-{alg}", scope=None,
                                                                scp=["admin:read"]), key)
         resp = await idp_client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {tok}"})
         assert resp.status_code == 200, resp.text
@@ -144,40 +142,40 @@ async def test_rs256_and_es256_tokens_from_jwks_file(idp_client, settings, jwks)
 
 async def test_unknown_kid_and_foreign_key_are_401(idp_client, settings, jwks):
     _, rsa, _ = jwks
-    stranger = RSAKey.generate_key(2048, parameters={"kid": "rsa-9"})
-    tok = jwt.encode({"alg": "RS256", "kid": "rsa-9"}, _claims(settings), stranger)
+    stranger = new_jwk("RSA", "rsa-9")
+    tok = sign({"alg": "RS256", "kid": "rsa-9"}, _claims(settings), stranger)
     err = _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                         401, "invalid_token")
     assert "rsa-9" in err["message"]
     # a stranger's key that claims a known kid fails the signature check
-    tok = jwt.encode({"alg": "RS256", "kid": rsa.kid}, _claims(settings), stranger)
+    tok = sign({"alg": "RS256", "kid": rsa.kid}, _claims(settings), stranger)
     err = _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                         401, "invalid_token")
     assert "signature" in err["message"]
     # expired IdP token
-    tok = jwt.encode({"alg": "RS256", "kid": rsa.kid}, _claims(settings, exp=int(time.time()) - 300), rsa)
+    tok = sign({"alg": "RS256", "kid": rsa.kid}, _claims(settings, exp=int(time.time()) - 300), rsa)
     _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                   401, "invalid_token")
 
 
 async def test_rs256_without_jwks_configured_is_401(client, settings):
-    rsa = RSAKey.generate_key(2048, parameters={"kid": "rsa-1"})
-    tok = jwt.encode({"alg": "RS256", "kid": "rsa-1"}, _claims(settings), rsa)
+    rsa = new_jwk("RSA", "rsa-1")
+    tok = sign({"alg": "RS256", "kid": "rsa-1"}, _claims(settings), rsa)
     _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
                   401, "invalid_token")
 
 
 async def test_jwks_rotation_is_picked_up_on_unknown_kid(settings, tmp_path):
-    first = RSAKey.generate_key(2048, parameters={"kid": "old"})
-    second = RSAKey.generate_key(2048, parameters={"kid": "new"})
+    first = new_jwk("RSA", "old")
+    second = new_jwk("RSA", "new")
     path = tmp_path / "jwks.json"
-    path.write_text(json.dumps({"keys": [first.as_dict(private=False)]}))
+    path.write_text(json.dumps({"keys": [public_jwk(first)]}))
     verifier = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": f"file://{path}"}))
     verifier.jwks.refresh_floor_s = 0
-    tok_old = jwt.encode({"alg": "RS256", "kid": "old"}, _claims(settings), first)
+    tok_old = sign({"alg": "RS256", "kid": "old"}, _claims(settings), first)
     assert (await verifier.verify(tok_old)).subject == "idp-user"
-    path.write_text(json.dumps({"keys": [second.as_dict(private=False)]}))
-    tok_new = jwt.encode({"alg": "RS256", "kid": "new"}, _claims(settings), second)
+    path.write_text(json.dumps({"keys": [public_jwk(second)]}))
+    tok_new = sign({"alg": "RS256", "kid": "new"}, _claims(settings), second)
     assert (await verifier.verify(tok_new)).subject == "idp-user"  # re-read on the unknown kid
     with pytest.raises(ApiError) as info:
         await verifier.verify(tok_old)  # cached set still fresh: old key is gone after re-read
@@ -211,7 +209,7 @@ async def test_jwks_over_http(settings, jwks):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/.well-known/jwks.json"
         verifier = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": url}))
-        tok = jwt.encode({"alg": "RS256", "kid": rsa.kid}, _claims(settings), rsa)
+        tok = sign({"alg": "RS256", "kid": rsa.kid}, _claims(settings), rsa)
         for _ in range(3):
             assert (await verifier.verify(tok)).subject == "idp-user"
         assert Handler.hits == 1  # cached

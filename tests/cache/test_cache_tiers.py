@@ -134,26 +134,27 @@ async def test_cross_process_visibility_within_one_second(make_cache, policy):
     assert b._local is not None and a._local is not b._local
 
 
-async def test_cross_process_visibility_subprocess(make_cache, policy, prefix):
-    """A real second process stores; this one finds it."""
+async def test_cross_process_visibility_subprocess(make_cache, policy, prefix, embedder):
+    """A real second process stores (through the store API); this one finds it at once."""
     import asyncio
     import sys
     import textwrap
 
     c = make_cache()
-    assert (await c.lookup("acme", chat("What port does Redis use by default?"), policy)).outcome == "miss"
+    question = "What port does Redis use by default?"
+    assert (await c.lookup("acme", chat(question), policy)).outcome == "miss"
+    vec_hex = (await embedder.embed(question)).tobytes().hex()  # the child needs no model
     code = textwrap.dedent(f"""
-        import asyncio, redis.asyncio as R
+        import asyncio, numpy as np, redis.asyncio as R
         from cache.store import EntryStore, NewEntry
         from cache.canonical import canonicalize
-        from cache.embedder import Embedder
         async def main():
             r = R.Redis.from_url("redis://127.0.0.1:6379/4")
             st = EntryStore(r, {prefix!r})
             body = {{"model": "smollm2-135m-instruct", "temperature": 0,
-                     "messages": [{{"role": "user", "content": "What port does Redis use by default?"}}]}}
+                     "messages": [{{"role": "user", "content": {question!r}}}]}}
             q = canonicalize("acme", body)
-            vec = (await Embedder().embed_many([q.query]))[0]
+            vec = np.frombuffer(bytes.fromhex({vec_hex!r}), np.float32)
             keys = st.keys("acme")
             resp = {{"choices": [{{"index": 0, "message": {{"role": "assistant", "content": "6379"}},
                                    "finish_reason": "stop"}}]}}
@@ -190,3 +191,13 @@ async def test_concurrent_lookups_share_embedding_batches(make_cache, policy, em
     rs = await asyncio.gather(*(c.lookup("acme", q, policy) for q in qs))
     assert all(r.outcome in ("miss", "semantic-hit") for r in rs)
     assert embedder.batches - before < 12
+
+
+async def test_works_with_a_decoding_client(make_cache, policy):
+    """The gateway's client may decode responses to str; vectors still round-trip as bytes."""
+    a = make_cache(client_kw={"decode_responses": True})
+    b = make_cache(client_kw={"decode_responses": True})
+    await b.lookup("acme", chat("warm"), policy)
+    await a.store("acme", chat("What is an inode?"), answer("a file record"), policy)
+    assert (await a.lookup("acme", chat("What is an inode?"), policy)).outcome == "hit"
+    assert (await b.lookup("acme", chat("What's an inode?"), policy)).outcome == "semantic-hit"

@@ -97,3 +97,19 @@ async def test_embedded_redis_starts_persists_and_stops(tmp_path):
         await r.aclose()
         await r.connection_pool.disconnect()
         again.stop()
+
+
+def test_embedded_redis_stop_ends_the_server_even_with_clients_connected(tmp_path):
+    import os
+
+    import redis
+
+    server = EmbeddedRedis(tmp_path)
+    url = server.start()
+    pid = server._lite.pid
+    client = redis.Redis.from_url(url)
+    client.ping()  # a client that never disconnects (e.g. a leaked pool)
+    server.stop()
+    with pytest.raises(OSError):
+        os.kill(pid, 0)  # the process is gone
+    client.close()

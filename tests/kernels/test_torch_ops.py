@@ -62,3 +62,30 @@ def test_write_kv_cache_equals_reference(skip):
     write_kv_cache_ref(key, value, kr, vr, slots)
     write_kv_cache_torch(key, value, kt, vt, slots)
     assert torch.equal(kr, kt) and torch.equal(vr, vt)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_with_shared_prefix_blocks_equals_reference(dtype):
+    """Sequences whose tables start with the same blocks (a shared system prompt) take the
+    cascade path: the shared part once for all, merged with each sequence's own blocks."""
+    gen = torch.Generator().manual_seed(1)
+    bs, hq, hkv, d, nblocks = 16, 9, 3, 64, 40
+    kc = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+    vc = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+    shared = [7, 3, 11]
+    own = [[20, 21], [22], [23, 24, 25], [26]]
+    seq_lens = torch.tensor([3 * bs + 20, 3 * bs + 1, 3 * bs + 40, 3 * bs + 16], dtype=torch.int32)
+    rows = [shared + o for o in own]
+    width = max(map(len, rows)) + 1
+    tables = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int32)
+    query = torch.randn(4, hq, d, generator=gen).to(dtype)
+    kw = dict(query_start_loc=torch.arange(5, dtype=torch.int32), seq_lens=seq_lens, block_tables=tables,
+              scale=d**-0.5)
+    expected = paged_attention_ref(query, kc, vc, **kw)
+    got = paged_attention_torch(query, kc, vc, **kw, max_query_len=1, max_seq_len=int(seq_lens.max()))
+    torch.testing.assert_close(got.float(), expected.float(), atol=ATOL[dtype], rtol=1e-4)
+    # a single-token-past-the-prefix sequence (all of its context shared but the last token)
+    got_one = paged_attention_torch(query[:2], kc, vc, **{**kw, "seq_lens": seq_lens[:2],
+                                    "block_tables": tables[:2], "query_start_loc": kw["query_start_loc"][:3]},
+                                    max_query_len=1)
+    torch.testing.assert_close(got_one.float(), expected[:2].float(), atol=ATOL[dtype], rtol=1e-4)

@@ -1,0 +1,88 @@
+"""What an admin change may contain: the request bodies of the admin API, also used by the CLI and
+the dashboard (through ``Management``) so every surface refuses the same bad values with the same
+message. Unknown fields are refused (a typo must not pass silently). Bounds are the database's:
+32-bit integer columns, 64-bit token budgets, money as NUMERIC(18, 8)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+Period = Literal["day", "month"]
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Money = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=8)]
+TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class InvalidField(ValueError):
+    """A value that breaks a schema rule; ``param`` names the field (``None``: the whole body)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def validated(model: type[BaseModel], data: dict) -> BaseModel:
+    """``model`` built from ``data``; the first problem is raised as ``InvalidField``."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        raise InvalidField(f"{param or 'request'}: {first.get('msg', 'invalid value')}", param) from exc
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantLimits(_Body):
+    """Tenant settings; on PATCH only the fields sent change, and ``null`` clears a limit."""
+
+    rpm: Count | None = Field(None, description="requests/minute; null: server default, 0: unlimited")
+    tpm: Count | None = Field(None, description="tokens/minute; null: server default, 0: unlimited")
+    budget_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    budget_usd: Money | None = None
+    period: Period | None = None
+    enabled: bool | None = None
+    cache_enabled: bool | None = None
+    cache_threshold: float | None = Field(None, gt=0, le=1)
+    cache_ttl_s: int | None = Field(None, ge=1, le=INT32_MAX)
+    cache_max_entries: int | None = Field(None, ge=1, le=INT32_MAX)
+
+    def changes(self) -> dict:
+        """Fields the client sent (``period``/flags cannot be cleared to null)."""
+        sent = self.model_dump(exclude_unset=True)
+        for flag in ("period", "enabled", "cache_enabled"):
+            if flag in sent and sent[flag] is None:
+                del sent[flag]
+        return sent
+
+
+class TenantCreate(TenantLimits):
+    name: str = Field(min_length=1, max_length=128, pattern=TENANT_NAME)
+
+
+class BudgetUpdate(_Body):
+    budget_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    budget_usd: Money | None = None
+    period: Period | None = None
+
+
+class KeyCreate(_Body):
+    name: str | None = Field(None, max_length=128)
+    allowed_models: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = None
+    rpm: Count | None = None
+
+
+class PriceSet(_Body):
+    prompt_usd_per_1m: Money
+    completion_usd_per_1m: Money
+
+
+class PriceModel(_Body):
+    model: str = Field(min_length=1, max_length=128)
