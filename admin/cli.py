@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import sqlite3
 import sys
 from decimal import Decimal, InvalidOperation
 
+from pydantic import ValidationError
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from admin import cli_commands as cmd
 from admin.management import Conflict, NotFound
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
+
+
+def _safe_url(url: str) -> str:
+    """The URL with any password hidden (it goes to a terminal or a log)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # unparsable: nothing to hide that SQLAlchemy could find either
+        return url
 
 
 def _usd(value: str) -> Decimal:
@@ -28,9 +40,19 @@ def _usd(value: str) -> Decimal:
 
 
 def _count(value: str) -> int:
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from exc
     if n < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
+    return n
+
+
+def _positive(value: str) -> int:
+    n = _count(value) if not value.lstrip().startswith("-") else -1
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number > 0, not {value!r}")
     return n
 
 
@@ -46,7 +68,8 @@ def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
                    help="budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
     p.add_argument("--cache-threshold", type=float, help="semantic-cache similarity threshold (0..1]")
-    p.add_argument("--cache-ttl-s", type=int, help="semantic-cache entry lifetime in seconds")
+    p.add_argument("--cache-ttl-s", type=_positive, help="semantic-cache entry lifetime in seconds")
+    p.add_argument("--cache-max-entries", type=_positive, help="semantic-cache entries kept for this tenant")
 
 
 def _range_options(p: argparse.ArgumentParser) -> None:
@@ -116,12 +139,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd.summary)
     p = sub.add_parser("audit", help="recent admin changes")
     p.add_argument("--target", help="e.g. tenant:acme or key:pg-AbC1234")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--action", help="e.g. key.revoke")
+    p.add_argument("--limit", type=_positive, default=50, help="newest entries shown (default: 50)")
     p.set_defaults(run=cmd.audit)
 
     p = sub.add_parser("token", help="mint an HS256 admin token (PAGEGATE_ADMIN_JWT_SECRET)")
     p.add_argument("--scope", action="append", help="admin:read and/or admin:write (default: both)")
-    p.add_argument("--ttl", type=int, default=None, help="lifetime in seconds (default: admin_token_ttl_s)")
+    p.add_argument("--ttl", type=_positive, default=None, help="lifetime in seconds (default: admin_token_ttl_s)")
     p.add_argument("--sub", default="admin", help="subject recorded in the audit log (default: admin)")
     p.set_defaults(run=None)
 
@@ -130,7 +154,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     """Entry point for ``pagegate admin``; returns the exit status (1 on a refused change)."""
-    settings = settings or Settings()
+    try:
+        settings = settings or Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        cmd.note(f"error: bad setting PAGEGATE_{str(first['loc'][0]).upper()}: {first['msg']}")
+        return 1
+    # the CLI prints its own warning when a Redis invalidation fails; the service log line would repeat it
+    logging.getLogger("pagegate.admin").setLevel(logging.ERROR)
     try:
         if args.admin_cmd == "token":
             return cmd.token(settings, args)
@@ -138,8 +169,9 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     except (NotFound, Conflict, TenancyError, ValueError) as exc:
         cmd.note(f"error: {exc}")
         return 1
-    except (OSError, SQLAlchemyError) as exc:
-        cmd.note(f"error: cannot use the database at {settings.database_url}: {exc}")
+    except (OSError, SQLAlchemyError, sqlite3.Error) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        cmd.note(f"error: cannot use the database at {_safe_url(settings.database_url)}: {reason}")
         return 1
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 
 from redis.asyncio import Redis
+from sqlalchemy.engine import make_url
 
 from admin import reports
 from admin.audit import list_entries
@@ -29,6 +31,7 @@ def note(message: str) -> None:
 @asynccontextmanager
 async def management(settings: Settings) -> AsyncIterator[Management]:
     db = Database(settings.database_url)
+    _check_sqlite_file(settings.database_url)
     await db.upgrade()
     redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
     try:
@@ -39,6 +42,15 @@ async def management(settings: Settings) -> AsyncIterator[Management]:
         if redis is not None:
             await redis.aclose()
         await db.dispose()
+
+
+def _check_sqlite_file(url: str) -> None:
+    """Open a SQLite file once, synchronously, so an unusable path fails here with a plain
+    ``sqlite3.Error`` rather than inside the migration's own event loop (whose driver thread
+    would then print a traceback while the loop closes)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        sqlite3.connect(parsed.database).close()
 
 
 def _user() -> str:
@@ -186,7 +198,7 @@ async def summary(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def audit(ops: Management, args: argparse.Namespace) -> int:
-    entries = await list_entries(ops.session, target=args.target, limit=args.limit)
+    entries = await list_entries(ops.session, target=args.target, action=args.action, limit=args.limit)
     cols = ("id", "created_at", "actor", "action", "target")
     print(format_table(cols, [[e[c] for c in cols] for e in entries]))
     return 0

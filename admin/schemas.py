@@ -5,10 +5,11 @@ message. Unknown fields are refused (a typo must not pass silently). Bounds are 
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 Period = Literal["day", "month"]
 INT32_MAX = 2**31 - 1
@@ -33,7 +34,8 @@ def validated(model: type[BaseModel], data: dict) -> BaseModel:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
-        raise InvalidField(f"{param or 'request'}: {first.get('msg', 'invalid value')}", param) from exc
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        raise InvalidField(f"{param or 'request'}: {message}", param) from exc
 
 
 class _Body(BaseModel):
@@ -63,8 +65,14 @@ class TenantLimits(_Body):
         return sent
 
 
+def _tenant_name(name: str) -> str:
+    if not re.match(TENANT_NAME, name):
+        raise ValueError("a tenant name uses letters, digits, '.', '_' and '-', and starts with a letter or digit")
+    return name
+
+
 class TenantCreate(TenantLimits):
-    name: str = Field(min_length=1, max_length=128, pattern=TENANT_NAME)
+    name: Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_tenant_name)]
 
 
 class BudgetUpdate(_Body):

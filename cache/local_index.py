@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from cache.store import TenantKeys
 
 _LOAD_CHUNK = 500
+_BLOCK_ROWS = 2048
 
 
 @dataclass(slots=True)
@@ -72,7 +73,12 @@ class VectorSpace:
         n = len(self.ids)
         if n == 0:
             return []
-        scores = self.mat[:n] @ vec
+        # In row blocks: one big gemv wakes OpenBLAS's threads, which on a busy machine costs
+        # ~10x more than the arithmetic (measured: 10k x 384 in 11-20 ms vs 1.4 ms).
+        scores = np.empty(n, np.float32)
+        for i in range(0, n, _BLOCK_ROWS):
+            j = min(n, i + _BLOCK_ROWS)
+            np.dot(self.mat[i:j], vec, out=scores[i:j])
         k = min(k, n)
         top = np.argpartition(-scores, k - 1)[:k] if n > k else np.arange(n)
         top = top[np.argsort(-scores[top])]

@@ -145,6 +145,8 @@ def _cached_conversion(source: GGUFSource, cache_dir: Path) -> Path:
     try:
         convert_gguf(source.path, tmp)
         (tmp / SOURCE_MARKER).write_text(json.dumps(source.fingerprint(), indent=2))
+        if _is_complete(target, source):  # another process finished first: keep theirs
+            return target
         if target.exists():  # stale (older format or another GGUF): replace it
             shutil.rmtree(target, ignore_errors=True)
         try:

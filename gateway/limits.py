@@ -4,17 +4,17 @@ Built on slowapi's rate-limiting engine, the ``limits`` package, with Redis stor
 own ``Limiter`` is synchronous (its Redis calls would block the event loop) and keys limits by
 route, so the gateway keeps ``limits``' moving windows (exact; same keys and list layout as its
 asyncio ``MovingWindowRateLimiter``) with limits read per request from the caller's
-``Principal``, and takes + reads each window in one Lua round trip (``lua/rate_window.lua``)
-where ``limits`` needs two. Key and tenant windows are checked concurrently: one round trip of
-latency per request. ``slowapi_limiter()`` returns a slowapi ``Limiter`` on the same Redis storage
+``Principal``, and takes a request from the key's and the tenant's window and reads both in one
+Lua round trip (``lua/rate_window.lua``) where ``limits`` needs four. ``slowapi_limiter()`` returns a slowapi ``Limiter`` on the same Redis storage
 and key prefix for static per-route limits.
 
-Redis keys: ``<prefix>rl:LIMITER/{k|t}/<id>/<amount>/1/minute`` (single-key Lua ops, so Redis
-Cluster is fine). Changing a limit starts a fresh window (the amount is part of the key)."""
+Redis keys: ``<prefix>rl:LIMITER/{t:<tenant>}/k/<key id>/<amount>/1/minute`` and
+``<prefix>rl:LIMITER/{t:<tenant>}/t/<amount>/1/minute``: one hash tag per tenant, so the one
+script that takes a request from both windows (all or nothing) works on Redis Cluster. Changing a
+limit starts a fresh window (the amount is part of the key)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -77,14 +77,22 @@ class RequestLimiter:
         self._window = redis.register_script(resources.files("gateway.lua").joinpath("rate_window.lua").read_text())
 
     async def check_request(self, principal: Principal) -> dict[str, str]:
-        wanted = [("k", principal.key_id, principal.rpm_limit), ("t", principal.tenant_id, principal.tenant_rpm)]
+        windows = [w for w in self._windows(principal) if w[2] > 0]
+        if not windows:
+            return {}
+        now = time.time()
+        keys = [f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(*ids)}" for _, ids, limit in windows]
         try:
-            checks = await asyncio.gather(*(self._hit(kind, ident, limit)
-                                            for kind, ident, limit in wanted if limit > 0))
+            reply = await self._window(keys=keys, args=[repr(now), self.WINDOW_S, *(w[2] for w in windows)])
         except RedisError as exc:
             raise store_unavailable("rate-limit") from exc
-        if not checks:
-            return {}
+        allowed = bool(reply[0])
+        checks = []
+        for i, (scope, _, limit) in enumerate(windows):
+            count, oldest = int(reply[1 + 2 * i]), float(reply[2 + 2 * i])
+            full = count >= limit
+            checks.append(_Check(scope, limit, not (full and not allowed), max(0, limit - count),
+                                 max(0.0, oldest + self.WINDOW_S - now)))
         refused = [c for c in checks if not c.allowed]
         binding = max(refused, key=lambda c: c.reset_s) if refused else min(checks, key=lambda c: c.remaining)
         headers = {
@@ -92,27 +100,26 @@ class RequestLimiter:
             "x-ratelimit-remaining-requests": str(binding.remaining),
             "x-ratelimit-reset-requests": format_reset(binding.reset_s),
         }
-        if refused:
+        if not allowed:
             raise rate_limited(
                 f"Rate limit reached for requests: limit {binding.limit} per minute for this {binding.scope}. "
                 f"Please try again in {format_reset(binding.reset_s)}.",
                 retry_after_s=max(binding.reset_s, 0.001), headers=headers)
         return headers
 
-    async def _hit(self, kind: str, ident: int, limit: int) -> _Check:
-        key = f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(kind, str(ident))}"
-        now = time.time()
-        allowed, count, oldest = await self._window(keys=[key], args=[repr(now), limit, self.WINDOW_S])
-        scope = "API key" if kind == "k" else "organization"
-        reset_s = float(oldest) + self.WINDOW_S - now
-        return _Check(scope, limit, bool(allowed), max(0, limit - int(count)), max(0.0, reset_s))
+    @staticmethod
+    def _windows(p: Principal) -> list[tuple[str, tuple[str, ...], int]]:
+        """(scope, limits identifiers, limit) of the key's and the tenant's windows; the tenant's
+        hash tag leads the identifiers so both windows live in one Redis Cluster slot."""
+        tag = f"{{t:{p.tenant_id}}}"
+        return [("API key", (tag, "k", str(p.key_id)), p.rpm_limit),
+                ("organization", (tag, "t"), p.tenant_rpm)]
 
     async def reset(self, principal: Principal) -> None:
         """Forget both windows (admin action / tests)."""
-        for kind, ident, limit in (("k", principal.key_id, principal.rpm_limit),
-                                   ("t", principal.tenant_id, principal.tenant_rpm)):
+        for _, ids, limit in self._windows(principal):
             if limit > 0:
-                await self._strategy.clear(RateLimitItemPerMinute(limit), kind, str(ident))
+                await self._strategy.clear(RateLimitItemPerMinute(limit), *ids)
 
 
 def slowapi_limiter(redis_url: str, *, prefix: str, key_func=None):  # noqa: ANN001, ANN201

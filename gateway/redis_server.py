@@ -74,9 +74,7 @@ class EmbeddedRedis:
             lite, self._lite = self._lite, None
             if self._owner:
                 pid = lite.pid
-                with contextlib.suppress(Exception):
-                    lite.shutdown(save=True, now=True, force=True)
-                _wait_gone(pid)
+                _shutdown(lite, pid)
                 with contextlib.suppress(Exception):
                     lite._cleanup()  # removes its socket dir and registry file
             else:
@@ -109,15 +107,33 @@ def _registry_alive(settings_file: Path) -> bool:
         return False
 
 
-def _wait_gone(pid: int | None, timeout: float = 10.0) -> None:
+def _shutdown(client, pid: int | None) -> None:  # noqa: ANN001 - redis.Redis
+    """SHUTDOWN SAVE; if the snapshot cannot be written, SHUTDOWN NOSAVE; then signals."""
+    import os
+    import signal
+
+    for kwargs in ({"save": True}, {"nosave": True}):
+        with contextlib.suppress(Exception):
+            client.shutdown(**kwargs)
+        if _wait_gone(pid, 5.0):
+            return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+        if _wait_gone(pid, 5.0):
+            return
+
+
+def _wait_gone(pid: int | None, timeout: float) -> bool:
     import os
 
     if not pid:
-        return
+        return True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
         except OSError:
-            return
+            return True
         time.sleep(0.05)
+    return False

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import shlex
+import signal
 import sys
 
 from gateway.settings import Settings
@@ -98,6 +99,10 @@ async def prestart(settings: Settings) -> str | None:
     return None
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -120,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
 
         embedded = EmbeddedRedis(settings.data_dir)
         settings = settings.model_copy(update={"redis_url": embedded.start()})
+        # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the
+        # `finally` below still stops the embedded Redis (tenancy helper's change)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         key = asyncio.run(prestart(settings))
         if settings.dev_mode:

@@ -46,7 +46,8 @@ def as_api_error(exc: Exception) -> ApiError | None:
             return invalid_request("The request body is not valid JSON.")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
-        return invalid_request(f"{param or 'request body'}: {first.get('msg', 'invalid value')}", param=param)
+        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        return invalid_request(f"{param or 'request body'}: {message}", param=param)
     return None
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -57,14 +57,26 @@ def page(name: str, *, status: int = 200, **values: object) -> HTMLResponse:
     return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
 
 
+_REASONS = {400: "Bad request", 403: "Not allowed", 404: "Not found", 409: "Conflict",
+            500: "Server error", 503: "Unavailable"}
+
+
+def _same_site_referer(request: Request) -> str | None:
+    """The page to go back to, only when it is on this server (never a link to another site)."""
+    referer = request.headers.get("referer")
+    if referer and urlsplit(referer).netloc == request.url.netloc:
+        return referer
+    return None
+
+
 def _render_error(request: Request, err: ApiError) -> Response:
     if err.status == 401:
         resp = RedirectResponse(f"{ROOT}/login", status_code=303)
         if request.cookies.get(COOKIE):
             resp.delete_cookie(COOKIE, path=ROOT)
         return resp
-    return page("error.html", status=err.status, message=err.message, viewer=None,
-                back=request.headers.get("referer"))
+    return page("error.html", status=err.status, code=err.status, reason=_REASONS.get(err.status, "Error"),
+                message=err.message, viewer=None, back=_same_site_referer(request))
 
 
 def _ops(ctx: AdminContext, session, viewer: Viewer) -> Management:

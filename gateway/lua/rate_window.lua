@@ -1,24 +1,37 @@
--- Take one request from a moving window and report the window, in one round trip.
+-- Take one request from up to two moving windows (the key's and its tenant's), all or nothing,
+-- and report each window, in one round trip.
 -- Same layout as the `limits` package's moving window (the storage slowapi uses): a list of
--- request timestamps, newest first, trimmed to `limit` entries.
--- KEYS: 1 the window list.  ARGV: 1 now (s, float)  2 limit  3 window length (s)
--- Returns {allowed 1|0, requests in the window (after this one), oldest timestamp in the window}
-local now, limit, expiry = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local allowed = 0
-local edge = redis.call('LINDEX', KEYS[1], limit - 1)
-if not (edge and tonumber(edge) >= now - expiry) then
-  redis.call('LPUSH', KEYS[1], ARGV[1])
-  redis.call('LTRIM', KEYS[1], 0, limit - 1)
-  redis.call('EXPIRE', KEYS[1], expiry)
-  allowed = 1
+-- request timestamps, newest first, trimmed to `limit` entries. Both keys carry the tenant's hash
+-- tag, so this works on Redis Cluster.
+-- KEYS: the windows (1 or 2).  ARGV: 1 now (s, float)  2 window length (s)  3.. limit of each key
+-- Returns {allowed 1|0, then per key: requests in the window, oldest timestamp in the window}
+local now, expiry = tonumber(ARGV[1]), tonumber(ARGV[2])
+local allowed = 1
+for i, key in ipairs(KEYS) do
+  local edge = redis.call('LINDEX', key, tonumber(ARGV[2 + i]) - 1)
+  if edge and tonumber(edge) >= now - expiry then allowed = 0 end
 end
--- binary search for the oldest entry still inside the window
-local low, high, found = 0, redis.call('LLEN', KEYS[1]) - 1, -1
+if allowed == 1 then
+  for i, key in ipairs(KEYS) do
+    redis.call('LPUSH', key, ARGV[1])
+    redis.call('LTRIM', key, 0, tonumber(ARGV[2 + i]) - 1)
+    redis.call('EXPIRE', key, expiry)
+  end
+end
+local out = {allowed}
 local target = now - expiry
-while low <= high do
-  local mid = math.floor((low + high) / 2)
-  local v = tonumber(redis.call('LINDEX', KEYS[1], mid))
-  if v and v >= target then found = mid; low = mid + 1 else high = mid - 1 end
+for _, key in ipairs(KEYS) do
+  -- binary search for the oldest entry still inside the window
+  local low, high, found = 0, redis.call('LLEN', key) - 1, -1
+  while low <= high do
+    local mid = math.floor((low + high) / 2)
+    local v = tonumber(redis.call('LINDEX', key, mid))
+    if v and v >= target then found = mid; low = mid + 1 else high = mid - 1 end
+  end
+  if found < 0 then
+    table.insert(out, 0); table.insert(out, ARGV[1])
+  else
+    table.insert(out, found + 1); table.insert(out, redis.call('LINDEX', key, found))
+  end
 end
-if found < 0 then return {allowed, 0, ARGV[1]} end
-return {allowed, found + 1, redis.call('LINDEX', KEYS[1], found)}
+return out

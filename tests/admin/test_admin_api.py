@@ -261,3 +261,85 @@ async def test_write_survives_unreachable_redis(settings, auth):
             assert resp.status_code == 200 and resp.json()["enabled"] is False
     finally:
         await router.admin_context.aclose()
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/admin/v1/tenants", {"rpm": 2**31}, "rpm"),  # past the INTEGER column
+    ("/admin/v1/tenants", {"budget_tokens": 2**63}, "budget_tokens"),
+    ("/admin/v1/tenants", {"budget_usd": "1e20"}, "budget_usd"),  # past NUMERIC(18, 8)
+    ("/admin/v1/tenants", {"budget_usd": "NaN"}, "budget_usd"),
+    ("/admin/v1/tenants", {"cache_ttl_s": 0}, "cache_ttl_s"),
+    ("/admin/v1/tenants", {"cache_threshold": 1.5}, "cache_threshold"),
+    ("/admin/v1/prices/m", {"prompt_usd_per_1m": "0.000000001", "completion_usd_per_1m": 1}, "prompt_usd_per_1m"),
+    ("/admin/v1/prices/m", {"prompt_usd_per_1m": 1e30, "completion_usd_per_1m": 1}, "prompt_usd_per_1m"),
+    ("/admin/v1/prices/" + "m" * 129, {"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1}, "model"),
+    ("/admin/v1/tenants/{t}/keys", {"rpm": 2**31}, "rpm"),
+    ("/admin/v1/tenants/{t}/keys", {"allowed_models": [""]}, "allowed_models.0"),
+    ("/admin/v1/tenants/{t}/keys", {"allowed_models": "all"}, "allowed_models"),
+])
+async def test_out_of_range_values_are_400_on_both_databases(client, auth, path, body, param):
+    """Values the database columns cannot hold are refused up front (PostgreSQL would fail the
+    INSERT with a 500; SQLite would silently store them)."""
+    tenant = unique("bounds")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    path = path.replace("{t}", tenant)
+    if path == "/admin/v1/tenants":
+        body = {"name": unique("b"), **body}
+    method = "PUT" if "/prices/" in path else "POST"
+    resp = await client.request(method, path, json=body, headers=auth())
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] == {"message": resp.json()["error"]["message"], "type": "invalid_request_error",
+                                    "param": param, "code": None}
+    assert param in resp.json()["error"]["message"]
+
+
+async def test_odd_requests_get_clear_errors(client, auth):
+    resp = await client.post("/admin/v1/tenants", content=b"not json",
+                             headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["message"] == "The request body is not valid JSON."
+    resp = await client.post("/admin/v1/tenants", json={"name": "bad name!"}, headers=auth())
+    assert resp.status_code == 400 and "letters, digits" in resp.json()["error"]["message"]
+    assert not resp.json()["error"]["message"].startswith("name: Value error")
+    for ref in ("99999999999999999999", "0", "pg-nothing"):
+        resp = await client.get(f"/admin/v1/keys/{ref}", headers=auth())
+        assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found", resp.text
+        assert (await client.post(f"/admin/v1/keys/{ref}/revoke", headers=auth())).status_code == 404
+    tenant = unique("range")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    for params in ({"until": "0001-01-02"}, {"since": "0001-01-01", "until": "9999-12-31"}):
+        resp = await client.get(f"/admin/v1/tenants/{tenant}/report", params=params, headers=auth())
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["total"]["requests"] == 0
+    resp = await client.get(f"/admin/v1/tenants/{tenant}/report", params={"since": "2026-13-45"}, headers=auth())
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "since"
+
+
+async def test_revoking_twice_changes_nothing_the_second_time(client, app, auth):
+    tenant = unique("twice")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    key = (await client.post(f"/admin/v1/tenants/{tenant}/keys", json={}, headers=auth())).json()
+    first = await client.post(f"/admin/v1/keys/{key['id']}/revoke", headers=auth())
+    second = await client.post(f"/admin/v1/keys/{key['prefix']}/revoke", headers=auth())
+    assert first.status_code == second.status_code == 200
+    assert second.json()["revoked_at"] == first.json()["revoked_at"]
+    assert len(await _audit(app, "key.revoke", f"key:{key['prefix']}")) == 1
+
+
+async def test_unreachable_database_is_503_in_the_error_shape(settings, auth):
+    import httpx
+    from fastapi import FastAPI
+
+    import admin
+
+    router = admin.build_admin_router(settings.model_copy(
+        update={"database_url": "postgresql+asyncpg://postgres@127.0.0.1:1/nothing"}))
+    app = FastAPI()
+    app.include_router(router)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            resp = await c.get("/admin/v1/tenants", headers=auth())
+    finally:
+        await router.admin_context.aclose()
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "database_unavailable"
+    assert "Traceback" not in resp.text

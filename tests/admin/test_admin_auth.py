@@ -220,3 +220,47 @@ async def test_jwks_over_http(settings, jwks):
     finally:
         server.shutdown()
         server.server_close()
+
+
+async def test_key_type_must_match_alg_and_sub_must_be_a_string(idp_client, settings, jwks):
+    """An RS256 header naming the EC key's kid is refused before verifying (no 500 from a key of the
+    wrong type); a token whose ``sub`` is not a string is refused (it is written to the audit log)."""
+    _, rsa, ec = jwks
+    tok = sign({"alg": "RS256", "kid": ec.kid}, _claims(settings), rsa)
+    err = _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                        401, "invalid_token")
+    assert ec.kid in err["message"] and "RSA" in err["message"]
+    tok = sign({"alg": "HS256"}, _claims(settings, sub=12345), SECRET.encode())
+    err = _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                        401, "invalid_token")
+    assert "sub" in err["message"]
+    tok = sign({"alg": "HS256"}, _claims(settings, exp="tomorrow"), SECRET.encode())
+    _assert_error(await idp_client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {tok}"}),
+                  401, "invalid_token")
+
+
+async def test_jwks_skips_a_malformed_key_and_survives_an_unreachable_idp(settings, tmp_path):
+    good = new_jwk("EC", "good")
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{"kty": "RSA", "kid": "broken", "n": "AQAB"}, public_jwk(good)]}))
+    verifier = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": str(path)}))
+    verifier.jwks.ttl_s = 0  # every verify wants a fresh read
+    verifier.jwks.refresh_floor_s = 0
+    tok = sign({"alg": "ES256", "kid": "good"}, _claims(settings), good)
+    assert (await verifier.verify(tok)).subject == "idp-user"
+    path.unlink()  # the IdP goes away: the last good set keeps working
+    assert (await verifier.verify(tok)).subject == "idp-user"
+    fresh = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": str(path)}))
+    with pytest.raises(ApiError) as info:  # never read: nothing to fall back on
+        await fresh.verify(tok)
+    assert info.value.status == 401 and "key set" in info.value.message
+
+
+def test_importing_admin_auth_prints_no_deprecation_warning():
+    """authlib.jose warns on import (Authlib 1.6+); admin.jose silences exactly that warning."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", "import admin.jose"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "deprecated" not in done.stderr, done.stderr

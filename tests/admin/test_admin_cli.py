@@ -188,23 +188,63 @@ def test_prices_report_summary_and_token(env, capsys):
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # once: in-process tests cover PostgreSQL
-def test_pagegate_entry_point_subprocess(env, tmp_path):
-    """The real ``pagegate admin`` command line: tenant then key, key alone on stdout."""
+def test_pagegate_entry_point_subprocess(env, capsys, tmp_path):
+    """The real ``pagegate admin`` command line (one process start, the slow part): the key alone on
+    stdout."""
     try:
         from gateway.cli import build_parser
 
         build_parser()
     except ImportError as exc:  # the gateway's other subcommands are still being written
         pytest.skip(f"gateway.cli cannot build its parser yet: {exc}")
+    name = unique("sub")
+    assert run(capsys, "tenants", "create", name, "--budget-tokens", "1000")[0] == 0
     environ = {**os.environ, "PAGEGATE_DATABASE_URL": env.database_url, "PAGEGATE_REDIS_URL": env.redis_url,
                "PAGEGATE_REDIS_PREFIX": env.redis_prefix}
-    name = unique("sub")
-    base = [sys.executable, "-m", "gateway.cli", "admin"]
-    done = subprocess.run([*base, "tenants", "create", name, "--budget-tokens", "1000"], env=environ, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    done = subprocess.run([*base, "keys", "create", "--tenant", name], env=environ, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "admin", "keys", "create", "--tenant", name],
+                          env=environ, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 1 and looks_like_key(lines[0])
+    assert "Traceback" not in done.stderr
+
+
+def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
+    """Bad values, a bad database URL (password hidden) and bad settings: exit 1, one line on stderr."""
+    code, out, err = run(capsys, "tenants", "create", "bad name!")
+    assert (code, out) == (1, "") and err.startswith("error: name: a tenant name uses letters")
+    code, _, err = run(capsys, "tenants", "create", unique("t"), "--cache-threshold", "5")
+    assert code == 1 and "cache_threshold" in err
+    code, _, err = run(capsys, "prices", "set", unique("m"), "--prompt", "0.000000001", "--completion", "1")
+    assert code == 1 and "8 decimal places" in err
+    code, _, err = run(capsys, "keys", "revoke", "99999999999999999999")
+    assert code == 1 and "No API key" in err
+    for url in ("postgresql+asyncpg://postgres:hunter2@127.0.0.1:1/nothing", "sqlite+aiosqlite:////proc/no/x.db",
+                "not a url"):
+        monkeypatch.setenv("PAGEGATE_DATABASE_URL", url)
+        code, out, err = run(capsys, "tenants", "list")
+        assert code == 1 and out == "" and err.startswith("error: cannot use the database at"), err
+        assert "hunter2" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setenv("PAGEGATE_PORT", "eighty")
+    code, _, err = run(capsys, "tenants", "list")
+    assert code == 1 and err.strip() == (
+        "error: bad setting PAGEGATE_PORT: Input should be a valid integer, unable to parse string as an integer")
+    for argv in (["audit", "--limit", "0"], ["token", "--ttl", "-5"], ["tenants", "create", "x", "--rpm", "lots"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2
+        assert "Traceback" not in capsys.readouterr().err
+
+
+def test_tables_align_and_format_values():
+    from admin.tables import format_table
+
+    text = format_table(("name", "rpm", "cost", "note", "created_at"),
+                        [["acme", 1200, 0.15, None, "2026-03-01T12:30:00+00:00"],
+                         ["b", None, 12.5, None, None]])
+    assert text.splitlines() == [
+        "name    rpm   cost  note  created_at",
+        "----  -----  -----  ----  -------------------",
+        "acme  1,200   0.15  -     2026-03-01 12:30:00",  # numbers right-aligned, money shows cents
+        "b         -  12.50  -     -",  # an all-empty column stays left-aligned
+    ]

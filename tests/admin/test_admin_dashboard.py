@@ -147,3 +147,20 @@ async def test_logout_clears_cookie(browser_like, token):
     assert resp.status_code == 303 and f'{COOKIE}=""' in resp.headers["set-cookie"]
     c.cookies.clear()
     assert (await c.get("/admin/tenants")).status_code == 303
+
+
+async def test_error_pages_say_what_went_wrong(browser_like, token):
+    c = browser_like
+    await _sign_in(c, token())
+    csrf = _csrf((await c.get("/admin/tenants")).text)
+    resp = await c.get("/admin/tenants/nobody-here", headers={"referer": "https://evil.example/x"})
+    assert resp.status_code == 404
+    assert "<h1>404 · Not found</h1>" in resp.text and "No tenant named" in resp.text
+    assert "evil.example" not in resp.text  # the Back link never leads off this server
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("big"), "rpm": str(2**31)},
+                        headers={"referer": "http://admin.test/admin/tenants"})
+    assert resp.status_code == 400 and "<h1>400 · Bad request</h1>" in resp.text
+    assert "rpm: Input should be less than or equal to 2147483647" in resp.text
+    assert 'href="http://admin.test/admin/tenants"' in resp.text
+    resp = await c.post("/admin/keys/99999999999999/revoke", data={"csrf": csrf})
+    assert resp.status_code == 404 and "No API key" in resp.text

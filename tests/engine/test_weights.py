@@ -70,6 +70,39 @@ def test_iter_safetensors_yields_every_tensor(tiny_model_dir: Path) -> None:
     assert all(torch.equal(got[k], expected[k]) for k in expected)
 
 
+def test_gguf_cache_is_atomic_and_follows_its_source(tmp_path: Path, monkeypatch) -> None:
+    """The cache logic around the (slow) converter, with a stand-in converter that writes files."""
+    calls: list[Path] = []
+
+    def fake_convert(gguf_path: Path, out_dir: Path) -> None:
+        calls.append(out_dir)
+        if gguf_path.read_bytes() == b"broken":
+            raise RuntimeError("conversion failed")
+        (out_dir / "model.safetensors").write_bytes(gguf_path.read_bytes())
+
+    monkeypatch.setattr(weights, "convert_gguf", fake_convert)
+    gguf, cache = tmp_path / "My-Model.Q4.gguf", tmp_path / "cache"
+    gguf.write_bytes(b"v1")
+    first = resolve_model_dir(str(gguf), cache)
+    assert first == cache / "My-Model.Q4" and served_name(str(gguf)) == "My-Model.Q4"
+    assert resolve_model_dir(str(gguf), cache) == first and len(calls) == 1  # cache hit
+
+    gguf.write_bytes(b"v2 longer")  # another GGUF under the same name: converted again
+    assert (resolve_model_dir(str(gguf), cache) / "model.safetensors").read_bytes() == b"v2 longer"
+    assert len(calls) == 2
+
+    marker = first / weights.SOURCE_MARKER
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": 0}))  # older converter
+    resolve_model_dir(str(gguf), cache)
+    assert len(calls) == 3
+
+    gguf.write_bytes(b"broken")
+    with pytest.raises(RuntimeError):
+        resolve_model_dir(str(gguf), cache)
+    assert sorted(p.name for p in cache.iterdir()) == ["My-Model.Q4"]  # no temp dir left behind
+    assert (first / "model.safetensors").read_bytes() == b"v2 longer"  # the old entry is untouched
+
+
 @pytest.fixture(scope="module")
 def bundled_dir() -> Path:
     return resolve_model_dir(BUNDLED_MODEL_ID, SHARED_CACHE)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-# --- tenancy fixtures: real Redis (DB 2, one key prefix per test), real PostgreSQL (a database per
-# --- test, copied from a migrated template) and SQLite files ------------------------------------
+# --- tenancy fixtures: real Redis (DB 2, one key prefix per test), real PostgreSQL (one migrated
+# --- database per session, emptied before each test) and SQLite files ---------------------------
 import asyncio
 import os
 import uuid

@@ -85,9 +85,10 @@ async def test_windows_are_limits_moving_windows(tenancy, make_tenant):
     for _ in range(3):
         await tenancy.limiter.check_request(p)
     strategy = tenancy.limiter._strategy  # limits.aio.strategies.MovingWindowRateLimiter
-    stats = await strategy.get_window_stats(RateLimitItemPerMinute(5), "k", str(p.key_id))
+    ids = (f"{{t:{p.tenant_id}}}", "k", str(p.key_id))
+    stats = await strategy.get_window_stats(RateLimitItemPerMinute(5), *ids)
     assert stats.remaining == 2
-    assert await strategy.hit(RateLimitItemPerMinute(5), "k", str(p.key_id))  # limits' own hit counts too
+    assert await strategy.hit(RateLimitItemPerMinute(5), *ids)  # limits' own hit counts too
     h = await tenancy.limiter.check_request(p)
     assert h["x-ratelimit-remaining-requests"] == "0"
 
@@ -115,3 +116,27 @@ async def test_unreachable_redis_fails_closed_with_503(tenancy, make_tenant):
         assert e.value.status == 503
     finally:
         await dead.aclose()
+
+
+async def test_refusal_consumes_nothing(tenancy, make_tenant):
+    """All or nothing: a request the tenant window refuses does not use up the key's window."""
+    from gateway import tenancy as svc
+
+    tenant, key1, _ = await make_tenant(rpm=2, key_rpm=3)
+    async with tenancy.db.sessionmaker() as s:
+        _, new = await svc.create_api_key(s, tenant_id=tenant.id, rpm=3)
+        await s.commit()
+    p1 = await tenancy.auth.authenticate(f"Bearer {key1}")
+    p2 = await tenancy.auth.authenticate(f"Bearer {new.key}")
+    await tenancy.limiter.check_request(p2)
+    await tenancy.limiter.check_request(p2)  # the tenant's 2 are used up by key 2
+    for _ in range(3):
+        with pytest.raises(ApiError) as e:
+            await tenancy.limiter.check_request(p1)
+        assert "organization" in e.value.message
+    await tenancy.limiter.reset(p2)  # clears key 2's and the tenant's windows, not key 1's
+    h = await tenancy.limiter.check_request(p1)
+    assert h["x-ratelimit-limit-requests"] == "2"  # the tenant is the tighter window
+    await tenancy.limiter.check_request(p1)
+    with pytest.raises(ApiError):
+        await tenancy.limiter.check_request(p1)  # tenant full again; key 1 still has 1 of 3 left
