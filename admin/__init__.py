@@ -29,9 +29,11 @@ def build_admin_router(settings: Settings, *, database: Database | None = None,
     from admin.dashboard import build_dashboard_router
 
     ctx = AdminContext(settings, database=database, redis=redis)
+    log = logging.getLogger("pagegate.admin")
     if settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default:
-        logging.getLogger("pagegate.admin").warning(
-            "PAGEGATE_ADMIN_JWT_SECRET is the built-in default: anyone can mint admin tokens; set your own")
+        log.warning("PAGEGATE_ADMIN_JWT_SECRET is the built-in default: anyone can mint admin tokens; set your own")
+    elif len(settings.admin_jwt_secret.encode()) < 32:
+        log.warning("PAGEGATE_ADMIN_JWT_SECRET is shorter than 32 bytes: HS256 admin tokens can be brute-forced")
 
     @asynccontextmanager
     async def lifespan(_app):

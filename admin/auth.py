@@ -102,6 +102,8 @@ class AdminTokenVerifier:
     def __init__(self, settings: Settings, *, jwks: JwksSource | None = None) -> None:
         self.settings = settings
         self._hmac = settings.admin_jwt_secret.encode()
+        # one decoder per algorithm: a token is checked only with the algorithm its key is for
+        self._jwt = {alg: JsonWebToken([alg]) for alg in (*HMAC_ALGS, *ASYMMETRIC_ALGS)}
         self.jwks = jwks or (JwksSource(settings.admin_jwks_url) if settings.admin_jwks_url else None)
         self._claims_options = {"iss": {"essential": True, "value": settings.admin_jwt_issuer},
                                 "sub": {"essential": True}, "exp": {"essential": True}}
@@ -111,6 +113,8 @@ class AdminTokenVerifier:
             raise unauthorized("Missing admin bearer token (Authorization: Bearer <jwt>).")
         header = _peek_header(token)
         alg = header.get("alg")
+        if not isinstance(alg, str):
+            raise unauthorized("The admin token is malformed (no 'alg' header).")
         if alg in HMAC_ALGS:
             key: bytes | Key = self._hmac
         elif alg in ASYMMETRIC_ALGS:
@@ -118,7 +122,7 @@ class AdminTokenVerifier:
         else:
             raise unauthorized(f"Admin tokens signed with {alg!r} are not accepted.")
         try:
-            claims = JsonWebToken([alg]).decode(token, key, claims_options=self._claims_options)
+            claims = self._jwt[alg].decode(token, key, claims_options=self._claims_options)
         except (JoseError, ValueError, TypeError, KeyError) as exc:  # bad signature or undecodable
             raise unauthorized("The admin token's signature is invalid.") from exc
         try:

@@ -1,9 +1,9 @@
 """Cost and usage reports over ``usage_records``.
 
 Counts and sums are SQL aggregates (``GROUP BY`` day, model, key or tenant) that run the same on
-SQLite and PostgreSQL; p50/p95 latency are computed in Python over the range's latencies (linear
-interpolation, the same definition as PostgreSQL's ``percentile_cont`` and numpy's default) so both
-databases give identical answers. Times are UTC; a range is ``since <= created_at < until``.
+SQLite and PostgreSQL. p50/p95 latency use linear interpolation: PostgreSQL computes them in the
+query with ``percentile_cont``; on SQLite (no such function) ``percentile`` below does the same
+arithmetic over the range's latencies, so both databases give the same answers. Times are UTC; a range is ``since <= created_at < until``.
 """
 
 from __future__ import annotations
@@ -164,18 +164,23 @@ def _measures() -> list:
     ]
 
 
-def _row(group: str, values, latencies: list[float]) -> ReportRow:
+def _row(group: str, values, p50: float | None, p95: float | None) -> ReportRow:
     n, prompt, cached, completion, cost, hits, saved = values
-    latencies.sort()
     return ReportRow(group=group, requests=int(n), prompt_tokens=int(prompt), cached_prompt_tokens=int(cached),
                      completion_tokens=int(completion), total_tokens=int(prompt) + int(completion),
                      cost_usd=_money(cost), cache_hits=int(hits), saved_usd=_money(saved),
-                     p50_latency_ms=_round(percentile(latencies, 0.50)),
-                     p95_latency_ms=_round(percentile(latencies, 0.95)))
+                     p50_latency_ms=_round(p50), p95_latency_ms=_round(p95))
+
+
+def _quantiles(latencies: list[float]) -> tuple[float | None, float | None]:
+    latencies.sort()
+    return percentile(latencies, 0.50), percentile(latencies, 0.95)
 
 
 async def _run(session: AsyncSession, group_col, joins: list, where: list, group_by: str,
                since: datetime, until: datetime, percentiles: bool = True) -> Report:
+    """Grouped and total aggregates. Percentiles: PostgreSQL computes them in the query
+    (``percentile_cont``, no rows leave the server); elsewhere one pass over the range's latencies."""
     def base(*cols):
         q = select(*cols).select_from(U)
         for target in joins:
@@ -183,18 +188,26 @@ async def _run(session: AsyncSession, group_col, joins: list, where: list, group
                 target, U.tenant_id == Tenant.id)
         return q.where(*where)
 
+    in_sql = percentiles and (await session.connection()).dialect.name == "postgresql"
+    measures = _measures()
+    if in_sql:
+        measures += [func.percentile_cont(q).within_group(U.latency_ms) for q in (0.50, 0.95)]
     grouped = (await session.execute(
-        base(group_col.label("g"), *_measures()).group_by(group_col).order_by(group_col))).all()
-    total = (await session.execute(base(*_measures()))).one()
+        base(group_col.label("g"), *measures).group_by(group_col).order_by(group_col))).all()
+    total = tuple((await session.execute(base(*measures))).one())
+    if in_sql:
+        rows = [_row(str(r[0]), r[1:8], r[8], r[9]) for r in grouped]
+        return Report(group_by=group_by, since=_utc(since), until=_utc(until), rows=rows,
+                      total=_row("TOTAL", total[:7], total[7], total[8]))
     by_group: dict[str, list[float]] = defaultdict(list)
     everything: list[float] = []
     if percentiles:
         for g, latency in (await session.execute(base(group_col.label("g"), U.latency_ms))).all():
             by_group[str(g)].append(float(latency or 0.0))
             everything.append(float(latency or 0.0))
-    rows = [_row(str(r[0]), r[1:], by_group[str(r[0])]) for r in grouped]
+    rows = [_row(str(r[0]), r[1:], *_quantiles(by_group[str(r[0])])) for r in grouped]
     return Report(group_by=group_by, since=_utc(since), until=_utc(until), rows=rows,
-                  total=_row("TOTAL", tuple(total), everything))
+                  total=_row("TOTAL", total, *_quantiles(everything)))
 
 
 def _money(value) -> Decimal:

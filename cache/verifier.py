@@ -15,7 +15,7 @@ only if every guard agrees the two questions ask the same thing:
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
                rarity from the embedder's word-piece vocabulary rank)
 
-Each guard is a few set operations on cached token analyses: microseconds per candidate.
+Each guard is a few set operations on memoised token analyses (well under a millisecond a pair).
 """
 
 from __future__ import annotations

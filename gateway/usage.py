@@ -162,7 +162,7 @@ class UsageWriter:
                 log.warning("usage: final flush failed; rows stay spooled in %s", self._spool, exc_info=True)
             with contextlib.suppress(Exception):
                 await self._worker.run(self._w_close())
-            self._worker.stop()
+            await asyncio.to_thread(self._worker.stop)
             self._worker = None
 
     @property

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from starlette.exceptions import HTTPException
 
 from admin.context import AdminContext
 from admin.management import Conflict, NotFound
@@ -40,6 +41,9 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return invalid_request(str(exc), param=exc.param)
     if isinstance(exc, TenancyError):
         return invalid_request(str(exc))
+    if isinstance(exc, HTTPException):  # raised by FastAPI/Starlette themselves (e.g. a bad form body)
+        return ApiError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
+                        else "server_error", headers=dict(exc.headers or {}))
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":

@@ -201,3 +201,14 @@ async def test_works_with_a_decoding_client(make_cache, policy):
     await a.store("acme", chat("What is an inode?"), answer("a file record"), policy)
     assert (await a.lookup("acme", chat("What is an inode?"), policy)).outcome == "hit"
     assert (await b.lookup("acme", chat("What's an inode?"), policy)).outcome == "semantic-hit"
+
+
+async def test_in_process_index_keeps_a_bounded_number_of_tenants(make_cache, policy):
+    c = make_cache()
+    await c.store("t1", chat("What is a mutex?"), answer("a lock"), policy)
+    await c.store("t2", chat("What is a semaphore?"), answer("a counter"), policy)
+    c._local.max_tenants = 1
+    assert (await c.lookup("t1", chat("What's a mutex?"), policy)).outcome == "semantic-hit"
+    assert (await c.lookup("t2", chat("What's a semaphore?"), policy)).outcome == "semantic-hit"
+    assert len(c._local._tenants) == 1  # t1 was dropped, and is reloaded when needed
+    assert (await c.lookup("t1", chat("What's a mutex?"), policy)).outcome == "semantic-hit"
