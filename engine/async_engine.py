@@ -12,6 +12,7 @@ before the next step). If the loop dies, every pending stream gets ``EngineDeadE
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -71,12 +72,16 @@ class AsyncEngine:
         self._stopping = False
         self._dead: BaseException | None = None
         self._stats: EngineStats | None = None
+        self._tokenizer = None
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
         """Load the model (off the event loop) and start the step thread. Idempotent."""
         if self.engine is None:
             self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        if self._tokenizer is None and self.engine.tokenizer is not None:
+            # the step thread decodes with the engine's tokenizer; encoding here uses its own copy
+            self._tokenizer = copy.deepcopy(self.engine.tokenizer)
         if self._thread is None:
             self._stats = self.engine.stats()
             self._thread = threading.Thread(target=self._run, name="pagegate-engine", daemon=True)
@@ -100,13 +105,15 @@ class AsyncEngine:
 
     # ---- tokenization -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        tok = self._require().tokenizer
+        self._require()
+        tok = self._tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer; send token ids")
         return tok.encode(text, add_special_tokens=False)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
-        return render_chat(self._require().tokenizer, messages)
+        self._require()
+        return render_chat(self._tokenizer, messages)
 
     # ---- requests -----------------------------------------------------------------------
     async def generate(

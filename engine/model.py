@@ -54,7 +54,7 @@ class DecoderLayer:
         self.down_bias = w.get("mlp.down_proj.bias")
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], rope: RotaryEmbedding,
         kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -64,7 +64,7 @@ class DecoderLayer:
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope.apply(positions, q, k)
+        q, k = rope.apply(cos_sin, q, k)
         key_cache, value_cache = kv
         kernels.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping, backend=meta.backend)
         attn = kernels.paged_attention(
@@ -119,8 +119,9 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of a flat batch (after the final norm)."""
         x = F.embedding(input_ids, self.embed)
+        cos_sin = self.rope.tables(positions)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer.forward(x, positions, self.rope, kv, meta)
+            x = layer.forward(x, cos_sin, self.rope, kv, meta)
         return rms_norm(x, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -46,10 +46,14 @@ class RotaryEmbedding:
         self.sin = emb.sin().to(dtype=dtype, device=device)
         self.half = head_dim // 2
 
-    def apply(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q [T, Hq, D]``, ``k [T, Hkv, D]`` at ``positions [T]`` -> rotated copies."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` rows ``[T, 1, D]`` of a batch's positions (looked up once per forward)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def apply(self, cos_sin: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor,
+              k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q [T, Hq, D]``, ``k [T, Hkv, D]`` rotated by ``tables(positions)``."""
+        cos, sin = cos_sin
         return q * cos + _rotate_half(q, self.half) * sin, k * cos + _rotate_half(k, self.half) * sin
 
 
