@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
-from engine.request import Sequence, SeqStatus
+from engine.request import SeqStatus, Sequence
 
 
 @dataclass(slots=True)

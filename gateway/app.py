@@ -5,6 +5,7 @@ lifespan and tears it down in reverse order:
     → tenancy services (database, Redis client, auth, limits, quota, usage writer, prices)
     → engine (in-process AsyncEngine, unless handed one or ``load_engine=False``)
     → semantic cache (when ``cache_enabled``)
+    → per-client-IP limit on /v1 (slowapi, when ``ip_rpm`` > 0)
 
 Tests hand in their own ``engine`` (shared by the session) or ``services``; what is handed in is
 not started or stopped here.
@@ -23,6 +24,7 @@ from fastapi import FastAPI
 from engine.protocol import EngineClient
 from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
+from gateway.ip_limit import ClientIPLimitMiddleware
 from gateway.middleware import RequestContextMiddleware
 from gateway.routes import ROUTERS
 from gateway.settings import Settings
@@ -77,7 +79,15 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
                 semantic_cache = await _maybe_await(_build_cache(settings, svc.redis))
                 if semantic_cache is not None:
                     stack.push_async_callback(semantic_cache.close)
-            state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder)
+            ip_limiter = None
+            if settings.ip_rpm > 0 and getattr(svc, "redis_url", ""):
+                from gateway.ip_limit import ClientIPLimiter
+
+                ip_limiter = ClientIPLimiter(svc.redis_url, prefix=settings.redis_prefix, rpm=settings.ip_rpm)
+                stack.callback(ip_limiter.close)
+                app.state.limiter = ip_limiter.limiter  # slowapi's convention
+            state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder,
+                             ip_limiter=ip_limiter)
             app.state.pagegate = state
             try:
                 yield
@@ -88,6 +98,7 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
     app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible multi-tenant LLM gateway")
     install_error_handlers(app)
+    app.add_middleware(ClientIPLimitMiddleware)  # inside the request context: 429s carry x-request-id
     app.add_middleware(RequestContextMiddleware)
     for router in ROUTERS:
         app.include_router(router)

@@ -70,6 +70,27 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
     return requested
 
 
+def vocab_size(engine: EngineClient) -> int | None:
+    """The model's vocabulary size, when the engine tells it."""
+    size = getattr(engine, "vocab_size", None)
+    if size is None:  # AsyncEngine does not expose it (yet); its LLMEngine's model does
+        arch = getattr(getattr(getattr(engine, "engine", None), "model", None), "arch", None)
+        size = getattr(arch, "vocab_size", None)
+    return None if size is None else int(size)
+
+
+def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest, engine: EngineClient) -> None:
+    """400 for sampling fields the engine cannot honour (never silently ignored) and for token
+    ids outside the model's vocabulary (the engine would index its logits with them)."""
+    vocab = vocab_size(engine)
+    if body.stop_token_ids and vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
+        raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab}).", param="stop_token_ids")
+    for name in ("presence_penalty", "frequency_penalty"):  # the engine's sampler has neither
+        if getattr(body, name):
+            raise invalid_request(f"{name} is not supported by this server; send 0 or leave it out "
+                                  "(repetition_penalty is supported).", param=name, code="unsupported_parameter")
+
+
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
@@ -104,6 +125,7 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
 
 async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
+    refuse_unsupported(body, engine)
     messages = chat_messages(body)
     fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
@@ -130,6 +152,7 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
 
 async def create_completion(body: CompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
+    refuse_unsupported(body, engine)
     prompts = body.prompts()
     if len(prompts) != 1:
         raise invalid_request("Send one prompt per request (batched prompts are not supported).",
@@ -146,7 +169,7 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     else:
         if body.echo:
             raise invalid_request("echo needs a text prompt.", param="echo")
-        vocab = getattr(engine, "vocab_size", None)
+        vocab = vocab_size(engine)
         if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt_in):
             raise invalid_request("The prompt holds token ids outside the model's vocabulary.", param="prompt")
         prompt = list(prompt_in)

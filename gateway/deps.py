@@ -29,7 +29,8 @@ class AppState:
     engine: EngineClient | None
     services: Any  # gateway.tenancy_services.TenancyServices
     cache: Any = None  # cache.api.SemanticCacheClient | None
-    embedder: Any = None  # gateway.embedder.Embedder, loaded on first use
+    embedder: Any = None  # gateway.embedder.Embedder (or SharedEmbedder over the cache's), on first use
+    ip_limiter: Any = None  # gateway.ip_limit.ClientIPLimiter | None (settings.ip_rpm == 0)
     started_at: float = field(default_factory=time.time)
     _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -37,9 +38,15 @@ class AppState:
         if self.embedder is None:
             async with self._embedder_lock:
                 if self.embedder is None:
-                    from gateway.embedder import Embedder
+                    cache_embedder = getattr(self.cache, "embedder", None)
+                    if cache_embedder is not None and hasattr(cache_embedder, "embed_many"):
+                        from gateway.embedder import SharedEmbedder  # one MiniLM per process
 
-                    self.embedder = await asyncio.to_thread(Embedder)
+                        self.embedder = await SharedEmbedder.load(cache_embedder)
+                    else:
+                        from gateway.embedder import Embedder
+
+                        self.embedder = await asyncio.to_thread(Embedder)
         return self.embedder
 
 

@@ -6,6 +6,9 @@
                                         # are merged into one batch while a batch is running
 
 One worker thread owns the model, so batches never compete with each other for the CPU.
+
+When the semantic cache is on, it already holds a MiniLM (``cache.embedder.Embedder``); the app
+then serves /v1/embeddings from that one through ``SharedEmbedder`` instead of loading a second.
 """
 
 from __future__ import annotations
@@ -105,3 +108,36 @@ class Embedder:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class SharedEmbedder:
+    """The interface above (``dimensions``, ``aembed``, ``acount_tokens``) over the semantic
+    cache's embedder, so one process loads one MiniLM. Build with ``await SharedEmbedder.load(e)``.
+    Work runs on the cache embedder's own worker thread (its model and tokenizer stay on one
+    thread); ``close`` leaves it to the cache, which owns it."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.dimensions = DIMENSIONS
+
+    @classmethod
+    async def load(cls, inner: object) -> SharedEmbedder:
+        shared = cls(inner)
+        await inner.ready()  # type: ignore[attr-defined]  # loads on its thread
+        shared.dimensions = int(inner.dim)  # type: ignore[attr-defined]  # loaded: no blocking now
+        return shared
+
+    async def aembed(self, texts: list[str]) -> np.ndarray:
+        return np.asarray(await self.inner.embed_many(list(texts)), dtype=np.float32)  # type: ignore[attr-defined]
+
+    async def acount_tokens(self, texts: list[str]) -> list[int]:
+        def count() -> list[int]:
+            model = self.inner._load()  # type: ignore[attr-defined]
+            limit = int(model.get_max_seq_length() or 512)
+            return [min(len(ids), limit) for ids in model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+
+        executor = self.inner._executor  # type: ignore[attr-defined]  # the thread that owns its model
+        return await asyncio.get_running_loop().run_in_executor(executor, count)
+
+    def close(self) -> None:
+        pass  # the cache closes its embedder

@@ -1,12 +1,13 @@
 """Request-rate limits (RPM) per API key and per tenant, shared by every gateway process.
 
-Built on slowapi's rate-limiting engine, the ``limits`` package, with Redis storage: slowapi's
-own ``Limiter`` is synchronous (its Redis calls would block the event loop) and keys limits by
-route, so the gateway keeps ``limits``' moving windows (exact; same keys and list layout as its
-asyncio ``MovingWindowRateLimiter``) with limits read per request from the caller's
-``Principal``, and takes a request from the key's and the tenant's window and reads both in one
-Lua round trip (``lua/rate_window.lua``) where ``limits`` needs four. ``slowapi_limiter()`` returns a slowapi ``Limiter`` on the same Redis storage
-and key prefix for static per-route limits.
+Two layers limit request rates: slowapi's ``Limiter`` per client address, before authentication
+(``gateway.ip_limit``), then this one, per key and per tenant, after it. slowapi keys limits by
+route and a key function with static limit strings, and its check is synchronous, so per-key
+and per-tenant limits (read per request from the caller's ``Principal``, taken from both windows
+all or nothing) are done here with slowapi's rate-limiting engine, the ``limits`` package: its
+moving windows (exact; same keys and list layout as its asyncio ``MovingWindowRateLimiter``),
+taken and read for both windows in one async Lua round trip (``lua/rate_window.lua``) where
+``limits`` needs four.
 
 Redis keys: ``<prefix>rl:LIMITER/{t:<tenant>}/k/<key id>/<amount>/1/minute`` and
 ``<prefix>rl:LIMITER/{t:<tenant>}/t/<amount>/1/minute``: one hash tag per tenant, so the one
@@ -120,14 +121,3 @@ class RequestLimiter:
         for _, ids, limit in self._windows(principal):
             if limit > 0:
                 await self._strategy.clear(RateLimitItemPerMinute(limit), *ids)
-
-
-def slowapi_limiter(redis_url: str, *, prefix: str, key_func=None):  # noqa: ANN001, ANN201
-    """A slowapi ``Limiter`` on the same Redis storage (sync client; for static route limits such
-    as ``@limiter.limit("10/minute")`` on admin login). Key defaults to the client address."""
-    from slowapi import Limiter
-    from slowapi.util import get_remote_address
-
-    return Limiter(key_func=key_func or get_remote_address, storage_uri=storage_uri(redis_url, asyncio_client=False),
-                   strategy="moving-window", key_prefix=f"{prefix}rl", headers_enabled=False,
-                   config_filename="/dev/null")

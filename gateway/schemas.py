@@ -53,19 +53,19 @@ class _Sampling(_Request):
     top_p: Annotated[Float | None, Field(gt=0, le=1)] = None
     max_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt | None, Field(ge=-(2**63), le=2**64 - 1)] = None
     n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # accepted, not applied
-    frequency_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # accepted, not applied
+    presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # only 0: non-zero is a 400
+    frequency_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # only 0: non-zero is a 400
     # vLLM extras
     top_k: Annotated[StrictInt | None, Field(ge=-1)] = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[Float | None, Field(gt=0, le=10)] = None
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256)] = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

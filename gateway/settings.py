@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     # tenancy defaults
     default_rpm: int = 600
     default_tpm: int = 200_000
+    ip_rpm: int = 6000  # per client address on /v1, before auth (slowapi); 0: off
     key_cache_ttl_s: float = 30.0  # local auth cache; revocations are pushed through Redis
 
     # semantic cache

@@ -38,6 +38,7 @@ class TenancyServices:
     quota: QuotaLedger
     usage: UsageWriter
     prices: PriceBook
+    redis_url: str = ""
 
     async def close(self) -> None:
         """Drain the usage writer (rows not written stay spooled), stop listeners, close clients."""
@@ -78,7 +79,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
-                               usage=usage, prices=prices)
+                               usage=usage, prices=prices, redis_url=redis_url)
     try:
         await usage.start()
         await auth.start()

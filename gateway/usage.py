@@ -1,13 +1,18 @@
 """Usage rows: one per request, recorded without ever waiting on the database.
 
-``record(event)`` only appends to an in-memory batch. Every ``flush_interval_s`` (or as soon as
-``batch_size`` events wait) the batch is handed to the writer's own thread, which has its own
-event loop and database engine, so neither serialising rows nor SQLAlchemy's per-row work ever
-runs on the gateway's event loop. There:
+``record(event)`` appends the row as one JSON line to this process's *journal* with a plain
+``os.write`` on an ``O_APPEND`` descriptor (microseconds, no fsync): once it returns, the row is in
+the kernel's page cache and survives a crash of the process. Every ``flush_interval_s`` (or as
+soon as ``batch_size`` rows wait) the journal is rotated and handed to the writer's own thread,
+which has its own event loop and database engine, so neither fsync nor SQLAlchemy's per-row work
+ever runs on the gateway's event loop. There:
 
-1. the batch is written to a new spool file ``<spool>/<time>-<pid>-<seq>.jsonl`` (written to
-   ``.tmp``, fsynced, renamed: a visible spool file is always complete);
-2. the spool's files, oldest first, are inserted into ``usage_records`` with
+1. the journal ``<spool>/<time>-<pid>-<seq>.journal`` is renamed to ``….jsonl`` and fsynced
+   (with its directory): a ``.jsonl`` file is a sealed spool file;
+2. journals of dead processes are adopted the same way: a journal is ``flock``-ed by its owner
+   while open, so a journal whose lock can be taken has no living owner (a SIGKILLed gateway's
+   rows are written by the next flush of any process sharing the spool directory);
+3. the spool's files, oldest first, are inserted into ``usage_records`` with
    INSERT … ON CONFLICT (request_id) DO NOTHING (SQLite and PostgreSQL), each file deleted once
    its rows are in; ``api_keys.last_used_at`` moves forward in the same transaction.
 
@@ -15,13 +20,15 @@ If the database is down the files stay and are retried with backoff; a restarted
 other process sharing the spool directory) replays them. ``request_id`` is unique, so a replay
 after a crash between insert and delete never duplicates a row. Rows the database rejects for good
 (e.g. a deleted tenant) and unreadable files are moved to ``<spool>/rejected/`` instead of
-blocking the spool. Durability: an event is on disk within one flush interval of ``record``."""
+blocking the spool; a torn last line (power loss mid-write) is skipped. Durability: a row survives
+a process crash as soon as ``record`` returns, and a power loss within one flush interval."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import contextlib
+import fcntl
 import itertools
 import json
 import logging
@@ -96,8 +103,9 @@ def _insert_ignore(dialect: str):  # noqa: ANN202 - an Insert construct
 
 
 class UsageWriter:
-    """``record(event)`` (sync, never blocks); ``await flush()``; ``await close()`` drains.
-    ``start()`` launches the writer thread and replays what earlier runs left in the spool."""
+    """``record(event)`` (sync, never blocks on the database, never raises); ``await flush()``;
+    ``await close()`` drains. ``start()`` launches the writer thread; its first flush replays
+    what earlier runs left in the spool."""
 
     def __init__(self, database_url: str, spool_dir: str | Path, *, flush_interval_s: float = 0.5,
                  batch_size: int = 500, max_backoff_s: float = 10.0) -> None:
@@ -107,7 +115,10 @@ class UsageWriter:
         self._interval = flush_interval_s
         self._batch_size = batch_size
         self._max_backoff = max_backoff_s
-        self._pending: list[UsageEvent] = []
+        self._journal: _Journal | None = None  # where record() appends now
+        self._unjournaled: list[str] = []  # lines record() could not write (disk trouble)
+        self._jlock = threading.Lock()  # record() vs rotation, whatever thread calls record()
+        self._spool_ready = False
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None  # one flush at a time in this process
@@ -118,7 +129,7 @@ class UsageWriter:
         self._db_ok_after = 0.0  # monotonic time before which DB writes are not retried
         self._backoff = flush_interval_s
         self.rows_written = 0  # rows the DB accepted from this process (duplicates excluded)
-        self.files_spooled = 0  # batches this process wrote to the spool
+        self.files_spooled = 0  # journals this process sealed into spool files
 
     # -- public (gateway event loop) --------------------------------------------------------------
 
@@ -131,15 +142,25 @@ class UsageWriter:
         self._task = asyncio.create_task(self._run(), name="usage-writer")
 
     def record(self, event: UsageEvent) -> None:
-        """Queue one row. Never blocks, never raises for database trouble."""
+        """Append one row to the journal (page cache: survives a process crash). Never raises:
+        if the disk refuses the write the line is kept in memory for the next flush."""
         if event.created_at is None:
             event.created_at = datetime.now(UTC)
-        self._pending.append(event)
-        if len(self._pending) >= self._batch_size and self._wake is not None:
+        line = event.to_json() + "\n"
+        with self._jlock:
+            try:
+                journal = self._journal or self._open_journal()
+                journal.append(line.encode())
+                waiting = journal.count
+            except OSError:
+                log.exception("usage: cannot append to the journal; row kept in memory")
+                self._unjournaled.append(line)
+                waiting = len(self._unjournaled)
+        if waiting >= self._batch_size and self._wake is not None:
             self._wake.set()
 
     async def flush(self) -> bool:
-        """Spool what is pending and try to write the whole spool to the database now.
+        """Seal the journal and try to write the whole spool to the database now.
         Returns True when the spool is empty afterwards (everything is in the database)."""
         if self._worker is None:
             raise RuntimeError("UsageWriter.start() first")
@@ -147,7 +168,7 @@ class UsageWriter:
             return await self._flush_locked(force=True)
 
     async def close(self) -> None:
-        """Stop the flusher, spool everything pending, try one last database write, stop the thread.
+        """Stop the flusher, seal the journal, try one last database write, stop the thread.
         Whatever the database did not take stays spooled for the next start."""
         if self._task is not None:
             self._stopping = True
@@ -164,10 +185,15 @@ class UsageWriter:
                 await self._worker.run(self._w_close())
             await asyncio.to_thread(self._worker.stop)
             self._worker = None
+        with self._jlock:  # never started, or the worker is gone: the journal stays for adoption
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Rows recorded but not yet handed to the writer thread."""
+        return (self._journal.count if self._journal else 0) + len(self._unjournaled)
 
     def spooled_files(self) -> list[Path]:
         if not self._spool.is_dir():
@@ -187,14 +213,29 @@ class UsageWriter:
             except Exception:  # never let the writer die; rows are on disk or back in memory
                 log.exception("usage writer: unexpected error")
 
+    def _open_journal(self) -> _Journal:
+        if not self._spool_ready:
+            self._spool.mkdir(parents=True, exist_ok=True)
+            self._spool_ready = True
+        name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}{_JOURNAL}"
+        self._journal = _Journal.create(self._spool / name)
+        return self._journal
+
+    def _rotate(self) -> tuple[_Journal | None, list[str]]:
+        with self._jlock:
+            journal, self._journal = self._journal, None
+            lines, self._unjournaled = self._unjournaled, []
+        return journal, lines
+
     async def _flush_locked(self, *, force: bool) -> bool:
-        batch, self._pending = self._pending, []
-        on_disk: list[bool] = []  # the worker appends True once the batch is in a spool file
+        journal, lines = self._rotate()
+        on_disk: list[bool] = []  # the worker appends True once the in-memory lines are in a file
         try:
-            return await self._worker.run(self._w_flush(batch, force, on_disk))
+            return await self._worker.run(self._w_flush(journal, lines, force, on_disk))
         except BaseException:
-            if batch and not on_disk:
-                self._pending[:0] = batch  # not on disk: keep them for the next try
+            if lines and not on_disk:
+                with self._jlock:
+                    self._unjournaled[:0] = lines  # not on disk: keep them for the next try
             raise
 
     # -- worker thread (its own event loop and engine) ---------------------------------------------
@@ -209,12 +250,20 @@ class UsageWriter:
         if self._engine is not None:
             await self._engine.dispose()
 
-    async def _w_flush(self, batch: list[UsageEvent], force: bool, on_disk: list[bool]) -> bool:
-        if batch:
+    async def _w_flush(self, journal: _Journal | None, lines: list[str], force: bool,
+                       on_disk: list[bool]) -> bool:
+        if journal is not None:
+            if journal.count:
+                journal.seal()
+                self.files_spooled += 1
+            else:
+                journal.discard()
+        if lines:
             name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}.jsonl"
-            _write_durably(self._spool / name, "".join(e.to_json() + "\n" for e in batch))
+            _write_durably(self._spool / name, "".join(lines))
             on_disk.append(True)
             self.files_spooled += 1
+        _adopt_orphans(self._spool)
         if not force and time.monotonic() < self._db_ok_after:
             return False
         for path in self.spooled_files():
@@ -287,6 +336,84 @@ class _WorkerLoop:
             self.loop.close()
 
 
+_JOURNAL = ".journal"
+
+
+class _Journal:
+    """An open journal file: ``O_APPEND`` descriptor, ``flock``-ed while this process owns it."""
+
+    __slots__ = ("count", "fd", "path")
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd, self.count = path, fd, 0
+
+    @classmethod
+    def create(cls, path: Path) -> _Journal:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    def append(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:  # a regular file takes it in one write; loop in case it does not
+            view = view[os.write(self.fd, view):]
+        self.count += 1
+
+    def seal(self) -> None:
+        """Rename to ``.jsonl`` (still locked, so no adopter races us), fsync, unlock."""
+        try:
+            _seal(self.path, self.fd)
+        finally:
+            self.close()
+
+    def discard(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)  # releases the flock
+            self.fd = -1
+
+
+def _seal(path: Path, fd: int) -> None:
+    os.replace(path, path.with_suffix(".jsonl"))
+    os.fsync(fd)
+    _fsync_dir(path.parent)
+
+
+def _adopt_orphans(spool: Path) -> None:
+    """Seal the journals whose owner died (their lock can be taken)."""
+    if not spool.is_dir():
+        return
+    for path in spool.iterdir():
+        if path.suffix != _JOURNAL:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                continue  # sealed and replaced meanwhile
+            if os.fstat(fd).st_size == 0:
+                path.unlink()
+                continue
+            log.warning("usage: adopting %s left by a process that stopped without closing it", path.name)
+            _seal(path, fd)
+        except OSError:  # locked (owner alive) or gone meanwhile
+            continue
+        finally:
+            os.close(fd)
+
+
 _KEYS = ApiKey.__table__
 _TOUCH = (_KEYS.update()
           .where(_KEYS.c.id == bindparam("kid"))
@@ -313,7 +440,11 @@ def _write_durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -328,4 +459,8 @@ def _set_aside(path: Path, folder: Path) -> None:
 
 def _read_rows(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
-        return [_row_from_json(line) for line in f if line.strip()]
+        text = f.read()
+    lines = text.split("\n")
+    if lines[-1].strip():  # no newline at the end: a write torn by a power loss
+        log.warning("usage: %s ends with a torn line; skipped: %.80s", path.name, lines[-1])
+    return [_row_from_json(line) for line in lines[:-1] if line.strip()]

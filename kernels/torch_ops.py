@@ -90,8 +90,8 @@ def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_se
         k = key_cache[blocks].view(-1, hkv, d).permute(1, 2, 0)  # [Hkv, D, Lp]
         v = value_cache[blocks].view(-1, hkv, d).transpose(0, 1)  # [Hkv, Lp, D]
         qs = q.transpose(0, 1).reshape(hkv, b * g, d)  # [Hkv, B*G, D]
-        m, l, o = _partial(torch.matmul(qs, k.to(q.dtype)), v.to(q.dtype), scale, None)
-        parts.append((m.view(hkv, b, g).transpose(0, 1), l.view(hkv, b, g).transpose(0, 1),
+        m, s, o = _partial(torch.matmul(qs, k.to(q.dtype)), v.to(q.dtype), scale, None)
+        parts.append((m.view(hkv, b, g).transpose(0, 1), s.view(hkv, b, g).transpose(0, 1),
                       o.view(hkv, b, g, d).transpose(0, 1)))
     if shared < nb:
         k = _gather(key_cache, tables[:, shared:], nb - shared)  # [B, Ls, Hkv, D]
@@ -101,8 +101,8 @@ def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_se
         scores = torch.matmul(q, k.permute(0, 2, 3, 1).to(q.dtype))  # [B, Hkv, G, Ls]
         parts.append(_partial(scores, v.transpose(1, 2).to(q.dtype), scale, mask))
     if len(parts) == 1:
-        m, l, o = parts[0]
-        return (o / l.unsqueeze(-1)).reshape(b, hq, d).to(query.dtype)
+        _, s, o = parts[0]
+        return (o / s.unsqueeze(-1)).reshape(b, hq, d).to(query.dtype)
     (m1, l1, o1), (m2, l2, o2) = parts
     m = torch.maximum(m1, m2)
     w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)

@@ -116,11 +116,11 @@ def test_llama3_rope_untied_equals_hf(tiny_llama3_dir, run_engine):
 
 
 def test_seeded_sampling_unaffected_by_preemption_and_batching(tiny_model_dir, engine_config):
-    prompts, max_new = make_prompts(3)
+    prompts, max_new = make_prompts(3, n=6)
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, max_tokens=m, ignore_eos=True)
               for i, m in enumerate(max_new)]
     roomy = LLMEngine(engine_config(tiny_model_dir, num_blocks=128, max_num_batched_tokens=512))
-    tight = LLMEngine(engine_config(tiny_model_dir, num_blocks=13, max_num_batched_tokens=32))
+    tight = LLMEngine(engine_config(tiny_model_dir, num_blocks=8, max_num_batched_tokens=32))
     together = roomy.generate(prompts, params)
     assert tight.generate(prompts, params) == together
     assert tight.stats().preemptions > 0

@@ -79,3 +79,26 @@ def test_concurrent_calls_are_batched(api) -> None:  # noqa: ANN001
     results = api.loop.run(run())
     assert np.allclose(np.vstack(results), expected, atol=1e-5)
     assert sum(calls) == 12 and len(calls) < 12
+
+
+def test_one_minilm_when_the_cache_is_on(api_cached) -> None:  # noqa: ANN001
+    """With the semantic cache on, /v1/embeddings uses the cache's embedder (one model loaded),
+    with the same vectors and token counts as the stand-alone embedder."""
+    from gateway.embedder import Embedder, SharedEmbedder
+
+    texts = ["How do I reset my password?", "The cat sat on the mat."]
+    resp = httpx.post(api_cached.base_url + "/v1/embeddings", timeout=60,
+                      json={"model": "all-MiniLM-L6-v2", "input": texts, "encoding_format": "float"},
+                      headers={"authorization": f"Bearer {api_cached.key}"})
+    assert resp.status_code == 200, resp.text
+    state = api_cached.app.state.pagegate
+    assert isinstance(state.embedder, SharedEmbedder) and state.embedder.inner is state.cache.embedder
+    alone = Embedder()
+    try:
+        expected = alone.embed(texts)
+        counts = alone.count_tokens(texts)
+    finally:
+        alone.close()
+    got = np.array([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
+    assert np.allclose(got, expected, atol=1e-5)
+    assert resp.json()["usage"]["prompt_tokens"] == sum(counts)

@@ -166,3 +166,84 @@ async def test_rows_the_database_rejects_do_not_block_the_spool(pg_url, tmp_path
     finally:
         await writer.close()
         await db.dispose()
+
+
+_CRASHER = """
+import asyncio, os, sys
+from decimal import Decimal
+from gateway.usage import UsageEvent, UsageWriter
+
+async def main():
+    writer = UsageWriter(sys.argv[1], sys.argv[2], flush_interval_s=3600, batch_size=10_000)
+    await writer.start()
+    writer.record(UsageEvent(request_id=sys.argv[3], tenant_id=int(sys.argv[4]), model="m", status="ok",
+                             prompt_tokens=3, completion_tokens=4, cost_usd=Decimal("0.5")))
+    print("recorded", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_row_survives_a_sigkill_right_after_record(sqlite_url, tmp_path):
+    """record() returned, then the process is killed before any flush: the row is still written
+    (by the next writer sharing the spool), exactly once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    spool = tmp_path / "spool"
+    request_id = f"crash-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-c", _CRASHER, sqlite_url, str(spool), request_id, str(tid)],
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.strip() == "recorded"
+        proc.send_signal(signal.SIGKILL)  # no close(), no flush, no atexit
+        await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert await _count(db) == (0, 0)  # the dead process never wrote it to the database
+    assert [p.suffix for p in spool.iterdir() if p.is_file()] == [".journal"]
+
+    writer = UsageWriter(db.url, spool, flush_interval_s=0.05)
+    await writer.start()
+    try:
+        assert await writer.flush()  # adopts the dead process's journal
+        assert await writer.flush()
+        async with db.sessionmaker() as s:
+            row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
+        assert (row.prompt_tokens, row.completion_tokens, row.cost_usd) == (3, 4, Decimal("0.5"))
+        assert await _count(db) == (1, 1)
+        assert not [p for p in spool.iterdir() if p.is_file()]
+    finally:
+        await writer.close()
+        await db.dispose()
+
+
+async def test_live_journal_of_a_running_writer_is_not_adopted(sqlite_url, tmp_path):
+    """Another writer on the same spool must not seal a journal whose owner is alive (flock)."""
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    owner = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600)
+    other = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600)
+    await owner.start()
+    await other.start()
+    try:
+        events = _events(tid, 3)
+        for e in events:
+            owner.record(e)
+        assert await other.flush()  # sees the live journal, leaves it alone
+        assert await _count(db) == (0, 0) and owner.pending == 3
+        assert await owner.flush()
+        assert await _count(db) == (3, 3)
+    finally:
+        await owner.close()
+        await other.close()
+        await db.dispose()
