@@ -3,8 +3,8 @@
 Modes, run interleaved round by round in one process against one real engine (SmolLM2-135M):
 
 * ``engine``  — ``AsyncEngine.generate`` directly (the baseline);
-* ``tenancy`` — the same, wrapped in the gateway's per-request work: authenticate, request-rate
-  limit (Redis), quota reserve (Redis Lua), then settle, price lookup and usage record
+* ``tenancy`` — the same, wrapped in the gateway's per-request work: per-address limit (slowapi,
+  on its threads), authenticate, key/tenant request-rate limit (Redis Lua), quota reserve (Redis Lua), then settle, price lookup and usage record
   (batched writer, SQLite); the time spent in those calls is also measured on its own;
 * ``gateway`` — the gateway's per-request work alone (no engine), to show its own cost: latency
   under 50 concurrent clients and process CPU time per request (the figure that does not depend
@@ -42,6 +42,12 @@ from gateway.settings import Settings  # noqa: E402
 from gateway.usage import UsageEvent  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
+IP_LIMITER = None  # gateway.ip_limit.ClientIPLimiter: slowapi's per-address check, as the app runs it
+CLIENT_REQUEST = None  # a starlette Request from 127.0.0.1 for it
+
+
+async def ip_check() -> None:
+    await IP_LIMITER.check(CLIENT_REQUEST)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -87,6 +93,7 @@ async def direct_request(engine, prompt, _services, _key, lat, _tenancy_ms) -> N
 
 async def tenancy_request(engine, prompt, services, key, lat, tenancy_ms) -> None:
     t0 = time.perf_counter()
+    await ip_check()
     principal = await services.auth.authenticate(f"Bearer {key}")
     await services.limiter.check_request(principal)
     res = await services.quota.reserve(principal, model=engine.model_id, prompt_tokens=len(prompt), max_tokens=1)
@@ -110,6 +117,7 @@ async def tenancy_request(engine, prompt, services, key, lat, tenancy_ms) -> Non
 
 async def gateway_only_request(engine, prompt, services, key, lat, tenancy_ms) -> None:
     t0 = time.perf_counter()
+    await ip_check()
     principal = await services.auth.authenticate(f"Bearer {key}")
     await services.limiter.check_request(principal)
     res = await services.quota.reserve(principal, model=engine.model_id, prompt_tokens=len(prompt), max_tokens=1)
@@ -186,7 +194,7 @@ async def main() -> None:
     settings = Settings(database_url=f"sqlite+aiosqlite:///{tmp / 'bench.db'}", redis_url=redis_url,
                         redis_prefix=f"pgbench:{uuid.uuid4().hex[:8]}:", data_dir=str(tmp),
                         usage_spool_dir=str(tmp / "spool"), load_engine=False, cache_enabled=False,
-                        default_rpm=0, default_tpm=0)
+                        default_rpm=0, default_tpm=0, ip_rpm=1_000_000_000)
     config = EngineConfig(model="smollm2-135m-instruct", device=args.device, dtype="auto", num_blocks=1024,
                           max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=2048)
     engine = AsyncEngine(config)
@@ -197,6 +205,14 @@ async def main() -> None:
         _, new = await svc.create_api_key(s, tenant_id=tenant.id)
         await svc.set_price(s, model=engine.model_id, prompt_usd_per_1m="0.1", completion_usd_per_1m="0.2")
         await s.commit()
+    global IP_LIMITER, CLIENT_REQUEST
+    from starlette.requests import Request
+
+    from gateway.ip_limit import ClientIPLimiter
+
+    IP_LIMITER = ClientIPLimiter(redis_url, prefix=settings.redis_prefix, rpm=settings.ip_rpm)
+    CLIENT_REQUEST = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
+                              "query_string": b"", "client": ("127.0.0.1", 50000)})
     prompt = engine.encode_chat(MESSAGES)
     print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; "
           f"{args.clients} clients x {args.requests} requests x {args.rounds} rounds, max_tokens=1")
@@ -260,7 +276,7 @@ async def main() -> None:
               f"{pct(lat, 50) / pct(base, 50):>8.2f}{pct(lat, 99) / pct(base, 99):>8.2f}{rps:>9.1f}"
               f"{max(stall):>19.2f}{pct(stall, 99):>7.2f}")
     g = results["gateway"]
-    print(f"\ngateway work alone (auth + RPM + quota reserve/settle + price + usage record), {len(g['lat'])} requests "
+    print(f"\ngateway work alone (IP limit + auth + RPM + quota reserve/settle + price + usage record), {len(g['lat'])} requests "
           f"at {args.clients} concurrent: p50 {pct(g['lat'], 50):.2f} ms, p99 {pct(g['lat'], 99):.2f} ms, "
           f"{statistics.fmean(g['cpu']):.3f} ms process CPU per request "
           f"(engine alone: {statistics.fmean(results['engine']['cpu']):.3f} ms CPU per request)")
@@ -284,6 +300,7 @@ async def main() -> None:
     keys = [k async for k in services.redis.scan_iter(match=settings.redis_prefix + "*")]
     if keys:
         await services.redis.delete(*keys)
+    IP_LIMITER.close()
     await services.close()
     await engine.shutdown()
 

@@ -100,6 +100,10 @@ class AsyncEngine:
         return self._require().max_model_len
 
     @property
+    def vocab_size(self) -> int:
+        return self._require().model.arch.vocab_size
+
+    @property
     def is_dead(self) -> bool:
         return self._dead is not None
 
@@ -127,6 +131,9 @@ class AsyncEngine:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) + 1 > engine.max_model_len:
             raise PromptTooLongError(len(ids), engine.max_model_len)
+        vocab = engine.model.arch.vocab_size
+        if not ids or min(ids) < 0 or max(ids) >= vocab or any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats

@@ -108,6 +108,8 @@ class LLMEngine:
         vocab = self.model.arch.vocab_size
         if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         req = Request(RequestId(request_id), list(prompt_token_ids), params, salt=salt,
                       priority_class=priority_class)
         self._init_seq(req.sequences[0])

@@ -43,18 +43,19 @@ class Sampler:
         rows = [i for i, g in enumerate(greedy) if not g]
         sub = logits[rows] if len(rows) < len(seqs) else logits
         params = [seqs[i].params for i in rows]
-        temps = torch.tensor([p.temperature for p in params], dtype=sub.dtype)
+        dev = sub.device
+        temps = torch.tensor([p.temperature for p in params], dtype=sub.dtype, device=dev)
         sub = sub / temps.unsqueeze(1)
         top_k = [p.top_k for p in params]
         top_p = [p.top_p for p in params]
         vocab = sub.shape[-1]
         if any(0 < k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
             sub, order = sub.sort(dim=-1, descending=True)
-            ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k])
-            ranks = torch.arange(vocab).unsqueeze(0)
+            ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=dev)
+            ranks = torch.arange(vocab, device=dev).unsqueeze(0)
             sub = sub.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
             probs = sub.softmax(dim=-1)
-            ps = torch.tensor(top_p, dtype=probs.dtype).unsqueeze(1)
+            ps = torch.tensor(top_p, dtype=probs.dtype, device=dev).unsqueeze(1)
             # drop a token when the mass of the tokens before it already reaches top_p
             drop = (probs.cumsum(dim=-1) - probs) >= ps
             drop[:, 0] = False
@@ -63,7 +64,9 @@ class Sampler:
             order = None
             probs = sub.softmax(dim=-1)
         cdf = probs.cumsum(dim=-1)
-        u = torch.stack([torch.rand((), generator=self._gen(seqs[i]), dtype=cdf.dtype) for i in rows])
+        # one uniform per row from the sequence's own (CPU) generator
+        u = torch.stack([torch.rand((), generator=self._gen(seqs[i]), dtype=torch.float64) for i in rows])
+        u = u.to(device=dev, dtype=cdf.dtype)
         idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).clamp_(max=vocab - 1)
         # never land on a zero-probability token (rounding at the very end of the CDF)
         chosen = probs.gather(1, idx) == 0
@@ -90,7 +93,7 @@ class Sampler:
             if not cloned:
                 logits, cloned = logits.clone(), True
             if pen:
-                ids = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+                ids = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
                 vals = logits[i, ids]
                 logits[i, ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
             if block:

@@ -113,6 +113,8 @@ async def test_errors_before_the_first_yield(make_engine):
     eng = await make_engine(max_model_len=16)
     with pytest.raises(PromptTooLongError):
         await eng.generate(list(range(16)), SamplingParams(), request_id="long").__anext__()
+    with pytest.raises(ValueError):
+        await eng.generate([eng.vocab_size], SamplingParams(), request_id="oov").__anext__()
     eng.config.max_waiting = 0
     with pytest.raises(EngineOverloadedError):
         await eng.generate([1], SamplingParams(), request_id="busy").__anext__()

@@ -151,5 +151,7 @@ def test_duplicate_and_invalid_requests(engine):
         engine.add_request("dup", [1], SamplingParams(max_tokens=1))
     with pytest.raises(ValueError):
         engine.add_request("bad", [10_000], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError):  # would index the logits out of range in the step thread
+        engine.add_request("bad2", [1], SamplingParams(max_tokens=1, min_tokens=1, stop_token_ids=[10_000]))
     engine.abort_request("dup")
     engine.step()

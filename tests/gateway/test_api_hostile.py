@@ -65,11 +65,22 @@ CHAT_CASES = [
 ]
 
 
+_client: httpx.Client | None = None  # one keep-alive connection for the whole file
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_client():  # noqa: ANN202
+    global _client
+    _client = httpx.Client(timeout=60)
+    yield
+    _client.close()
+
+
 def _post(api, path: str, *, json=None, content: bytes | None = None, headers: dict | None = None,  # noqa: ANN001
           auth: bool = True) -> httpx.Response:
     h = {"authorization": f"Bearer {api.key}"} if auth else {}
     h.update(headers or {})
-    return httpx.post(api.base_url + path, json=json, content=content, headers=h, timeout=60)
+    return _client.post(api.base_url + path, json=json, content=content, headers=h)
 
 
 @pytest.mark.parametrize(("fields", "status", "param"), CHAT_CASES)
