@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batched-tokens", type=int, default=512)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--hf", action="store_true", help="also time HF static batched generate (one batch)")
     args = ap.parse_args()
 
     engine = LLMEngine(EngineConfig(dtype=args.dtype, max_num_batched_tokens=args.batched_tokens))
@@ -62,8 +63,30 @@ def main() -> None:
     n_out = sum(map(len, outs))
     n_in = sum(map(len, prompts))
     s = engine.stats()
-    print(f"output tok/s {n_out / dt:.1f}  total tok/s {(n_out + n_in) / dt:.1f}  ({n_out} tokens in {dt:.1f}s, "
-          f"{s.steps} steps, prefix hit rate {s.prefix_hit_rate:.2%}, preemptions {s.preemptions})")
+    print(f"pagegate: output tok/s {n_out / dt:.1f}  total tok/s {(n_out + n_in) / dt:.1f}  ({n_out} tokens in "
+          f"{dt:.1f}s, {s.steps} steps, prefix hit rate {s.prefix_hit_rate:.2%}, preemptions {s.preemptions})")
+    if args.hf:
+        hf = hf_static(engine.model_dir, prompts, params, tok)
+        print(f"HF static batch of {len(prompts)}: output tok/s {n_out / hf:.1f} ({hf:.1f}s); "
+              f"pagegate / HF = {hf / dt:.2f}x")
+
+
+def hf_static(model_dir, prompts, params, tok) -> float:
+    """Seconds for HF transformers' batched greedy generate (left padding, one batch, every
+    request to the longest max_tokens; only each request's own tokens are counted)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    width = max(map(len, prompts))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    longest = max(p.max_tokens for p in params)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                       do_sample=False, pad_token_id=pad)
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

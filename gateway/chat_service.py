@@ -72,10 +72,7 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
 
 def vocab_size(engine: EngineClient) -> int | None:
     """The model's vocabulary size, when the engine tells it."""
-    size = getattr(engine, "vocab_size", None)
-    if size is None:  # AsyncEngine does not expose it (yet); its LLMEngine's model does
-        arch = getattr(getattr(getattr(engine, "engine", None), "model", None), "arch", None)
-        size = getattr(arch, "vocab_size", None)
+    size = getattr(engine, "vocab_size", None)  # AsyncEngine has it; a remote upstream may not
     return None if size is None else int(size)
 
 

@@ -349,11 +349,17 @@ class _Journal:
 
     @classmethod
     def create(cls, path: Path) -> _Journal:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Created under a name adopters ignore, locked, then renamed into view: a visible
+        ``.journal`` is always locked while its owner lives."""
+        hidden = path.with_suffix(".new")
+        fd = os.open(hidden, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.replace(hidden, path)
         except OSError:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                hidden.unlink()
             raise
         return cls(path, fd)
 

@@ -115,9 +115,9 @@ def _partial(scores, v, scale, mask):
     scores = scores.float() * scale
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))
-    m = scores.amax(dim=-1)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)  # fully masked rows stay finite
-    p = torch.exp(scores - m.unsqueeze(-1))
+    m = scores.amax(dim=-1)  # -inf for a fully masked row: it then weighs 0 in the merge
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    p = torch.exp(scores - m_safe.unsqueeze(-1))
     return m, p.sum(dim=-1), torch.matmul(p.to(v.dtype), v).float()
 
 

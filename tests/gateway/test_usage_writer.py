@@ -247,3 +247,30 @@ async def test_live_journal_of_a_running_writer_is_not_adopted(sqlite_url, tmp_p
         await owner.close()
         await other.close()
         await db.dispose()
+
+
+async def test_two_writers_on_one_spool_lose_and_duplicate_nothing(sqlite_url, tmp_path):
+    """Journals are rotated often while another writer keeps adopting orphans in the same spool:
+    a live journal is never taken from its owner, every row lands once."""
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    a = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.01, batch_size=20)
+    b = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.01, batch_size=20)
+    await a.start()
+    await b.start()
+    try:
+        events = _events(tid, 600)
+        for i in range(0, 600, 30):
+            for e in events[i:i + 15]:
+                a.record(e)
+            for e in events[i + 15:i + 30]:
+                b.record(e)
+            await asyncio.sleep(0.003)
+    finally:
+        await a.close()
+        await b.close()
+    try:
+        assert await _count(db) == (600, 600)
+        assert not [p for p in (tmp_path / "spool").iterdir() if p.is_file()]
+    finally:
+        await db.dispose()

@@ -89,3 +89,21 @@ def test_decode_with_shared_prefix_blocks_equals_reference(dtype):
                                     "block_tables": tables[:2], "query_start_loc": kw["query_start_loc"][:3]},
                                     max_query_len=1)
     torch.testing.assert_close(got_one.float(), expected[:2].float(), atol=ATOL[dtype], rtol=1e-4)
+
+
+def test_cascade_when_a_context_is_entirely_shared():
+    """The shortest sequence's context is exactly the shared blocks: its own part is empty
+    (fully masked) and must weigh nothing, even with very negative scores."""
+    gen = torch.Generator().manual_seed(2)
+    bs, hq, hkv, d = 8, 4, 2, 16
+    kc = torch.randn(10, bs, hkv, d, generator=gen).abs() * 30  # every score strongly negative:
+    vc = torch.randn(10, bs, hkv, d, generator=gen)                # exp(score - max) would underflow
+    tables = torch.tensor([[4, 6, 1, -1], [4, 6, 2, 3]], dtype=torch.int32)
+    seq_lens = torch.tensor([2 * bs, 3 * bs + 5], dtype=torch.int32)
+    query = -torch.randn(2, hq, d, generator=gen).abs() * 30
+    kw = dict(query_start_loc=torch.arange(3, dtype=torch.int32), seq_lens=seq_lens, block_tables=tables,
+              scale=d**-0.5)
+    expected = paged_attention_ref(query, kc, vc, **kw)
+    got = paged_attention_torch(query, kc, vc, **kw, max_query_len=1)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
