@@ -30,11 +30,12 @@ browser:
 run: install
 	$(BIN)/pagegate serve --dev
 
+# Passive OpenMP waits: tests run several engine processes at once on few cores.
 test: install browser
-	$(BIN)/python -m pytest -q -ra
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra
 
 test-fast: install
-	$(BIN)/python -m pytest -q -ra -m "not slow"
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -m "not slow"
 
 lint: install
 	$(BIN)/ruff check gateway engine cache kernels admin tests bench
