@@ -247,9 +247,10 @@ class LLMEngine:
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-    ) -> list[list[int]]:
-        """Offline batch: run every prompt together to the end; returns the completion token ids
-        of each prompt (its first choice when ``n > 1``), in order."""
+    ) -> list[list[int]] | list[list[list[int]]]:
+        """Offline batch: run every prompt together to the end; returns, in prompt order, the
+        completion token ids of each prompt when every ``n == 1``, else (any ``n > 1``) each
+        prompt's list of choices, by choice index: ``out[prompt][choice] -> token ids``."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         reqs = []
@@ -259,4 +260,6 @@ class LLMEngine:
             reqs.append(self.requests[RequestId(rid)])
         while any(not r.is_finished for r in reqs):
             self.step()
-        return [r.sequences[0].output_token_ids for r in reqs]
+        if all(p.n == 1 for p in params):
+            return [r.sequences[0].output_token_ids for r in reqs]
+        return [[s.output_token_ids for s in sorted(r.sequences, key=lambda s: s.index)] for r in reqs]

@@ -1,12 +1,14 @@
 """Next-token sampling for a batch of sequences, vectorized over the batch.
 
-Per row: repetition penalty and ``min_tokens`` masking (only rows that need them), then greedy
-argmax, or temperature -> top-k -> top-p -> inverse-CDF draw with one uniform number from the
-sequence's own ``torch.Generator``. A row's result therefore depends only on its logits and its
-generator, never on its batch mates.
+Per row: repetition, presence and frequency penalties and ``min_tokens`` masking (only the rows
+that need them, batched over those rows), then greedy argmax, or temperature -> top-k -> top-p
+-> inverse-CDF draw with one uniform number from the sequence's own ``torch.Generator``. A row's
+result therefore depends only on its logits and its generator, never on its batch mates.
 """
 
 from __future__ import annotations
+
+from itertools import chain
 
 import torch
 
@@ -83,21 +85,66 @@ class Sampler:
         return seq.generator
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        cloned = False
+        """Repetition penalty, then presence/frequency penalties, then ``min_tokens`` masking.
+
+        Each applies only to the rows that ask for it, as one batched tensor operation over those
+        rows. Returns ``logits`` itself when no row needs any (the common case: one cheap Python
+        pass over the params, no tensor work), else a modified copy: the caller's tensor is never
+        written.
+        """
+        rep: list[int] = []
+        occ: list[int] = []
+        block: list[int] = []
         for i, seq in enumerate(seqs):
             p = seq.params
-            pen = p.repetition_penalty != 1.0
-            block = seq.num_output_tokens < p.min_tokens
-            if not (pen or block):
-                continue
-            if not cloned:
-                logits, cloned = logits.clone(), True
-            if pen:
-                ids = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
-                vals = logits[i, ids]
-                logits[i, ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if block:
-                stop_ids = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
-                if stop_ids:
-                    logits[i, stop_ids] = float("-inf")
+            if p.repetition_penalty != 1.0:
+                rep.append(i)
+            if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+                occ.append(i)
+            if seq.num_output_tokens < p.min_tokens:
+                block.append(i)
+        if not (rep or occ or block):
+            return logits
+        logits = logits.clone()
+        vocab, dev = logits.shape[-1], logits.device
+        if rep:  # HF/vLLM style, over every token seen so far (prompt and output)
+            seen = _token_counts([seqs[i].token_ids for i in rep], vocab, dev) > 0
+            r = _column([seqs[i].params.repetition_penalty for i in rep], dev)
+            rows = torch.tensor(rep, device=dev)
+            sub = logits[rows].float()
+            sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
+            logits[rows] = sub.to(logits.dtype)
+        if occ:  # OpenAI style, over this choice's generated output only
+            counts = _token_counts([seqs[i].output_token_ids for i in occ], vocab, dev)
+            fp = _column([seqs[i].params.frequency_penalty for i in occ], dev)
+            pp = _column([seqs[i].params.presence_penalty for i in occ], dev)
+            rows = torch.tensor(occ, device=dev)
+            sub = logits[rows].float() - (fp * counts + pp * (counts > 0))
+            logits[rows] = sub.to(logits.dtype)
+        for i in block:
+            p = seqs[i].params
+            stop_ids = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
+            if stop_ids:
+                logits[i, stop_ids] = float("-inf")
         return logits
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    """``values`` as a float32 ``[len(values), 1]`` tensor, to broadcast over the vocabulary."""
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _token_counts(rows: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """``counts[r, t]``: how often token ``t`` occurs in ``rows[r]`` (float32 ``[len(rows), vocab]``).
+
+    One host-to-device copy of all the ids and one scatter-add, whatever the number of rows.
+    """
+    counts = torch.zeros(len(rows), vocab, dtype=torch.float32, device=device)
+    lengths = [len(r) for r in rows]
+    total = sum(lengths)
+    if total:
+        ids = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.long, device=device)
+        row_of = torch.repeat_interleave(torch.arange(len(rows), device=device),
+                                         torch.tensor(lengths, device=device), output_size=total)
+        counts.index_put_((row_of, ids), torch.ones(total, dtype=torch.float32, device=device), accumulate=True)
+    return counts

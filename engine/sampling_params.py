@@ -12,6 +12,12 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``seed`` makes sampling reproducible per request whatever
     its batch mates. ``n > 1`` forks the request after its prompt's prefill; children share the
     prompt's KV blocks. ``stop`` strings are never emitted in the text.
+
+    Penalties: ``repetition_penalty`` (vLLM/HF style, > 0, 1 = off) divides positive logits and
+    multiplies negative ones of every token already seen in the prompt or the output.
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI style, in [-2, 2], 0 = off) subtract
+    ``frequency_penalty * count + presence_penalty * (count > 0)`` from each token's logit, where
+    ``count`` is how often the token occurs in this choice's generated output (never the prompt).
     """
 
     n: int = 1
@@ -25,6 +31,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -45,6 +53,10 @@ class SamplingParams:
             raise ValueError("min_tokens must be between 0 and max_tokens")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError("presence_penalty must be in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError("frequency_penalty must be in [-2, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

@@ -77,15 +77,11 @@ def vocab_size(engine: EngineClient) -> int | None:
 
 
 def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest, engine: EngineClient) -> None:
-    """400 for sampling fields the engine cannot honour (never silently ignored) and for token
-    ids outside the model's vocabulary (the engine would index its logits with them)."""
+    """400 for token ids outside the model's vocabulary (the engine would index its logits with
+    them). Every sampling field the schema accepts is honoured by the engine, none is ignored."""
     vocab = vocab_size(engine)
     if body.stop_token_ids and vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
         raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab}).", param="stop_token_ids")
-    for name in ("presence_penalty", "frequency_penalty"):  # the engine's sampler has neither
-        if getattr(body, name):
-            raise invalid_request(f"{name} is not supported by this server; send 0 or leave it out "
-                                  "(repetition_penalty is supported).", param=name, code="unsupported_parameter")
 
 
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
@@ -102,6 +98,8 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             stop_token_ids=list(body.stop_token_ids or []),
             ignore_eos=body.ignore_eos,
             repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
+            presence_penalty=float(body.presence_penalty or 0.0),
+            frequency_penalty=float(body.frequency_penalty or 0.0),
         )
     except ValueError as err:
         message = str(err)

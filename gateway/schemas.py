@@ -58,8 +58,8 @@ class _Sampling(_Request):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # only 0: non-zero is a 400
-    frequency_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # only 0: non-zero is a 400
+    presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # OpenAI's, over the output
+    frequency_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # OpenAI's, over the output
     # vLLM extras
     top_k: Annotated[StrictInt | None, Field(ge=-1)] = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0

@@ -23,7 +23,7 @@ def test_every_answer_changing_parameter_changes_both_keys():
     base = keys(chat("Hi"))
     for change in [dict(temperature=0.5), dict(top_p=0.9), dict(max_tokens=7), dict(stop=["\n"]),
                    dict(seed=3), dict(n=2), dict(top_k=5), dict(response_format={"type": "json_object"}),
-                   dict(presence_penalty=0.5), dict(repetition_penalty=1.2), dict(min_tokens=3),
+                   dict(presence_penalty=0.5), dict(frequency_penalty=-1.0), dict(repetition_penalty=1.2), dict(min_tokens=3),
                    dict(model="other-model")]:
         body = chat("Hi") | change
         ek, ck = keys(body)

@@ -155,3 +155,20 @@ def test_duplicate_and_invalid_requests(engine):
         engine.add_request("bad2", [1], SamplingParams(max_tokens=1, min_tokens=1, stop_token_ids=[10_000]))
     engine.abort_request("dup")
     engine.step()
+
+
+def test_generate_returns_every_choice_when_n_is_above_one(engine):
+    seeded = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=4, **GREEDY)
+    single = engine.generate([[1, 2, 3], [4, 5]], greedy)  # all n == 1: one token list per prompt
+    assert len(single) == 2 and all(isinstance(t, int) for out in single for t in out)
+    assert [len(out) for out in single] == [4, 4]
+    both = engine.generate([[1, 2, 3, 4, 5], [4, 5]], [seeded, greedy])  # any n > 1: choices per prompt
+    assert [len(choices) for choices in both] == [3, 1]
+    assert all(len(c) == 6 for c in both[0]) and both[1] == [single[1]]
+    by_index: dict[int, list[int]] = {}
+    for o in run(engine, "gen-n", [1, 2, 3, 4, 5], seeded):  # same seed, step by step: same choices, in order
+        for d in o.deltas:
+            by_index.setdefault(d.index, []).extend(d.token_ids)
+    assert both[0] == [by_index[i] for i in range(3)]
+    assert engine.kv.num_used_blocks == 0

@@ -1,5 +1,7 @@
 import math
+from collections import Counter
 
+import pytest
 import torch
 
 from engine.request import Request, RequestId
@@ -90,3 +92,119 @@ def test_min_tokens_blocks_eos_and_stop_ids():
     assert sampler.sample(logits, [s]) == [2]
     s.token_ids += [2, 2]  # min_tokens reached
     assert sampler.sample(logits, [s]) == [0]
+
+
+# --------------------------------------------------------------------- presence / frequency penalties
+
+
+def with_output(s, output):
+    s.token_ids += list(output)
+    return s
+
+
+def openai_penalized(row, output, presence, frequency):
+    """Reference: OpenAI's formula, one token at a time."""
+    out = row.clone()
+    for tok, count in Counter(output).items():
+        out[tok] -= frequency * count + presence * (count > 0)
+    return out
+
+
+def test_presence_and_frequency_penalties_follow_the_openai_formula():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 12)
+    # token 1 is in the prompt only: never penalized by these two
+    s = with_output(seq(prompt=[1, 2], temperature=0.0, presence_penalty=0.7, frequency_penalty=0.4),
+                    [2, 5, 5, 5, 9])
+    got = Sampler()._apply_penalties(logits, [s])
+    expected = openai_penalized(logits[0], [2, 5, 5, 5, 9], presence=0.7, frequency=0.4)
+    torch.testing.assert_close(got[0], expected)
+    assert got[0, 1] == logits[0, 1] and got[0, 0] == logits[0, 0]
+    assert got[0, 5] == logits[0, 5] - (0.4 * 3 + 0.7)
+    assert not torch.equal(got, logits)  # the caller's tensor is untouched and the copy differs
+
+
+def test_penalties_change_the_greedy_choice():
+    logits = torch.tensor([[3.0, 2.5, 2.0, -1.0]])
+    sampler = Sampler()
+    s = seq(prompt=[0], temperature=0.0, frequency_penalty=0.3)
+    assert sampler.sample(logits, [s]) == [0]  # the prompt's token 0 is not penalized
+    with_output(s, [0])
+    assert sampler.sample(logits, [s]) == [0]  # 3.0 - 0.3 > 2.5
+    with_output(s, [0])
+    assert sampler.sample(logits, [s]) == [1]  # 3.0 - 0.6 < 2.5
+    p = seq(prompt=[0], temperature=0.0, presence_penalty=2.0)
+    with_output(p, [0, 1])
+    assert sampler.sample(logits, [p]) == [2]  # 1.0 and 0.5 < 2.0
+    neg = seq(prompt=[0], temperature=0.0, presence_penalty=-2.0)
+    with_output(neg, [3])
+    assert sampler.sample(logits, [neg]) == [0]  # -1.0 + 2.0 still below 3.0
+    neg = seq(prompt=[0], temperature=0.0, frequency_penalty=-2.0)
+    with_output(neg, [3, 3, 3])
+    assert sampler.sample(logits, [neg]) == [3]  # a negative penalty encourages repeats: -1 + 6 = 5
+
+
+def test_penalties_shift_the_sampled_distribution():
+    probs = [0.5, 0.3, 0.2]
+    logits = logits_from_probs(probs)
+    s = with_output(seq(prompt=[1, 2], temperature=1.0, seed=3, presence_penalty=1.0, frequency_penalty=0.5),
+                    [0, 0])
+    target = openai_penalized(logits[0], [0, 0], presence=1.0, frequency=0.5).softmax(-1)  # p(0) ~ 0.12
+    sampler = Sampler()
+    draws = [sampler.sample(logits, [s])[0] for _ in range(2000)]
+    freq = [draws.count(t) / len(draws) for t in range(3)]
+    for got, want in zip(freq, target.tolist(), strict=True):
+        assert abs(got - want) < 0.04
+    assert freq[0] < 0.25  # far below the unpenalized 0.5
+
+
+def test_zero_penalties_are_a_no_op():
+    torch.manual_seed(1)
+    logits = torch.randn(3, 40)
+    seqs = [with_output(seq(f"z{i}", temperature=0.8, seed=i, presence_penalty=0.0, frequency_penalty=0.0),
+                        [4, 4, 7]) for i in range(3)]
+    sampler = Sampler()
+    assert sampler._apply_penalties(logits, seqs) is logits  # no copy, no tensor work
+    plain = [with_output(seq(f"p{i}", temperature=0.8, seed=i), [4, 4, 7]) for i in range(3)]
+    a = [Sampler().sample(logits, seqs) for _ in range(10)]
+    b = [Sampler().sample(logits, plain) for _ in range(10)]
+    assert a == b
+
+
+def test_penalties_are_vectorized_over_a_mixed_batch():
+    torch.manual_seed(2)
+    vocab = 30
+    logits = torch.randn(6, vocab)
+    sampler = Sampler(eos_token_ids=[0])
+    seqs = [
+        with_output(seq("a", prompt=[3, 4], temperature=0.0), [5, 5]),  # no penalty at all
+        with_output(seq("b", prompt=[3, 4], temperature=0.0, frequency_penalty=1.5), [5, 5, 6]),
+        with_output(seq("c", prompt=[3], temperature=0.7, presence_penalty=-0.5), [7, 8, 8]),
+        with_output(seq("d", prompt=[3, 9], temperature=0.0, repetition_penalty=1.3), [9, 10]),
+        with_output(seq("e", prompt=[2], temperature=0.0, repetition_penalty=1.2, presence_penalty=0.3,
+                        frequency_penalty=-0.2), [2, 11, 11]),
+        seq("f", prompt=[1], temperature=0.0, min_tokens=2, frequency_penalty=2.0),  # no output yet
+    ]
+    got = sampler._apply_penalties(logits, seqs)
+    # each row equals the same row sampled alone: batch mates never leak into a row
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(got[i], sampler._apply_penalties(logits[i : i + 1], [s])[0])
+    torch.testing.assert_close(got[0], logits[0])
+    torch.testing.assert_close(got[1], openai_penalized(logits[1], [5, 5, 6], 0.0, 1.5))
+    torch.testing.assert_close(got[2], openai_penalized(logits[2], [7, 8, 8], -0.5, 0.0))
+    rep = logits[4].clone()
+    for t in {2, 11}:  # repetition over prompt and output first, then OpenAI's over the output only
+        rep[t] = rep[t] / 1.2 if rep[t] > 0 else rep[t] * 1.2
+    torch.testing.assert_close(got[4], openai_penalized(rep, [2, 11, 11], 0.3, -0.2))
+    assert got[5, 0] == float("-inf")
+    torch.testing.assert_close(got[5, 1:], logits[5, 1:])
+    assert sampler.sample(logits, seqs)[1] == int(got[1].argmax())
+
+
+def test_penalty_params_are_checked():
+    SamplingParams(presence_penalty=-2.0, frequency_penalty=2.0)
+    for bad in (2.01, -2.5, float("nan")):
+        with pytest.raises(ValueError, match="presence_penalty"):
+            SamplingParams(presence_penalty=bad)
+        with pytest.raises(ValueError, match="frequency_penalty"):
+            SamplingParams(frequency_penalty=bad)

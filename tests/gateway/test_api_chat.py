@@ -10,6 +10,8 @@ from decimal import Decimal
 import httpx
 import pytest
 
+from engine.sampling_params import SamplingParams
+
 pytestmark = pytest.mark.slow
 
 # Long enough for several full KV blocks (block_size 16) so the prefix cache has something to hold.
@@ -137,7 +139,7 @@ def test_tenants_never_share_prefix_blocks(api) -> None:  # noqa: ANN001
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
-def test_sampling_fields_reach_the_engine(api) -> None:  # noqa: ANN001
+def test_sampling_fields_reach_the_engine(api, api_engine) -> None:  # noqa: ANN001
     url, h = api.base_url + "/v1/chat/completions", headers(api)
     # seed: reproducible sampling at temperature 1
     body = chat_body(api, "Invent a word.", temperature=1.0, seed=1234, max_tokens=6)
@@ -165,6 +167,30 @@ def test_sampling_fields_reach_the_engine(api) -> None:  # noqa: ANN001
     # min_tokens: no end of sequence before it
     r = httpx.post(url, json=chat_body(api, max_tokens=4, min_tokens=4), headers=h, timeout=120).json()
     assert r["usage"]["completion_tokens"] == 4
+    # presence / frequency penalties: accepted, passed to the engine as sent (the gateway's answer
+    # equals the engine's own for the same SamplingParams), and they change a greedy answer
+    prompt = "cat cat cat cat cat cat cat cat"
+
+    def greedy(**penalties: float) -> str:
+        body = {"model": api.model, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                **penalties}
+        resp = httpx.post(api.base_url + "/v1/completions", json=body, headers=h, timeout=120)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["choices"][0]["text"]
+
+    async def engine_text(**penalties: float) -> str:
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **penalties)
+        text = ""
+        async for out in api_engine.generate(prompt, params, request_id=f"direct-{time.time_ns()}"):
+            text += "".join(d.text for d in out.deltas)
+        return text
+
+    plain = greedy()
+    assert greedy(presence_penalty=0.0, frequency_penalty=0.0) == plain  # zero penalties: no-ops
+    for penalties in (dict(presence_penalty=2.0), dict(presence_penalty=-0.5, frequency_penalty=1.5)):
+        penalized = greedy(**penalties)
+        assert penalized != plain, penalties
+        assert penalized == api.loop.run(engine_text(**penalties)), penalties
 
 
 def test_text_completion_echo_and_token_prompt(api) -> None:  # noqa: ANN001

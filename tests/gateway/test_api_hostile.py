@@ -38,8 +38,8 @@ CHAT_CASES = [
     ({"stop_token_ids": [-5], "min_tokens": 1}, 400, "stop_token_ids"),
     ({"stop_token_ids": [10**30]}, 400, "stop_token_ids"),
     ({"stop_token_ids": list(range(1000))}, 400, "stop_token_ids"),
-    ({"presence_penalty": 0.5}, 400, "presence_penalty"),
-    ({"frequency_penalty": -1.0}, 400, "frequency_penalty"),
+    ({"presence_penalty": -2.5}, 400, "presence_penalty"),
+    ({"presence_penalty": "1"}, 400, "presence_penalty"),
     ({"frequency_penalty": 3}, 400, "frequency_penalty"),
     ({"repetition_penalty": -1}, 400, "repetition_penalty"),
     ({"min_tokens": "1"}, 400, "min_tokens"),
@@ -93,6 +93,8 @@ def test_hostile_chat_fields(api, fields, status, param) -> None:  # noqa: ANN00
 
 @pytest.mark.parametrize("fields", [
     {"presence_penalty": 0, "frequency_penalty": 0.0},  # zero penalties are accepted (no-ops)
+    {"presence_penalty": 0.5, "frequency_penalty": -1.0},  # and so are non-zero ones, within [-2, 2]
+    {"presence_penalty": -2, "frequency_penalty": 2},
     {"seed": -1},
     {"seed": 2**64 - 1},
     {"top_k": 10**12},  # wider than the vocabulary: no top-k
@@ -151,7 +153,7 @@ def test_broken_auth_is_401(api, authorization) -> None:  # noqa: ANN001
     ({"prompt": "x", "logprobs": 1}, "logprobs"),
     ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "max_tokens": 10**9}, "prompt"),
-    ({"prompt": "x", "presence_penalty": 1}, "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.01}, "presence_penalty"),
 ])
 def test_hostile_completions(api, body, param) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/completions", json={"model": api.model, "max_tokens": 1, **body})
