@@ -105,22 +105,19 @@ class Sampler:
                 block.append(i)
         if not (rep or occ or block):
             return logits
-        logits = logits.clone()
+        logits = logits.clone(memory_format=torch.contiguous_format)
+        flat = logits.view(-1)  # (row, token) -> row * vocab + token
         vocab, dev = logits.shape[-1], logits.device
         if rep:  # HF/vLLM style, over every token seen so far (prompt and output)
-            seen = _token_counts([seqs[i].token_ids for i in rep], vocab, dev) > 0
-            r = _column([seqs[i].params.repetition_penalty for i in rep], dev)
-            rows = torch.tensor(rep, device=dev)
-            sub = logits[rows].float()
-            sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
-            logits[rows] = sub.to(logits.dtype)
+            at, row, _ = _occurrences(rep, [seqs[i].token_ids for i in rep], vocab, dev)
+            r = _values([seqs[i].params.repetition_penalty for i in rep], dev)[row]
+            vals = flat[at].float()
+            flat[at] = torch.where(vals > 0, vals / r, vals * r).to(flat.dtype)
         if occ:  # OpenAI style, over this choice's generated output only
-            counts = _token_counts([seqs[i].output_token_ids for i in occ], vocab, dev)
-            fp = _column([seqs[i].params.frequency_penalty for i in occ], dev)
-            pp = _column([seqs[i].params.presence_penalty for i in occ], dev)
-            rows = torch.tensor(occ, device=dev)
-            sub = logits[rows].float() - (fp * counts + pp * (counts > 0))
-            logits[rows] = sub.to(logits.dtype)
+            at, row, count = _occurrences(occ, [seqs[i].output_token_ids for i in occ], vocab, dev)
+            fp = _values([seqs[i].params.frequency_penalty for i in occ], dev)[row]
+            pp = _values([seqs[i].params.presence_penalty for i in occ], dev)[row]
+            flat[at] = (flat[at].float() - (fp * count + pp)).to(flat.dtype)
         for i in block:
             p = seqs[i].params
             stop_ids = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
@@ -129,22 +126,25 @@ class Sampler:
         return logits
 
 
-def _column(values: list[float], device: torch.device) -> torch.Tensor:
-    """``values`` as a float32 ``[len(values), 1]`` tensor, to broadcast over the vocabulary."""
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+def _values(values: list[float], device: torch.device) -> torch.Tensor:
+    """One penalty per row, float32, to index with ``_occurrences``' ``k``."""
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
-def _token_counts(rows: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
-    """``counts[r, t]``: how often token ``t`` occurs in ``rows[r]`` (float32 ``[len(rows), vocab]``).
+def _occurrences(rows: list[int], ids: list[list[int]], vocab: int, device: torch.device,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distinct ``(row, token)`` pairs of ``ids[k]`` (tokens of batch row ``rows[k]``).
 
-    One host-to-device copy of all the ids and one scatter-add, whatever the number of rows.
+    Returns ``at`` (flat index ``rows[k] * vocab + token`` into a contiguous ``[batch, vocab]``
+    tensor, each pair once), ``k`` (which entry of ``rows`` it belongs to) and ``count`` (float32:
+    how often the token occurs in ``ids[k]``). Sparse: the work grows with the number of tokens,
+    not with ``batch * vocab``; one host-to-device copy and one ``unique`` whatever the rows.
     """
-    counts = torch.zeros(len(rows), vocab, dtype=torch.float32, device=device)
-    lengths = [len(r) for r in rows]
-    total = sum(lengths)
-    if total:
-        ids = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.long, device=device)
-        row_of = torch.repeat_interleave(torch.arange(len(rows), device=device),
-                                         torch.tensor(lengths, device=device), output_size=total)
-        counts.index_put_((row_of, ids), torch.ones(total, dtype=torch.float32, device=device), accumulate=True)
-    return counts
+    lengths = torch.tensor([len(t) for t in ids], device=device)
+    tokens = torch.tensor(list(chain.from_iterable(ids)), dtype=torch.long, device=device)
+    k = torch.repeat_interleave(torch.arange(len(rows), device=device), lengths)
+    key = k * vocab + tokens
+    key, count = torch.unique(key, return_counts=True)
+    k = key // vocab
+    at = torch.tensor(rows, dtype=torch.long, device=device)[k] * vocab + key % vocab
+    return at, k, count.to(torch.float32)

@@ -201,6 +201,18 @@ def test_penalties_are_vectorized_over_a_mixed_batch():
     assert sampler.sample(logits, seqs)[1] == int(got[1].argmax())
 
 
+def test_penalties_accept_non_contiguous_logits():
+    torch.manual_seed(3)
+    base = torch.randn(2, 20)
+    strided = base.t().contiguous().t()  # same values, column-major layout
+    assert not strided.is_contiguous()
+    seqs = [with_output(seq("s0", temperature=0.0, frequency_penalty=1.0, repetition_penalty=1.5), [3, 3]),
+            with_output(seq("s1", temperature=0.0, presence_penalty=0.5), [4])]
+    sampler = Sampler()
+    torch.testing.assert_close(sampler._apply_penalties(strided, seqs), sampler._apply_penalties(base, seqs))
+    assert torch.equal(strided, base)  # untouched
+
+
 def test_penalty_params_are_checked():
     SamplingParams(presence_penalty=-2.0, frequency_penalty=2.0)
     for bad in (2.01, -2.5, float("nan")):
