@@ -4,7 +4,8 @@
 Attention splits the flat batch in two:
 
 - decodes (one new token per sequence) run as ONE batched attention: the context of every
-  sequence is gathered through the block tables into ``[B, L, Hkv, D]`` and the ``G`` query
+  sequence is gathered through the block tables (one ``index_select`` of whole blocks) into
+  ``[B, L, Hkv, D]`` and attended by torch's fused CPU flash kernel on strided views; the ``G`` query
   heads of each KV head are laid out as ``G`` "query rows", so grouped-query attention needs no
   repeated K/V and no causal mask, only a length mask. Leading blocks that every sequence
   shares (a common system prompt) are attended once for the batch and merged by log-sum-exp;
@@ -66,9 +67,11 @@ def paged_attention_torch(
 
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
     """``[B, num_blocks * block_size, Hkv, D]``: each sequence's first blocks, in order."""
-    # entries past a sequence's length may be padding (even -1): clamp, the length mask hides them
-    g = cache[block_tables[:, :num_blocks].long().clamp_(min=0)]  # [B, nb, bs, Hkv, D]
-    return g.view(g.shape[0], -1, *cache.shape[2:])
+    # entries past a sequence's length may be padding (even -1): clamp, the length mask hides them.
+    # index_select over whole blocks (one memcpy per block) is far cheaper than advanced indexing
+    idx = block_tables[:, :num_blocks].reshape(-1).long().clamp_(min=0)
+    g = cache.view(cache.shape[0], -1).index_select(0, idx)
+    return g.view(block_tables.shape[0], -1, *cache.shape[2:])
 
 
 def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len) -> torch.Tensor:
@@ -87,19 +90,18 @@ def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_se
     parts = []
     if shared:
         blocks = tables[0, :shared].long()
-        k = key_cache[blocks].view(-1, hkv, d).permute(1, 2, 0)  # [Hkv, D, Lp]
-        v = value_cache[blocks].view(-1, hkv, d).transpose(0, 1)  # [Hkv, Lp, D]
+        k = key_cache.index_select(0, blocks).view(-1, hkv, d).permute(1, 2, 0)  # [Hkv, D, Lp]
+        v = value_cache.index_select(0, blocks).view(-1, hkv, d).transpose(0, 1)  # [Hkv, Lp, D]
         qs = q.transpose(0, 1).reshape(hkv, b * g, d)  # [Hkv, B*G, D]
         m, s, o = _partial(torch.matmul(qs, k.to(q.dtype)), v.to(q.dtype), scale, None)
         parts.append((m.view(hkv, b, g).transpose(0, 1), s.view(hkv, b, g).transpose(0, 1),
                       o.view(hkv, b, g, d).transpose(0, 1)))
     if shared < nb:
-        k = _gather(key_cache, tables[:, shared:], nb - shared)  # [B, Ls, Hkv, D]
-        v = _gather(value_cache, tables[:, shared:], nb - shared)
+        k = _gather(key_cache, tables[:, shared:], nb - shared).to(q.dtype)  # [B, Ls, Hkv, D]
+        v = _gather(value_cache, tables[:, shared:], nb - shared).to(q.dtype)
         positions = torch.arange(shared * bs, nb * bs, device=query.device)
         mask = (positions[None, :] >= seq_lens[:, None]).view(b, 1, 1, -1)
-        scores = torch.matmul(q, k.permute(0, 2, 3, 1).to(q.dtype))  # [B, Hkv, G, Ls]
-        parts.append(_partial(scores, v.transpose(1, 2).to(q.dtype), scale, mask))
+        parts.append(_private_attention(q, k, v, mask, scale))
     if len(parts) == 1:
         _, s, o = parts[0]
         return (o / s.unsqueeze(-1)).reshape(b, hq, d).to(query.dtype)
@@ -112,13 +114,43 @@ def _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_se
 
 def _partial(scores, v, scale, mask):
     """Unnormalised softmax attention over part of the context: (row max, row sum, sum p*v)."""
+    m, s, p = _softmax_parts(scores, scale, mask)
+    return m, s, torch.matmul(p.to(v.dtype), v).float()
+
+
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _private_attention(q, k, v, mask, scale):
+    """Decode attention of ``q [B, Hkv, G, D]`` over gathered ``k``/``v [B, L, Hkv, D]`` with a
+    length ``mask [B, 1, 1, L]`` (True = hidden). Returns (row max, row sum, sum p*v) partials.
+    Fast path: torch's fused CPU flash kernel on strided views (no copies, returns the
+    log-sum-exp, i.e. partials with row max = lse and row sum = 1); fallback: one bmm per head."""
+    if _FLASH is not None and q.device.type == "cpu":
+        try:
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(mask, float("-inf"))
+            out, lse = _FLASH(q, k.transpose(1, 2), v.transpose(1, 2), 0.0, False, attn_mask=bias, scale=scale)
+            empty = mask.all(dim=-1)  # [B, 1, 1]: a row with no visible token weighs 0 in the merge
+            lse = lse.float().masked_fill(empty, float("-inf"))
+            out = out.float().masked_fill(empty.unsqueeze(-1), 0.0)
+            return lse, torch.ones_like(lse), out
+        except RuntimeError:
+            pass
+    scores = torch.stack([torch.bmm(q[:, h], k[:, :, h].transpose(1, 2)) for h in range(k.shape[2])], dim=1)
+    m, s, p = _softmax_parts(scores, scale, mask)  # p [B, Hkv, G, L]
+    o = torch.stack([torch.bmm(p[:, h].to(v.dtype), v[:, :, h]) for h in range(k.shape[2])], dim=1)
+    return m, s, o.float()
+
+
+def _softmax_parts(scores, scale, mask):
+    """(row max, row sum, unnormalised probabilities) of ``scores * scale`` (masked: -inf)."""
     scores = scores.float() * scale
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))
     m = scores.amax(dim=-1)  # -inf for a fully masked row: it then weighs 0 in the merge
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(scores - m_safe.unsqueeze(-1))
-    return m, p.sum(dim=-1), torch.matmul(p.to(v.dtype), v).float()
+    return m, p.sum(dim=-1), p
 
 
 def _num_shared_blocks(tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> int:
@@ -133,8 +165,8 @@ def _prefill(query, key_cache, value_cache, block_table, seq_len, scale) -> torc
     bs, hkv = key_cache.shape[1], key_cache.shape[2]
     nb = -(-seq_len // bs)
     blocks = block_table[:nb].long()
-    k = key_cache[blocks].view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-    v = value_cache[blocks].view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)
+    k = key_cache.index_select(0, blocks).view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+    v = value_cache.index_select(0, blocks).view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)
     q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     if seq_len == n:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv)
