@@ -17,6 +17,18 @@ async def test_embeddings_are_normalised_float32(embedder):
     assert float(many[2] @ v) > 0.999
 
 
+def test_direct_path_matches_sentence_transformers_encode(embedder):
+    """The direct tokenizer → transformer → mean-pool → normalise path gives encode()'s vectors,
+    also for a padded batch of different lengths."""
+    assert embedder._fast is not None  # the bundled MiniLM takes the direct path
+    texts = ["How do I reset my password?", "a cat", "Which city is Australia's capital, and why?"]
+    ref = embedder._load().encode(texts, convert_to_numpy=True, normalize_embeddings=True,
+                                  show_progress_bar=False)
+    got = embedder._encode(texts)
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    assert np.abs(got - ref).max() < 1e-5
+
+
 async def test_concurrent_calls_are_batched_off_the_loop(embedder):
     loop_thread = threading.get_ident()
     seen: list[int] = []
