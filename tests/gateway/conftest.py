@@ -103,16 +103,13 @@ def db_url(request) -> str:
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
-@pytest.fixture
-def redis_prefix() -> str:
-    """A unique key prefix on TENANCY_REDIS_URL; its keys are deleted after the test."""
-    prefix = f"pgt:{uuid.uuid4().hex[:10]}:"
-    yield prefix
+def _delete_prefixed_keys(url: str, prefix: str) -> None:
+    """Delete every key under ``prefix`` (a test's own namespace) on the Redis at ``url``."""
 
     async def cleanup() -> None:
         from redis.asyncio import Redis
 
-        r = Redis.from_url(TENANCY_REDIS_URL)
+        r = Redis.from_url(url)
         try:
             keys = [k async for k in r.scan_iter(match=prefix + "*", count=1000)]
             if keys:
@@ -121,6 +118,14 @@ def redis_prefix() -> str:
             await r.aclose()
 
     asyncio.run(cleanup())
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A unique key prefix on TENANCY_REDIS_URL; its keys are deleted after the test."""
+    prefix = f"pgt:{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    _delete_prefixed_keys(TENANCY_REDIS_URL, prefix)
 
 
 @pytest.fixture
@@ -303,19 +308,7 @@ def api_engine(api_loop):
 def api_redis_prefix():
     prefix = f"pgapi:{uuid.uuid4().hex[:10]}:"
     yield prefix
-
-    async def cleanup() -> None:
-        from redis.asyncio import Redis
-
-        r = Redis.from_url(API_REDIS_URL)
-        try:
-            keys = [k async for k in r.scan_iter(match=prefix + "*", count=1000)]
-            if keys:
-                await r.delete(*keys)
-        finally:
-            await r.aclose()
-
-    asyncio.run(cleanup())
+    _delete_prefixed_keys(API_REDIS_URL, prefix)
 
 
 def _launch(loop: LoopThread, engine, database_url: str, tmp, prefix: str, **overrides) -> ApiServer:  # noqa: ANN001
