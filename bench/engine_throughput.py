@@ -71,6 +71,7 @@ def run_pagegate(model_dir: Path, wl: Workload, args) -> Result:
         model=str(model_dir), device=args.device, dtype=args.dtype, block_size=args.block_size,
         kv_cache_memory_gb=args.kv_cache_memory_gb, max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs, num_threads=args.num_threads,
+        linear_backend=args.linear_backend, attention_backend=args.attention_backend,
     )
     engine = LLMEngine(config)
     # warm-up on an unrelated prompt: nothing of the workload's prefix gets cached by it
@@ -239,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
     ap.add_argument("--num-threads", type=int, default=None)
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "native", "torch", "triton"])
+    ap.add_argument("--linear-backend", default="auto", choices=["auto", "onednn", "torch"])
     ap.add_argument("--json", help="write the figures (and outputs) to this file")
     ap.add_argument("--peers-json", help="vLLM-CPU result written by bench/peers_vllm.py")
     args = ap.parse_args(argv)

@@ -21,8 +21,9 @@ class EngineConfig:
     max_num_seqs: int = 64  # cap on running requests
     max_waiting: int = 1024  # beyond this, generate() raises EngineOverloadedError
     enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # "auto" | "torch" | "triton"
+    attention_backend: str = "auto"  # "auto" | "native" (C decode kernel, CPU) | "torch" | "triton"
     num_threads: int | None = None  # torch intra-op threads on CPU
+    linear_backend: str = "auto"  # "auto" (oneDNN prepacked GEMM on CPU) | "onednn" | "torch" (F.linear)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -36,7 +37,9 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= block_size")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError("attention_backend must be auto, torch or triton")
+        if self.attention_backend not in ("auto", "native", "torch", "triton"):
+            raise ValueError("attention_backend must be auto, native, torch or triton")
+        if self.linear_backend not in ("auto", "onednn", "torch"):
+            raise ValueError("linear_backend must be auto, onednn or torch")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError("dtype must be auto, float32, bfloat16 or float16")

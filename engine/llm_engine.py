@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+import kernels
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
@@ -48,7 +49,7 @@ class LLMEngine:
         if config.num_threads and device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         self.model_dir = Path(model_dir) if model_dir is not None else self._resolve_model_dir(config)
-        self.model = LlamaModel.from_dir(self.model_dir, device, dtype)
+        self.model = LlamaModel.from_dir(self.model_dir, device, dtype, config.linear_backend)
         self.tokenizer = load_tokenizer(self.model_dir)
         arch, bs = self.model.arch, config.block_size
         num_blocks = config.num_blocks or max(
@@ -68,9 +69,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv, max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs
         )
-        backend = config.attention_backend
-        if backend == "auto" and device.type != "cuda":
-            backend = "torch"
+        backend = kernels.resolve_backend(config.attention_backend, device)
         self.runner = ModelRunner(
             self.model, num_blocks=num_blocks, block_size=bs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import kernels
 from engine.attention import AttentionMetadata
+from engine.linear import Linear, resolve_linear_backend
 from engine.model_config import ModelArch
 from engine.rotary import RotaryEmbedding
 
@@ -28,7 +29,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer:
-    def __init__(self, arch: ModelArch, w: dict[str, torch.Tensor]) -> None:
+    def __init__(self, arch: ModelArch, w: dict[str, torch.Tensor], linear_backend: str = "torch") -> None:
         self.eps = arch.rms_norm_eps
         self.num_heads, self.num_kv_heads, self.head_dim = (
             arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim,
@@ -38,20 +39,19 @@ class DecoderLayer:
         self.scale = self.head_dim ** -0.5
         self.input_norm = w["input_layernorm.weight"]
         self.post_norm = w["post_attention_layernorm.weight"]
-        self.qkv = torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                              w["self_attn.v_proj.weight"]])
-        self.qkv_bias = (
+        qkv_bias = (
             torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"], w["self_attn.v_proj.bias"]])
             if "self_attn.q_proj.bias" in w else None
         )
-        self.o = w["self_attn.o_proj.weight"]
-        self.o_bias = w.get("self_attn.o_proj.bias")
-        self.gate_up = torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]])
-        self.gate_up_bias = (
+        self.qkv = Linear(torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
+                                     w["self_attn.v_proj.weight"]]), qkv_bias, backend=linear_backend)
+        self.o = Linear(w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"), backend=linear_backend)
+        gate_up_bias = (
             torch.cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]]) if "mlp.gate_proj.bias" in w else None
         )
-        self.down = w["mlp.down_proj.weight"]
-        self.down_bias = w.get("mlp.down_proj.bias")
+        self.gate_up = Linear(torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]), gate_up_bias,
+                              backend=linear_backend)
+        self.down = Linear(w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"), backend=linear_backend)
 
     def forward(
         self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], rope: RotaryEmbedding,
@@ -59,7 +59,7 @@ class DecoderLayer:
     ) -> torch.Tensor:
         t = x.shape[0]
         h = rms_norm(x, self.input_norm, self.eps)
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        qkv = self.qkv(h)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
@@ -73,31 +73,34 @@ class DecoderLayer:
             scale=self.scale, max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
             backend=meta.backend,
         )
-        x = x + F.linear(attn.reshape(t, self.q_size), self.o, self.o_bias)
+        x = x + self.o(attn.reshape(t, self.q_size))
         h = rms_norm(x, self.post_norm, self.eps)
-        gate, up = F.linear(h, self.gate_up, self.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down, self.down_bias)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
 
 
 class LlamaModel:
     def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, linear_backend: str = "auto") -> None:
         self.arch = arch
         self.dtype, self.device = dtype, device
+        self.linear_backend = resolve_linear_backend(linear_backend, device, dtype)
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = self.embed if arch.tie_word_embeddings or "lm_head.weight" not in weights \
+        lm_head = self.embed if arch.tie_word_embeddings or "lm_head.weight" not in weights \
             else weights["lm_head.weight"]
+        self.lm_head = Linear(lm_head, backend=self.linear_backend)
         self.layers = []
         for i in range(arch.num_hidden_layers):
             prefix = f"model.layers.{i}."
             layer_w = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-            self.layers.append(DecoderLayer(arch, layer_w))
+            self.layers.append(DecoderLayer(arch, layer_w, self.linear_backend))
         self.rope = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
                                     arch.rope_scaling, dtype, device)
 
     @classmethod
-    def from_dir(cls, model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> LlamaModel:
+    def from_dir(cls, model_dir: str | Path, device: torch.device, dtype: torch.dtype,
+                 linear_backend: str = "auto") -> LlamaModel:
         """Load ``config.json`` and every ``*.safetensors`` of a Hugging Face directory."""
         from safetensors import safe_open
 
@@ -113,7 +116,7 @@ class LlamaModel:
                     if "rotary_emb" in name:
                         continue
                     weights[name] = sf.get_tensor(name).to(device=device, dtype=dtype)
-        return cls(arch, weights, device, dtype)
+        return cls(arch, weights, device, dtype, linear_backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
@@ -125,4 +128,4 @@ class LlamaModel:
         return rms_norm(x, self.norm, self.arch.rms_norm_eps)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()

@@ -42,8 +42,12 @@ class Settings(BaseSettings):
     max_waiting: int = 1024
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
+    linear_backend: str = "auto"  # "auto": oneDNN prepacked GEMM on CPU | "onednn" | "torch"
     num_threads: int | None = None
     load_engine: bool = True  # False: no in-process engine (admin-only process)
+    # sys.setswitchinterval while serving (Python's default: 5 ms): how long the engine's step
+    # thread may keep the GIL once the event loop asks for it; 0: leave Python's default
+    gil_switch_interval_ms: float = 1.0
 
     # tenancy defaults
     default_rpm: int = 600
@@ -80,5 +84,6 @@ class Settings(BaseSettings):
             max_waiting=self.max_waiting,
             enable_prefix_caching=self.enable_prefix_caching,
             attention_backend=self.attention_backend,
+            linear_backend=self.linear_backend,
             num_threads=self.num_threads,
         )

@@ -37,14 +37,17 @@ def write_kv_cache_torch(key, value, key_cache, value_cache, slot_mapping) -> No
 
 def paged_attention_torch(
     query, key_cache, value_cache, *, query_start_loc, seq_lens, block_tables, scale,
-    max_query_len: int | None = None, max_seq_len: int | None = None,
+    max_query_len: int | None = None, max_seq_len: int | None = None, decode_fn=None,
 ) -> torch.Tensor:
-    """Same contract as ``kernels.reference.paged_attention_ref``; the hints spare host syncs."""
+    """Same contract as ``kernels.reference.paged_attention_ref``; the hints spare host syncs.
+    ``decode_fn(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len)`` replaces
+    the torch decode path for the one-token rows (the native CPU kernel plugs in here)."""
     num_seqs = seq_lens.shape[0]
     if num_seqs == 0 or query.shape[0] == 0:
         return torch.empty_like(query)
+    decode_fn = decode_fn or _decode
     if max_query_len == 1:
-        return _decode(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len)
+        return decode_fn(query, key_cache, value_cache, seq_lens, block_tables, scale, max_seq_len)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     q_lens = [starts[i + 1] - starts[i] for i in range(num_seqs)]
@@ -53,7 +56,7 @@ def paged_attention_torch(
     if decode:
         rows = torch.tensor([starts[i] for i in decode], device=query.device)
         idx = torch.tensor(decode, device=query.device)
-        d_out = _decode(
+        d_out = decode_fn(
             query.index_select(0, rows), key_cache, value_cache, seq_lens.index_select(0, idx),
             block_tables.index_select(0, idx), scale, max(lens[i] for i in decode),
         )

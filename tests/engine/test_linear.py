@@ -1,0 +1,42 @@
+"""Dense layers through oneDNN's prepacked GEMM equal ``F.linear``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.linear import Linear, onednn_available, resolve_linear_backend
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_equals_f_linear_fp32(rows, bias):
+    torch.manual_seed(rows)
+    w, x = torch.randn(96, 48), torch.randn(rows, 48)
+    b = torch.randn(96) if bias else None
+    got = Linear(w, b, backend="onednn")(x)
+    torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_onednn_bf16_and_3d_input():
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 32).bfloat16(), torch.randn(2, 5, 32).bfloat16()
+    got = Linear(w, backend="onednn")(x)
+    assert got.shape == (2, 5, 64) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.linear(x, w).float(), atol=0.1, rtol=0.02)
+
+
+def test_backend_resolution():
+    cpu = torch.device("cpu")
+    assert resolve_linear_backend("torch", cpu, torch.float32) == "torch"
+    assert resolve_linear_backend("auto", cpu, torch.float16) == "torch"  # oneDNN path is fp32/bf16 only
+    assert resolve_linear_backend("auto", cpu, torch.float32) == ("onednn" if onednn_available() else "torch")
+    with pytest.raises(ValueError):
+        resolve_linear_backend("onednn", cpu, torch.float16)
+    with pytest.raises(ValueError):
+        resolve_linear_backend("mkl", cpu, torch.float32)
