@@ -4,6 +4,10 @@ KV cache through ``kernels``. QKV and gate/up projections are fused into one mat
     input_ids [T] -> embed -> N x (RMSNorm -> QKV -> RoPE -> write KV -> paged attention -> O
                                    + residual -> RMSNorm -> gate_up -> SiLU*up -> down + residual)
                   -> RMSNorm -> hidden [T, H];  compute_logits(hidden[rows]) -> [rows, vocab]
+
+On the CPU in fp32 with the native attention backend, each layer runs the same math through
+``kernels.native``'s fused kernels (residual add inside RMSNorm, RoPE writing K/V into the
+cache, SiLU*up in one pass); elsewhere it is plain torch.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels import native
 from engine.attention import AttentionMetadata
 from engine.linear import Linear, resolve_linear_backend
 from engine.model_config import ModelArch
@@ -52,6 +57,30 @@ class DecoderLayer:
         self.gate_up = Linear(torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]), gate_up_bias,
                               backend=linear_backend)
         self.down = Linear(w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"), backend=linear_backend)
+
+    def forward_fused(
+        self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, rope: RotaryEmbedding,
+        kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 CPU path through the native kernels: the residual stream is carried beside
+        ``x`` (the previous layer's MLP output) and added inside the next RMSNorm; RoPE writes
+        K/V straight into the cache. Returns ``(mlp output, residual)``."""
+        t = x.shape[0]
+        if residual is None:
+            residual, h = x, native.rms_norm(x, self.input_norm, self.eps)
+        else:
+            h = native.add_rms_norm(x, residual, self.input_norm, self.eps)
+        key_cache, value_cache = kv
+        q = native.rope_and_write_kv(self.qkv(h), positions, rope.cos, rope.sin, key_cache, value_cache,
+                                     meta.slot_mapping, self.num_heads, self.num_kv_heads, self.head_dim)
+        attn = kernels.paged_attention(
+            q, key_cache, value_cache,
+            query_start_loc=meta.query_start_loc, seq_lens=meta.seq_lens, block_tables=meta.block_tables,
+            scale=self.scale, max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
+            backend=meta.backend,
+        )
+        h = native.add_rms_norm(self.o(attn.reshape(t, self.q_size)), residual, self.post_norm, self.eps)
+        return self.down(native.silu_mul(self.gate_up(h))), residual
 
     def forward(
         self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], rope: RotaryEmbedding,
@@ -97,6 +126,8 @@ class LlamaModel:
             self.layers.append(DecoderLayer(arch, layer_w, self.linear_backend))
         self.rope = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
                                     arch.rope_scaling, dtype, device)
+        # the native fused layers (fp32, CPU): used when the attention backend is "native"
+        self.fused_layers = native.layers_supported(dtype, device)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: torch.device, dtype: torch.dtype,
@@ -122,6 +153,11 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of a flat batch (after the final norm)."""
         x = F.embedding(input_ids, self.embed)
+        if meta.backend == "native" and self.fused_layers:
+            residual = None
+            for layer, kv in zip(self.layers, kv_caches, strict=True):
+                x, residual = layer.forward_fused(x, residual, positions, self.rope, kv, meta)
+            return native.add_rms_norm(x, residual, self.norm, self.arch.rms_norm_eps)
         cos_sin = self.rope.tables(positions)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
             x = layer.forward(x, cos_sin, self.rope, kv, meta)

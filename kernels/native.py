@@ -1,5 +1,6 @@
-"""The CPU's native decode attention: ``csrc/cpu_attention.c``, compiled at first use and called
-through ctypes (which releases the GIL for the call).
+"""The CPU's native kernels, compiled at first use and called through ctypes (which releases
+the GIL for the call): decode attention (``csrc/cpu_attention.c``) and the fused fp32 layers
+around it (``csrc/cpu_layers.c``: RMSNorm with the residual add, SiLU*up, RoPE + cache write).
 
 Decode rows (one new token per sequence) read K/V straight from the paged cache through the
 block table, one OpenMP work item per sequence: no gather copy, no mask, no merge.
@@ -28,7 +29,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("csrc") / "cpu_attention.c"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = [_CSRC / "cpu_attention.c", _CSRC / "cpu_layers.c"]
+_HEADERS = [_CSRC / "cpu_math.h"]
 # -march=native: this machine's vector width (AVX-512 here); reassociation lets the compiler
 # vectorize the dot-product sums; no -ffast-math, whose finite-math assumption would drop the
 # kernel's -inf checks.
@@ -50,18 +53,19 @@ def _build() -> ctypes.CDLL:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
-    src = _SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     key = hashlib.sha256(src + " ".join(_FLAGS).encode() + version.encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_attention-{key}.so"
+    target = _cache_dir() / f"pagegate_cpu-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            proc = subprocess.run([cc, *_FLAGS, "-o", tmp, str(_SOURCE), "-lm"], capture_output=True, text=True)
+            cmd = [cc, *_FLAGS, "-o", tmp, *map(str, _SOURCES), "-lm"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"compiling {_SOURCE.name} failed: {proc.stderr.strip()[:500]}")
+                raise RuntimeError(f"compiling the CPU kernels failed: {proc.stderr.strip()[:500]}")
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -72,6 +76,15 @@ def _build() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = i32
         fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i32, i32, i32, i32, i32, f32, i32]
+    signatures = {
+        "pg_rms_norm": [ptr, ptr, ptr, i32, i32, f32, i32],
+        "pg_add_rms_norm": [ptr, ptr, ptr, ptr, i32, i32, f32, i32],
+        "pg_silu_mul": [ptr, ptr, i32, i32, i32],
+        "pg_rope_cache": [ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32],
+    }
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = i32, argtypes
     return lib
 
 
@@ -127,3 +140,45 @@ def paged_decode(query, key_cache, value_cache, seq_lens, block_tables, scale, m
     if rc != 0:
         raise RuntimeError("native decode attention rejected its shapes")
     return out if query.dtype == torch.float32 else out.to(query.dtype)
+
+
+# ---- fused fp32 layers (contiguous CPU tensors; the model checks ``layers_supported`` once) ----
+def layers_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    return dtype == torch.float32 and device.type == "cpu" and available()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    t, h = x.shape
+    out = torch.empty_like(x)
+    _LIB.pg_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), t, h, eps, torch.get_num_threads())
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``residual += x`` in place; returns ``rms_norm(residual) * weight``."""
+    t, h = x.shape
+    out = torch.empty_like(x)
+    _LIB.pg_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), t, h, eps,
+                         torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``[T, 2I]`` (gate | up) -> ``silu(gate) * up`` ``[T, I]``."""
+    t, two_i = gate_up.shape
+    out = torch.empty((t, two_i // 2), dtype=gate_up.dtype)
+    _LIB.pg_silu_mul(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2, torch.get_num_threads())
+    return out
+
+
+def rope_and_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Rotate q and k of the fused QKV rows ``[T, (Hq + 2 Hkv) * D]`` by ``positions``; write k and v
+    into their cache slots; return q ``[T, Hq, D]``. ``cos``/``sin``: ``[max_pos, D]`` tables."""
+    t = qkv.shape[0]
+    q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype)
+    _LIB.pg_rope_cache(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                       q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(),
+                       t, num_heads, num_kv_heads, head_dim, torch.get_num_threads())
+    return q

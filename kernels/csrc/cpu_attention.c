@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_math.h"
+
 #define MAX_D 256
 #define MAX_HQ 64
 #define MAX_BS 64
@@ -24,25 +26,10 @@ static inline float bf16_to_f32(uint16_t x) {
     return f;
 }
 
-/* exp(x) for a whole vector, branch-free so the compiler vectorizes it: 2^k * p(r) with
- * x = k ln2 + r, |r| <= ln2/2, p a degree-6 Taylor polynomial (relative error ~2e-7).
- * Inputs here are <= 0 (scores minus their running max); below -87 the result flushes to 0. */
+/* exp of a block's scores (all <= 0: scores minus their running max); below -87 -> 0. */
 static inline void exp_inplace(float *x, int n) {
     _Pragma("omp simd")
-    for (int i = 0; i < n; i++) {
-        const float v = x[i] < -87.f ? -87.f : x[i];
-        const float k = __builtin_roundf(v * 1.44269504088896341f);
-        const float r = v - k * 0.693145751953125f - k * 1.428606765330187e-06f;
-        float p = 1.f / 720.f;
-        p = p * r + 1.f / 120.f;
-        p = p * r + 1.f / 24.f;
-        p = p * r + 1.f / 6.f;
-        p = p * r + 0.5f;
-        p = p * r + 1.f;
-        p = p * r + 1.f;
-        union { float f; int32_t i; } scale = {.i = ((int32_t)k + 127) << 23};
-        x[i] = x[i] < -87.f ? 0.f : p * scale.f;
-    }
+    for (int i = 0; i < n; i++) x[i] = x[i] < -87.f ? 0.f : pg_exp(x[i]);
 }
 
 /* One work item is one sequence: its blocks are read front to back, each block's K (then V)

@@ -94,9 +94,51 @@ def test_unsupported_shapes_fall_back_to_torch(paged_batch):
 def test_build_is_cached_per_source_and_written_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEGATE_KERNEL_CACHE", str(tmp_path))
     lib = native._build()
-    built = list(tmp_path.glob("cpu_attention-*.so"))
+    built = list(tmp_path.glob("pagegate_cpu-*.so"))
     assert len(built) == 1 and lib is not None
     mtime = built[0].stat().st_mtime_ns
     native._build()  # a second build finds the cached file
     assert [p.stat().st_mtime_ns for p in tmp_path.glob("*.so")] == [mtime]
     assert not list(tmp_path.glob("tmp*"))  # no half-written temporaries left behind
+
+
+# ---- the fused fp32 layers ---------------------------------------------------------------
+def test_rms_norm_and_add_rms_norm_equal_torch():
+    torch.manual_seed(0)
+    x, res, w = torch.randn(37, 96) * 3, torch.randn(37, 96), torch.randn(96)
+    torch.testing.assert_close(native.rms_norm(x, w, 1e-5), torch.nn.functional.rms_norm(x, (96,), w, 1e-5))
+    expected_res = res + x
+    expected = torch.nn.functional.rms_norm(expected_res, (96,), w, 1e-5)
+    got = native.add_rms_norm(x, res, w, 1e-5)
+    torch.testing.assert_close(res, expected_res)  # updated in place
+    torch.testing.assert_close(got, expected)
+
+
+def test_silu_mul_equals_torch_over_a_wide_range():
+    torch.manual_seed(0)
+    gu = torch.randn(20, 2 * 160) * 30  # exercises exp far out in both directions
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(native.silu_mul(gu), torch.nn.functional.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_and_write_kv_equals_rotary_then_cache_write():
+    from engine.rotary import RotaryEmbedding
+    from kernels.torch_ops import write_kv_cache_torch
+
+    torch.manual_seed(0)
+    hq, hkv, d, t = 9, 3, 64, 11
+    rope = RotaryEmbedding(d, 2048, 10000.0, None, torch.float32, torch.device("cpu"))
+    wide = torch.randn(t, (hq + 2 * hkv) * d + 32)  # a row stride wider than QKV, like a view
+    qkv = wide[:, : (hq + 2 * hkv) * d]
+    positions = torch.tensor([0, 1, 5, 17, 100, 101, 102, 999, 1500, 3, 2047])
+    slots = torch.tensor([4, 9, -1, 0, 31, 30, 2, 7, 8, 12, 15])
+    kc, vc = torch.zeros(4, 8, hkv, d), torch.zeros(4, 8, hkv, d)
+    q = native.rope_and_write_kv(qkv, positions, rope.cos, rope.sin, kc, vc, slots, hq, hkv, d)
+
+    q_ref, k_ref, v_ref = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q_ref, k_ref = rope.apply(rope.tables(positions), q_ref.reshape(t, hq, d), k_ref.reshape(t, hkv, d))
+    kc_ref, vc_ref = torch.zeros_like(kc), torch.zeros_like(vc)
+    write_kv_cache_torch(k_ref, v_ref.reshape(t, hkv, d), kc_ref, vc_ref, slots)
+    torch.testing.assert_close(q, q_ref)
+    torch.testing.assert_close(kc, kc_ref)  # slot -1 wrote nothing
+    torch.testing.assert_close(vc, vc_ref)
