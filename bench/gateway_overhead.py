@@ -1,20 +1,25 @@
 """What the gateway adds to a request over calling the engine directly, with 50 concurrent clients.
 
-Modes, run interleaved round by round in one process against one real engine (SmolLM2-135M):
+Phases, run interleaved round by round in one process against one real engine (SmolLM2-135M), on
+uvloop as ``pagegate serve`` (uvicorn) runs, with the GIL switch interval the app sets
+(``PAGEGATE_GIL_SWITCH_INTERVAL_MS``):
 
-* ``engine``  — ``AsyncEngine.generate`` directly (the baseline);
-* ``tenancy`` — the same, wrapped in the gateway's per-request work: per-address limit (slowapi,
-  on its threads), authenticate, key/tenant request-rate limit (Redis Lua), quota reserve (Redis Lua), then settle, price lookup and usage record
-  (batched writer, SQLite); the time spent in those calls is also measured on its own;
-* ``gateway`` — the gateway's per-request work alone (no engine), to show its own cost: latency
-  under 50 concurrent clients and process CPU time per request (the figure that does not depend
-  on how busy the machine is);
-* ``http``    — (``--http``) the real FastAPI app under uvicorn, called with httpx.
+* ``engine``          ``AsyncEngine.generate`` called directly: the baseline;
+* ``engine+gateway``  the same request wrapped in the gateway's per-request work, as the app does
+  it: per-address limit (slowapi's declared limit, ``limits``' asyncio storage), authenticate,
+  key/tenant request-rate limit (one Lua script), quota + TPM reservation (one Lua script), then
+  settle (one Lua script), price and usage row (journal write). The issue's figure is the latency
+  this adds over ``engine``; the time each request spends inside the gateway calls is also shown;
+* ``gateway alone``   the same work without the engine: its process CPU per request (the figure
+  that does not depend on how busy the machine is) and its throughput on one event loop;
+* ``http``            (``--http``) the real FastAPI app under uvicorn on a thread of this process,
+  called with httpx from this process (the client's own CPU is in the figure).
 
-Each request asks for ``max_tokens=1`` so the engine part is short. While the engine steps, a
-ticker on the gateway's event loop records how late its 1 ms sleeps wake (event-loop stalls).
+Each request asks for ``max_tokens=1`` so the engine part is short. A ticker on the event loop
+records how late its 1 ms sleeps wake (event-loop stalls); ``--stall-trace`` also samples, from a
+watchdog thread, where the loop thread and the engine thread are while the loop is late.
 
-    python bench/gateway_overhead.py [--clients 50] [--requests 4] [--rounds 2] [--http]
+    python bench/gateway_overhead.py [--clients 50] [--requests 4] [--rounds 3] [--http] [--stall-trace]
 
 Needs Redis (PAGEGATE_REDIS_URL, default redis://127.0.0.1:6379/2; a unique key prefix is used
 and deleted) and writes a SQLite database in a temporary directory.
@@ -24,13 +29,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,37 +43,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from gateway.ids import new_hex_id  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.usage import UsageEvent  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
-IP_LIMITER = None  # gateway.ip_limit.ClientIPLimiter: slowapi's per-address check, as the app runs it
-CLIENT_REQUEST = None  # a starlette Request from 127.0.0.1 for it
-
-
-async def ip_check() -> None:
-    await IP_LIMITER.check(CLIENT_REQUEST)
 
 
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))] if s else float("nan")
 
 
 class StallMonitor:
-    """Max and p99 lateness of a 1 ms periodic sleep on the loop it runs on."""
+    """Lateness of a 1 ms periodic sleep on the loop it runs on."""
 
     def __init__(self) -> None:
         self.lateness: list[float] = []
+        self.heartbeat = time.perf_counter()
         self._task: asyncio.Task | None = None
 
     async def _tick(self) -> None:
         while True:
             t0 = time.perf_counter()
+            self.heartbeat = t0
             await asyncio.sleep(0.001)
             self.lateness.append((time.perf_counter() - t0 - 0.001) * 1000)
 
     def start(self) -> None:
+        self.heartbeat = time.perf_counter()
         self._task = asyncio.ensure_future(self._tick())
 
     async def stop(self) -> None:
@@ -79,77 +82,134 @@ class StallMonitor:
             pass
 
 
-async def run_engine(engine: AsyncEngine, prompt: list[int]) -> None:
-    params = SamplingParams(max_tokens=1, temperature=0.0)
-    async for _ in engine.generate(prompt, params, request_id=uuid.uuid4().hex):
-        pass
+class StallTracer:
+    """A watchdog thread: when the loop's ticker is more than ``late_ms`` late, sample where the
+    loop thread and the engine thread are (their innermost frames in our code or a library)."""
+
+    def __init__(self, monitor_getter, loop_thread: int, late_ms: float = 5.0) -> None:  # noqa: ANN001
+        self.monitor_getter = monitor_getter
+        self.loop_thread = loop_thread
+        self.late_s = late_ms / 1000
+        self.loop_sites: collections.Counter[str] = collections.Counter()
+        self.engine_sites: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stall-tracer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    @staticmethod
+    def _site(frame) -> str:  # noqa: ANN001
+        parts = []
+        while frame is not None and len(parts) < 3:
+            code = frame.f_code
+            parts.append(f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}")
+            frame = frame.f_back
+        return " < ".join(parts)
+
+    def _run(self) -> None:
+        engine_thread = None
+        while not self._stop.wait(0.002):
+            mon = self.monitor_getter()
+            if mon is None or time.perf_counter() - mon.heartbeat < self.late_s:
+                continue
+            frames = sys._current_frames()
+            if engine_thread is None:
+                engine_thread = next((t.ident for t in threading.enumerate() if t.name == "pagegate-engine"), None)
+            self.samples += 1
+            if self.loop_thread in frames:
+                self.loop_sites[self._site(frames[self.loop_thread])] += 1
+            if engine_thread in frames:
+                self.engine_sites[self._site(frames[engine_thread])] += 1
 
 
-async def direct_request(engine, prompt, _services, _key, lat, _tenancy_ms) -> None:
-    t0 = time.perf_counter()
-    await run_engine(engine, prompt)
-    lat.append((time.perf_counter() - t0) * 1000)
-
-
-async def tenancy_request(engine, prompt, services, key, lat, tenancy_ms) -> None:
-    t0 = time.perf_counter()
-    await ip_check()
-    principal = await services.auth.authenticate(f"Bearer {key}")
-    await services.limiter.check_request(principal)
-    res = await services.quota.reserve(principal, model=engine.model_id, prompt_tokens=len(prompt), max_tokens=1)
-    t1 = time.perf_counter()
-    params = SamplingParams(max_tokens=res.max_tokens, temperature=0.0)
+async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1, salt: str | None = None) -> int:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     completion = 0
-    request_id = uuid.uuid4().hex
-    async for out in engine.generate(prompt, params, request_id=request_id, salt=str(principal.tenant_id)):
+    async for out in engine.generate(prompt, params, request_id=new_hex_id(), salt=salt):
         completion += sum(len(d.token_ids) for d in out.deltas)
-    t2 = time.perf_counter()
-    await services.quota.settle(res, prompt_tokens=len(prompt), completion_tokens=completion)
-    cost = await services.prices.cost(engine.model_id, len(prompt), completion)
-    services.usage.record(UsageEvent(request_id=request_id, tenant_id=principal.tenant_id,
-                                     api_key_id=principal.key_id, model=engine.model_id, status="ok",
-                                     prompt_tokens=len(prompt), completion_tokens=completion, cost_usd=cost,
-                                     latency_ms=(t2 - t0) * 1000))
-    t3 = time.perf_counter()
-    lat.append((t3 - t0) * 1000)
-    tenancy_ms.append(((t1 - t0) + (t3 - t2)) * 1000)
+    return completion
 
 
-async def gateway_only_request(engine, prompt, services, key, lat, tenancy_ms) -> None:
-    t0 = time.perf_counter()
-    await ip_check()
-    principal = await services.auth.authenticate(f"Bearer {key}")
-    await services.limiter.check_request(principal)
-    res = await services.quota.reserve(principal, model=engine.model_id, prompt_tokens=len(prompt), max_tokens=1)
-    await services.quota.settle(res, prompt_tokens=len(prompt), completion_tokens=1)
-    cost = await services.prices.cost(engine.model_id, len(prompt), 1)
-    services.usage.record(UsageEvent(request_id=uuid.uuid4().hex, tenant_id=principal.tenant_id,
-                                     api_key_id=principal.key_id, model=engine.model_id, status="ok",
-                                     prompt_tokens=len(prompt), completion_tokens=1, cost_usd=cost))
-    lat.append((time.perf_counter() - t0) * 1000)
-    tenancy_ms.append(lat[-1])
+class Bench:
+    def __init__(self, engine, services, ip_limiter, client_request, key: str, prompt: list[int]) -> None:  # noqa: ANN001
+        self.engine = engine
+        self.services = services
+        self.ip_limiter = ip_limiter
+        self.client_request = client_request
+        self.key = key
+        self.prompt = prompt
+
+    async def admit(self):  # noqa: ANN201
+        """The gateway's work before the engine: per-address limit, auth, RPM, quota reservation."""
+        s = self.services
+        await self.ip_limiter.check(self.client_request)
+        principal = await s.auth.authenticate(f"Bearer {self.key}")
+        await s.limiter.check_request(principal)
+        res = await s.quota.reserve(principal, model=self.engine.model_id, prompt_tokens=len(self.prompt),
+                                    max_tokens=1)
+        return principal, res
+
+    async def finish(self, principal, res, completion: int, started: float) -> None:  # noqa: ANN001
+        """The gateway's work after the engine: settle, price, usage row."""
+        s = self.services
+        model = self.engine.model_id
+        await s.quota.settle(res, prompt_tokens=len(self.prompt), completion_tokens=completion)
+        cost = await s.prices.cost(model, len(self.prompt), completion)
+        s.usage.record(UsageEvent(request_id=new_hex_id(), tenant_id=principal.tenant_id,
+                                  api_key_id=principal.key_id, model=model, status="ok",
+                                  prompt_tokens=len(self.prompt), completion_tokens=completion, cost_usd=cost,
+                                  latency_ms=(time.perf_counter() - started) * 1000))
+
+    async def direct(self, lat: list[float], _part: list[float]) -> None:
+        t0 = time.perf_counter()
+        await run_engine(self.engine, self.prompt)
+        lat.append((time.perf_counter() - t0) * 1000)
+
+    async def wrapped(self, lat: list[float], part: list[float]) -> None:
+        t0 = time.perf_counter()
+        principal, res = await self.admit()
+        t1 = time.perf_counter()
+        completion = await run_engine(self.engine, self.prompt, res.max_tokens, str(principal.tenant_id))
+        t2 = time.perf_counter()
+        await self.finish(principal, res, completion, t0)
+        t3 = time.perf_counter()
+        lat.append((t3 - t0) * 1000)
+        part.append(((t1 - t0) + (t3 - t2)) * 1000)
+
+    async def alone(self, lat: list[float], part: list[float]) -> None:
+        t0 = time.perf_counter()
+        principal, res = await self.admit()
+        await self.finish(principal, res, 1, t0)
+        lat.append((time.perf_counter() - t0) * 1000)
+        part.append(lat[-1])
 
 
-async def clients(fn, n_clients: int, n_requests: int, *args) -> tuple[list[float], list[float], float]:
+async def clients(fn, n_clients: int, n_requests: int) -> tuple[list[float], list[float], float]:  # noqa: ANN001
     lat: list[float] = []
-    tenancy_ms: list[float] = []
+    part: list[float] = []
 
     async def client() -> None:
         for _ in range(n_requests):
-            await fn(*args, lat, tenancy_ms)
+            await fn(lat, part)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(n_clients)))
-    return lat, tenancy_ms, time.perf_counter() - t0
+    return lat, part, time.perf_counter() - t0
 
 
 class ServerThread:
     """The real app under uvicorn on its own event loop thread (for --http)."""
 
-    def __init__(self, app, port: int) -> None:  # noqa: ANN001
+    def __init__(self, app, port: int, loop_factory) -> None:  # noqa: ANN001
         import uvicorn
 
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.server.serve(),), daemon=True)
         self.thread.start()
@@ -164,58 +224,56 @@ class ServerThread:
         self.thread.join(30)
 
 
-async def http_request(base_url: str, key: str, model: str, client, lat) -> None:  # noqa: ANN001
-    t0 = time.perf_counter()
-    r = await client.post(base_url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                          json={"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0})
-    r.raise_for_status()
-    lat.append((time.perf_counter() - t0) * 1000)
-
-
 async def http_client_loop(url: str, key: str, model: str, client, lat: list[float], n: int) -> None:  # noqa: ANN001
     for _ in range(n):
-        await http_request(url, key, model, client, lat)
+        t0 = time.perf_counter()
+        r = await client.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                              json={"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0})
+        r.raise_for_status()
+        lat.append((time.perf_counter() - t0) * 1000)
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--requests", type=int, default=4, help="requests per client per round")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--http", action="store_true", help="also measure the full HTTP path")
-    ap.add_argument("--device", default="auto")
-    args = ap.parse_args()
+async def _start(mon: StallMonitor) -> None:
+    mon.start()
 
+
+async def main(args: argparse.Namespace) -> None:
     from gateway import tenancy as svc
+    from gateway.app import apply_gil_switch_interval
     from gateway.tenancy_services import build_tenancy
 
     tmp = Path(tempfile.mkdtemp(prefix="pagegate-bench-"))
     redis_url = os.environ.get("PAGEGATE_REDIS_URL", "redis://127.0.0.1:6379/2")
     settings = Settings(database_url=f"sqlite+aiosqlite:///{tmp / 'bench.db'}", redis_url=redis_url,
-                        redis_prefix=f"pgbench:{uuid.uuid4().hex[:8]}:", data_dir=str(tmp),
+                        redis_prefix=f"pgbench:{new_hex_id()[:8]}:", data_dir=str(tmp),
                         usage_spool_dir=str(tmp / "spool"), load_engine=False, cache_enabled=False,
-                        default_rpm=0, default_tpm=0, ip_rpm=1_000_000_000)
+                        default_rpm=0, default_tpm=0, ip_rpm=1_000_000_000,
+                        **({} if args.switch_interval_ms is None else {"gil_switch_interval_ms": args.switch_interval_ms}))
+    apply_gil_switch_interval(settings)  # what create_app's lifespan does
     config = EngineConfig(model="smollm2-135m-instruct", device=args.device, dtype="auto", num_blocks=1024,
                           max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=2048)
     engine = AsyncEngine(config)
     await engine.start()
     services = await build_tenancy(settings, redis_url=redis_url, upgrade_schema=True)
     async with services.db.sessionmaker() as s:
-        tenant = await svc.create_tenant(s, name="bench", rpm=1_000_000, tpm=0, budget_tokens=10**12)
+        tenant = await svc.create_tenant(s, name="bench", rpm=1_000_000, tpm=10**9, budget_tokens=10**12)
         _, new = await svc.create_api_key(s, tenant_id=tenant.id)
         await svc.set_price(s, model=engine.model_id, prompt_usd_per_1m="0.1", completion_usd_per_1m="0.2")
         await s.commit()
-    global IP_LIMITER, CLIENT_REQUEST
     from starlette.requests import Request
 
     from gateway.ip_limit import ClientIPLimiter
 
-    IP_LIMITER = ClientIPLimiter(redis_url, prefix=settings.redis_prefix, rpm=settings.ip_rpm)
-    CLIENT_REQUEST = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
+    ip_limiter = ClientIPLimiter(redis_url, prefix=settings.redis_prefix, rpm=settings.ip_rpm, redis=services.redis)
+    client_request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
                               "query_string": b"", "client": ("127.0.0.1", 50000)})
     prompt = engine.encode_chat(MESSAGES)
-    print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; "
-          f"{args.clients} clients x {args.requests} requests x {args.rounds} rounds, max_tokens=1")
+    bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt)
+    loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; {args.clients} clients x "
+          f"{args.requests} requests x {args.rounds} rounds, max_tokens=1; event loop: {loop_name}; "
+          f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms; {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}")
 
     server = None
     http_client = None
@@ -227,29 +285,47 @@ async def main() -> None:
         with __import__("socket").socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        server = ServerThread(create_app(settings, engine=engine), port)
+        loop_factory = asyncio.new_event_loop
+        if args.loop == "uvloop":
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        server = ServerThread(create_app(settings, engine=engine), port, loop_factory)
         http_client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=args.clients))
 
-    # warm-up (compiles, connection pools, the principal cache)
-    await clients(tenancy_request, 4, 2, engine, prompt, services, new.key)
-    await clients(direct_request, 4, 2, engine, prompt, services, new.key)
+    current: list[StallMonitor | None] = [None]
+    tracer = None
+    if args.stall_trace:
+        tracer = StallTracer(lambda: current[0], threading.get_ident())
+        tracer.start()
 
-    results: dict[str, dict[str, list[float]]] = {m: {"lat": [], "tenancy": [], "stall": [], "wall": [], "cpu": []}
-                                                   for m in ("engine", "tenancy", "gateway", "http")}
+    # warm-up (compiles, connection pools, the principal cache, prices)
+    await clients(bench.wrapped, args.clients, 2)  # as many Redis connections as clients
+    await clients(bench.direct, 4, 2)
+
+    modes = ("engine", "engine+gateway", "gateway alone", "http")
+    results = {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": []} for m in modes}
+
+    async def phase(mode: str, fn, n_clients: int, n_req: int, into: dict) -> None:  # noqa: ANN001
+        mon = StallMonitor()
+        current[0] = mon
+        mon.start()
+        cpu0, tcpu0 = time.process_time(), time.thread_time()
+        lat, part, wall = await clients(fn, n_clients, n_req)
+        into[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
+        into[mode]["loop_cpu"].append((time.thread_time() - tcpu0) * 1000 / len(lat))
+        await mon.stop()
+        current[0] = None
+        r = into[mode]
+        r["lat"] += lat
+        r["part"] += part
+        r["stall"] += mon.lateness
+        r["wall"].append(wall)
+
     for _ in range(args.rounds):
-        for mode, fn in (("engine", direct_request), ("tenancy", tenancy_request), ("gateway", gateway_only_request)):
-            n_req = args.requests * (10 if mode == "gateway" else 1)
-            mon = StallMonitor()
-            mon.start()
-            cpu0 = time.process_time()
-            lat, ten, wall = await clients(fn, args.clients, n_req, engine, prompt, services, new.key)
-            results[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
-            await mon.stop()
-            r = results[mode]
-            r["lat"] += lat
-            r["tenancy"] += ten
-            r["stall"] += mon.lateness
-            r["wall"].append(wall)
+        await phase("engine", bench.direct, args.clients, args.requests, results)
+        await phase("engine+gateway", bench.wrapped, args.clients, args.requests, results)
+        await phase("gateway alone", bench.alone, args.clients, args.requests * 10, results)
         if server is not None:
             mon = StallMonitor()
             server.call(_start(mon))
@@ -263,34 +339,15 @@ async def main() -> None:
             results["http"]["lat"] += lat
             results["http"]["stall"] += mon.lateness
 
-    base = results["engine"]["lat"]
-    print(f"\n{'mode':<10}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}{'p50 x':>8}{'p99 x':>8}{'req/s':>9}"
-          f"{'loop stall max ms':>19}{'p99':>7}")
-    for mode, r in results.items():
-        if not r["lat"]:
-            continue
-        lat = r["lat"]
-        rps = len(lat) / sum(r["wall"])
-        stall = r["stall"] or [0.0]
-        print(f"{mode:<10}{len(lat):>6}{pct(lat, 50):>10.2f}{pct(lat, 99):>10.2f}"
-              f"{pct(lat, 50) / pct(base, 50):>8.2f}{pct(lat, 99) / pct(base, 99):>8.2f}{rps:>9.1f}"
-              f"{max(stall):>19.2f}{pct(stall, 99):>7.2f}")
-    g = results["gateway"]
-    print(f"\ngateway work alone (IP limit + auth + RPM + quota reserve/settle + price + usage record), {len(g['lat'])} requests "
-          f"at {args.clients} concurrent: p50 {pct(g['lat'], 50):.2f} ms, p99 {pct(g['lat'], 99):.2f} ms, "
-          f"{statistics.fmean(g['cpu']):.3f} ms process CPU per request "
-          f"(engine alone: {statistics.fmean(results['engine']['cpu']):.3f} ms CPU per request)")
-    ten = results["tenancy"]["tenancy"]
-    print(f"\ngateway work per request while the engine runs, "
-          f"{len(ten)} requests at {args.clients} concurrent:")
-    print(f"  p50 {pct(ten, 50):.2f} ms   p99 {pct(ten, 99):.2f} ms   mean {statistics.fmean(ten):.2f} ms"
-          f"   (targets: p50 <= 2 ms, p99 <= 10 ms)")
-    print(f"  latency added over the engine alone: p50 {pct(results['tenancy']['lat'], 50) - pct(base, 50):+.2f} ms, "
-          f"p99 {pct(results['tenancy']['lat'], 99) - pct(base, 99):+.2f} ms")
-    if results["http"]["lat"]:
-        h = results["http"]["lat"]
-        print(f"  full HTTP path (uvicorn + FastAPI + JSON + the above): p50 {pct(h, 50) - pct(base, 50):+.2f} ms, "
-              f"p99 {pct(h, 99) - pct(base, 99):+.2f} ms over the engine")
+    single = {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": []} for m in modes}
+    if args.single:
+        for _ in range(2):
+            await phase("engine", bench.direct, 1, args.single // 2, single)
+            await phase("engine+gateway", bench.wrapped, 1, args.single // 2, single)
+    if tracer is not None:
+        tracer.stop()
+
+    report(args, results, single, tracer)
 
     await services.usage.flush()
     if http_client is not None:
@@ -300,14 +357,80 @@ async def main() -> None:
     keys = [k async for k in services.redis.scan_iter(match=settings.redis_prefix + "*")]
     if keys:
         await services.redis.delete(*keys)
-    IP_LIMITER.close()
+    await ip_limiter.aclose()
     await services.close()
     await engine.shutdown()
 
 
-async def _start(mon: StallMonitor) -> None:
-    mon.start()
+def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallTracer | None) -> None:
+    base = results["engine"]["lat"]
+    print(f"\n{'phase':<16}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}{'req/s':>8}"
+          f"{'CPU ms/req':>11}{'loop stall max':>15}{'p99':>6}")
+    for mode, r in results.items():
+        if not r["lat"]:
+            continue
+        lat = r["lat"]
+        stall = r["stall"] or [0.0]
+        cpu = f"{statistics.fmean(r['cpu']):.3f}" if r["cpu"] else "-"
+        print(f"{mode:<16}{len(lat):>6}{pct(lat, 50):>9.2f}{pct(lat, 99):>9.2f}{pct(lat, 50) / pct(base, 50):>7.2f}"
+              f"{pct(lat, 99) / pct(base, 99):>7.2f}{len(lat) / sum(r['wall']):>8.1f}{cpu:>11}"
+              f"{max(stall):>15.2f}{pct(stall, 99):>6.2f}")
+
+    eng, wrapped, alone = results["engine"], results["engine+gateway"], results["gateway alone"]
+    own_cpu = statistics.fmean(alone["cpu"])
+    added50 = pct(wrapped["lat"], 50) - pct(base, 50)
+    added99 = pct(wrapped["lat"], 99) - pct(base, 99)
+    part = wrapped["part"]
+    loop_cpu_added = statistics.fmean(wrapped["loop_cpu"]) - statistics.fmean(eng["loop_cpu"])
+    print(f"\nWith {args.clients} concurrent clients (targets: added p50 <= 2 ms, p99 <= 10 ms; stalls <= 10 ms):")
+    print(f"  latency the gateway adds over the engine alone:  p50 {added50:+.2f} ms, p99 {added99:+.2f} ms "
+          f"(engine alone p50 {pct(base, 50):.1f} ms, p99 {pct(base, 99):.1f} ms)")
+    print(f"  time each request spends inside the gateway's calls: p50 {pct(part, 50):.2f} ms, "
+          f"p99 {pct(part, 99):.2f} ms, mean {statistics.fmean(part):.2f} ms")
+    print(f"  of which the request's own work: {own_cpu:.3f} ms CPU per request (gateway alone, all threads of this "
+          f"process; {loop_cpu_added:.3f} ms more event-loop-thread CPU per request than the engine alone); "
+          f"the rest is waiting: for the other {args.clients - 1} requests' gateway work on the one event loop, "
+          f"for Redis, and for the CPUs and the GIL held by the engine")
+    print(f"  event-loop stalls while the engine steps: engine alone max {max(eng['stall'] or [0]):.1f} ms "
+          f"(p99 {pct(eng['stall'], 99):.1f}); with the gateway max {max(wrapped['stall'] or [0]):.1f} ms "
+          f"(p99 {pct(wrapped['stall'], 99):.1f})")
+    print(f"  gateway alone (no engine): p50 {pct(alone['lat'], 50):.2f} ms, p99 {pct(alone['lat'], 99):.2f} ms at "
+          f"{args.clients} concurrent = {len(alone['lat']) / sum(alone['wall']):.0f} requests/s on one event loop, "
+          f"{own_cpu:.3f} ms CPU per request")
+    if results["http"]["lat"]:
+        h = results["http"]["lat"]
+        print(f"  full HTTP path (uvicorn + FastAPI + JSON + httpx client in this process + the above): "
+              f"p50 {pct(h, 50) - pct(base, 50):+.2f} ms, p99 {pct(h, 99) - pct(base, 99):+.2f} ms over the engine")
+    if single["engine"]["lat"]:
+        s_base, s_wr = single["engine"]["lat"], single["engine+gateway"]
+        print(f"\nOne client ({len(s_base)} requests each): engine alone p50 {pct(s_base, 50):.2f} ms; "
+              f"added p50 {pct(s_wr['lat'], 50) - pct(s_base, 50):+.2f} ms, p99 {pct(s_wr['lat'], 99) - pct(s_base, 99):+.2f} ms; "
+              f"time inside the gateway's calls p50 {pct(s_wr['part'], 50):.2f} ms, p99 {pct(s_wr['part'], 99):.2f} ms")
+    if tracer is not None:
+        print(f"\nStall trace: {tracer.samples} samples while the loop was > 5 ms late")
+        for title, sites in (("event-loop thread", tracer.loop_sites), ("engine thread", tracer.engine_sites)):
+            print(f"  {title}:")
+            for site, n in sites.most_common(8):
+                print(f"    {n:>5}  {site}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client per round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--single", type=int, default=40, help="requests with one client (0: skip that phase)")
+    ap.add_argument("--http", action="store_true", help="also measure the full HTTP path")
+    ap.add_argument("--stall-trace", action="store_true", help="sample where the threads are during stalls")
+    ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
+                    help="event loop (uvicorn uses uvloop when installed)")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="GIL switch interval (default: the app's PAGEGATE_GIL_SWITCH_INTERVAL_MS; 5 = Python's)")
+    ap.add_argument("--device", default="auto")
+    cli = ap.parse_args()
+    if cli.loop == "uvloop":
+        import uvloop
+
+        uvloop.run(main(cli))
+    else:
+        asyncio.run(main(cli))

@@ -1,13 +1,18 @@
-"""Sentence embedder for the semantic tier: all-MiniLM-L6-v2 through sentence-transformers,
+"""Sentence embedder for the semantic tier: all-MiniLM-L6-v2 (loaded with sentence-transformers),
 run on one worker thread (never on the event loop), with concurrent calls micro-batched.
 
-For the usual Transformer → mean Pooling → Normalize pipeline the embedder skips
-``SentenceTransformer.encode`` (its per-call bookkeeping costs a few ms on a short query) and runs
-the tokenizer and the transformer directly under ``torch.inference_mode``, then mean-pools and
-L2-normalises: the same vectors as ``encode`` (within 1e-5). ``quantize=True`` (CPU only) also
-int8-quantizes the Linear layers dynamically: about 2x faster on one short query, but it lowers
-cosine similarities by ~0.03 on average, which drops paraphrase hits at threshold 0.90 from 85%
-to 65% on ``bench/cache_quality.py``; so it is off by default (thresholds are tuned for float32).
+For a BERT model in the usual Transformer → mean Pooling → Normalize pipeline the embedder skips
+``SentenceTransformer.encode`` and HF's ``BertModel`` forward, and runs the tokenizer and
+``cache.bert_encoder.BertEncoder`` (the same arithmetic as plain tensor ops, linears on oneDNN
+with prepacked weights): the same vectors as ``encode`` (within 1e-6), 2.2-2.6x faster than the
+HF forward on one short query. The worker thread runs its torch ops on ``threads`` intra-op threads (1 by default;
+set for that thread only, so an in-process engine keeps its own): for a one-query batch a
+second thread measured slower. Batches of more than 8 texts use torch's default count.
+
+``quantize=True`` (CPU only) int8-quantizes the HF model's Linear layers dynamically instead; it
+lowers cosine similarities by ~0.03 on average, which drops paraphrase hits at threshold 0.90
+from 85% to 65% on ``bench/cache_quality.py``, so it is off by default (thresholds are tuned for
+float32).
 
 While one batch is being encoded, new calls queue up; the next batch takes them all (up to
 ``max_batch``), so under load many lookups share one forward pass and an idle call pays no wait.
@@ -16,6 +21,8 @@ While one batch is being encoded, new calls queue up; the next batch takes them 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import functools
 import logging
 import os
 import threading
@@ -39,18 +46,54 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+_SMALL_BATCH = 8  # texts; up to this many run on ``threads`` intra-op threads
+_thread_state = threading.local()  # per worker thread: torch's default and current thread count
+
+
+@functools.cache
+def _omp_set_num_threads():  # noqa: ANN202 - a ctypes function, or None
+    """OpenMP's ``omp_set_num_threads`` from the runtime torch uses, or None if not found."""
+    import torch
+
+    for path in (os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1"), None):
+        try:
+            return ctypes.CDLL(path).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+    log.info("embedder: no OpenMP runtime found; intra-op threads left as they are")
+    return None
+
+
+def _set_thread_omp_threads(n: int) -> bool:
+    """Set the OpenMP thread count of the calling thread only (torch's CPU ops and oneDNN read
+    the caller's OpenMP setting). ``torch.set_num_threads`` would also change the process-wide MKL
+    count and the count later threads start with, which an in-process engine uses; so call OpenMP.
+    False if torch's OpenMP runtime cannot be found (then nothing changes)."""
+    fn = _omp_set_num_threads()
+    if fn is None:
+        return False
+    fn(int(n))
+    return True
+
+
 class Embedder:
     """``await embed(text)`` -> L2-normalised float32 vector of size ``dim``."""
 
     def __init__(self, model: str = "all-MiniLM-L6-v2", *, device: str = "cpu", max_batch: int = 64,
-                 memo_size: int = 4096, quantize: bool = False) -> None:
+                 memo_size: int = 4096, quantize: bool = False, threads: int | None = 1,
+                 lean: bool = True) -> None:
+        """``threads``: intra-op threads of the worker thread (None: torch's default).
+        ``lean``: use ``BertEncoder`` for BERT models (False: the HF forward, for comparison)."""
         self._path = resolve_model_path(model)
         self._device = device
         self._max_batch = max_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-embed")
         self._model = None
         self._quantize = quantize and device == "cpu"
-        self._fast = None  # (tokenizer, transformer, max_len) when the direct path applies
+        self._threads = threads
+        self._lean = lean
+        self._fast = None  # (tokenizer, forward, max_len) when the direct path applies
+        self.kind = "unloaded"  # "lean-onednn" | "lean" | "hf" | "hf-int8" | "encode", once loaded
         self._load_lock = threading.Lock()
         self._pending: list[tuple[str, asyncio.Future]] = []
         self._draining = False
@@ -67,12 +110,15 @@ class Embedder:
 
                 model = SentenceTransformer(self._path, device=self._device)
                 self._fast = self._direct_path(model)
+                if self._fast is None:
+                    self.kind = "encode"
                 self._model = model
         return self._model
 
     def _direct_path(self, model):
-        """(tokenizer, transformer, max_len) if ``model`` is Transformer → mean Pooling →
-        Normalize, with the transformer int8-quantized when asked; else None (use ``encode``)."""
+        """(tokenizer, forward, max_len) if ``model`` is Transformer → mean Pooling → Normalize,
+        where ``forward(input_ids, attention_mask)`` returns normalised vectors; else None (use
+        ``encode``). BERT on CPU gets ``BertEncoder``; otherwise the HF module runs (int8 when asked)."""
         import torch
 
         kinds = [type(m).__name__ for m in model]
@@ -86,33 +132,64 @@ class Embedder:
                 or getattr(model[0], "do_lower_case", False):  # encode() lower-cases first: keep it
             return None
         net = model[0].auto_model.eval()
+        max_len = int(model.get_max_seq_length() or 512)
+        if self._lean and not self._quantize and self._device == "cpu" \
+                and getattr(net.config, "model_type", None) == "bert":
+            from cache.bert_encoder import BertEncoder
+
+            try:
+                enc = BertEncoder.from_hf(net)
+            except ValueError as e:  # an unusual BERT variant: the HF forward handles it
+                log.info("embedder: lean encoder not applicable (%s)", e)
+            else:
+                self.kind = "lean-onednn" if enc.onednn else "lean"
+                return model.tokenizer, enc.encode, max_len
+        self.kind = "hf"
         if self._quantize:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     net = torch.ao.quantization.quantize_dynamic(net, {torch.nn.Linear}, dtype=torch.qint8)
+                self.kind = "hf-int8"
             except Exception as e:  # noqa: BLE001 - no quantized engine: stay in float
                 log.warning("embedder: int8 quantization unavailable (%s); using float32", e)
-        max_len = model.get_max_seq_length() or 512
-        return model.tokenizer, net, int(max_len)
+
+        def forward(input_ids, attention_mask):  # noqa: ANN001, ANN202
+            with torch.inference_mode():
+                hidden = net(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                vecs = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                return torch.nn.functional.normalize(vecs.float(), dim=-1)
+
+        return model.tokenizer, forward, max_len
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         model = self._load()
+        self._pin_threads(len(texts))
         if self._fast is None:
             vecs = model.encode(texts, batch_size=len(texts), convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=False)
             return np.ascontiguousarray(vecs, dtype=np.float32)
-        import torch
-
-        tok, net, max_len = self._fast
-        batch = tok(texts, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-        batch = {k: v.to(self._device) for k, v in batch.items()}
-        with torch.inference_mode():
-            hidden = net(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            vecs = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            vecs = torch.nn.functional.normalize(vecs.float(), dim=-1)
+        tok, forward, max_len = self._fast
+        batch = tok(texts, padding=len(texts) > 1, truncation=True, max_length=max_len,
+                    return_tensors="pt", return_token_type_ids=False)
+        vecs = forward(batch["input_ids"].to(self._device), batch["attention_mask"].to(self._device))
         return np.ascontiguousarray(vecs.cpu().numpy(), dtype=np.float32)
+
+    def _pin_threads(self, batch: int) -> None:
+        """Intra-op threads of the calling (worker) thread: ``threads`` for a few queries, torch's
+        default for big batches (prefill), where the forward is compute-bound and threads help."""
+        if self._threads is None:
+            return
+        local = _thread_state
+        if not hasattr(local, "default"):
+            import torch
+
+            torch.ones(2).add_(1)  # torch's once-per-thread init first, or it would undo ours
+            local.default, local.current = torch.get_num_threads(), None
+        want = self._threads if batch <= _SMALL_BATCH else local.default
+        if local.current != want and _set_thread_omp_threads(want):
+            local.current = want
 
     @property
     def dim(self) -> int:

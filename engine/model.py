@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import native
 from engine.attention import AttentionMetadata
 from engine.linear import Linear, resolve_linear_backend
 from engine.model_config import ModelArch
 from engine.rotary import RotaryEmbedding
+from kernels import native
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

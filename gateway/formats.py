@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from gateway.ids import new_hex_id
 from gateway.schemas import (
     ChatChoice,
     ChatCompletion,
@@ -48,7 +48,7 @@ def natural_pieces(text: str) -> Iterator[str]:
 class ChatFormat:
     model: str
     include_usage: bool = False
-    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex)
+    id: str = field(default_factory=lambda: "chatcmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
 
     def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -81,7 +81,7 @@ class CompletionFormat:
     model: str
     include_usage: bool = False
     echo_prefix: str = ""  # echo=True: the prompt text, shown before each choice's text
-    id: str = field(default_factory=lambda: "cmpl-" + uuid.uuid4().hex)
+    id: str = field(default_factory=lambda: "cmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
 
     def _chunk(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:

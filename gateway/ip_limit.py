@@ -1,37 +1,48 @@
 """Per-client-IP request-rate limit on ``/v1/*``, checked before authentication: slowapi.
 
 A flood of requests from one address (guessed keys, a runaway script) is refused with 429
-``rate_limit_exceeded`` before it costs a key lookup in the database. The limit is slowapi's own
-``Limiter`` (an application-wide limit of ``settings.ip_rpm`` per minute keyed by the client
-address, moving window, Redis storage shared by every gateway process).
+``rate_limit_exceeded`` before it costs a key lookup in the database. The limit is declared with
+slowapi's own ``Limiter`` (an application-wide limit of ``settings.ip_rpm`` per minute keyed by
+the client address, moving window, Redis storage shared by every gateway process;
+``app.state.limiter``).
 
-slowapi is synchronous: its check makes blocking Redis calls through ``limits``' sync storage, and
-slowapi's middlewares run it on the event loop. So the gateway calls slowapi's check
-(``Limiter._check_request_limit``, what ``SlowAPIASGIMiddleware`` calls) on a small thread pool of
-its own: the event loop never waits on Redis here, it awaits the thread's answer.
+slowapi's own check is synchronous (blocking Redis calls through ``limits``' sync storage), so
+running it on the event loop would block the loop, and running it on a thread pool costs a
+thread hop and GIL hand-offs per request. slowapi's rate-limiting engine, the ``limits`` package,
+has an asyncio storage with the same Lua scripts and the same key layout, so the gateway
+evaluates slowapi's declared application limits (their ``RateLimitItem``, key function and
+scope: what ``Limiter._check_request_limit`` evaluates in a middleware) with ``limits``'
+asyncio moving-window strategy on the gateway's shared async Redis connection pool; the hit
+itself (``limits``' own ``acquire_moving_window`` script, key and arguments) goes over the
+request path's pipelined script connection (``gateway.redis_lane``). The window in Redis is the
+very one slowapi's synchronous check reads and writes (``tests/gateway/test_ip_limit.py``
+checks that both see each other's hits).
 
 Per-key and per-tenant request limits stay in ``gateway.limits`` (one atomic async Lua script for
 both windows, limits read per request from the tenant's settings), which slowapi cannot express.
 
-Redis keys: ``<prefix>rl:LIMITER/ip/<client address>/global/<rpm>/1/minute``. Behind a reverse proxy the
-client address is the proxy's unless uvicorn is told to trust ``X-Forwarded-For``
+Redis keys: ``<prefix>rl:LIMITER/ip/<client address>/global/<rpm>/1/minute``. Behind a reverse
+proxy the client address is the proxy's unless uvicorn is told to trust ``X-Forwarded-For``
 (``--proxy-headers --forwarded-allow-ips``)."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
+import itertools
 import logging
 import os
 import time
 import warnings
 
+from limits.aio.storage import RedisStorage
+from limits.aio.strategies import MovingWindowRateLimiter
+from redis.asyncio import Redis
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.error_handlers import error_response
 from gateway.errors import ApiError, rate_limited
 from gateway.limits import format_reset, storage_uri, store_unavailable
+from gateway.redis_lane import ScriptLane
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +54,12 @@ def client_address(request: Request) -> str:
 
 class ClientIPLimiter:
     """``await check(request)``: one request from the client's per-minute window, or ApiError
-    429 (``retry-after``) / 503 when Redis is unreachable (fail closed like every limit)."""
+    429 (``retry-after``) / 503 when Redis is unreachable (fail closed like every limit).
 
-    THREADS = 8
+    ``redis``: the gateway's async client, whose connection pool the check shares; without it the
+    limiter opens its own pool from ``redis_url`` (close it with ``await aclose()``)."""
 
-    def __init__(self, redis_url: str, *, prefix: str, rpm: int) -> None:
+    def __init__(self, redis_url: str, *, prefix: str, rpm: int, redis: Redis | None = None) -> None:
         from slowapi import Limiter
 
         if rpm < 1:
@@ -61,38 +73,57 @@ class ClientIPLimiter:
                 storage_options={"key_prefix": f"{prefix}rl"}, strategy="moving-window", key_prefix="ip",
                 key_style="url", headers_enabled=False, swallow_errors=False, in_memory_fallback_enabled=False,
                 config_filename=os.devnull)
-        self._executor = concurrent.futures.ThreadPoolExecutor(self.THREADS, thread_name_prefix="ip-limit")
+        # slowapi's declared application limits, as its middleware check evaluates them
+        self._limits = list(itertools.chain(*self.limiter._application_limits))
+        for lim in self._limits:
+            if lim.methods or lim.per_method or lim.exempt_when or callable(lim.cost):
+                raise ValueError("only plain application limits are evaluated asynchronously")
+        # (item, key function, limits identifiers after the address, cost): slowapi's own arguments
+        self._checks = [(lim.limit, lim.key_func, lim.scope, lim.cost) for lim in self._limits]
+        self._own_redis = redis is None
+        self._redis = redis if redis is not None else Redis.from_url(redis_url)
+        self._storage = RedisStorage(storage_uri(redis_url), implementation="redispy", key_prefix=f"{prefix}rl",
+                                     connection_pool=self._redis.connection_pool)
+        self._strategy = MovingWindowRateLimiter(self._storage)
+        # The hot path: `limits`' own moving-window script and key (what `hit` runs through
+        # redis-py), sent on the gateway's pipelined script connection; `hit` when absent.
+        bridge = getattr(self._storage, "bridge", None)
+        self._acquire = getattr(bridge, "lua_acquire_moving_window", None)
+        self._lane = ScriptLane.for_client(self._redis)
 
     async def check(self, request: Request) -> None:
-        loop = asyncio.get_running_loop()
-        error = await loop.run_in_executor(self._executor, self._check, request)
-        if error is not None:
-            raise error
-
-    def _check(self, request: Request) -> ApiError | None:
-        """On the pool's thread: slowapi's own check (blocking Redis calls)."""
-        from slowapi.errors import RateLimitExceeded
-
-        try:
-            self.limiter._check_request_limit(request, None, True)
-            return None
-        except RateLimitExceeded:
-            limit, args = request.state.view_rate_limit
+        for item, key_func, scope, cost in self._checks:
+            args = (self.limiter._key_prefix, key_func(request), scope)
             try:
-                reset_s = max(0.001, self.limiter.limiter.get_window_stats(limit, *args).reset_time - time.time())
-            except Exception:
-                reset_s = 60.0
-            return rate_limited(
-                f"Too many requests from your address: limit {self.rpm} per minute. "
+                if await self._hit(item, args, cost):
+                    continue
+                stats = await self._strategy.get_window_stats(item, *args)
+                reset_s = max(0.001, stats.reset_time - time.time())
+            except Exception as exc:  # Redis unreachable
+                log.warning("ip limit: storage unavailable: %r", exc)
+                raise store_unavailable("rate-limit") from exc
+            limit = item.amount
+            raise rate_limited(
+                f"Too many requests from your address: limit {limit} per minute. "
                 f"Please try again in {format_reset(reset_s)}.", retry_after_s=reset_s,
-                headers={"x-ratelimit-limit-requests": str(self.rpm), "x-ratelimit-remaining-requests": "0",
+                headers={"x-ratelimit-limit-requests": str(limit), "x-ratelimit-remaining-requests": "0",
                          "x-ratelimit-reset-requests": format_reset(reset_s)})
-        except Exception as exc:  # Redis unreachable
-            log.warning("ip limit: storage unavailable: %r", exc)
-            return store_unavailable("rate-limit")
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    async def _hit(self, item, args: tuple[str, ...], cost: int) -> bool:  # noqa: ANN001 - limits' RateLimitItem
+        """``MovingWindowRateLimiter.hit``: the same script, key and arguments as `limits`' redis-py
+        storage (``acquire_entry``), one pipelined round trip instead of a pool checkout."""
+        if self._acquire is None:
+            return await self._strategy.hit(item, *args, cost=cost)
+        key = self._storage.bridge.prefixed_key(item.key_for(*args))
+        return bool(await self._lane.run(self._acquire, keys=[key],
+                                         args=[time.time(), item.amount, item.get_expiry(), cost]))
+
+    async def aclose(self) -> None:
+        """Close the connection pool (and its script connection) when it is the limiter's own."""
+        if self._own_redis:
+            await self._lane.aclose()
+            await self._redis.aclose()
+            await self._redis.connection_pool.disconnect()
 
 
 class ClientIPLimitMiddleware:

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.auth import Principal
 from gateway.errors import ApiError, rate_limited
+from gateway.redis_lane import ScriptLane
 
 
 def format_reset(seconds: float) -> str:
@@ -76,6 +77,7 @@ class RequestLimiter:
                                      key_prefix=self.key_prefix, connection_pool=redis.connection_pool)
         self._strategy = MovingWindowRateLimiter(self._storage)
         self._window = redis.register_script(resources.files("gateway.lua").joinpath("rate_window.lua").read_text())
+        self._lane = ScriptLane.for_client(redis)
 
     async def check_request(self, principal: Principal) -> dict[str, str]:
         windows = [w for w in self._windows(principal) if w[2] > 0]
@@ -84,7 +86,8 @@ class RequestLimiter:
         now = time.time()
         keys = [f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(*ids)}" for _, ids, limit in windows]
         try:
-            reply = await self._window(keys=keys, args=[repr(now), self.WINDOW_S, *(w[2] for w in windows)])
+            reply = await self._lane.run(self._window, keys=keys,
+                                         args=[repr(now), self.WINDOW_S, *(w[2] for w in windows)])
         except RedisError as exc:
             raise store_unavailable("rate-limit") from exc
         allowed = bool(reply[0])

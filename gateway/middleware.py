@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.ids import new_hex_id
 
 log = logging.getLogger("pagegate.gateway")
 
@@ -29,7 +30,7 @@ INTERNAL_ERROR = {
 
 
 def new_request_id() -> str:
-    return "req_" + uuid.uuid4().hex
+    return "req_" + new_hex_id()
 
 
 class RequestContextMiddleware:

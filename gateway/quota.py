@@ -43,8 +43,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth import Principal
 from gateway.db.models import UsageRecord
 from gateway.errors import ApiError, insufficient_quota, rate_limited
+from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
 from gateway.pricing import Price, PriceBook
+from gateway.redis_lane import ScriptLane
 
 UNITS_PER_USD = Decimal(100_000_000)  # the MONEY column's scale: 1e-8 USD
 RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
@@ -116,6 +118,7 @@ class QuotaLedger:
         self._reserve = redis.register_script(_script("quota_reserve.lua"))
         self._settle = redis.register_script(_script("quota_settle.lua"))
         self._init = redis.register_script(_script("quota_init.lua"))
+        self._lane = ScriptLane.for_client(redis)  # the request path's scripts: one pipelined connection
 
     def _tag(self, tenant_id: int) -> str:
         return f"{self._prefix}{{t:{tenant_id}}}"
@@ -134,7 +137,7 @@ class QuotaLedger:
         period_id, _, period_end = period_bounds(principal.budget_period, datetime.fromtimestamp(now, UTC))
         minute, frac = divmod(now / 60.0, 1.0)
         tag = self._tag(principal.tenant_id)
-        res_id = uuid.uuid4().hex
+        res_id = new_hex_id()
         keys = [self.counter_key(principal.tenant_id, period_id), f"{tag}:res", f"{tag}:resdl",
                 f"{tag}:tpm:{int(minute)}", f"{tag}:tpm:{int(minute) - 1}"]
         pp = float(price.prompt_usd_per_1m * UNITS_PER_USD / 1_000_000)
@@ -147,10 +150,10 @@ class QuotaLedger:
             2 * self.reservation_ttl_s + 86400,
         ]
         try:
-            result = await self._reserve(keys=keys, args=args)
+            result = await self._lane.run(self._reserve, keys=keys, args=args)
             if result[0] == -1:
                 await self._rebuild(principal.tenant_id, principal.budget_period, keys[0], period_end)
-                result = await self._reserve(keys=keys, args=args)
+                result = await self._lane.run(self._reserve, keys=keys, args=args)
         except RedisError as exc:
             raise store_unavailable("quota") from exc
         code = int(result[0])
@@ -186,8 +189,8 @@ class QuotaLedger:
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
         units = usd_to_units(reservation.price.cost(max(0, prompt_tokens), max(0, completion_tokens)))
         tag = self._tag(reservation.tenant_id)
-        done = await self._settle(keys=[f"{tag}:res", f"{tag}:resdl", reservation.counter_key, reservation.tpm_key],
-                                  args=[reservation.id, tokens, units])
+        done = await self._lane.run(self._settle, keys=[f"{tag}:res", f"{tag}:resdl", reservation.counter_key,
+                                                        reservation.tpm_key], args=[reservation.id, tokens, units])
         reservation.settled = True
         return bool(done)
 

@@ -22,6 +22,7 @@ from gateway.db.session import Database
 from gateway.limits import RequestLimiter
 from gateway.pricing import PriceBook
 from gateway.quota import QuotaLedger
+from gateway.redis_lane import ScriptLane
 from gateway.settings import Settings
 from gateway.usage import UsageWriter
 
@@ -46,6 +47,8 @@ class TenancyServices:
             await self.usage.close()
         with contextlib.suppress(Exception):
             await self.auth.close()
+        with contextlib.suppress(Exception):
+            await ScriptLane.for_client(self.redis).aclose()
         with contextlib.suppress(Exception):
             await self.redis.aclose()
         with contextlib.suppress(Exception):

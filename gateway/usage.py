@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Coroutine
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -73,13 +73,15 @@ class UsageEvent:
     cache: str = "miss"  # hit | semantic-hit | miss | bypass
 
     def to_json(self) -> str:
-        d = asdict(self)
+        # a flat copy of the fields: ``asdict`` deep-copies every value (~0.1 ms a row)
+        d = {name: getattr(self, name) for name in _EVENT_FIELDS}
         created = self.created_at or datetime.now(UTC)
         d["created_at"] = created.astimezone(UTC).isoformat()
         d["cost_usd"], d["saved_usd"] = str(self.cost_usd), str(self.saved_usd)
         return json.dumps(d, separators=(",", ":"))
 
 
+_EVENT_FIELDS = tuple(f.name for f in fields(UsageEvent))
 _REJECTED = (IntegrityError, DataError)  # the row is bad, not the database
 _COLUMNS = {f.name for f in fields(UsageEvent)}
 

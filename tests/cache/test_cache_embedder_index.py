@@ -2,9 +2,14 @@
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
+from cache.bert_encoder import BertEncoder, Linear
+from cache.embedder import Embedder
 from cache.local_index import VectorSpace, _cmp_ids
 
 
@@ -17,16 +22,84 @@ async def test_embeddings_are_normalised_float32(embedder):
     assert float(many[2] @ v) > 0.999
 
 
-def test_direct_path_matches_sentence_transformers_encode(embedder):
-    """The direct tokenizer → transformer → mean-pool → normalise path gives encode()'s vectors,
-    also for a padded batch of different lengths."""
-    assert embedder._fast is not None  # the bundled MiniLM takes the direct path
-    texts = ["How do I reset my password?", "a cat", "Which city is Australia's capital, and why?"]
-    ref = embedder._load().encode(texts, convert_to_numpy=True, normalize_embeddings=True,
-                                  show_progress_bar=False)
-    got = embedder._encode(texts)
+LONG = " ".join(f"word{i} and the cache" for i in range(120))  # > 256 word pieces: truncated
+TEXTS = ["How do I reset my password?", "a cat", "Which city is Australia's capital, and why?", LONG,
+         "Ünïcödé, emoji 🙂 and [brackets] — dashes"]
+
+
+def st_encode(embedder, texts):
+    return embedder._load().encode(texts, convert_to_numpy=True, normalize_embeddings=True,
+                                   show_progress_bar=False)
+
+
+def assert_same_vectors(got, ref):
     assert got.dtype == np.float32 and got.shape == ref.shape
     assert np.abs(got - ref).max() < 1e-5
+    assert (got * ref).sum(axis=1).min() > 1 - 1e-5  # cosine with sentence-transformers' vector
+
+
+def test_lean_encoder_matches_sentence_transformers_encode(embedder):
+    """The default path (tokenizer → BertEncoder, oneDNN linears) gives encode()'s vectors: for a
+    padded batch of different lengths, a truncated long text, and each text alone (no padding)."""
+    assert embedder.kind == ("lean-onednn" if torch.backends.mkldnn.is_available() else "lean")
+    ref = st_encode(embedder, TEXTS)
+    assert_same_vectors(embedder._encode(TEXTS), ref)
+    for text, want in zip(TEXTS, ref, strict=True):
+        assert_same_vectors(embedder._encode([text]), want[None])
+
+
+def test_hf_forward_and_plain_linear_paths_match_too(embedder):
+    """The other two numeric paths: HF's BertModel forward (lean=False) and BertEncoder on
+    F.linear (no oneDNN)."""
+    ref = st_encode(embedder, TEXTS)
+    hf = Embedder(lean=False)
+    try:
+        hf._load()
+        assert hf.kind == "hf"
+        assert_same_vectors(hf._encode(TEXTS), ref)
+    finally:
+        hf.close()
+    tok, _forward, max_len = embedder._fast
+    plain = BertEncoder.from_hf(embedder._load()[0].auto_model, use_onednn=False)
+    assert not plain.onednn
+    batch = tok(TEXTS, padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+    assert_same_vectors(plain.encode(batch["input_ids"], batch["attention_mask"]).numpy(), ref)
+
+
+def test_onednn_linear_equals_f_linear_and_falls_back(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(7, 64, generator=g)
+    for gelu in (False, True):
+        want = F.linear(x, w, b)
+        want = F.gelu(want) if gelu else want
+        lin = Linear(w, b, gelu=gelu)
+        if lin.pack():
+            assert lin.packed is not None
+        assert torch.allclose(lin(x), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    lin = Linear(w, b)
+    assert lin.pack() is False and lin.packed is None
+    assert torch.allclose(lin(x), F.linear(x, w, b))
+
+
+async def test_worker_thread_gets_one_intra_op_thread_others_keep_theirs(embedder):
+    """A query runs on 1 intra-op thread of the worker thread only; any other thread (such as an
+    in-process engine's) keeps torch's count; a big batch uses the default count."""
+
+    def in_new_thread() -> int:
+        with ThreadPoolExecutor(1) as other:
+            return other.submit(lambda: (torch.ones(2).add_(1), torch.get_num_threads())[1]).result()
+
+    default = in_new_thread()
+    loop = asyncio.get_running_loop()
+    await embedder.embed("how many threads does a query use?")
+    assert await loop.run_in_executor(embedder._executor, torch.get_num_threads) == 1
+    assert in_new_thread() == default
+    await embedder.embed_many([f"prefill sentence {i}" for i in range(20)])
+    assert await loop.run_in_executor(embedder._executor, torch.get_num_threads) == default
+    await embedder.embed("and one more query afterwards")
+    assert await loop.run_in_executor(embedder._executor, torch.get_num_threads) == 1
 
 
 async def test_concurrent_calls_are_batched_off_the_loop(embedder):

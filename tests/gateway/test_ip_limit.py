@@ -1,4 +1,4 @@
-"""The per-client-IP limit on /v1 (slowapi's Limiter on Redis, run off the event loop)."""
+"""The per-client-IP limit on /v1 (slowapi's declared Limiter, evaluated with `limits`' asyncio storage)."""
 
 from __future__ import annotations
 
@@ -42,26 +42,71 @@ async def test_limit_per_address_on_shared_redis(redis_prefix):
             await r.aclose()
         assert any("10.1.1.1" in k for k in keys) and any("10.1.1.2" in k for k in keys)
     finally:
-        first.close()
-        second.close()
+        await first.aclose()
+        await second.aclose()
 
 
-async def test_check_does_not_block_the_event_loop(redis_prefix):
-    """slowapi's blocking Redis calls run on the limiter's threads, never on the loop's."""
+async def test_check_is_async_and_never_uses_the_sync_storage(redis_prefix):
+    """The check awaits `limits`' asyncio storage on the loop: slowapi's synchronous (blocking)
+    hit is never called, and no thread is involved."""
     limiter = ClientIPLimiter(TENANCY_REDIS_URL, prefix=redis_prefix, rpm=1000)
-    threads: set[str] = set()
+    sync_calls: list[str] = []
     original = limiter.limiter.limiter.hit
 
-    def hit(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - records where slowapi's hit runs
-        threads.add(threading.current_thread().name)
+    def hit(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - would block the loop
+        sync_calls.append(threading.current_thread().name)
         return original(*args, **kwargs)
 
-    limiter.limiter.limiter.hit = hit  # the real hit, on the real Redis; only observed
+    limiter.limiter.limiter.hit = hit
+    threads_before = threading.active_count()
     try:
         await asyncio.gather(*(limiter.check(_request("10.2.0.1")) for _ in range(20)))
+        stats = await limiter._strategy.get_window_stats(limiter._checks[0][0], "ip", "10.2.0.1", "global")
     finally:
-        limiter.close()
-    assert threads and all(name.startswith("ip-limit") for name in threads)
+        await limiter.aclose()
+    assert sync_calls == [] and threading.active_count() == threads_before
+    assert stats.remaining == 1000 - 20
+
+
+@pytest.mark.parametrize("path", ["pipelined script", "limits' hit"])
+async def test_same_window_as_slowapis_own_check(redis_prefix, path):
+    """slowapi's own (synchronous) middleware check and the gateway's asynchronous evaluation of
+    the same declared limit count in one Redis window: either sees the other's hits. Both of the
+    gateway's paths: `limits`' script on the pipelined connection, and `limits`' own async hit."""
+    limiter = ClientIPLimiter(TENANCY_REDIS_URL, prefix=redis_prefix, rpm=4)
+    assert limiter._acquire is not None
+    if path == "limits' hit":
+        limiter._acquire = None
+    try:
+        await limiter.check(_request("10.4.0.1"))
+        await limiter.check(_request("10.4.0.1"))
+        request = _request("10.4.0.1")
+        # slowapi's own check (what SlowAPIASGIMiddleware runs), on a thread: it blocks
+        await asyncio.to_thread(limiter.limiter._check_request_limit, request, None, True)
+        _, args = request.state.view_rate_limit
+        assert tuple(args) == ("ip", "10.4.0.1", "global")
+        await limiter.check(_request("10.4.0.1"))  # the 4th request in the window
+        with pytest.raises(ApiError) as refused:
+            await limiter.check(_request("10.4.0.1"))
+        assert refused.value.status == 429
+        from slowapi.errors import RateLimitExceeded
+
+        with pytest.raises(RateLimitExceeded):  # and slowapi's own check agrees
+            await asyncio.to_thread(limiter.limiter._check_request_limit, _request("10.4.0.1"), None, True)
+    finally:
+        await limiter.aclose()
+
+
+async def test_shares_the_gateways_connection_pool(redis_prefix):
+    redis = Redis.from_url(TENANCY_REDIS_URL)
+    limiter = ClientIPLimiter(TENANCY_REDIS_URL, prefix=redis_prefix, rpm=10, redis=redis)
+    try:
+        await limiter.check(_request("10.5.0.1"))
+        assert limiter._storage.bridge.storage.connection_pool is redis.connection_pool
+        await limiter.aclose()  # not its pool: left open
+        assert await redis.ping()
+    finally:
+        await redis.aclose()
 
 
 async def test_redis_down_fails_closed(redis_prefix):
@@ -73,7 +118,7 @@ async def test_redis_down_fails_closed(redis_prefix):
         assert refused.value.status == 503 and refused.value.headers["retry-after"] == "1"
         assert time.monotonic() - t0 < 10
     finally:
-        limiter.close()
+        await limiter.aclose()
 
 
 def test_http_429_before_authentication(api_loop, api_engine, redis_prefix, tmp_path):
