@@ -45,22 +45,33 @@ def resolve_linear_backend(name: str, device: torch.device, dtype: torch.dtype) 
 
 
 class Linear:
-    """One dense layer. Holds only the packed weight on the oneDNN path (no second copy)."""
+    """One dense layer. Holds only the packed weight on the oneDNN path (no second copy).
 
-    __slots__ = ("weight", "bias", "out_features", "_packed")
+    ``act_dtype`` (e.g. fp32 activations over bf16 weights): inputs are cast to the weight's
+    dtype for the product and the result back to ``act_dtype``."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str = "torch") -> None:
+    __slots__ = ("weight", "bias", "out_features", "_packed", "_act_dtype", "_w_dtype")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, backend: str = "torch",
+                 act_dtype: torch.dtype | None = None) -> None:
         self.out_features = weight.shape[0]
         self.bias = bias
         self._packed = backend == "onednn"
+        self._w_dtype = weight.dtype
+        self._act_dtype = act_dtype if act_dtype != weight.dtype else None
         self.weight = (
             torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_BATCH_HINT) if self._packed else weight
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._act_dtype is not None:
+            return self._product(x.to(self._w_dtype)).to(self._act_dtype)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed:
             if x.dim() != 2:
                 lead = x.shape[:-1]
-                return self(x.reshape(-1, x.shape[-1])).view(*lead, self.out_features)
+                return self._product(x.reshape(-1, x.shape[-1])).view(*lead, self.out_features)
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

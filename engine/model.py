@@ -34,7 +34,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer:
-    def __init__(self, arch: ModelArch, w: dict[str, torch.Tensor], linear_backend: str = "torch") -> None:
+    def __init__(self, arch: ModelArch, w: dict[str, torch.Tensor], linear_backend: str = "torch",
+                 act_dtype: torch.dtype | None = None) -> None:
         self.eps = arch.rms_norm_eps
         self.num_heads, self.num_kv_heads, self.head_dim = (
             arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim,
@@ -42,21 +43,21 @@ class DecoderLayer:
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
-        self.input_norm = w["input_layernorm.weight"]
-        self.post_norm = w["post_attention_layernorm.weight"]
+        self.input_norm = w["input_layernorm.weight"].to(act_dtype or w["input_layernorm.weight"].dtype)
+        self.post_norm = w["post_attention_layernorm.weight"].to(self.input_norm.dtype)
+        lin = dict(backend=linear_backend, act_dtype=act_dtype)
         qkv_bias = (
             torch.cat([w["self_attn.q_proj.bias"], w["self_attn.k_proj.bias"], w["self_attn.v_proj.bias"]])
             if "self_attn.q_proj.bias" in w else None
         )
         self.qkv = Linear(torch.cat([w["self_attn.q_proj.weight"], w["self_attn.k_proj.weight"],
-                                     w["self_attn.v_proj.weight"]]), qkv_bias, backend=linear_backend)
-        self.o = Linear(w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"), backend=linear_backend)
+                                     w["self_attn.v_proj.weight"]]), qkv_bias, **lin)
+        self.o = Linear(w["self_attn.o_proj.weight"], w.get("self_attn.o_proj.bias"), **lin)
         gate_up_bias = (
             torch.cat([w["mlp.gate_proj.bias"], w["mlp.up_proj.bias"]]) if "mlp.gate_proj.bias" in w else None
         )
-        self.gate_up = Linear(torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]), gate_up_bias,
-                              backend=linear_backend)
-        self.down = Linear(w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"), backend=linear_backend)
+        self.gate_up = Linear(torch.cat([w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"]]), gate_up_bias, **lin)
+        self.down = Linear(w["mlp.down_proj.weight"], w.get("mlp.down_proj.bias"), **lin)
 
     def forward_fused(
         self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, rope: RotaryEmbedding,
@@ -114,20 +115,24 @@ class LlamaModel:
         self.arch = arch
         self.dtype, self.device = dtype, device
         self.linear_backend = resolve_linear_backend(linear_backend, device, dtype)
+        # The native fused layers (CPU, used with the "native" attention backend) keep activations
+        # in fp32; with bf16 weights only the linears and the KV cache are bf16 ("mixed" bf16).
+        self.fused_layers = native.layers_supported(dtype, device) and (
+            dtype == torch.float32 or self.linear_backend == "onednn")
+        self.act_dtype = torch.float32 if self.fused_layers else dtype
+        act = self.act_dtype if self.act_dtype != dtype else None
         self.embed = weights["model.embed_tokens.weight"]
-        self.norm = weights["model.norm.weight"]
+        self.norm = weights["model.norm.weight"].to(self.act_dtype)
         lm_head = self.embed if arch.tie_word_embeddings or "lm_head.weight" not in weights \
             else weights["lm_head.weight"]
-        self.lm_head = Linear(lm_head, backend=self.linear_backend)
+        self.lm_head = Linear(lm_head, backend=self.linear_backend, act_dtype=act)
         self.layers = []
         for i in range(arch.num_hidden_layers):
             prefix = f"model.layers.{i}."
             layer_w = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-            self.layers.append(DecoderLayer(arch, layer_w, self.linear_backend))
+            self.layers.append(DecoderLayer(arch, layer_w, self.linear_backend, act))
         self.rope = RotaryEmbedding(arch.head_dim, arch.max_position_embeddings, arch.rope_theta,
-                                    arch.rope_scaling, dtype, device)
-        # the native fused layers (fp32, CPU): used when the attention backend is "native"
-        self.fused_layers = native.layers_supported(dtype, device)
+                                    arch.rope_scaling, self.act_dtype, device)
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, device: torch.device, dtype: torch.dtype,
@@ -152,7 +157,7 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states ``[T, hidden]`` of a flat batch (after the final norm)."""
-        x = F.embedding(input_ids, self.embed)
+        x = F.embedding(input_ids, self.embed).to(self.act_dtype)
         if meta.backend == "native" and self.fused_layers:
             residual = None
             for layer, kv in zip(self.layers, kv_caches, strict=True):

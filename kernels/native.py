@@ -81,6 +81,7 @@ def _build() -> ctypes.CDLL:
         "pg_add_rms_norm": [ptr, ptr, ptr, ptr, i32, i32, f32, i32],
         "pg_silu_mul": [ptr, ptr, i32, i32, i32],
         "pg_rope_cache": [ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32],
+        "pg_rope_cache_bf16": [ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -144,7 +145,8 @@ def paged_decode(query, key_cache, value_cache, seq_lens, block_tables, scale, m
 
 # ---- fused fp32 layers (contiguous CPU tensors; the model checks ``layers_supported`` once) ----
 def layers_supported(dtype: torch.dtype, device: torch.device) -> bool:
-    return dtype == torch.float32 and device.type == "cpu" and available()
+    """Activations are fp32 in these kernels; the weights (``dtype``) and KV cache may be bf16."""
+    return dtype in (torch.float32, torch.bfloat16) and device.type == "cpu" and available()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -175,10 +177,11 @@ def rope_and_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
                       key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: torch.Tensor,
                       num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
     """Rotate q and k of the fused QKV rows ``[T, (Hq + 2 Hkv) * D]`` by ``positions``; write k and v
-    into their cache slots; return q ``[T, Hq, D]``. ``cos``/``sin``: ``[max_pos, D]`` tables."""
+    into their cache slots (fp32 or bf16); return q ``[T, Hq, D]``. ``cos``/``sin``: ``[max_pos, D]``."""
     t = qkv.shape[0]
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype)
-    _LIB.pg_rope_cache(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                       q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(),
-                       t, num_heads, num_kv_heads, head_dim, torch.get_num_threads())
+    fn = _LIB.pg_rope_cache if key_cache.dtype == torch.float32 else _LIB.pg_rope_cache_bf16
+    fn(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
+       key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(), t, num_heads, num_kv_heads,
+       head_dim, torch.get_num_threads())
     return q

@@ -170,6 +170,7 @@ def _prefill(query, key_cache, value_cache, block_table, seq_len, scale) -> torc
     blocks = block_table[:nb].long()
     k = key_cache.index_select(0, blocks).view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
     v = value_cache.index_select(0, blocks).view(-1, hkv, d)[:seq_len].transpose(0, 1).unsqueeze(0)
+    k, v = k.to(query.dtype), v.to(query.dtype)  # a bf16 cache under fp32 activations
     q = query.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     if seq_len == n:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=hq != hkv)

@@ -37,13 +37,19 @@ def hf_greedy(model_dir, prompts, max_new):
     return outs
 
 
+@pytest.fixture(scope="module", params=["torch", "native"])
+def backend(request):
+    """Every proof runs on both CPU attention paths (torch SDPA and the native C kernels)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def run_engine(engine_config):
-    return lambda *a, **kw: _run_engine(engine_config, *a, **kw)
+def run_engine(engine_config, backend):
+    return lambda *a, **kw: _run_engine(engine_config, backend, *a, **kw)
 
 
-def _run_engine(engine_config, model_dir, prompts, max_new, **cfg):
-    engine = LLMEngine(engine_config(model_dir, **cfg))
+def _run_engine(engine_config, backend, model_dir, prompts, max_new, **cfg):
+    engine = LLMEngine(engine_config(model_dir, attention_backend=backend, **cfg))
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_new]
     return engine, engine.generate(prompts, params)
 
@@ -77,10 +83,11 @@ def test_preemption_equal_hf(case, run_engine):
     assert engine.kv.num_free_blocks == 13
 
 
-def test_prefix_cache_hits_equal_hf(tiny_model_dir, engine_config):
+def test_prefix_cache_hits_equal_hf(tiny_model_dir, engine_config, backend):
     prompts, max_new = make_prompts(1, n=8, shared_prefix=48)
     expected = hf_greedy(tiny_model_dir, prompts, max_new)
-    engine = LLMEngine(engine_config(tiny_model_dir, num_blocks=128, max_num_batched_tokens=256))
+    engine = LLMEngine(engine_config(tiny_model_dir, num_blocks=128, max_num_batched_tokens=256,
+                                     attention_backend=backend))
     warm = engine.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=max_new[0], ignore_eos=True))
     assert warm == [expected[0]]
     params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_new]
@@ -92,11 +99,12 @@ def test_prefix_cache_hits_equal_hf(tiny_model_dir, engine_config):
     assert engine.generate(prompts, params) == expected
 
 
-def test_forked_greedy_children_equal_hf(case, engine_config):
+def test_forked_greedy_children_equal_hf(case, engine_config, backend):
     """n > 1 with greedy: every child must equal HF; children share the prompt blocks and copy
     the partial last block on their first write."""
     model_dir, prompts, max_new, expected = case
-    engine = LLMEngine(engine_config(model_dir, num_blocks=128, max_num_batched_tokens=128))
+    engine = LLMEngine(engine_config(model_dir, num_blocks=128, max_num_batched_tokens=128,
+                                     attention_backend=backend))
     rid = "fork"
     engine.add_request(rid, prompts[3], SamplingParams(n=3, temperature=0.0, max_tokens=max_new[3], ignore_eos=True))
     choices: dict[int, list[int]] = {}
@@ -126,3 +134,17 @@ def test_seeded_sampling_unaffected_by_preemption_and_batching(tiny_model_dir, e
     assert tight.stats().preemptions > 0
     alone = [roomy.generate([p], [sp])[0] for p, sp in zip(prompts[:3], params[:3], strict=True)]
     assert alone == together[:3]
+
+
+def test_mixed_bf16_paths_agree(tiny_model_dir, engine_config):
+    """bf16 weights and KV cache under fp32 activations: the native kernels and the torch path
+    compute the same thing (no fp32 reference exists for bf16; they must agree with each other)."""
+    prompts, max_new = make_prompts(3)
+    outs = {}
+    for backend in ("torch", "native"):
+        engine = LLMEngine(engine_config(tiny_model_dir, dtype="bfloat16", num_blocks=128, max_num_batched_tokens=256,
+                                         attention_backend=backend))
+        assert engine.model.act_dtype == torch.float32 and engine.runner.kv_caches[0][0].dtype == torch.bfloat16
+        params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_new]
+        outs[backend] = engine.generate(prompts, params)
+    assert outs["torch"] == outs["native"]

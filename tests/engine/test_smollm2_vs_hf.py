@@ -51,8 +51,14 @@ def smollm2():
     return model_dir, prompts, expected
 
 
-def engine_for(model_dir, **kw):
-    cfg = dict(model=str(model_dir), device="cpu", dtype="float32", attention_backend="torch",
+@pytest.fixture(params=["torch", "native"])
+def backend(request):
+    """Every proof runs on both CPU attention paths (torch SDPA and the native C kernels)."""
+    return request.param
+
+
+def engine_for(model_dir, backend, **kw):
+    cfg = dict(model=str(model_dir), device="cpu", dtype="float32", attention_backend=backend,
                num_blocks=256, max_num_batched_tokens=512)
     cfg.update(kw)
     return LLMEngine(EngineConfig(**cfg))
@@ -61,26 +67,26 @@ def engine_for(model_dir, **kw):
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=m) for m in MAX_NEW]
 
 
-def test_batched_greedy_with_prefix_hits_equals_hf(smollm2):
+def test_batched_greedy_with_prefix_hits_equals_hf(smollm2, backend):
     model_dir, prompts, expected = smollm2
-    engine = engine_for(model_dir)
+    engine = engine_for(model_dir, backend)
     assert engine.generate(prompts[:1], PARAMS[:1]) == expected[:1]
     assert engine.generate(prompts, PARAMS) == expected  # all together, system prompt cached
     assert engine.stats().prefix_hit_rate > 0.3  # the ~32-token system prompt of ~50-token prompts
     assert engine.kv.num_used_blocks == 0
 
 
-def test_small_prefill_chunks_equal_hf(smollm2):
+def test_small_prefill_chunks_equal_hf(smollm2, backend):
     model_dir, prompts, expected = smollm2
-    engine = engine_for(model_dir, max_num_batched_tokens=16, enable_prefix_caching=False)
+    engine = engine_for(model_dir, backend, max_num_batched_tokens=16, enable_prefix_caching=False)
     assert engine.generate(prompts, PARAMS) == expected
 
 
-def test_preemption_equals_hf(smollm2):
+def test_preemption_equals_hf(smollm2, backend):
     model_dir, prompts, expected = smollm2
     # the longest request just fits alone; all of them together need several times the pool
     longest = max(len(p) + m for p, m in zip(prompts, MAX_NEW, strict=True))
-    engine = engine_for(model_dir, num_blocks=-(-longest // 16) + 1, enable_prefix_caching=False)
+    engine = engine_for(model_dir, backend, num_blocks=-(-longest // 16) + 1, enable_prefix_caching=False)
     assert engine.generate(prompts, PARAMS) == expected
     assert engine.stats().preemptions > 0
     assert engine.kv.num_used_blocks == 0

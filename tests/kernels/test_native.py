@@ -142,3 +142,18 @@ def test_rope_and_write_kv_equals_rotary_then_cache_write():
     torch.testing.assert_close(q, q_ref)
     torch.testing.assert_close(kc, kc_ref)  # slot -1 wrote nothing
     torch.testing.assert_close(vc, vc_ref)
+
+
+def test_rope_and_write_kv_into_a_bf16_cache_rounds_to_nearest():
+    from engine.rotary import RotaryEmbedding
+
+    torch.manual_seed(1)
+    hq, hkv, d, t = 4, 2, 64, 5
+    rope = RotaryEmbedding(d, 64, 10000.0, None, torch.float32, torch.device("cpu"))
+    qkv = torch.randn(t, (hq + 2 * hkv) * d)
+    positions, slots = torch.arange(t), torch.tensor([3, 0, 1, 7, 2])
+    kc, vc = torch.zeros(2, 4, hkv, d, dtype=torch.bfloat16), torch.zeros(2, 4, hkv, d, dtype=torch.bfloat16)
+    native.rope_and_write_kv(qkv, positions, rope.cos, rope.sin, kc, vc, slots, hq, hkv, d)
+    kf, vf = torch.zeros(2, 4, hkv, d), torch.zeros(2, 4, hkv, d)
+    native.rope_and_write_kv(qkv, positions, rope.cos, rope.sin, kf, vf, slots, hq, hkv, d)
+    assert torch.equal(kc, kf.bfloat16()) and torch.equal(vc, vf.bfloat16())  # torch also rounds to nearest even
