@@ -6,20 +6,24 @@ uvloop as ``pagegate serve`` (uvicorn) runs, with the GIL switch interval the ap
 
 * ``engine``          ``AsyncEngine.generate`` called directly: the baseline;
 * ``engine+gateway``  the same request wrapped in the gateway's per-request work, as the app does
-  it: per-address limit (slowapi's declared limit, ``limits``' asyncio storage), authenticate,
+  it: per-address limit (slowapi's declared limit, ``limits``' script), authenticate (cached),
   key/tenant request-rate limit (one Lua script), quota + TPM reservation (one Lua script), then
-  settle (one Lua script), price and usage row (journal write). The issue's figure is the latency
-  this adds over ``engine``; the time each request spends inside the gateway calls is also shown;
+  settle (one Lua script), price and usage row (journal write); the four scripts on the gateway's
+  pipelined connection. The issue's figure is the latency this adds over ``engine``; the time
+  each request spends inside the gateway's calls, and the engine steps per request, are shown;
 * ``gateway alone``   the same work without the engine: its process CPU per request (the figure
   that does not depend on how busy the machine is) and its throughput on one event loop;
-* ``http``            (``--http``) the real FastAPI app under uvicorn on a thread of this process,
-  called with httpx from this process (the client's own CPU is in the figure).
+* ``http``            (``--http``) the whole product: ``python -m gateway.serve`` (uvicorn, the app,
+  its own engine with the same settings) in its own process, called over HTTP by httpx from this
+  process: its latency includes HTTP, FastAPI, JSON and the client; the server process's CPU per
+  request is measured from ``/proc``.
 
 Each request asks for ``max_tokens=1`` so the engine part is short. A ticker on the event loop
 records how late its 1 ms sleeps wake (event-loop stalls); ``--stall-trace`` also samples, from a
 watchdog thread, where the loop thread and the engine thread are while the loop is late.
 
     python bench/gateway_overhead.py [--clients 50] [--requests 4] [--rounds 3] [--http] [--stall-trace]
+        [--compare-switch-intervals 5,1] [--engine-threads N] [--loop uvloop|asyncio]
 
 Needs Redis (PAGEGATE_REDIS_URL, default redis://127.0.0.1:6379/2; a unique key prefix is used
 and deleted) and writes a SQLite database in a temporary directory.
@@ -203,25 +207,48 @@ async def clients(fn, n_clients: int, n_requests: int) -> tuple[list[float], lis
     return lat, part, time.perf_counter() - t0
 
 
-class ServerThread:
-    """The real app under uvicorn on its own event loop thread (for --http)."""
+class ServerProcess:
+    """``python -m gateway.serve`` in its own process (for --http): no GIL or loop shared with us."""
 
-    def __init__(self, app, port: int, loop_factory) -> None:  # noqa: ANN001
-        import uvicorn
+    def __init__(self, env: dict, port: int, log_path: Path) -> None:
+        import http.client
+        import subprocess
 
-        self.loop = loop_factory()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.server.serve(),), daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.05)
+        self.port = port
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.serve", "--port", str(port)],
+                                     cwd=Path(__file__).resolve().parents[1], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start; see {log_path}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+            except OSError:
+                time.sleep(0.2)
 
-    def call(self, coro):  # noqa: ANN001, ANN201
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server process so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
 
 
 async def http_client_loop(url: str, key: str, model: str, client, lat: list[float], n: int) -> None:  # noqa: ANN001
@@ -231,10 +258,6 @@ async def http_client_loop(url: str, key: str, model: str, client, lat: list[flo
                               json={"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0})
         r.raise_for_status()
         lat.append((time.perf_counter() - t0) * 1000)
-
-
-async def _start(mon: StallMonitor) -> None:
-    mon.start()
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -251,7 +274,8 @@ async def main(args: argparse.Namespace) -> None:
                         **({} if args.switch_interval_ms is None else {"gil_switch_interval_ms": args.switch_interval_ms}))
     apply_gil_switch_interval(settings)  # what create_app's lifespan does
     config = EngineConfig(model="smollm2-135m-instruct", device=args.device, dtype="auto", num_blocks=1024,
-                          max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=2048)
+                          max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=2048,
+                          num_threads=args.engine_threads)
     engine = AsyncEngine(config)
     await engine.start()
     services = await build_tenancy(settings, redis_url=redis_url, upgrade_schema=True)
@@ -280,18 +304,35 @@ async def main(args: argparse.Namespace) -> None:
     if args.http:
         import httpx
 
-        from gateway.app import create_app
-
         with __import__("socket").socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        loop_factory = asyncio.new_event_loop
-        if args.loop == "uvloop":
-            import uvloop
+        server_db = f"sqlite+aiosqlite:///{tmp / 'server.db'}"
+        from gateway.db.session import Database
 
-            loop_factory = uvloop.new_event_loop
-        server = ServerThread(create_app(settings, engine=engine), port, loop_factory)
+        db = Database(server_db)
+        await db.upgrade()
+        async with db.sessionmaker() as s:
+            t = await svc.create_tenant(s, name="bench", rpm=1_000_000, tpm=10**9, budget_tokens=10**12)
+            _, server_key = await svc.create_api_key(s, tenant_id=t.id)
+            await svc.set_price(s, model=engine.model_id, prompt_usd_per_1m="0.1", completion_usd_per_1m="0.2")
+            await s.commit()
+        await db.dispose()
+        env = {**os.environ, "PAGEGATE_DATABASE_URL": server_db, "PAGEGATE_REDIS_URL": redis_url,
+               "PAGEGATE_REDIS_PREFIX": settings.redis_prefix, "PAGEGATE_DATA_DIR": str(tmp / "server"),
+               "PAGEGATE_USAGE_SPOOL_DIR": str(tmp / "server-spool"), "PAGEGATE_CACHE_ENABLED": "false",
+               "PAGEGATE_IP_RPM": str(settings.ip_rpm), "PAGEGATE_DEFAULT_RPM": "0", "PAGEGATE_DEFAULT_TPM": "0",
+               "PAGEGATE_GIL_SWITCH_INTERVAL_MS": str(settings.gil_switch_interval_ms),
+               "PAGEGATE_MODEL": config.model, "PAGEGATE_DEVICE": config.device, "PAGEGATE_NUM_BLOCKS": "1024",
+               "PAGEGATE_MAX_MODEL_LEN": "2048", "PAGEGATE_MAX_NUM_SEQS": "64",
+               "PAGEGATE_MAX_NUM_BATCHED_TOKENS": "2048", "PAGEGATE_LOG_LEVEL": "warning",
+               **({"PAGEGATE_NUM_THREADS": str(args.engine_threads)} if args.engine_threads else {})}
+        server = ServerProcess(env, port, tmp / "server.log")
         http_client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=args.clients))
+        server_url = f"http://127.0.0.1:{port}"
+        lat_warm: list[float] = []
+        await asyncio.gather(*(http_client_loop(server_url, server_key.key, engine.model_id, http_client, lat_warm, 2)
+                               for _ in range(args.clients)))
 
     current: list[StallMonitor | None] = [None]
     tracer = None
@@ -304,14 +345,19 @@ async def main(args: argparse.Namespace) -> None:
     await clients(bench.direct, 4, 2)
 
     modes = ("engine", "engine+gateway", "gateway alone", "http")
-    results = {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": []} for m in modes}
+    def empty(names=modes) -> dict:  # noqa: ANN001
+        return {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": [], "steps": 0}
+                for m in names}
+
+    results = empty()
 
     async def phase(mode: str, fn, n_clients: int, n_req: int, into: dict) -> None:  # noqa: ANN001
         mon = StallMonitor()
         current[0] = mon
         mon.start()
-        cpu0, tcpu0 = time.process_time(), time.thread_time()
+        cpu0, tcpu0, steps0 = time.process_time(), time.thread_time(), engine.stats().steps
         lat, part, wall = await clients(fn, n_clients, n_req)
+        into[mode]["steps"] += engine.stats().steps - steps0
         into[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
         into[mode]["loop_cpu"].append((time.thread_time() - tcpu0) * 1000 / len(lat))
         await mon.stop()
@@ -326,28 +372,41 @@ async def main(args: argparse.Namespace) -> None:
         await phase("engine", bench.direct, args.clients, args.requests, results)
         await phase("engine+gateway", bench.wrapped, args.clients, args.requests, results)
         await phase("gateway alone", bench.alone, args.clients, args.requests * 10, results)
-        if server is not None:
-            mon = StallMonitor()
-            server.call(_start(mon))
+        if server is not None:  # the engine of this process is idle meanwhile
             lat: list[float] = []
-            server_url = f"http://127.0.0.1:{server.server.config.port}"
-            t0 = time.perf_counter()
-            await asyncio.gather(*(http_client_loop(server_url, new.key, engine.model_id, http_client, lat,
+            cpu0, t0 = server.cpu_s(), time.perf_counter()
+            await asyncio.gather(*(http_client_loop(server_url, server_key.key, engine.model_id, http_client, lat,
                                                     args.requests) for _ in range(args.clients)))
             results["http"]["wall"].append(time.perf_counter() - t0)
-            server.call(mon.stop())
+            results["http"]["cpu"].append((server.cpu_s() - cpu0) * 1000 / len(lat))
             results["http"]["lat"] += lat
-            results["http"]["stall"] += mon.lateness
 
-    single = {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": []} for m in modes}
+    single = empty()
     if args.single:
         for _ in range(2):
             await phase("engine", bench.direct, 1, args.single // 2, single)
             await phase("engine+gateway", bench.wrapped, 1, args.single // 2, single)
+    intervals = [float(v) for v in args.compare_switch_intervals.split(",")] if args.compare_switch_intervals else []
+    by_interval = empty([f"{v:g}" for v in intervals])
+    if intervals:
+        chosen = sys.getswitchinterval()
+        for _ in range(args.rounds):
+            for v in intervals:
+                sys.setswitchinterval(v / 1000)
+                await phase(f"{v:g}", bench.direct, args.clients, args.requests, by_interval)
+                await phase(f"{v:g}", bench.wrapped, args.clients, args.requests, by_interval)
+        sys.setswitchinterval(chosen)
     if tracer is not None:
         tracer.stop()
 
     report(args, results, single, tracer)
+    if intervals:
+        print(f"\nGIL switch intervals, interleaved round by round ({args.clients} clients; engine alone and "
+              f"engine+gateway phases together):")
+        print(f"{'interval ms':>12}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>8}{'loop stall max':>15}{'p99':>6}")
+        for name, r in by_interval.items():
+            print(f"{name:>12}{len(r['lat']):>6}{pct(r['lat'], 50):>9.2f}{pct(r['lat'], 99):>9.2f}"
+                  f"{len(r['lat']) / sum(r['wall']):>8.1f}{max(r['stall']):>15.2f}{pct(r['stall'], 99):>6.2f}")
 
     await services.usage.flush()
     if http_client is not None:
@@ -365,15 +424,17 @@ async def main(args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallTracer | None) -> None:
     base = results["engine"]["lat"]
     print(f"\n{'phase':<16}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}{'req/s':>8}"
-          f"{'CPU ms/req':>11}{'loop stall max':>15}{'p99':>6}")
+          f"{'CPU ms/req':>11}{'req/step':>9}{'loop stall max':>15}{'p99':>6}")
     for mode, r in results.items():
         if not r["lat"]:
             continue
         lat = r["lat"]
         stall = r["stall"] or [0.0]
         cpu = f"{statistics.fmean(r['cpu']):.3f}" if r["cpu"] else "-"
+        batch = f"{len(lat) / r['steps']:.1f}" if r["steps"] else "-"  # requests per engine step
         print(f"{mode:<16}{len(lat):>6}{pct(lat, 50):>9.2f}{pct(lat, 99):>9.2f}{pct(lat, 50) / pct(base, 50):>7.2f}"
               f"{pct(lat, 99) / pct(base, 99):>7.2f}{len(lat) / sum(r['wall']):>8.1f}{cpu:>11}"
+              f"{batch:>9}"
               f"{max(stall):>15.2f}{pct(stall, 99):>6.2f}")
 
     eng, wrapped, alone = results["engine"], results["engine+gateway"], results["gateway alone"]
@@ -385,6 +446,11 @@ def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallT
     print(f"\nWith {args.clients} concurrent clients (targets: added p50 <= 2 ms, p99 <= 10 ms; stalls <= 10 ms):")
     print(f"  latency the gateway adds over the engine alone:  p50 {added50:+.2f} ms, p99 {added99:+.2f} ms "
           f"(engine alone p50 {pct(base, 50):.1f} ms, p99 {pct(base, 99):.1f} ms)")
+    engine_part = [a - b for a, b in zip(wrapped["lat"], part, strict=True)]
+    print(f"  the engine's part of a wrapped request: p50 {pct(engine_part, 50):.1f} ms "
+          f"(alone {pct(base, 50):.1f} ms): arrivals spread by the gateway's work make smaller batches "
+          f"({len(wrapped['lat']) / max(1, wrapped['steps']):.1f} requests per engine step vs "
+          f"{len(base) / max(1, eng['steps']):.1f} alone)")
     print(f"  time each request spends inside the gateway's calls: p50 {pct(part, 50):.2f} ms, "
           f"p99 {pct(part, 99):.2f} ms, mean {statistics.fmean(part):.2f} ms")
     print(f"  of which the request's own work: {own_cpu:.3f} ms CPU per request (gateway alone, all threads of this "
@@ -399,8 +465,10 @@ def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallT
           f"{own_cpu:.3f} ms CPU per request")
     if results["http"]["lat"]:
         h = results["http"]["lat"]
-        print(f"  full HTTP path (uvicorn + FastAPI + JSON + httpx client in this process + the above): "
-              f"p50 {pct(h, 50) - pct(base, 50):+.2f} ms, p99 {pct(h, 99) - pct(base, 99):+.2f} ms over the engine")
+        print(f"  the whole product over HTTP (server in its own process: uvicorn + FastAPI + JSON + the above; "
+              f"httpx client here): p50 {pct(h, 50) - pct(base, 50):+.2f} ms, p99 {pct(h, 99) - pct(base, 99):+.2f} ms "
+              f"over the engine alone; server process {statistics.fmean(results['http']['cpu']):.3f} ms CPU per "
+              f"request (engine included; engine alone {statistics.fmean(eng['cpu']):.3f})")
     if single["engine"]["lat"]:
         s_base, s_wr = single["engine"]["lat"], single["engine+gateway"]
         print(f"\nOne client ({len(s_base)} requests each): engine alone p50 {pct(s_base, 50):.2f} ms; "
@@ -420,12 +488,15 @@ if __name__ == "__main__":
     ap.add_argument("--requests", type=int, default=4, help="requests per client per round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--single", type=int, default=40, help="requests with one client (0: skip that phase)")
-    ap.add_argument("--http", action="store_true", help="also measure the full HTTP path")
+    ap.add_argument("--http", action="store_true", help="also measure the whole product over HTTP (own process)")
     ap.add_argument("--stall-trace", action="store_true", help="sample where the threads are during stalls")
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="event loop (uvicorn uses uvloop when installed)")
     ap.add_argument("--switch-interval-ms", type=float, default=None,
                     help="GIL switch interval (default: the app's PAGEGATE_GIL_SWITCH_INTERVAL_MS; 5 = Python's)")
+    ap.add_argument("--compare-switch-intervals", default="", metavar="MS,MS",
+                    help="also run both engine phases at each of these GIL switch intervals, interleaved")
+    ap.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine (default: torch's)")
     ap.add_argument("--device", default="auto")
     cli = ap.parse_args()
     if cli.loop == "uvloop":

@@ -6,8 +6,8 @@ route and a key function with static limit strings, and its check is synchronous
 and per-tenant limits (read per request from the caller's ``Principal``, taken from both windows
 all or nothing) are done here with slowapi's rate-limiting engine, the ``limits`` package: its
 moving windows (exact; same keys and list layout as its asyncio ``MovingWindowRateLimiter``),
-taken and read for both windows in one async Lua round trip (``lua/rate_window.lua``) where
-``limits`` needs four.
+taken and read for both windows in one async Lua round trip (``lua/rate_window.lua``, on the
+request path's pipelined script connection, ``gateway.redis_lane``) where ``limits`` needs four.
 
 Redis keys: ``<prefix>rl:LIMITER/{t:<tenant>}/k/<key id>/<amount>/1/minute`` and
 ``<prefix>rl:LIMITER/{t:<tenant>}/t/<amount>/1/minute``: one hash tag per tenant, so the one

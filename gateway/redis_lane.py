@@ -1,0 +1,236 @@
+"""The request path's Lua scripts over one pipelined Redis connection.
+
+Every request runs four scripts (the per-address window, the key/tenant RPM windows, the quota
+reservation, its settlement). Through redis-py's asyncio client each costs ~55-70 µs of Python
+(pool checkout, timeouts, RESP3 parser, one send per command); here ~10 µs: commands from every
+task go to one connection (those of one event-loop iteration in one write) and the replies, which
+Redis sends in order, are matched first in first out. A caller that is cancelled leaves its reply
+to be read and dropped, so the connection never desynchronises. Redis runs commands one at a
+time anyway, so one connection costs it nothing.
+
+    lane = ScriptLane.for_client(redis)                        # one per connection pool
+    reply = await lane.run(script, keys=[...], args=[...])     # script: redis.register_script(...)
+
+Only plain TCP and unix-socket connections (with optional AUTH and SELECT) take the lane; other
+setups (TLS, credential providers, a Redis Cluster client, ...) run the same scripts through
+redis-py. Errors are redis-py's exceptions (``ConnectionError``, ``ResponseError``), so callers
+handle both paths alike."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import weakref
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+# one lane per connection pool; a lane keeps no reference to its pool, so both go together
+_lanes: weakref.WeakKeyDictionary[Any, ScriptLane] = weakref.WeakKeyDictionary()
+
+
+class _Incomplete(Exception):
+    pass
+
+
+def _encode(arg: Any) -> bytes:
+    """redis-py's argument encoding: bytes as they are, str as UTF-8, numbers by ``repr``."""
+    if isinstance(arg, bytes):
+        return arg
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, int | float) and not isinstance(arg, bool):
+        return repr(arg).encode()
+    raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+
+
+def pack(*parts: Any) -> bytes:
+    """One RESP command."""
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        b = _encode(part)
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
+    """One RESP2 reply from ``buf[pos:]`` → (value, position after it); raises _Incomplete.
+    Error replies come back as exception instances (not raised)."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        raise _Incomplete
+    kind, line = buf[pos:pos + 1], bytes(buf[pos + 1:end])
+    pos = end + 2
+    if kind == b":":
+        return int(line), pos
+    if kind == b"$":
+        n = int(line)
+        if n < 0:
+            return None, pos
+        if len(buf) < pos + n + 2:
+            raise _Incomplete
+        return bytes(buf[pos:pos + n]), pos + n + 2
+    if kind == b"*":
+        n = int(line)
+        if n < 0:
+            return None, pos
+        items = []
+        for _ in range(n):
+            item, pos = parse(buf, pos)
+            items.append(item)
+        return items, pos
+    if kind == b"+":
+        return line, pos
+    if kind == b"-":
+        message = line.decode(errors="replace")
+        return (NoScriptError if message.startswith("NOSCRIPT") else ResponseError)(message), pos
+    raise RedisConnectionError(f"unexpected reply from Redis: {bytes(buf[pos - 2 - len(line) - 1:pos])!r}")
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.buf = bytearray()
+        self.lost: BaseException | None = None
+        self.outgoing: list[bytes] = []  # commands of this loop iteration, written in one send
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        pos = 0
+        try:
+            while self.waiters:
+                value, pos = parse(self.buf, pos)
+                fut = self.waiters.popleft()
+                if not fut.done():  # a cancelled caller: its reply is dropped
+                    if isinstance(value, ResponseError):
+                        fut.set_exception(value)
+                    else:
+                        fut.set_result(value)
+        except _Incomplete:
+            pass
+        except Exception as exc:  # a reply we cannot read: this connection is done
+            self._fail(RedisConnectionError(f"bad reply from Redis: {exc!r}"))
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if pos:
+            del self.buf[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(f"connection to Redis lost: {exc!r}" if exc else "Redis closed the connection"))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.lost = exc
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def send(self, data: bytes) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.waiters.append(fut)
+        if not self.outgoing:
+            loop.call_soon(self._flush)
+        self.outgoing.append(data)
+        return fut
+
+    def _flush(self) -> None:
+        data, self.outgoing = b"".join(self.outgoing), []
+        if self.lost is None and not self.transport.is_closing():
+            self.transport.write(data)
+
+
+class ScriptLane:
+    """See the module docstring. ``run`` is safe to call from many tasks at once."""
+
+    def __init__(self, redis: Redis) -> None:
+        pool = getattr(redis, "connection_pool", None)  # a RedisCluster client has none: redis-py
+        kwargs = dict(getattr(pool, "connection_kwargs", {}))
+        self._address: tuple[str, Any] | None = None
+        if pool is None:
+            pass
+        elif pool.connection_class is Connection:
+            self._address = ("tcp", (kwargs.get("host", "localhost"), int(kwargs.get("port", 6379))))
+        elif pool.connection_class is UnixDomainSocketConnection:
+            self._address = ("unix", kwargs.get("path"))
+        if kwargs.get("credential_provider") is not None:
+            self._address = None
+        self.enabled = self._address is not None  # False: scripts go through redis-py
+        self._username = kwargs.get("username")
+        self._password = kwargs.get("password")
+        self._db = int(kwargs.get("db") or 0)
+        self._connect_timeout = float(kwargs.get("socket_connect_timeout") or 5)
+        self._proto: _Protocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    @classmethod
+    def for_client(cls, redis: Redis) -> ScriptLane:
+        """The lane of ``redis``'s connection pool (one connection per pool and process)."""
+        pool = getattr(redis, "connection_pool", redis)
+        lane = _lanes.get(pool)
+        if lane is None:
+            lane = _lanes[pool] = cls(redis)
+        return lane
+
+    async def run(self, script: AsyncScript, *, keys: list[Any], args: list[Any]) -> Any:
+        """``EVALSHA`` the script (loading it once when Redis does not know it)."""
+        if not self.enabled:
+            return await script(keys=keys, args=args)
+        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        try:
+            return await self._send(command)
+        except NoScriptError:
+            await self._send(pack("SCRIPT", "LOAD", script.script))
+            return await self._send(command)
+
+    async def _send(self, command: bytes) -> Any:
+        proto = self._proto
+        if proto is None or proto.lost is not None or self._loop is not asyncio.get_running_loop():
+            proto = await self._connect()
+        return await proto.send(command)
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # first use, or a new event loop (tests): start afresh
+            self._loop, self._connecting, self._proto = loop, asyncio.Lock(), None
+        async with self._connecting:
+            if self._proto is not None and self._proto.lost is None:
+                return self._proto
+            kind, where = self._address
+            try:
+                if kind == "tcp":
+                    connect = loop.create_connection(_Protocol, *where)
+                else:
+                    connect = loop.create_unix_connection(_Protocol, where)
+                transport, proto = await asyncio.wait_for(connect, self._connect_timeout)
+                try:
+                    setup = []
+                    if self._password is not None:
+                        auth = ("AUTH", self._username, self._password) if self._username else ("AUTH", self._password)
+                        setup.append(proto.send(pack(*auth)))
+                    if self._db:
+                        setup.append(proto.send(pack("SELECT", self._db)))
+                    for reply in setup:
+                        await reply
+                except BaseException:
+                    transport.close()
+                    raise
+            except (OSError, TimeoutError) as exc:
+                raise RedisConnectionError(f"cannot connect to Redis at {where}: {exc!r}") from exc
+            self._proto = proto
+            return proto
+
+    async def aclose(self) -> None:
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()

@@ -1,0 +1,133 @@
+"""The pipelined connection the request path's Lua scripts run on (``gateway.redis_lane``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from gateway.redis_lane import ScriptLane, _Incomplete, pack, parse
+from tests.gateway.conftest import TENANCY_REDIS_URL, free_port
+
+ECHO = "return {ARGV[1], tonumber(ARGV[2]) * 2, {KEYS[1]}, false}"
+
+
+def test_pack_and_parse():
+    assert pack("EVALSHA", "ab", 1, "k", 2.5, b"\x00") == (
+        b"*6\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$1\r\nk\r\n$3\r\n2.5\r\n$1\r\n\x00\r\n")
+    with pytest.raises(TypeError):
+        pack("SET", "k", True)  # like redis-py: booleans are refused
+    reply = b"*4\r\n:-3\r\n$-1\r\n*2\r\n+OK\r\n$4\r\na\r\nb\r\n*-1\r\n:7\r\n"
+    value, pos = parse(reply)
+    assert value == [-3, None, [b"OK", b"a\r\nb"], None]
+    assert parse(reply, pos) == (7, len(reply))
+    for cut in range(1, pos):  # any prefix of a reply is incomplete, never misread
+        with pytest.raises(_Incomplete):
+            parse(reply[:cut])
+    err, _ = parse(b"-NOSCRIPT No matching script\r\n")
+    assert isinstance(err, NoScriptError)
+    err, _ = parse(b"-ERR wrong\r\n")
+    assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "ERR wrong"
+
+
+@pytest.fixture
+async def redis():
+    client = Redis.from_url(TENANCY_REDIS_URL)
+    yield client
+    await ScriptLane.for_client(client).aclose()
+    await client.aclose()
+
+
+async def test_replies_reach_their_callers(redis, redis_prefix):
+    """Hundreds of concurrent calls on one connection: each caller gets its own reply, equal to
+    what redis-py returns for the same script."""
+    script = redis.register_script(ECHO)
+    lane = ScriptLane.for_client(redis)
+    assert lane.enabled and ScriptLane.for_client(redis) is lane  # one lane per pool
+    replies = await asyncio.gather(*(lane.run(script, keys=[f"{redis_prefix}k{i}"], args=[f"v{i}", i])
+                                     for i in range(300)))
+    assert replies == [[f"v{i}".encode(), 2 * i, [f"{redis_prefix}k{i}".encode()], None] for i in range(300)]
+    assert await script(keys=[f"{redis_prefix}k5"], args=["v5", 5]) == replies[5]
+
+
+async def test_loads_a_script_redis_does_not_know(redis, redis_prefix):
+    script = redis.register_script(f"return '{redis_prefix}fresh'")  # a new text: unknown to Redis
+    assert (await redis.script_exists(script.sha)) == [False]
+    assert await ScriptLane.for_client(redis).run(script, keys=[], args=[]) == f"{redis_prefix}fresh".encode()
+    assert (await redis.script_exists(script.sha)) == [True]
+
+
+async def test_error_replies_raise(redis):
+    lane = ScriptLane.for_client(redis)
+    boom = redis.register_script("return redis.error_reply('boom')")
+    with pytest.raises(ResponseError, match="boom"):
+        await lane.run(boom, keys=[], args=[])
+    ok = redis.register_script("return 1")
+    assert await lane.run(ok, keys=[], args=[]) == 1  # the connection is still in step
+
+
+async def test_cancelled_callers_do_not_desynchronise(redis):
+    script = redis.register_script("return ARGV[1]")
+    slow = redis.register_script("local t = redis.call('TIME'); while true do local n = redis.call('TIME'); "
+                                 "if (n[1] - t[1]) * 1000000 + n[2] - t[2] > 20000 then break end end; "
+                                 "return ARGV[1]")
+    lane = ScriptLane.for_client(redis)
+    pending = [asyncio.ensure_future(lane.run(slow, keys=[], args=[f"s{i}"])) for i in range(3)]
+    await asyncio.sleep(0.005)
+    for task in pending[:2]:
+        task.cancel()
+    after = await asyncio.gather(*(lane.run(script, keys=[], args=[f"a{i}"]) for i in range(20)))
+    assert after == [f"a{i}".encode() for i in range(20)]
+    assert await pending[2] == b"s2"
+
+
+async def test_lost_connection_fails_pending_calls_then_reconnects(redis):
+    lane = ScriptLane.for_client(redis)
+    slow = redis.register_script("local t = redis.call('TIME'); while true do local n = redis.call('TIME'); "
+                                 "if (n[1] - t[1]) * 1000000 + n[2] - t[2] > 50000 then break end end; return 1")
+    assert await lane.run(slow, keys=[], args=[]) == 1
+    call = asyncio.ensure_future(lane.run(slow, keys=[], args=[]))
+    await asyncio.sleep(0.01)
+    lane._proto.transport.abort()
+    with pytest.raises(RedisConnectionError):
+        await call
+    assert await lane.run(slow, keys=[], args=[]) == 1  # a fresh connection
+
+
+async def test_redis_down_is_a_redis_error():
+    dead = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    script = dead.register_script("return 1")
+    with pytest.raises(RedisError):
+        await ScriptLane.for_client(dead).run(script, keys=[], args=[])
+    await dead.aclose()
+
+
+async def test_selects_the_clients_database(redis_prefix):
+    other_db = Redis.from_url(TENANCY_REDIS_URL.rsplit("/", 1)[0] + "/3")
+    try:
+        setter = other_db.register_script("redis.call('SET', KEYS[1], ARGV[1]); return 1")
+        await ScriptLane.for_client(other_db).run(setter, keys=[f"{redis_prefix}db"], args=["three"])
+        assert await other_db.get(f"{redis_prefix}db") == b"three"
+        await other_db.delete(f"{redis_prefix}db")
+    finally:
+        await ScriptLane.for_client(other_db).aclose()
+        await other_db.aclose()
+
+
+def test_tls_and_other_setups_stay_on_redis_py():
+    assert not ScriptLane(Redis.from_url("rediss://127.0.0.1:6390/0")).enabled
+    assert ScriptLane(Redis.from_url("unix:///tmp/redis.sock?db=2")).enabled
+
+
+def test_a_lane_goes_with_its_pool():
+    import gc
+    import weakref
+
+    client = Redis.from_url(TENANCY_REDIS_URL)
+    lane = weakref.ref(ScriptLane.for_client(client))
+    del client
+    gc.collect()
+    assert lane() is None
