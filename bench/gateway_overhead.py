@@ -275,7 +275,8 @@ async def main(args: argparse.Namespace) -> None:
     apply_gil_switch_interval(settings)  # what create_app's lifespan does
     config = EngineConfig(model="smollm2-135m-instruct", device=args.device, dtype="auto", num_blocks=1024,
                           max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=2048,
-                          num_threads=args.engine_threads)
+                          num_threads=args.engine_threads,
+                          **({} if args.admission_gap_ms is None else {"admission_gap_ms": args.admission_gap_ms}))
     engine = AsyncEngine(config)
     await engine.start()
     services = await build_tenancy(settings, redis_url=redis_url, upgrade_schema=True)
@@ -496,6 +497,8 @@ if __name__ == "__main__":
                     help="GIL switch interval (default: the app's PAGEGATE_GIL_SWITCH_INTERVAL_MS; 5 = Python's)")
     ap.add_argument("--compare-switch-intervals", default="", metavar="MS,MS",
                     help="also run both engine phases at each of these GIL switch intervals, interleaved")
+    ap.add_argument("--admission-gap-ms", type=float, default=None,
+                    help="the engine's burst-gathering gap from idle (default: EngineConfig's; 0: off)")
     ap.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine (default: torch's)")
     ap.add_argument("--device", default="auto")
     cli = ap.parse_args()

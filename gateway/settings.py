@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_waiting: int = 1024
+    admission_gap_ms: float = 1.0  # engine: from idle, gather a burst while arrivals are this close
+    admission_max_wait_ms: float = 10.0
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     linear_backend: str = "auto"  # "auto": oneDNN prepacked GEMM on CPU | "onednn" | "torch"
@@ -82,6 +84,8 @@ class Settings(BaseSettings):
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
             max_waiting=self.max_waiting,
+            admission_gap_ms=self.admission_gap_ms,
+            admission_max_wait_ms=self.admission_max_wait_ms,
             enable_prefix_caching=self.enable_prefix_caching,
             attention_backend=self.attention_backend,
             linear_backend=self.linear_backend,

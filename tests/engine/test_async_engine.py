@@ -145,3 +145,28 @@ async def test_chat_and_text_prompts(make_engine):
     tokens, _, outs = await collect(eng, "hello", SamplingParams(max_tokens=3, **GREEDY), "t")
     assert len(tokens) == 3 and outs[-1].prompt_tokens == 5
     assert eng.model_id == "tiny" and eng.max_model_len > 0
+
+
+@pytest.mark.parametrize("gap_ms, together", [(0.0, False), (60.0, True)])
+async def test_a_burst_from_idle_starts_as_one_step(make_engine, gap_ms, together):
+    """Requests arriving 10 ms apart from an idle engine: with an admission gap larger than
+    their spacing they all join the first step; with the gap off the first starts alone."""
+    eng = await make_engine(admission_gap_ms=gap_ms, admission_max_wait_ms=500.0)
+    first_step_sizes = []
+    step = eng.engine.step
+
+    def recording_step():
+        outs = step()
+        if not first_step_sizes:
+            first_step_sizes.append(len(eng.engine.requests) + sum(o.finished for o in outs))
+        return outs
+
+    eng.engine.step = recording_step
+    params = SamplingParams(max_tokens=2, **GREEDY)
+
+    async def one(i):
+        await asyncio.sleep(0.01 * i)
+        return await collect(eng, [5, 6, 7, i + 1], params, f"burst-{i}")
+
+    await asyncio.gather(*(one(i) for i in range(4)))
+    assert (first_step_sizes[0] == 4) is together
