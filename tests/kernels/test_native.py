@@ -157,3 +157,13 @@ def test_rope_and_write_kv_into_a_bf16_cache_rounds_to_nearest():
     kf, vf = torch.zeros(2, 4, hkv, d), torch.zeros(2, 4, hkv, d)
     native.rope_and_write_kv(qkv, positions, rope.cos, rope.sin, kf, vf, slots, hq, hkv, d)
     assert torch.equal(kc, kf.bfloat16()) and torch.equal(vc, vf.bfloat16())  # torch also rounds to nearest even
+
+
+def test_without_a_compiler_auto_falls_back_to_torch(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_LIB", None)
+    monkeypatch.setattr(native, "_FAILED", False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no gcc, no cc
+    monkeypatch.setenv("PAGEGATE_KERNEL_CACHE", str(tmp_path / "cache"))
+    assert native.library() is None and not native.available()
+    assert kernels.resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert not native.layers_supported(torch.float32, torch.device("cpu"))
