@@ -6,6 +6,7 @@ lifespan and tears it down in reverse order:
     → engine (in-process AsyncEngine, unless handed one or ``load_engine=False``)
     → semantic cache (when ``cache_enabled``)
     → per-client-IP limit on /v1 (slowapi, when ``ip_rpm`` > 0)
+    → garbage collector: what is alive now frozen out of its sight (``gateway.heap``)
 
 Tests hand in their own ``engine`` (shared by the session) or ``services``; what is handed in is
 not started or stopped here.
@@ -25,6 +26,7 @@ from fastapi import FastAPI
 from engine.protocol import EngineClient
 from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
+from gateway.heap import tune_gc
 from gateway.ip_limit import ClientIPLimitMiddleware
 from gateway.middleware import RequestContextMiddleware
 from gateway.routes import ROUTERS
@@ -102,6 +104,7 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
             state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder,
                              ip_limiter=ip_limiter)
             app.state.pagegate = state
+            stack.callback(tune_gc(settings))
             try:
                 yield
             finally:

@@ -99,6 +99,12 @@ async def prestart(settings: Settings) -> str | None:
     return None
 
 
+def uvicorn_options(settings: Settings) -> dict:
+    """What ``uvicorn.run`` is given besides the app (uvloop and httptools: uvicorn's "auto")."""
+    return {"host": settings.host, "port": settings.port, "log_level": settings.log_level.lower(),
+            "access_log": settings.access_log, "timeout_graceful_shutdown": 10}
+
+
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -136,8 +142,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print("pagegate dev mode: the database already has tenants; create a key with "
                       "`pagegate admin keys create --tenant default`.", flush=True)
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+        uvicorn.run(create_app(settings), **uvicorn_options(settings))
     finally:
         if embedded is not None:
             embedded.stop()

@@ -374,3 +374,20 @@ def api(api_sqlite) -> ApiServer:
     """The gateway on SQLite (most API tests)."""
     return api_sqlite
 # --- end of API fixtures -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def unfrozen():
+    """No object frozen and no other app's ``gateway.heap.Refreezer`` installed (the session's API
+    servers have theirs) while the test runs; both restored afterwards."""
+    import gc
+
+    from gateway.heap import Refreezer
+
+    others = [cb for cb in gc.callbacks if isinstance(cb, Refreezer)]
+    for cb in others:
+        gc.callbacks.remove(cb)
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    gc.callbacks.extend(others)

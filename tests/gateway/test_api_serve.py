@@ -81,3 +81,56 @@ def test_serve_dev_bootstraps_an_empty_database(tmp_path) -> None:  # noqa: ANN0
         out = _stop(proc)
     assert not KEY.findall(out)  # shown once
     assert (tmp_path / "dev.db").exists() and (tmp_path / "redis").is_dir()
+
+
+async def test_access_log_setting_reaches_uvicorn(tmp_path, capfd) -> None:  # noqa: ANN001
+    """``PAGEGATE_ACCESS_LOG`` (on by default) is what ``pagegate serve`` gives uvicorn: one
+    access line per request when on, none when off (the usage rows remain)."""
+    import logging
+
+    from gateway.settings import Settings
+
+    async def app(scope, receive, send) -> None:  # noqa: ANN001
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    assert Settings.model_fields["access_log"].default is True
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "uvicorn.access")]
+    saved = [(lg, list(lg.handlers), lg.propagate, lg.level) for lg in loggers]
+    seen = {}
+    try:
+        await _serve_once_each(app, tmp_path, capfd, seen)
+    finally:  # uvicorn's logging config points at this test's captured stdout: undo it
+        for lg, handlers, propagate, level in saved:
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+            lg.setLevel(level)
+    assert len(seen[True]) == 1 and seen[False] == []
+
+
+async def _serve_once_each(app, tmp_path, capfd, seen: dict) -> None:  # noqa: ANN001
+    import asyncio
+
+    import uvicorn
+
+    from gateway.serve import uvicorn_options
+    from gateway.settings import Settings
+
+    for access_log in (True, False):
+        settings = Settings(port=free_port(), log_level="info", access_log=access_log, data_dir=str(tmp_path))
+        capfd.readouterr()
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="off", **uvicorn_options(settings)))
+        task = asyncio.ensure_future(server.serve())
+        try:
+            while not server.started:
+                assert not task.done()
+                await asyncio.sleep(0.02)
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"http://127.0.0.1:{settings.port}/x")).status_code == 204
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(task, 10)
+        out, err = capfd.readouterr()
+        seen[access_log] = [line for line in (out + err).splitlines() if '"GET /x HTTP/1.1" 204' in line]

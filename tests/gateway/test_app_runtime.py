@@ -27,3 +27,36 @@ async def test_gil_switch_interval_set_while_serving_then_restored(tmp_path, sql
         assert app.state.pagegate.ip_limiter is not None  # and the per-address limit is on
     assert sys.getswitchinterval() == before
     assert Settings.model_fields["gil_switch_interval_ms"].default == 1.0
+
+
+@pytest.mark.usefixtures("unfrozen")
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_heap_frozen_while_serving_then_unfrozen(tmp_path, sqlite_url, redis_prefix, freeze):
+    """Once started, the app moves what is alive out of the collector's sight (``gc_freeze``, on
+    by default): full collections then walk only what was made since, not the model and the
+    libraries. Objects made while serving are still collected; shutdown unfreezes."""
+    import gc
+
+    from gateway.heap import Refreezer
+    from gateway.settings import Settings
+
+    settings = Settings(database_url=sqlite_url, redis_url=TENANCY_REDIS_URL, redis_prefix=redis_prefix,
+                        data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
+                        load_engine=False, cache_enabled=False, gc_freeze=freeze)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        state = app.state.pagegate
+        assert (gc.get_freeze_count() > 1000) is freeze  # the app, its services and the libraries, at least
+        assert any(o is state for o in gc.get_objects()) is not freeze  # frozen: not tracked any more
+        assert any(isinstance(cb, Refreezer) for cb in gc.callbacks) is freeze  # later loads frozen too
+
+        class Cycle:
+            pass
+
+        a, b = Cycle(), Cycle()
+        a.other, b.other = b, a  # garbage made while serving is still collected
+        del a, b
+        assert gc.collect() >= 2
+    assert gc.get_freeze_count() == 0
+    assert not any(isinstance(cb, Refreezer) for cb in gc.callbacks)
+    assert Settings.model_fields["gc_freeze"].default is True
