@@ -30,10 +30,8 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench.server_process import GatewayProcess  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/4"
 
@@ -145,34 +145,12 @@ SERVE_HF = ("import argparse, sys; import cache.embedder as ce; "
             "sys.exit(serve.run(p.parse_args(['serve', *sys.argv[1:]])))")
 
 
-def start_server(env: dict, port: int, log_path: Path, *, hf: bool = False) -> subprocess.Popen:
-    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-    cmd = [sys.executable, "-c", SERVE_HF] if hf else [sys.executable, "-m", "gateway.serve"]
-    proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=ROOT,
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited ({proc.returncode}); see {log_path}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"server did not start in 300 s; see {log_path}")
+def start_server(env: dict, port: int, log_path: Path, *, hf: bool = False) -> GatewayProcess:
+    return GatewayProcess(port, env, log_path, cmd=[sys.executable, "-c", SERVE_HF] if hf else None)
 
 
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def stop_server(proc: GatewayProcess) -> None:
+    proc.stop()
 
 
 class Client:
@@ -289,7 +267,7 @@ def main() -> None:
         port = free_port()
         t0 = time.perf_counter()
         proc = start_server(env, port, tmp / "server.log")
-        print(f"server pid {proc.pid} up in {time.perf_counter() - t0:.1f} s "
+        print(f"server pid {proc.proc.pid} up in {time.perf_counter() - t0:.1f} s "
               f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')})", flush=True)
         res, outcomes = time_http(port, key, model, picks, args.warm)
         stop_server(proc)

@@ -25,15 +25,15 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.server_process import GatewayProcess  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 MESSAGES = [{"role": "user", "content": "Say hi."}]
@@ -65,13 +65,11 @@ async def make_tenant(database_url: str) -> str:
     return new.key
 
 
-class Server:
+class Server(GatewayProcess):
     """``python -m gateway.serve`` from ``root`` in its own process."""
 
     def __init__(self, name: str, root: Path, tmp: Path, redis_url: str, prefix: str, key_db: str) -> None:
         self.name = name
-        self.port = free_port()
-        self.log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "PAGEGATE_DATABASE_URL": key_db, "PAGEGATE_REDIS_URL": redis_url,
                "PAGEGATE_REDIS_PREFIX": prefix, "PAGEGATE_DATA_DIR": str(tmp / name),
                "PAGEGATE_USAGE_SPOOL_DIR": str(tmp / f"{name}-spool"), "PAGEGATE_CACHE_ENABLED": "false",
@@ -79,49 +77,10 @@ class Server:
                "PAGEGATE_MODEL": MODEL, "PAGEGATE_NUM_BLOCKS": "1024", "PAGEGATE_MAX_MODEL_LEN": "2048",
                "PAGEGATE_MAX_NUM_SEQS": "64", "PAGEGATE_MAX_NUM_BATCHED_TOKENS": "2048",
                "PAGEGATE_LOG_LEVEL": "warning", "PAGEGATE_WEIGHTS_CACHE_DIR": str(ROOT / "data" / "weights")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.serve", "--port", str(self.port)], cwd=root,
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server {self.name} did not start; see {self.log.name}")
-            try:
-                self.health()
-                return
-            except OSError:
-                time.sleep(0.3)
-
-    def health(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-            return json.loads(r.read())
+        super().__init__(free_port(), env, tmp / f"{name}.log", cwd=root, wait=False)
 
     def steps(self) -> int:
         return int((self.health().get("engine") or {}).get("steps", 0))
-
-    def cpu_s(self) -> tuple[float, float]:
-        """(all threads, the main = event-loop thread) user + system CPU seconds so far."""
-        tck = os.sysconf("SC_CLK_TCK")
-
-        def read(path: str) -> float:
-            fields = Path(path).read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / tck
-
-        pid = self.proc.pid
-        return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
-
-    def stop(self) -> None:
-        import signal
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
 
 
 class LeanClient:

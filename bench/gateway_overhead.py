@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.server_process import GatewayProcess  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -207,50 +208,6 @@ async def clients(fn, n_clients: int, n_requests: int) -> tuple[list[float], lis
     return lat, part, time.perf_counter() - t0
 
 
-class ServerProcess:
-    """``python -m gateway.serve`` in its own process (for --http): no GIL or loop shared with us."""
-
-    def __init__(self, env: dict, port: int, log_path: Path) -> None:
-        import http.client
-        import subprocess
-
-        self.port = port
-        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.serve", "--port", str(port)],
-                                     cwd=Path(__file__).resolve().parents[1], env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not start; see {log_path}")
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    conn.close()
-                    return
-            except OSError:
-                time.sleep(0.2)
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds of the server process so far."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        import signal
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 async def http_client_loop(url: str, key: str, model: str, client, lat: list[float], n: int) -> None:  # noqa: ANN001
     for _ in range(n):
         t0 = time.perf_counter()
@@ -328,7 +285,7 @@ async def main(args: argparse.Namespace) -> None:
                "PAGEGATE_MAX_MODEL_LEN": "2048", "PAGEGATE_MAX_NUM_SEQS": "64",
                "PAGEGATE_MAX_NUM_BATCHED_TOKENS": "2048", "PAGEGATE_LOG_LEVEL": "warning",
                **({"PAGEGATE_NUM_THREADS": str(args.engine_threads)} if args.engine_threads else {})}
-        server = ServerProcess(env, port, tmp / "server.log")
+        server = GatewayProcess(port, env, tmp / "server.log")
         http_client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=args.clients))
         server_url = f"http://127.0.0.1:{port}"
         lat_warm: list[float] = []
@@ -375,11 +332,11 @@ async def main(args: argparse.Namespace) -> None:
         await phase("gateway alone", bench.alone, args.clients, args.requests * 10, results)
         if server is not None:  # the engine of this process is idle meanwhile
             lat: list[float] = []
-            cpu0, t0 = server.cpu_s(), time.perf_counter()
+            cpu0, t0 = server.cpu_s()[0], time.perf_counter()
             await asyncio.gather(*(http_client_loop(server_url, server_key.key, engine.model_id, http_client, lat,
                                                     args.requests) for _ in range(args.clients)))
             results["http"]["wall"].append(time.perf_counter() - t0)
-            results["http"]["cpu"].append((server.cpu_s() - cpu0) * 1000 / len(lat))
+            results["http"]["cpu"].append((server.cpu_s()[0] - cpu0) * 1000 / len(lat))
             results["http"]["lat"] += lat
 
     single = empty()
