@@ -9,8 +9,8 @@ for many query rows. When no C compiler is found the build fails once, quietly, 
 fall back to the torch path (``available()`` says which).
 
 The shared library is cached under ``$PAGEGATE_KERNEL_CACHE`` or ``~/.cache/pagegate/kernels``,
-keyed by a hash of the source, the flags and the compiler, and written atomically, so
-concurrent processes never load a half-written file.
+keyed by a hash of the sources, the flags, the compiler and the CPU (it is built with
+``-march=native``), and written atomically, so concurrent processes never load a half-written file.
 """
 
 from __future__ import annotations
@@ -49,13 +49,26 @@ def _cache_dir() -> Path:
     return Path(root)
 
 
+def _cpu_signature() -> bytes:
+    """This CPU's model and feature flags (Linux), or the platform's name elsewhere."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            lines = [ln for ln in f.read().splitlines() if ln.startswith((b"model name", b"flags"))]
+        return b"\n".join(sorted(set(lines)))
+    except OSError:
+        import platform
+
+        return f"{platform.machine()} {platform.processor()}".encode()
+
+
 def _build() -> ctypes.CDLL:
     cc = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc or cc) on PATH")
     src = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256(src + " ".join(_FLAGS).encode() + version.encode()).hexdigest()[:16]
+    # -march=native: a library built on one CPU must never be loaded on another (a shared home)
+    key = hashlib.sha256(src + " ".join(_FLAGS).encode() + version.encode() + _cpu_signature()).hexdigest()[:16]
     target = _cache_dir() / f"pagegate_cpu-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
