@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 _PACK_BATCH_HINT = 64  # oneDNN picks its blocking for this many rows; any row count works
+_ONEDNN_OK: bool | None = None  # probed once by onednn_available()
 
 
 def onednn_available() -> bool:
@@ -27,9 +28,6 @@ def onednn_available() -> bool:
         except (AttributeError, RuntimeError):
             _ONEDNN_OK = False
     return _ONEDNN_OK
-
-
-_ONEDNN_OK: bool | None = None
 
 
 def resolve_linear_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:

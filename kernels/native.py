@@ -163,6 +163,7 @@ def layers_supported(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.contiguous()  # the kernels walk raw rows: a view would be read wrong (no-op normally)
     t, h = x.shape
     out = torch.empty_like(x)
     _LIB.pg_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), t, h, eps, torch.get_num_threads())
@@ -171,6 +172,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``residual += x`` in place; returns ``rms_norm(residual) * weight``."""
+    if not residual.is_contiguous():
+        raise ValueError("add_rms_norm updates the residual in place: it must be contiguous")
+    x = x.contiguous()
     t, h = x.shape
     out = torch.empty_like(x)
     _LIB.pg_add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), t, h, eps,
@@ -180,6 +184,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``[T, 2I]`` (gate | up) -> ``silu(gate) * up`` ``[T, I]``."""
+    gate_up = gate_up.contiguous()
     t, two_i = gate_up.shape
     out = torch.empty((t, two_i // 2), dtype=gate_up.dtype)
     _LIB.pg_silu_mul(gate_up.data_ptr(), out.data_ptr(), t, two_i // 2, torch.get_num_threads())
@@ -191,6 +196,11 @@ def rope_and_write_kv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Ten
                       num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
     """Rotate q and k of the fused QKV rows ``[T, (Hq + 2 Hkv) * D]`` by ``positions``; write k and v
     into their cache slots (fp32 or bf16); return q ``[T, Hq, D]``. ``cos``/``sin``: ``[max_pos, D]``."""
+    if qkv.stride(1) != 1:
+        qkv = qkv.contiguous()
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("the KV cache must be contiguous: it is written in place")
+    positions, slot_mapping = positions.long().contiguous(), slot_mapping.long().contiguous()
     t = qkv.shape[0]
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype)
     fn = _LIB.pg_rope_cache if key_cache.dtype == torch.float32 else _LIB.pg_rope_cache_bf16

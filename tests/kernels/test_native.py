@@ -167,3 +167,27 @@ def test_without_a_compiler_auto_falls_back_to_torch(monkeypatch, tmp_path):
     assert native.library() is None and not native.available()
     assert kernels.resolve_backend("auto", torch.device("cpu")) == "torch"
     assert not native.layers_supported(torch.float32, torch.device("cpu"))
+
+
+def test_fused_layers_take_views_and_int32_indices():
+    """Views and int32 positions/slots are normalised, never read as raw memory of another layout."""
+    from engine.rotary import RotaryEmbedding
+
+    torch.manual_seed(2)
+    wide = torch.randn(6, 200)
+    x, w = wide[:, :96], torch.randn(96)  # a row stride of 200
+    torch.testing.assert_close(native.rms_norm(x, w, 1e-5), torch.nn.functional.rms_norm(x, (96,), w, 1e-5))
+    gu = torch.randn(40, 6).t()  # [6, 40], transposed
+    torch.testing.assert_close(native.silu_mul(gu), torch.nn.functional.silu(gu[:, :20]) * gu[:, 20:])
+    with pytest.raises(ValueError):
+        native.add_rms_norm(torch.randn(6, 96), torch.randn(96, 6).t(), w, 1e-5)
+
+    hq, hkv, d = 2, 1, 64
+    rope = RotaryEmbedding(d, 64, 10000.0, None, torch.float32, torch.device("cpu"))
+    qkv = torch.randn(3, (hq + 2 * hkv) * d)
+    kc32, vc32 = torch.zeros(1, 8, hkv, d), torch.zeros(1, 8, hkv, d)
+    kc64, vc64 = torch.zeros(1, 8, hkv, d), torch.zeros(1, 8, hkv, d)
+    pos, slots = torch.tensor([1, 5, 9]), torch.tensor([0, 3, 7])
+    q32 = native.rope_and_write_kv(qkv, pos.int(), rope.cos, rope.sin, kc32, vc32, slots.int(), hq, hkv, d)
+    q64 = native.rope_and_write_kv(qkv, pos, rope.cos, rope.sin, kc64, vc64, slots, hq, hkv, d)
+    assert torch.equal(q32, q64) and torch.equal(kc32, kc64) and torch.equal(vc32, vc64)
