@@ -14,7 +14,12 @@ time anyway, so one connection costs it nothing.
 Only plain TCP and unix-socket connections (with optional AUTH and SELECT) take the lane; other
 setups (TLS, credential providers, a Redis Cluster client, ...) run the same scripts through
 redis-py. Errors are redis-py's exceptions (``ConnectionError``, ``ResponseError``), so callers
-handle both paths alike."""
+handle both paths alike.
+
+Commands are packed and replies parsed by ``hiredis`` (redis-py's own C speed-up, a dependency of
+pagegate) when it imports: ~4 µs to pack a reservation's 19 arguments and ~0.6 µs to read its
+reply, against ~18 and ~9.5 µs for the pure-Python ``pack``/``parse`` below, which remain the
+fallback."""
 
 from __future__ import annotations
 
@@ -28,6 +33,11 @@ from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - hiredis is a dependency; the pure-Python path stays correct
+    hiredis = None
 
 # one lane per connection pool; a lane keeps no reference to its pool, so both go together
 _lanes: weakref.WeakKeyDictionary[Any, ScriptLane] = weakref.WeakKeyDictionary()
@@ -55,6 +65,15 @@ def pack(*parts: Any) -> bytes:
         b = _encode(part)
         out.append(b"$%d\r\n%s\r\n" % (len(b), b))
     return b"".join(out)
+
+
+def pack_fast(*parts: Any) -> bytes:
+    """``pack`` through hiredis when it is installed (same bytes; booleans refused alike)."""
+    return hiredis.pack_command(parts)
+
+
+if hiredis is None:  # pragma: no cover
+    pack_fast = pack  # noqa: F811
 
 
 def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
@@ -98,31 +117,56 @@ class _Protocol(asyncio.Protocol):
         self.buf = bytearray()
         self.lost: BaseException | None = None
         self.outgoing: list[bytes] = []  # commands of this loop iteration, written in one send
+        self.reader = hiredis.Reader(replyError=ResponseError) if hiredis is not None else None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.reader is not None:
+            self._received_hiredis(data)
+            return
         self.buf += data
         pos = 0
         try:
             while self.waiters:
                 value, pos = parse(self.buf, pos)
-                fut = self.waiters.popleft()
-                if not fut.done():  # a cancelled caller: its reply is dropped
-                    if isinstance(value, ResponseError):
-                        fut.set_exception(value)
-                    else:
-                        fut.set_result(value)
+                self._deliver(value)
         except _Incomplete:
             pass
         except Exception as exc:  # a reply we cannot read: this connection is done
-            self._fail(RedisConnectionError(f"bad reply from Redis: {exc!r}"))
-            if self.transport is not None:
-                self.transport.abort()
+            self._broken(exc)
             return
         if pos:
             del self.buf[:pos]
+
+    def _received_hiredis(self, data: bytes) -> None:
+        reader = self.reader
+        try:
+            reader.feed(data)
+            while self.waiters:
+                value = reader.gets()
+                if value is False:  # hiredis: no whole reply yet (a nil reply is None)
+                    break
+                if isinstance(value, ResponseError) and str(value).startswith("NOSCRIPT"):
+                    value = NoScriptError(str(value))
+                self._deliver(value)
+        except Exception as exc:
+            self._broken(exc)
+
+    def _deliver(self, value: Any) -> None:
+        fut = self.waiters.popleft()
+        if not fut.done():  # a cancelled caller: its reply is dropped
+            if isinstance(value, ResponseError):
+                fut.set_exception(value)
+            else:
+                fut.set_result(value)
+
+    def _broken(self, exc: Exception) -> None:
+        """A reply we cannot read: this connection is done."""
+        self._fail(RedisConnectionError(f"bad reply from Redis: {exc!r}"))
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(RedisConnectionError(f"connection to Redis lost: {exc!r}" if exc else "Redis closed the connection"))
@@ -186,7 +230,7 @@ class ScriptLane:
         """``EVALSHA`` the script (loading it once when Redis does not know it)."""
         if not self.enabled:
             return await script(keys=keys, args=args)
-        command = pack("EVALSHA", script.sha, len(keys), *keys, *args)
+        command = pack_fast("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
             return await self._send(command)
         except NoScriptError:

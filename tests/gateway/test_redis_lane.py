@@ -9,7 +9,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from gateway.redis_lane import ScriptLane, _Incomplete, pack, parse
+from gateway import redis_lane
+from gateway.redis_lane import ScriptLane, _Incomplete, _Protocol, pack, pack_fast, parse
 from tests.gateway.conftest import TENANCY_REDIS_URL, free_port
 
 ECHO = "return {ARGV[1], tonumber(ARGV[2]) * 2, {KEYS[1]}, false}"
@@ -31,6 +32,37 @@ def test_pack_and_parse():
     assert isinstance(err, NoScriptError)
     err, _ = parse(b"-ERR wrong\r\n")
     assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "ERR wrong"
+
+
+def test_hiredis_packs_the_same_bytes():
+    assert redis_lane.hiredis is not None  # a dependency: the fast path is the one that runs
+    parts = ("EVALSHA", "ab", 3, "k", 2.5, b"\x00", -1, "é")
+    assert pack_fast(*parts) == pack(*parts)
+    with pytest.raises(TypeError):
+        pack_fast("SET", "k", True)
+
+
+@pytest.mark.parametrize("reader", ["hiredis", "python"])
+async def test_protocol_reads_replies_split_anywhere(reader):
+    """Replies fed one byte at a time reach their waiters in order, with either reader: values,
+    nils, nested arrays, error replies (NOSCRIPT as NoScriptError) as exceptions."""
+    proto = _Protocol()
+    if reader == "python":
+        proto.reader = None
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(5)]
+    proto.waiters.extend(futures)
+    stream = (b"*3\r\n:-3\r\n$-1\r\n*2\r\n+OK\r\n$4\r\na\r\nb\r\n"
+              b"-NOSCRIPT No matching script\r\n$-1\r\n-ERR wrong\r\n:7\r\n")
+    for i in range(len(stream)):
+        proto.data_received(stream[i:i + 1])
+    assert futures[0].result() == [-3, None, [b"OK", b"a\r\nb"]]
+    assert isinstance(futures[1].exception(), NoScriptError)
+    assert futures[2].result() is None
+    err = futures[3].exception()
+    assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "ERR wrong"
+    assert futures[4].result() == 7
+    assert not proto.waiters
 
 
 @pytest.fixture
