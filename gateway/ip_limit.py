@@ -90,6 +90,7 @@ class ClientIPLimiter:
         bridge = getattr(self._storage, "bridge", None)
         self._acquire = getattr(bridge, "lua_acquire_moving_window", None)
         self._lane = ScriptLane.for_client(self._redis)
+        self._keys: dict[tuple, str] = {}  # (item, identifiers) -> Redis key, memoised
 
     async def check(self, request: Request) -> None:
         for item, key_func, scope, cost in self._checks:
@@ -114,7 +115,11 @@ class ClientIPLimiter:
         storage (``acquire_entry``), one pipelined round trip instead of a pool checkout."""
         if self._acquire is None:
             return await self._strategy.hit(item, *args, cost=cost)
-        key = self._storage.bridge.prefixed_key(item.key_for(*args))
+        key = self._keys.get((item, args))
+        if key is None:
+            if len(self._keys) > 100_000:  # many addresses: start afresh
+                self._keys.clear()
+            key = self._keys[(item, args)] = self._storage.bridge.prefixed_key(item.key_for(*args))
         return bool(await self._lane.run(self._acquire, keys=[key],
                                          args=[time.time(), item.amount, item.get_expiry(), cost]))
 

@@ -78,16 +78,18 @@ class RequestLimiter:
         self._strategy = MovingWindowRateLimiter(self._storage)
         self._window = redis.register_script(resources.files("gateway.lua").joinpath("rate_window.lua").read_text())
         self._lane = ScriptLane.for_client(redis)
+        self._plans: dict[tuple[int, int, int, int], tuple[list, list[str], list[int]]] = {}
 
     async def check_request(self, principal: Principal) -> dict[str, str]:
-        windows = [w for w in self._windows(principal) if w[2] > 0]
+        plan = self._plans.get((principal.tenant_id, principal.key_id, principal.rpm_limit, principal.tenant_rpm))
+        if plan is None:
+            plan = self._plan(principal)
+        windows, keys, limits = plan
         if not windows:
             return {}
         now = time.time()
-        keys = [f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(*ids)}" for _, ids, limit in windows]
         try:
-            reply = await self._lane.run(self._window, keys=keys,
-                                         args=[repr(now), self.WINDOW_S, *(w[2] for w in windows)])
+            reply = await self._lane.run(self._window, keys=keys, args=[repr(now), self.WINDOW_S, *limits])
         except RedisError as exc:
             raise store_unavailable("rate-limit") from exc
         allowed = bool(reply[0])
@@ -110,6 +112,16 @@ class RequestLimiter:
                 f"Please try again in {format_reset(binding.reset_s)}.",
                 retry_after_s=max(binding.reset_s, 0.001), headers=headers)
         return headers
+
+    def _plan(self, principal: Principal) -> tuple[list, list[str], list[int]]:
+        """(windows with a limit, their Redis keys, their limits) of a key, memoised per key and limits."""
+        windows = [w for w in self._windows(principal) if w[2] > 0]
+        keys = [f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(*ids)}" for _, ids, limit in windows]
+        if len(self._plans) > 100_000:
+            self._plans.clear()
+        plan = self._plans[(principal.tenant_id, principal.key_id, principal.rpm_limit, principal.tenant_rpm)] = (
+            windows, keys, [w[2] for w in windows])
+        return plan
 
     @staticmethod
     def _windows(p: Principal) -> list[tuple[str, tuple[str, ...], int]]:

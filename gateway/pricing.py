@@ -15,6 +15,7 @@ from gateway.db.models import ModelPrice
 
 MILLION = Decimal(1_000_000)
 USD_QUANTUM = Decimal("0.00000001")  # the MONEY column's scale
+UNITS_PER_1M_USD = Decimal(100)  # 1e-8 USD units per token for a price of 1 USD per 1M tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +23,23 @@ class Price:
     prompt_usd_per_1m: Decimal
     completion_usd_per_1m: Decimal
 
+    @property
+    def units_per_token(self) -> tuple[float, float]:
+        """(prompt, completion) price in 1e-8 USD units per token, as the quota scripts take it."""
+        units = _UNITS.get(self)
+        if units is None:
+            if len(_UNITS) > 10_000:
+                _UNITS.clear()
+            units = _UNITS[self] = (float(self.prompt_usd_per_1m * UNITS_PER_1M_USD),
+                                    float(self.completion_usd_per_1m * UNITS_PER_1M_USD))
+        return units
+
     def cost(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
         raw = (self.prompt_usd_per_1m * prompt_tokens + self.completion_usd_per_1m * completion_tokens) / MILLION
         return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
 
+
+_UNITS: dict[Price, tuple[float, float]] = {}  # Price.units_per_token, computed once per price
 
 FREE = Price(Decimal(0), Decimal(0))
 

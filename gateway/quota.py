@@ -119,12 +119,33 @@ class QuotaLedger:
         self._settle = redis.register_script(_script("quota_settle.lua"))
         self._init = redis.register_script(_script("quota_init.lua"))
         self._lane = ScriptLane.for_client(redis)  # the request path's scripts: one pipelined connection
+        self._periods: dict[str, tuple[str, datetime, float]] = {}  # period -> (id, end, end as unix s)
+        self._keys: dict[tuple[int, str], tuple[str, str, str, str]] = {}
 
     def _tag(self, tenant_id: int) -> str:
         return f"{self._prefix}{{t:{tenant_id}}}"
 
     def counter_key(self, tenant_id: int, period_id: str) -> str:
         return f"{self._tag(tenant_id)}:q:{period_id}"
+
+    def _period(self, period: str, now: float) -> tuple[str, datetime]:
+        """(id, end) of the current ``period``, kept until it ends (one datetime per period)."""
+        cached = self._periods.get(period)
+        if cached is None or now >= cached[2]:
+            period_id, _, end = period_bounds(period, datetime.fromtimestamp(now, UTC))
+            cached = self._periods[period] = (period_id, end, end.timestamp())
+        return cached[0], cached[1]
+
+    def _tenant_keys(self, tenant_id: int, period_id: str) -> tuple[str, str, str, str]:
+        """(counter, reservations, deadlines, TPM prefix) of a tenant in a period, memoised."""
+        keys = self._keys.get((tenant_id, period_id))
+        if keys is None:
+            if len(self._keys) > 100_000:  # many tenants or a long uptime: start afresh
+                self._keys.clear()
+            tag = self._tag(tenant_id)
+            keys = self._keys[(tenant_id, period_id)] = (
+                f"{tag}:q:{period_id}", f"{tag}:res", f"{tag}:resdl", f"{tag}:tpm:")
+        return keys
 
     async def reserve(self, principal: Principal, *, model: str, prompt_tokens: int, max_tokens: int) -> Reservation:
         if prompt_tokens < 0 or max_tokens < 0:
@@ -134,14 +155,13 @@ class QuotaLedger:
         except Exception as exc:  # prices never loaded and the database is unreachable
             raise store_unavailable("price") from exc
         now = time.time()
-        period_id, _, period_end = period_bounds(principal.budget_period, datetime.fromtimestamp(now, UTC))
+        period_id, period_end = self._period(principal.budget_period, now)
         minute, frac = divmod(now / 60.0, 1.0)
-        tag = self._tag(principal.tenant_id)
+        minute = int(minute)
+        counter, res_key, deadlines, tpm_prefix = self._tenant_keys(principal.tenant_id, period_id)
         res_id = new_hex_id()
-        keys = [self.counter_key(principal.tenant_id, period_id), f"{tag}:res", f"{tag}:resdl",
-                f"{tag}:tpm:{int(minute)}", f"{tag}:tpm:{int(minute) - 1}"]
-        pp = float(price.prompt_usd_per_1m * UNITS_PER_USD / 1_000_000)
-        cp = float(price.completion_usd_per_1m * UNITS_PER_USD / 1_000_000)
+        keys = [counter, res_key, deadlines, f"{tpm_prefix}{minute}", f"{tpm_prefix}{minute - 1}"]
+        pp, cp = price.units_per_token
         args = [
             -1 if principal.budget_tokens is None else int(principal.budget_tokens),
             -1 if principal.budget_usd is None else usd_to_units(principal.budget_usd),

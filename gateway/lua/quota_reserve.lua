@@ -10,8 +10,11 @@
 -- Returns {1, allowed_completion, tok_after, usd_after, tpm_used_after, epoch}
 --      or {-1} counter missing (rebuild it from the database, then retry)
 --      or {-2, tok_used, usd_used} budget exhausted   or {-3, tpm_used} TPM exhausted
-if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
-local epoch = redis.call('HGET', KEYS[1], 'epoch') or ''
+local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch')
+if not counter[1] then return {-1} end
+local tok_used = tonumber(counter[1])
+local usd_used = tonumber(counter[2] or '0')
+local epoch = counter[3] or ''
 
 -- refund reservations whose process never settled them (crashed / killed gateway)
 local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[10], 'LIMIT', 0, 100)
@@ -20,17 +23,14 @@ for _, id in ipairs(stale) do
   if v then
     local tok, usd, _, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
     if ep == epoch then
-      redis.call('HINCRBY', KEYS[1], 'tok', 0 - tonumber(tok))
-      redis.call('HINCRBY', KEYS[1], 'usd', 0 - tonumber(usd))
+      tok_used = tonumber(redis.call('HINCRBY', KEYS[1], 'tok', 0 - tonumber(tok)))
+      usd_used = tonumber(redis.call('HINCRBY', KEYS[1], 'usd', 0 - tonumber(usd)))
     end
     redis.call('HDEL', KEYS[2], id)
   end
   redis.call('ZREM', KEYS[3], id)
 end
 
-local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd')
-local tok_used = tonumber(counter[1] or '0')
-local usd_used = tonumber(counter[2] or '0')
 local btok, busd, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local prompt, allowed = tonumber(ARGV[4]), tonumber(ARGV[5])
 local pp, cp, frac, minc = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[12])

@@ -140,3 +140,25 @@ async def test_refusal_consumes_nothing(tenancy, make_tenant):
     await tenancy.limiter.check_request(p1)
     with pytest.raises(ApiError):
         await tenancy.limiter.check_request(p1)  # tenant full again; key 1 still has 1 of 3 left
+
+
+async def test_expired_entries_are_dropped_and_never_count(tenancy, make_tenant):
+    """Entries older than the window (left by earlier minutes) are popped from the list's old end:
+    they neither count nor refuse, and the list keeps only the window's requests."""
+    import time
+
+    from limits import RateLimitItemPerMinute
+
+    _, key, _ = await make_tenant(rpm=50, key_rpm=3)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    ids = (f"{{t:{p.tenant_id}}}", "k", str(p.key_id))
+    redis_key = f"{tenancy.limiter.key_prefix}:{RateLimitItemPerMinute(3).key_for(*ids)}"
+    now = time.time()
+    inside = now - 30
+    await tenancy.redis.rpush(redis_key, repr(inside), *(repr(now - 120 - i) for i in range(5)))  # newest first
+    h = await tenancy.limiter.check_request(p)
+    assert h["x-ratelimit-remaining-requests"] == "1"  # the one inside the window and this one
+    assert 29 <= float(h["x-ratelimit-reset-requests"].rstrip("s")) <= 31  # the oldest inside sets the reset
+    assert await tenancy.redis.llen(redis_key) == 2
+    stats = await tenancy.limiter._strategy.get_window_stats(RateLimitItemPerMinute(3), *ids)
+    assert stats.remaining == 1  # `limits` reads the same window
