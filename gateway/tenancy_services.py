@@ -7,6 +7,7 @@
     ... generate with res.max_tokens (may be clamped) ...
     await services.quota.settle(res, prompt_tokens=p, completion_tokens=c)   # always, also on abort
     services.usage.record(UsageEvent(...cost_usd=await services.prices.cost(m, p, c)...))
+    (the app does these last two through gateway.accounting, deferred by services.aftercare)
     await services.close()
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from gateway.aftercare import Aftercare
 from gateway.auth import Authenticator
 from gateway.db.session import Database
 from gateway.limits import RequestLimiter
@@ -40,9 +42,14 @@ class TenancyServices:
     usage: UsageWriter
     prices: PriceBook
     redis_url: str = ""
+    aftercare: Aftercare | None = None  # requests' deferred settling and usage rows
 
     async def close(self) -> None:
-        """Drain the usage writer (rows not written stay spooled), stop listeners, close clients."""
+        """Run the deferred bookkeeping, drain the usage writer (rows not written stay spooled),
+        stop listeners, close clients."""
+        if self.aftercare is not None:
+            with contextlib.suppress(Exception):
+                await self.aftercare.drain()
         with contextlib.suppress(Exception):
             await self.usage.close()
         with contextlib.suppress(Exception):
@@ -76,13 +83,16 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     auth = Authenticator(db.sessionmaker, redis, settings)
     limiter = RequestLimiter(redis, redis_url, prefix=settings.redis_prefix)
 
+    aftercare = Aftercare(settings.settle_delay_ms / 1000)
+
     async def flush_usage() -> None:
+        await aftercare.drain()  # rows of requests that just ended, and their settlements
         with contextlib.suppress(Exception):  # DB down: rebuild sees what reached the DB
             await usage.flush()
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
-                               usage=usage, prices=prices, redis_url=redis_url)
+                               usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare)
     try:
         await usage.start()
         await auth.start()

@@ -231,6 +231,10 @@ class ApiServer:
         """A new tenant (``create_tenant`` kwargs: rpm, tpm, budget_tokens, ...) and one key for it."""
         return self.loop.run(_make_tenant(self.services.db, allowed_models=allowed_models, **kwargs))
 
+    def settle_pending(self) -> None:
+        """Run the bookkeeping of requests that just ended (deferred by ``settle_delay_ms``)."""
+        self.loop.run(self.services.aftercare.drain())
+
     def usage_rows(self, request_id: str | None = None) -> list[Any]:
         """Usage rows (after flushing the writer), optionally of one request id."""
         return self.loop.run(_usage_rows(self.services, request_id))
@@ -251,6 +255,7 @@ async def _usage_rows(services, request_id):  # noqa: ANN001, ANN202
 
     from gateway.db.models import UsageRecord
 
+    await services.aftercare.drain()  # rows of requests that just ended (written ~20 ms after them)
     await services.usage.flush()
     stmt = select(UsageRecord).order_by(UsageRecord.id)
     if request_id is not None:

@@ -171,3 +171,40 @@ async def test_unsettled_reservation_of_a_crashed_gateway_is_refunded(tenancy, m
     r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
     assert r.max_tokens == 90  # the stale reservation was refunded
     assert await tenancy.quota.open_reservations(p.tenant_id) == 1
+
+
+async def test_request_bookkeeping_runs_after_the_response_and_is_drained(tenancy, make_tenant):
+    """``RequestAccount.close`` (what a response's end calls) hands the settlement and the usage
+    row to ``services.aftercare``: the reservation stays charged until it runs (never less),
+    ``drain`` runs it at once, and the row keeps the latency measured at ``close``."""
+    import time
+
+    from sqlalchemy import select
+
+    from gateway.accounting import RequestAccount
+    from gateway.aftercare import Aftercare
+    from gateway.db.models import UsageRecord
+
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    original = tenancy.aftercare
+    tenancy.aftercare = Aftercare(60)  # a minute: only drain() runs it
+    try:
+        request_id = uuid.uuid4().hex
+        account = RequestAccount(tenancy, p, request_id=request_id, model="m", endpoint="chat.completions",
+                                 started=time.perf_counter() - 0.25)
+        assert await account.reserve(prompt_tokens=10, max_tokens=90) == 90
+        await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+        assert await tenancy.quota.open_reservations(p.tenant_id) == 1
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == 100  # the worst case, until settled
+        await asyncio.sleep(0.05)
+        assert tenancy.aftercare.pending == 1
+        await tenancy.aftercare.drain()
+        assert await tenancy.quota.open_reservations(p.tenant_id) == 0
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == 15
+        assert await tenancy.usage.flush()
+        async with tenancy.db.sessionmaker() as s:
+            row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
+        assert row.prompt_tokens == 10 and row.completion_tokens == 5 and row.status == "ok"
+        assert 250 <= row.latency_ms < 5000  # measured at close, not when the row was written
+    finally:
+        tenancy.aftercare = original

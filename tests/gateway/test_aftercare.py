@@ -1,0 +1,56 @@
+"""Deferred request bookkeeping (``gateway.aftercare``): jobs run about ``delay`` later, together;
+``drain`` runs what is pending now; a failing job is logged and never stops the others."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from gateway.aftercare import Aftercare
+
+
+async def test_jobs_run_together_after_the_delay():
+    care = Aftercare(0.05)
+    ran: list[tuple[int, float]] = []
+    t0 = time.perf_counter()
+
+    def job(i: int):  # noqa: ANN202
+        async def run() -> None:
+            ran.append((i, time.perf_counter() - t0))
+        return run
+
+    for i in range(5):
+        care.submit(job(i))
+    assert care.pending == 5 and ran == []
+    await asyncio.sleep(0.01)
+    assert ran == []  # not before the delay
+    await asyncio.sleep(0.1)
+    assert [i for i, _ in ran] == [0, 1, 2, 3, 4]
+    assert all(t >= 0.045 for _, t in ran)
+    assert care.pending == 0
+
+
+async def test_drain_runs_pending_jobs_now_and_survives_failures(caplog):
+    care = Aftercare(60)  # would wait a minute
+    done: list[int] = []
+
+    async def ok() -> None:
+        await asyncio.sleep(0)
+        done.append(1)
+
+    async def boom() -> None:
+        raise RuntimeError("settle failed")
+
+    care.submit(ok)
+    care.submit(boom)
+    care.submit(ok)
+    await asyncio.wait_for(care.drain(), 5)
+    assert done == [1, 1] and care.pending == 0
+    assert "request bookkeeping failed" in caplog.text
+    care.submit(ok)  # a new batch after a drain gets its own timer
+    await asyncio.wait_for(care.drain(), 5)
+    assert done == [1, 1, 1]
+
+
+async def test_zero_delay_means_inline():
+    assert Aftercare(0).inline and not Aftercare(0.005).inline
