@@ -161,7 +161,17 @@ class Bench:
         return principal, res
 
     async def finish(self, principal, res, completion: int, started: float) -> None:  # noqa: ANN001
-        """The gateway's work after the engine: settle, price, usage row."""
+        """The gateway's work after the engine: settle, price, usage row; like the app
+        (``RequestAccount.close``), handed to ``services.aftercare`` (run ``settle_delay_ms`` later,
+        in batches) unless that delay is 0."""
+        latency_ms = (time.perf_counter() - started) * 1000
+        care = self.services.aftercare
+        if care.inline:
+            await self._settle_and_record(principal, res, completion, latency_ms)
+        else:
+            care.submit(lambda: self._settle_and_record(principal, res, completion, latency_ms))
+
+    async def _settle_and_record(self, principal, res, completion: int, latency_ms: float) -> None:  # noqa: ANN001
         s = self.services
         model = self.engine.model_id
         await s.quota.settle(res, prompt_tokens=len(self.prompt), completion_tokens=completion)
@@ -169,7 +179,7 @@ class Bench:
         s.usage.record(UsageEvent(request_id=new_hex_id(), tenant_id=principal.tenant_id,
                                   api_key_id=principal.key_id, model=model, status="ok",
                                   prompt_tokens=len(self.prompt), completion_tokens=completion, cost_usd=cost,
-                                  latency_ms=(time.perf_counter() - started) * 1000))
+                                  latency_ms=latency_ms))
 
     async def direct(self, lat: list[float], _part: list[float]) -> None:
         t0 = time.perf_counter()
@@ -220,6 +230,7 @@ async def http_client_loop(url: str, key: str, model: str, client, lat: list[flo
 async def main(args: argparse.Namespace) -> None:
     from gateway import tenancy as svc
     from gateway.app import apply_gil_switch_interval
+    from gateway.heap import tune_gc
     from gateway.tenancy_services import build_tenancy
 
     tmp = Path(tempfile.mkdtemp(prefix="pagegate-bench-"))
@@ -228,6 +239,7 @@ async def main(args: argparse.Namespace) -> None:
                         redis_prefix=f"pgbench:{new_hex_id()[:8]}:", data_dir=str(tmp),
                         usage_spool_dir=str(tmp / "spool"), load_engine=False, cache_enabled=False,
                         default_rpm=0, default_tpm=0, ip_rpm=1_000_000_000,
+                        **({} if args.settle_delay_ms is None else {"settle_delay_ms": args.settle_delay_ms}),
                         **({} if args.switch_interval_ms is None else {"gil_switch_interval_ms": args.switch_interval_ms}))
     apply_gil_switch_interval(settings)  # what create_app's lifespan does
     config = EngineConfig(model="smollm2-135m-instruct", device=args.device, dtype="auto", num_blocks=1024,
@@ -250,11 +262,13 @@ async def main(args: argparse.Namespace) -> None:
     client_request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
                               "query_string": b"", "client": ("127.0.0.1", 50000)})
     prompt = engine.encode_chat(MESSAGES)
+    undo_gc = tune_gc(settings)  # what create_app's lifespan does once started: freeze the start-up heap
     bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt)
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; {args.clients} clients x "
           f"{args.requests} requests x {args.rounds} rounds, max_tokens=1; event loop: {loop_name}; "
-          f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms; {os.cpu_count()} CPUs, "
+          f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms; bookkeeping {settings.settle_delay_ms:g} ms "
+          f"after the response; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")
 
     server = None
@@ -315,6 +329,7 @@ async def main(args: argparse.Namespace) -> None:
         mon.start()
         cpu0, tcpu0, steps0 = time.process_time(), time.thread_time(), engine.stats().steps
         lat, part, wall = await clients(fn, n_clients, n_req)
+        await services.aftercare.drain()  # the phase's deferred bookkeeping counts in its CPU
         into[mode]["steps"] += engine.stats().steps - steps0
         into[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
         into[mode]["loop_cpu"].append((time.thread_time() - tcpu0) * 1000 / len(lat))
@@ -366,6 +381,7 @@ async def main(args: argparse.Namespace) -> None:
             print(f"{name:>12}{len(r['lat']):>6}{pct(r['lat'], 50):>9.2f}{pct(r['lat'], 99):>9.2f}"
                   f"{len(r['lat']) / sum(r['wall']):>8.1f}{max(r['stall']):>15.2f}{pct(r['stall'], 99):>6.2f}")
 
+    undo_gc()
     await services.usage.flush()
     if http_client is not None:
         await http_client.aclose()
@@ -454,6 +470,8 @@ if __name__ == "__main__":
                     help="GIL switch interval (default: the app's PAGEGATE_GIL_SWITCH_INTERVAL_MS; 5 = Python's)")
     ap.add_argument("--compare-switch-intervals", default="", metavar="MS,MS",
                     help="also run both engine phases at each of these GIL switch intervals, interleaved")
+    ap.add_argument("--settle-delay-ms", type=float, default=None,
+                    help="run settlement and usage rows this long after the response (default: Settings'; 0: before)")
     ap.add_argument("--admission-gap-ms", type=float, default=None,
                     help="the engine's burst-gathering gap from idle (default: EngineConfig's; 0: off)")
     ap.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine (default: torch's)")

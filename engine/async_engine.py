@@ -208,7 +208,9 @@ class AsyncEngine:
             self._fail_all(EngineDeadError(f"the engine stopped: {exc!r}"))
 
     def _gather_burst(self) -> None:
-        """(Lock held.) Wait while commands keep arriving within the admission gap."""
+        """(Lock held.) Wait while commands keep arriving within the admission gap. The wait is a
+        sleep with the lock released, not a wait on the condition: the arrivals' ``notify`` must
+        not wake this thread (and take the GIL from the event loop handing them over) once each."""
         gap = self.config.admission_gap_ms / 1000
         if gap <= 0:
             return
@@ -218,7 +220,11 @@ class AsyncEngine:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            self._cv.wait(min(gap, remaining))
+            self._cv.release()
+            try:
+                time.sleep(min(gap, remaining))
+            finally:
+                self._cv.acquire()
             if len(self._cmds) == seen:
                 return  # quiet for a whole gap: the burst is in
             seen = len(self._cmds)
