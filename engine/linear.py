@@ -14,29 +14,32 @@ import torch
 import torch.nn.functional as F
 
 _PACK_BATCH_HINT = 64  # oneDNN picks its blocking for this many rows; any row count works
-_ONEDNN_OK: bool | None = None  # probed once by onednn_available()
+_ONEDNN_OK: dict[torch.dtype, bool] = {}  # probed once per dtype by onednn_available()
 
 
-def onednn_available() -> bool:
-    """True when torch's oneDNN prepacked linear runs here (probed once on a tiny product)."""
-    global _ONEDNN_OK
-    if _ONEDNN_OK is None:
+def onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """True when torch's oneDNN prepacked linear runs here for ``dtype`` (probed once on a tiny
+    product). bf16 needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT: an AVX2-only CPU has fp32 only."""
+    ok = _ONEDNN_OK.get(dtype)
+    if ok is None:
         try:
-            w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), 1)
-            y = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2), w, None, "none", [], "")
-            _ONEDNN_OK = bool(torch.backends.mkldnn.is_available()) and y.tolist() == [[2.0, 2.0]]
+            w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2, dtype=dtype), 1)
+            y = torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2, dtype=dtype), w, None, "none", [], "")
+            ok = bool(torch.backends.mkldnn.is_available()) and y.float().tolist() == [[2.0, 2.0]]
         except (AttributeError, RuntimeError):
-            _ONEDNN_OK = False
-    return _ONEDNN_OK
+            ok = False
+        _ONEDNN_OK[dtype] = ok
+    return ok
 
 
 def resolve_linear_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``auto`` -> ``onednn`` on CPU for fp32/bf16 when available, else ``torch``."""
+    """``auto`` -> ``onednn`` on CPU for fp32/bf16 when oneDNN runs that dtype here, else ``torch``."""
     if name not in ("auto", "onednn", "torch"):
         raise ValueError("linear backend must be auto, onednn or torch")
-    usable = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_available()
+    usable = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn_available(dtype)
     if name == "onednn" and not usable:
-        raise ValueError("the onednn linear backend needs a CPU torch build with oneDNN and fp32/bf16")
+        raise ValueError(f"the onednn linear backend needs a CPU torch build with oneDNN for {dtype} on this CPU "
+                         "(fp32; bf16 also needs AVX-512 or AVX-NE-CONVERT)")
     if name == "auto":
         return "onednn" if usable else "torch"
     return name

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from engine.linear import Linear, onednn_available, resolve_linear_backend
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN linear")
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_available(torch.bfloat16),
+                                       reason="oneDNN's bf16 linear needs AVX-512 or AVX-NE-CONVERT on this CPU")
 
 
 @needs_onednn
@@ -22,7 +24,7 @@ def test_onednn_equals_f_linear_fp32(rows, bias):
     torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
-@needs_onednn
+@needs_onednn_bf16
 def test_onednn_bf16_and_3d_input():
     torch.manual_seed(0)
     w, x = torch.randn(64, 32).bfloat16(), torch.randn(2, 5, 32).bfloat16()
@@ -36,6 +38,11 @@ def test_backend_resolution():
     assert resolve_linear_backend("torch", cpu, torch.float32) == "torch"
     assert resolve_linear_backend("auto", cpu, torch.float16) == "torch"  # oneDNN path is fp32/bf16 only
     assert resolve_linear_backend("auto", cpu, torch.float32) == ("onednn" if onednn_available() else "torch")
+    bf16 = "onednn" if onednn_available(torch.bfloat16) else "torch"  # AVX2-only CPUs: fp32 only
+    assert resolve_linear_backend("auto", cpu, torch.bfloat16) == bf16
+    if bf16 == "torch":
+        with pytest.raises(ValueError, match="bf16 also needs"):
+            resolve_linear_backend("onednn", cpu, torch.bfloat16)
     with pytest.raises(ValueError):
         resolve_linear_backend("onednn", cpu, torch.float16)
     with pytest.raises(ValueError):
