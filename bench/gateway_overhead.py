@@ -161,25 +161,24 @@ class Bench:
         return principal, res
 
     async def finish(self, principal, res, completion: int, started: float) -> None:  # noqa: ANN001
-        """The gateway's work after the engine: settle, price, usage row; like the app
-        (``RequestAccount.close``), handed to ``services.aftercare`` (run ``settle_delay_ms`` later,
-        in batches) unless that delay is 0."""
-        latency_ms = (time.perf_counter() - started) * 1000
-        care = self.services.aftercare
-        if care.inline:
-            await self._settle_and_record(principal, res, completion, latency_ms)
-        else:
-            care.submit(lambda: self._settle_and_record(principal, res, completion, latency_ms))
-
-    async def _settle_and_record(self, principal, res, completion: int, latency_ms: float) -> None:  # noqa: ANN001
+        """The gateway's work after the engine: price, usage row, settle; like the app
+        (``RequestAccount.close``) the settlement is handed to ``services.aftercare`` (run
+        ``settle_delay_ms`` later, in batches) unless that delay is 0."""
         s = self.services
         model = self.engine.model_id
-        await s.quota.settle(res, prompt_tokens=len(self.prompt), completion_tokens=completion)
+        care = s.aftercare
+        if care.inline:
+            await self._settle(res, completion)
+        else:
+            care.submit(lambda: self._settle(res, completion))
         cost = await s.prices.cost(model, len(self.prompt), completion)
         s.usage.record(UsageEvent(request_id=new_hex_id(), tenant_id=principal.tenant_id,
                                   api_key_id=principal.key_id, model=model, status="ok",
                                   prompt_tokens=len(self.prompt), completion_tokens=completion, cost_usd=cost,
-                                  latency_ms=latency_ms))
+                                  latency_ms=(time.perf_counter() - started) * 1000))
+
+    async def _settle(self, res, completion: int) -> None:  # noqa: ANN001
+        await self.services.quota.settle(res, prompt_tokens=len(self.prompt), completion_tokens=completion)
 
     async def direct(self, lat: list[float], _part: list[float]) -> None:
         t0 = time.perf_counter()
@@ -267,7 +266,7 @@ async def main(args: argparse.Namespace) -> None:
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; {args.clients} clients x "
           f"{args.requests} requests x {args.rounds} rounds, max_tokens=1; event loop: {loop_name}; "
-          f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms; bookkeeping {settings.settle_delay_ms:g} ms "
+          f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms; settlement {settings.settle_delay_ms:g} ms "
           f"after the response; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")
 
@@ -329,7 +328,7 @@ async def main(args: argparse.Namespace) -> None:
         mon.start()
         cpu0, tcpu0, steps0 = time.process_time(), time.thread_time(), engine.stats().steps
         lat, part, wall = await clients(fn, n_clients, n_req)
-        await services.aftercare.drain()  # the phase's deferred bookkeeping counts in its CPU
+        await services.aftercare.drain()  # the phase's deferred settlements count in its CPU
         into[mode]["steps"] += engine.stats().steps - steps0
         into[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
         into[mode]["loop_cpu"].append((time.thread_time() - tcpu0) * 1000 / len(lat))
@@ -471,7 +470,7 @@ if __name__ == "__main__":
     ap.add_argument("--compare-switch-intervals", default="", metavar="MS,MS",
                     help="also run both engine phases at each of these GIL switch intervals, interleaved")
     ap.add_argument("--settle-delay-ms", type=float, default=None,
-                    help="run settlement and usage rows this long after the response (default: Settings'; 0: before)")
+                    help="settle quota this long after the response (default: Settings'; 0: before)")
     ap.add_argument("--admission-gap-ms", type=float, default=None,
                     help="the engine's burst-gathering gap from idle (default: EngineConfig's; 0: off)")
     ap.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine (default: torch's)")

@@ -1,9 +1,9 @@
 """The bookkeeping of one API request: settle its quota reservation and record its usage row,
 exactly once, however the request ended (finished, refused by the engine, client disconnected).
-Call ``close`` from a ``finally``; it never raises and never waits on the database. With the
-services' ``aftercare`` (``gateway.aftercare``, ``settle_delay_ms`` > 0) the settling and the row
-run a few milliseconds later, off the response's path; the row keeps the latency and time
-measured at ``close``."""
+Call ``close`` from a ``finally``; it never raises and never waits on the database. The usage
+row is journaled at once (durable before the response leaves); with the services' ``aftercare``
+(``gateway.aftercare``, ``settle_delay_ms`` > 0) the quota settlement runs ~20 ms later, batched,
+off the response's path."""
 
 from __future__ import annotations
 
@@ -47,26 +47,14 @@ class RequestAccount:
         if self._closed:
             return
         self._closed = True
-        latency_ms = (time.perf_counter() - self.started) * 1000
-        created_at = datetime.now(UTC)
-        aftercare = getattr(self._services, "aftercare", None)
-        args = (status, finish_reason, prompt_tokens, cached_prompt_tokens, completion_tokens, ttft_ms, cache_hit,
-                latency_ms, created_at)
-        if aftercare is None or aftercare.inline:
-            await self._settle_and_record(*args)
-        else:
-            aftercare.submit(lambda: self._settle_and_record(*args))
-
-    async def _settle_and_record(self, status: str, finish_reason: str | None, prompt_tokens: int,
-                                 cached_prompt_tokens: int, completion_tokens: int, ttft_ms: float | None,
-                                 cache_hit: bool, latency_ms: float, created_at: datetime) -> None:
         services = self._services
-        if self.reservation is not None:
-            try:
-                await services.quota.settle(self.reservation, prompt_tokens=prompt_tokens,
-                                            completion_tokens=completion_tokens)
-            except Exception:
-                log.exception("quota settle failed for %s", self.request_id)
+        reservation = self.reservation
+        aftercare = getattr(services, "aftercare", None)
+        if reservation is not None:
+            if aftercare is None or aftercare.inline:
+                await self._settle(reservation, prompt_tokens, completion_tokens)
+            else:
+                aftercare.submit(lambda: self._settle(reservation, prompt_tokens, completion_tokens))
         cost = saved = Decimal(0)
         try:
             value = await services.prices.cost(self.model, prompt_tokens, completion_tokens)
@@ -81,7 +69,7 @@ class RequestAccount:
 
             services.usage.record(UsageEvent(
                 request_id=self.request_id,
-                created_at=created_at,
+                created_at=datetime.now(UTC),
                 tenant_id=self.principal.tenant_id,
                 api_key_id=self.principal.key_id,
                 model=self.model,
@@ -91,7 +79,7 @@ class RequestAccount:
                 completion_tokens=completion_tokens,
                 cost_usd=cost,
                 saved_usd=saved,
-                latency_ms=latency_ms,
+                latency_ms=(time.perf_counter() - self.started) * 1000,
                 ttft_ms=ttft_ms,
                 status=status,
                 finish_reason=finish_reason,
@@ -99,3 +87,10 @@ class RequestAccount:
             ))
         except Exception:
             log.exception("usage record failed for %s", self.request_id)
+
+    async def _settle(self, reservation: Any, prompt_tokens: int, completion_tokens: int) -> None:
+        try:
+            await self._services.quota.settle(reservation, prompt_tokens=prompt_tokens,
+                                              completion_tokens=completion_tokens)
+        except Exception:
+            log.exception("quota settle failed for %s", self.request_id)

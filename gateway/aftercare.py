@@ -1,22 +1,21 @@
-"""A request's bookkeeping after its response: settle the quota reservation, price the request,
-append its usage row — a few milliseconds later, in batches, instead of before the response.
+"""A request's quota settlement after its response: a few milliseconds later, in batches, instead
+of before the response. (Its usage row is journaled at once, before the response: durable.)
 
 Why: 50 requests that arrive together are served one after the other on the event loop. When each
-one's bookkeeping runs before its response, the wave's last response waits for all 50 rounds of
+one's settlement runs before its response, the wave's last response waits for all 50 rounds of
 it, and so does the next wave's admission (the event loop is busy with them). Deferred by
-``settle_delay_ms`` (20 ms), the bookkeeping of a whole wave runs as one batch while the engine
-steps: its Redis scripts leave in one write, and no response or admission waits for it.
+``settle_delay_ms`` (20 ms), the settlements of a whole wave run as one batch while the engine
+steps: their Redis scripts leave in one write, and no response or admission waits for them.
 
 What it costs, and what it does not:
 - a reservation stays charged at its worst case (prompt + max_tokens) ``settle_delay_ms`` longer:
   a tenant at the very edge of its budget or TPM can see a request clamped or refused that a
   settled ledger would have let through; nobody can ever overspend (reservations only overcount);
-- the usage row carries the latency measured when the response was done, not when it was written;
-- nothing is lost on a clean stop: ``drain()`` (called by ``TenancyServices.close``, before a
-  quota rebuild and by the tests) runs what is pending now. A process killed within those
-  milliseconds loses those rows exactly as one killed just before its bookkeeping did.
+- nothing is lost: ``drain()`` (called by ``TenancyServices.close``, before a quota rebuild and by
+  the tests) runs what is pending now, and a reservation whose process died before settling it is
+  refunded by the ledger after its TTL, as always; the usage rows are already journaled.
 
-``settle_delay_ms = 0`` runs the bookkeeping inline, before the response, as before."""
+``settle_delay_ms = 0`` settles inline, before the response, as before."""
 
 from __future__ import annotations
 

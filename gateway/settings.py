@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     usage_spool_dir: str = "./data/usage-spool"
     usage_flush_interval_s: float = 0.5
     usage_batch_size: int = 500
-    # a request's quota settlement and usage row run this long after its response, in batches
+    # a request's quota settlement runs this long after its response, in batches
     # (gateway/aftercare.py); 0: before the response
     settle_delay_ms: float = 20.0
 

@@ -7,7 +7,7 @@
     ... generate with res.max_tokens (may be clamped) ...
     await services.quota.settle(res, prompt_tokens=p, completion_tokens=c)   # always, also on abort
     services.usage.record(UsageEvent(...cost_usd=await services.prices.cost(m, p, c)...))
-    (the app does these last two through gateway.accounting, deferred by services.aftercare)
+    (the app does these last two through gateway.accounting; the settlement deferred by services.aftercare)
     await services.close()
 """
 
@@ -42,10 +42,10 @@ class TenancyServices:
     usage: UsageWriter
     prices: PriceBook
     redis_url: str = ""
-    aftercare: Aftercare | None = None  # requests' deferred settling and usage rows
+    aftercare: Aftercare | None = None  # requests' quota settlements, run after their responses
 
     async def close(self) -> None:
-        """Run the deferred bookkeeping, drain the usage writer (rows not written stay spooled),
+        """Run the deferred settlements, drain the usage writer (rows not written stay spooled),
         stop listeners, close clients."""
         if self.aftercare is not None:
             with contextlib.suppress(Exception):
@@ -86,7 +86,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     aftercare = Aftercare(settings.settle_delay_ms / 1000)
 
     async def flush_usage() -> None:
-        await aftercare.drain()  # rows of requests that just ended, and their settlements
+        await aftercare.drain()  # settlements of requests that just ended
         with contextlib.suppress(Exception):  # DB down: rebuild sees what reached the DB
             await usage.flush()
 

@@ -232,7 +232,7 @@ class ApiServer:
         return self.loop.run(_make_tenant(self.services.db, allowed_models=allowed_models, **kwargs))
 
     def settle_pending(self) -> None:
-        """Run the bookkeeping of requests that just ended (deferred by ``settle_delay_ms``)."""
+        """Run the quota settlements of requests that just ended (deferred by ``settle_delay_ms``)."""
         self.loop.run(self.services.aftercare.drain())
 
     def usage_rows(self, request_id: str | None = None) -> list[Any]:
@@ -255,7 +255,6 @@ async def _usage_rows(services, request_id):  # noqa: ANN001, ANN202
 
     from gateway.db.models import UsageRecord
 
-    await services.aftercare.drain()  # rows of requests that just ended (written ~20 ms after them)
     await services.usage.flush()
     stmt = select(UsageRecord).order_by(UsageRecord.id)
     if request_id is not None:

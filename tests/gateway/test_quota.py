@@ -173,10 +173,10 @@ async def test_unsettled_reservation_of_a_crashed_gateway_is_refunded(tenancy, m
     assert await tenancy.quota.open_reservations(p.tenant_id) == 1
 
 
-async def test_request_bookkeeping_runs_after_the_response_and_is_drained(tenancy, make_tenant):
-    """``RequestAccount.close`` (what a response's end calls) hands the settlement and the usage
-    row to ``services.aftercare``: the reservation stays charged until it runs (never less),
-    ``drain`` runs it at once, and the row keeps the latency measured at ``close``."""
+async def test_settlement_runs_after_the_response_and_is_drained(tenancy, make_tenant):
+    """``RequestAccount.close`` (what a response's end calls) journals the usage row at once and
+    hands the settlement to ``services.aftercare``: the reservation stays charged until it runs
+    (never less), and ``drain`` runs it at once."""
     import time
 
     from sqlalchemy import select
@@ -194,6 +194,11 @@ async def test_request_bookkeeping_runs_after_the_response_and_is_drained(tenanc
                                  started=time.perf_counter() - 0.25)
         assert await account.reserve(prompt_tokens=10, max_tokens=90) == 90
         await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+        assert await tenancy.usage.flush()  # the row is there before any settlement ran
+        async with tenancy.db.sessionmaker() as s:
+            row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
+        assert row.prompt_tokens == 10 and row.completion_tokens == 5 and row.status == "ok"
+        assert 250 <= row.latency_ms < 5000
         assert await tenancy.quota.open_reservations(p.tenant_id) == 1
         assert (await tenancy.quota.usage(p.tenant_id))[0] == 100  # the worst case, until settled
         await asyncio.sleep(0.05)
@@ -201,10 +206,5 @@ async def test_request_bookkeeping_runs_after_the_response_and_is_drained(tenanc
         await tenancy.aftercare.drain()
         assert await tenancy.quota.open_reservations(p.tenant_id) == 0
         assert (await tenancy.quota.usage(p.tenant_id))[0] == 15
-        assert await tenancy.usage.flush()
-        async with tenancy.db.sessionmaker() as s:
-            row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
-        assert row.prompt_tokens == 10 and row.completion_tokens == 5 and row.status == "ok"
-        assert 250 <= row.latency_ms < 5000  # measured at close, not when the row was written
     finally:
         tenancy.aftercare = original
