@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     usage_batch_size: int = 500
     # a request's quota settlement runs this long after its response, in batches
     # (gateway/aftercare.py); 0: before the response
-    settle_delay_ms: float = 20.0
+    settle_delay_ms: float = Field(default=20.0, ge=0)
 
     # engine
     model: str = "smollm2-135m-instruct"

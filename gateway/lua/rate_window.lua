@@ -5,17 +5,29 @@
 -- tag, so this works on Redis Cluster.
 -- Entries older than the window are popped from the list's old end first (each entry once, so
 -- amortised O(1) a request, where a search of a long list costs O(log n) walks of it); that
--- changes nothing `limits` reads: an expired entry never counts and never refuses.
+-- changes nothing `limits` reads: an expired entry never counts and never refuses. When more than
+-- a few have expired at once (a burst a minute ago), the rest is cut off in one LTRIM at the
+-- boundary a binary search finds, so no call pops a whole burst one entry at a time.
 -- KEYS: the windows (1 or 2).  ARGV: 1 now (s, float)  2 window length (s)  3.. limit of each key
 -- Returns {allowed 1|0, then per key: requests in the window, oldest timestamp in the window}
 local now, expiry = tonumber(ARGV[1]), tonumber(ARGV[2])
 local target = now - expiry
 local allowed = 1
 for i, key in ipairs(KEYS) do
-  while true do
+  local popped = 0
+  while popped < 16 do
     local last = redis.call('LINDEX', key, -1)
     if not last or tonumber(last) >= target then break end
     redis.call('RPOP', key)
+    popped = popped + 1
+  end
+  if popped == 16 then
+    local low, high, keep = 0, redis.call('LLEN', key) - 1, -1
+    while low <= high do  -- the last entry still inside the window (newest first)
+      local mid = math.floor((low + high) / 2)
+      if tonumber(redis.call('LINDEX', key, mid)) >= target then keep = mid; low = mid + 1 else high = mid - 1 end
+    end
+    if keep < 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, keep) end
   end
   if redis.call('LLEN', key) >= tonumber(ARGV[2 + i]) then allowed = 0 end
 end

@@ -162,3 +162,29 @@ async def test_expired_entries_are_dropped_and_never_count(tenancy, make_tenant)
     assert await tenancy.redis.llen(redis_key) == 2
     stats = await tenancy.limiter._strategy.get_window_stats(RateLimitItemPerMinute(3), *ids)
     assert stats.remaining == 1  # `limits` reads the same window
+
+
+async def test_a_long_expired_burst_is_cut_off_at_once(tenancy, make_tenant):
+    """Hundreds of entries from a minute ago: one call drops them all (popped a few, the rest cut
+    at the window's boundary), keeping exactly the entries still inside the window."""
+    import time
+
+    from limits import RateLimitItemPerMinute
+
+    _, key, _ = await make_tenant(rpm=10_000, key_rpm=1000)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    ids = (f"{{t:{p.tenant_id}}}", "k", str(p.key_id))
+    redis_key = f"{tenancy.limiter.key_prefix}:{RateLimitItemPerMinute(1000).key_for(*ids)}"
+    now = time.time()
+    inside = [repr(now - 1 - i * 0.01) for i in range(7)]  # newest first
+    expired = [repr(now - 61 - i * 0.01) for i in range(500)]
+    await tenancy.redis.rpush(redis_key, *inside, *expired)
+    h = await tenancy.limiter.check_request(p)
+    assert h["x-ratelimit-remaining-requests"] == str(1000 - 8)
+    assert await tenancy.redis.llen(redis_key) == 8
+    assert float((await tenancy.redis.lindex(redis_key, -1)).decode()) == float(inside[-1])
+    await tenancy.redis.delete(redis_key)  # only expired entries: the window starts empty
+    await tenancy.redis.rpush(redis_key, *expired)
+    h = await tenancy.limiter.check_request(p)
+    assert h["x-ratelimit-remaining-requests"] == str(1000 - 1)
+    assert await tenancy.redis.llen(redis_key) == 1
