@@ -14,9 +14,9 @@ uvloop as ``pagegate serve`` (uvicorn) runs, with the GIL switch interval the ap
 * ``gateway alone``   the same work without the engine: its process CPU per request (the figure
   that does not depend on how busy the machine is) and its throughput on one event loop;
 * ``http``            (``--http``) the whole product: ``python -m gateway.serve`` (uvicorn, the app,
-  its own engine with the same settings) in its own process, called over HTTP by httpx from this
-  process: its latency includes HTTP, FastAPI, JSON and the client; the server process's CPU per
-  request is measured from ``/proc``.
+  its own engine with the same settings) in its own process, called over HTTP from this process by
+  ``bench/gateway_http.py``'s lean keep-alive client (raw sockets, ~30 µs a request): its latency
+  includes HTTP, FastAPI and JSON; the server process's CPU per request is measured from ``/proc``.
 
 Each request asks for ``max_tokens=1`` so the engine part is short. A ticker on the event loop
 records how late its 1 ms sleeps wake (event-loop stalls); ``--stall-trace`` also samples, from a
@@ -217,12 +217,10 @@ async def clients(fn, n_clients: int, n_requests: int) -> tuple[list[float], lis
     return lat, part, time.perf_counter() - t0
 
 
-async def http_client_loop(url: str, key: str, model: str, client, lat: list[float], n: int) -> None:  # noqa: ANN001
+async def http_client_loop(client, lat: list[float], n: int) -> None:  # noqa: ANN001 - gateway_http.LeanClient
     for _ in range(n):
         t0 = time.perf_counter()
-        r = await client.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                              json={"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0})
-        r.raise_for_status()
+        await client.call()
         lat.append((time.perf_counter() - t0) * 1000)
 
 
@@ -271,9 +269,9 @@ async def main(args: argparse.Namespace) -> None:
           f"load average {os.getloadavg()[0]:.2f}")
 
     server = None
-    http_client = None
+    http_clients: list = []
     if args.http:
-        import httpx
+        from bench.gateway_http import LeanClient, build_request
 
         with __import__("socket").socket() as sock:
             sock.bind(("127.0.0.1", 0))
@@ -299,11 +297,10 @@ async def main(args: argparse.Namespace) -> None:
                "PAGEGATE_MAX_NUM_BATCHED_TOKENS": "2048", "PAGEGATE_LOG_LEVEL": "warning",
                **({"PAGEGATE_NUM_THREADS": str(args.engine_threads)} if args.engine_threads else {})}
         server = GatewayProcess(port, env, tmp / "server.log")
-        http_client = httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=args.clients))
-        server_url = f"http://127.0.0.1:{port}"
+        request = build_request(port, server_key.key, "/v1/chat/completions")
+        http_clients = [LeanClient(port, request) for _ in range(args.clients)]
         lat_warm: list[float] = []
-        await asyncio.gather(*(http_client_loop(server_url, server_key.key, engine.model_id, http_client, lat_warm, 2)
-                               for _ in range(args.clients)))
+        await asyncio.gather(*(http_client_loop(c, lat_warm, 2) for c in http_clients))
 
     current: list[StallMonitor | None] = [None]
     tracer = None
@@ -347,8 +344,7 @@ async def main(args: argparse.Namespace) -> None:
         if server is not None:  # the engine of this process is idle meanwhile
             lat: list[float] = []
             cpu0, t0 = server.cpu_s()[0], time.perf_counter()
-            await asyncio.gather(*(http_client_loop(server_url, server_key.key, engine.model_id, http_client, lat,
-                                                    args.requests) for _ in range(args.clients)))
+            await asyncio.gather(*(http_client_loop(c, lat, args.requests) for c in http_clients))
             results["http"]["wall"].append(time.perf_counter() - t0)
             results["http"]["cpu"].append((server.cpu_s()[0] - cpu0) * 1000 / len(lat))
             results["http"]["lat"] += lat
@@ -382,8 +378,8 @@ async def main(args: argparse.Namespace) -> None:
 
     undo_gc()
     await services.usage.flush()
-    if http_client is not None:
-        await http_client.aclose()
+    for c in http_clients:
+        c.close()
     if server is not None:
         server.stop()
     keys = [k async for k in services.redis.scan_iter(match=settings.redis_prefix + "*")]
@@ -439,7 +435,7 @@ def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallT
     if results["http"]["lat"]:
         h = results["http"]["lat"]
         print(f"  the whole product over HTTP (server in its own process: uvicorn + FastAPI + JSON + the above; "
-              f"httpx client here): p50 {pct(h, 50) - pct(base, 50):+.2f} ms, p99 {pct(h, 99) - pct(base, 99):+.2f} ms "
+              f"lean keep-alive client here): p50 {pct(h, 50) - pct(base, 50):+.2f} ms, p99 {pct(h, 99) - pct(base, 99):+.2f} ms "
               f"over the engine alone; server process {statistics.fmean(results['http']['cpu']):.3f} ms CPU per "
               f"request (engine included; engine alone {statistics.fmean(eng['cpu']):.3f})")
     if single["engine"]["lat"]:
