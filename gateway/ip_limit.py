@@ -27,6 +27,7 @@ proxy the client address is the proxy's unless uvicorn is told to trust ``X-Forw
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -39,6 +40,7 @@ from redis.asyncio import Redis
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.coalesce import Coalescer
 from gateway.error_handlers import error_response
 from gateway.errors import ApiError, rate_limited
 from gateway.limits import format_reset, storage_uri, store_unavailable
@@ -91,6 +93,7 @@ class ClientIPLimiter:
         self._acquire = getattr(bridge, "lua_acquire_moving_window", None)
         self._lane = ScriptLane.for_client(self._redis)
         self._keys: dict[tuple, str] = {}  # (item, identifiers) -> Redis key, memoised
+        self._batches: Coalescer = Coalescer(self._hit_batch)
 
     async def check(self, request: Request) -> None:
         for item, key_func, scope, cost in self._checks:
@@ -112,7 +115,8 @@ class ClientIPLimiter:
 
     async def _hit(self, item, args: tuple[str, ...], cost: int) -> bool:  # noqa: ANN001 - limits' RateLimitItem
         """``MovingWindowRateLimiter.hit``: the same script, key and arguments as `limits`' redis-py
-        storage (``acquire_entry``), one pipelined round trip instead of a pool checkout."""
+        storage (``acquire_entry``) on the pipelined connection, the hits of one event-loop
+        iteration on one key taken together (``gateway.coalesce``)."""
         if self._acquire is None:
             return await self._strategy.hit(item, *args, cost=cost)
         key = self._keys.get((item, args))
@@ -120,8 +124,18 @@ class ClientIPLimiter:
             if len(self._keys) > 100_000:  # many addresses: start afresh
                 self._keys.clear()
             key = self._keys[(item, args)] = self._storage.bridge.prefixed_key(item.key_for(*args))
-        return bool(await self._lane.run(self._acquire, keys=[key],
-                                         args=[time.time(), item.amount, item.get_expiry(), cost]))
+        return await self._batches.submit((key, item.amount, item.get_expiry()), cost)
+
+    async def _hit_batch(self, group: tuple[str, int, int], costs: list[int]) -> list[bool]:
+        """All the hits at once (``limits``' script takes an amount, all or nothing); when the
+        window has no room for all of them, one after the other, in order, as separate hits."""
+        key, amount, expiry = group
+        now = time.time()
+        if len(costs) > 1 and await self._lane.run(self._acquire, keys=[key], args=[now, amount, expiry, sum(costs)]):
+            return [True] * len(costs)
+        replies = await asyncio.gather(*(self._lane.run(self._acquire, keys=[key], args=[now, amount, expiry, c])
+                                         for c in costs))
+        return [bool(r) for r in replies]
 
     async def aclose(self) -> None:
         """Close the connection pool (and its script connection) when it is the limiter's own."""

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 
 from gateway.auth import Principal
 from gateway.errors import ApiError, rate_limited
+from gateway.coalesce import Coalescer
 from gateway.redis_lane import ScriptLane
 
 
@@ -52,6 +53,12 @@ def store_unavailable(what: str) -> ApiError:
     """503 when Redis cannot be reached: limits and quotas fail closed, never open."""
     return ApiError(503, f"The {what} store is unavailable; retry shortly.", "server_error",
                     "store_unavailable", headers={"retry-after": "1"})
+
+
+def _unavailable(exc: RedisError) -> ApiError:
+    err = store_unavailable("rate-limit")
+    err.__cause__ = exc
+    return err
 
 
 @dataclass(slots=True)
@@ -79,26 +86,43 @@ class RequestLimiter:
         self._window = redis.register_script(resources.files("gateway.lua").joinpath("rate_window.lua").read_text())
         self._lane = ScriptLane.for_client(redis)
         self._plans: dict[tuple[int, int, int, int], tuple[list, list[str], list[int]]] = {}
+        self._batches: Coalescer = Coalescer(self._take)
 
     async def check_request(self, principal: Principal) -> dict[str, str]:
-        plan = self._plans.get((principal.tenant_id, principal.key_id, principal.rpm_limit, principal.tenant_rpm))
+        plan_key = (principal.tenant_id, principal.key_id, principal.rpm_limit, principal.tenant_rpm)
+        plan = self._plans.get(plan_key)
         if plan is None:
             plan = self._plan(principal)
-        windows, keys, limits = plan
-        if not windows:
+        if not plan[0]:
             return {}
+        allowed, headers, refusal = await self._batches.submit(plan_key, plan)
+        if not allowed:
+            raise rate_limited(refusal[0], retry_after_s=refusal[1], headers=headers)
+        return headers
+
+    async def _take(self, plan_key: tuple, plans: list[tuple[list, list[str], list[int]]]) -> list:
+        """One script call for the requests of one key made in one event-loop iteration
+        (``gateway.coalesce``): (allowed, headers, (message, retry after) | None) for each."""
+        windows, keys, limits = plans[0]
+        n = len(plans)
         now = time.time()
         try:
-            reply = await self._lane.run(self._window, keys=keys, args=[repr(now), self.WINDOW_S, *limits])
+            reply = await self._lane.run(self._window, keys=keys, args=[repr(now), self.WINDOW_S, n, *limits])
         except RedisError as exc:
-            raise store_unavailable("rate-limit") from exc
-        allowed = bool(reply[0])
+            return [_unavailable(exc) for _ in plans]
+        taken = int(reply[0])
+        before = [int(reply[1 + 2 * i]) for i in range(len(windows))]
+        resets = [max(0.0, float(reply[2 + 2 * i]) + self.WINDOW_S - now) for i in range(len(windows))]
+        return [self._outcome(windows, before, resets, i, taken) for i in range(n)]
+
+    @staticmethod
+    def _outcome(windows: list, before: list[int], resets: list[float], i: int, taken: int) -> tuple:
+        """The i-th request of a batch of which the first ``taken`` got in."""
+        allowed = i < taken
         checks = []
-        for i, (scope, _, limit) in enumerate(windows):
-            count, oldest = int(reply[1 + 2 * i]), float(reply[2 + 2 * i])
-            full = count >= limit
-            checks.append(_Check(scope, limit, not (full and not allowed), max(0, limit - count),
-                                 max(0.0, oldest + self.WINDOW_S - now)))
+        for (scope, _, limit), count0, reset_s in zip(windows, before, resets, strict=True):
+            count = count0 + (i + 1 if allowed else taken)
+            checks.append(_Check(scope, limit, allowed or count < limit, max(0, limit - count), reset_s))
         refused = [c for c in checks if not c.allowed]
         binding = max(refused, key=lambda c: c.reset_s) if refused else min(checks, key=lambda c: c.remaining)
         headers = {
@@ -106,12 +130,11 @@ class RequestLimiter:
             "x-ratelimit-remaining-requests": str(binding.remaining),
             "x-ratelimit-reset-requests": format_reset(binding.reset_s),
         }
-        if not allowed:
-            raise rate_limited(
-                f"Rate limit reached for requests: limit {binding.limit} per minute for this {binding.scope}. "
-                f"Please try again in {format_reset(binding.reset_s)}.",
-                retry_after_s=max(binding.reset_s, 0.001), headers=headers)
-        return headers
+        if allowed:
+            return True, headers, None
+        return False, headers, (
+            f"Rate limit reached for requests: limit {binding.limit} per minute for this {binding.scope}. "
+            f"Please try again in {format_reset(binding.reset_s)}.", max(binding.reset_s, 0.001))
 
     def _plan(self, principal: Principal) -> tuple[list, list[str], list[int]]:
         """(windows with a limit, their Redis keys, their limits) of a key, memoised per key and limits."""

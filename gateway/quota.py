@@ -27,6 +27,7 @@ reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must n
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,7 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth import Principal
+from gateway.coalesce import Coalescer
 from gateway.db.models import UsageRecord
 from gateway.errors import ApiError, insufficient_quota, rate_limited
 from gateway.ids import new_hex_id
@@ -101,6 +103,23 @@ class QuotaUnavailable(ApiError):
     pass
 
 
+@dataclass(slots=True)
+class _Ask:
+    """One request's reservation, waiting for its batch."""
+
+    principal: Principal
+    model: str
+    price: Price
+    prompt_tokens: int
+    max_tokens: int
+    id: str = ""
+
+
+def _caused(err: ApiError, cause: BaseException) -> ApiError:
+    err.__cause__ = cause
+    return err
+
+
 class QuotaLedger:
     """``await reserve(principal, model=, prompt_tokens=, max_tokens=)`` → Reservation;
     ``await settle(reservation, prompt_tokens=, completion_tokens=)`` (idempotent);
@@ -121,6 +140,9 @@ class QuotaLedger:
         self._lane = ScriptLane.for_client(redis)  # the request path's scripts: one pipelined connection
         self._periods: dict[str, tuple[str, datetime, float]] = {}  # period -> (id, end, end as unix s)
         self._keys: dict[tuple[int, str], tuple[str, str, str, str]] = {}
+        self._batches: Coalescer = Coalescer(self._reserve_batch, orphan=self._release_orphan)
+        self._orphans: set[asyncio.Task] = set()
+        self._settlements: Coalescer = Coalescer(self._settle_batch)
 
     def _tag(self, tenant_id: int) -> str:
         return f"{self._prefix}{{t:{tenant_id}}}"
@@ -154,52 +176,74 @@ class QuotaLedger:
             price = await self._prices.get(model)
         except Exception as exc:  # prices never loaded and the database is unreachable
             raise store_unavailable("price") from exc
+        group = (principal.tenant_id, principal.budget_period, principal.budget_tokens, principal.budget_usd,
+                 principal.tpm_limit)
+        return await self._batches.submit(group, _Ask(principal, model, price, prompt_tokens, max_tokens))
+
+    async def _reserve_batch(self, group: tuple, asks: list[_Ask]) -> list[Reservation | ApiError]:
+        """One script call for the reservations of one tenant made in one event-loop iteration
+        (``gateway.coalesce``), taken one after the other: a Reservation or an ApiError for each."""
+        principal = asks[0].principal  # the group shares the tenant, its budgets, period and TPM
+        budget_usd = group[3]
         now = time.time()
         period_id, period_end = self._period(principal.budget_period, now)
         minute, frac = divmod(now / 60.0, 1.0)
         minute = int(minute)
         counter, res_key, deadlines, tpm_prefix = self._tenant_keys(principal.tenant_id, period_id)
-        res_id = new_hex_id()
         keys = [counter, res_key, deadlines, f"{tpm_prefix}{minute}", f"{tpm_prefix}{minute - 1}"]
-        pp, cp = price.units_per_token
-        args = [
+        args: list = [
             -1 if principal.budget_tokens is None else int(principal.budget_tokens),
-            -1 if principal.budget_usd is None else usd_to_units(principal.budget_usd),
-            max(0, principal.tpm_limit), prompt_tokens, max_tokens, repr(pp), repr(cp), repr(frac),
-            res_id, int(now), int(now) + self.reservation_ttl_s, 1 if max_tokens > 0 else 0,
+            -1 if budget_usd is None else usd_to_units(budget_usd),
+            max(0, principal.tpm_limit), repr(frac), int(now), int(now) + self.reservation_ttl_s,
             2 * self.reservation_ttl_s + 86400,
         ]
+        for ask in asks:
+            pp, cp = ask.price.units_per_token
+            ask.id = new_hex_id()
+            args += (ask.prompt_tokens, ask.max_tokens, repr(pp), repr(cp), ask.id, 1 if ask.max_tokens > 0 else 0)
         try:
             result = await self._lane.run(self._reserve, keys=keys, args=args)
             if result[0] == -1:
                 await self._rebuild(principal.tenant_id, principal.budget_period, keys[0], period_end)
                 result = await self._lane.run(self._reserve, keys=keys, args=args)
         except RedisError as exc:
-            raise store_unavailable("quota") from exc
-        code = int(result[0])
+            return [_caused(store_unavailable("quota"), exc) for _ in asks]
+        except QuotaUnavailable as exc:
+            return [_caused(QuotaUnavailable(exc.status, exc.message, exc.type, exc.code, headers=dict(exc.headers)), exc)
+                    for _ in asks]
+        if result[0] == -1 or len(result) != 5 * len(asks):
+            return [QuotaUnavailable(503, "Quota store is unavailable; retry shortly.", "server_error",
+                                     "quota_unavailable") for _ in asks]
         tpm_reset = 60.0 * (1.0 - frac)
-        if code == -2:
-            raise insufficient_quota(
-                f"You exceeded your current quota for this {principal.budget_period}: "
-                f"{_describe_budget(principal, int(result[1]), int(result[2]))}. "
-                f"It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
-                retry_after_s=max(1.0, period_end.timestamp() - now))
-        if code == -3:
-            used = int(result[1])
-            raise rate_limited(
-                f"Rate limit reached for tokens per minute: limit {principal.tpm_limit}, used {used}, "
-                f"requested {prompt_tokens + (1 if max_tokens else 0)}. Please try again in {format_reset(tpm_reset)}.",
-                retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(principal.tpm_limit, used, tpm_reset))
-        if code != 1:
-            raise QuotaUnavailable(503, "Quota store is unavailable; retry shortly.", "server_error", "quota_unavailable")
-        allowed = int(result[1])
-        return Reservation(
-            id=res_id, tenant_id=principal.tenant_id, model=model, prompt_tokens=prompt_tokens,
-            requested_max_tokens=max_tokens, max_tokens=allowed, reserved_tokens=prompt_tokens + allowed,
-            reserved_usd=price.cost(prompt_tokens, allowed),
-            price=price, counter_key=keys[0], tpm_key=keys[3],
-            headers=_tpm_headers(principal.tpm_limit, int(result[4]), tpm_reset) if principal.tpm_limit > 0 else {},
-        )
+        out: list[Reservation | ApiError] = []
+        for i, ask in enumerate(asks):
+            code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])
+            if code == -2:
+                out.append(insufficient_quota(
+                    f"You exceeded your current quota for this {principal.budget_period}: "
+                    f"{_describe_budget(principal, a, b)}. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
+                    retry_after_s=max(1.0, period_end.timestamp() - now)))
+            elif code == -3:
+                requested = ask.prompt_tokens + (1 if ask.max_tokens else 0)
+                out.append(rate_limited(
+                    f"Rate limit reached for tokens per minute: limit {principal.tpm_limit}, used {a}, "
+                    f"requested {requested}. Please try again in {format_reset(tpm_reset)}.",
+                    retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(principal.tpm_limit, a, tpm_reset)))
+            else:
+                out.append(Reservation(
+                    id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
+                    requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
+                    reserved_usd=ask.price.cost(ask.prompt_tokens, a), price=ask.price, counter_key=keys[0],
+                    tpm_key=keys[3],
+                    headers=(_tpm_headers(principal.tpm_limit, int(result[5 * i + 4]), tpm_reset)
+                             if principal.tpm_limit > 0 else {})))
+        return out
+
+    def _release_orphan(self, _group: tuple, _ask: _Ask, reservation: Reservation) -> None:
+        """A caller cancelled while its reservation was being made: give it back now."""
+        task = asyncio.ensure_future(self.release(reservation))
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
 
     async def settle(self, reservation: Reservation, *, prompt_tokens: int, completion_tokens: int) -> bool:
         """Replace the reservation by the real counts. Returns True when this call settled it,
@@ -208,11 +252,20 @@ class QuotaLedger:
             return False
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
         units = usd_to_units(reservation.price.cost(max(0, prompt_tokens), max(0, completion_tokens)))
-        tag = self._tag(reservation.tenant_id)
-        done = await self._lane.run(self._settle, keys=[f"{tag}:res", f"{tag}:resdl", reservation.counter_key,
-                                                        reservation.tpm_key], args=[reservation.id, tokens, units])
+        done = await self._settlements.submit((reservation.tenant_id, reservation.counter_key, reservation.tpm_key),
+                                              (reservation.id, tokens, units))
         reservation.settled = True
-        return bool(done)
+        return done
+
+    async def _settle_batch(self, group: tuple[int, str, str], items: list[tuple[str, int, int]]) -> list[bool]:
+        """One script call for the settlements of one tenant, counter and TPM bucket made in one
+        event-loop iteration (``gateway.coalesce``)."""
+        tenant_id, counter_key, tpm_key = group
+        tag = self._tag(tenant_id)
+        args = [value for item in items for value in item]
+        done = await self._lane.run(self._settle, keys=[f"{tag}:res", f"{tag}:resdl", counter_key, tpm_key],
+                                    args=args)
+        return [bool(d) for d in done]
 
     async def release(self, reservation: Reservation) -> bool:
         """Give the whole reservation back (nothing was generated or it was a cache hit)."""

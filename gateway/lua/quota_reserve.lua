@@ -1,15 +1,18 @@
--- Reserve prompt + completion tokens (and money) for one request, atomically.
+-- Reserve prompt + completion tokens (and money) for a batch of requests of one tenant, atomically,
+-- one request after the other exactly as one call each would (gateway.coalesce batches the
+-- reservations of one event-loop iteration).
 -- KEYS (all under the tenant's hash tag {t:<id>}):
 --   1 period counter (hash: tok, usd, epoch)   2 open reservations (hash: id -> "tok:usd:tpm:epoch")
 --   3 reservation deadlines (zset: id -> unix time)   4 TPM bucket (this minute)   5 TPM bucket (previous)
 -- ARGV: 1 budget_tokens (-1: none)  2 budget_usd in 1e-8 USD units (-1: none)  3 tpm (0: none)
---       4 prompt tokens  5 requested max completion tokens  6 prompt price (units/token)
---       7 completion price (units/token)  8 elapsed fraction of this minute  9 reservation id
---       10 now (unix s)  11 deadline (unix s) after which an unsettled reservation is refunded
---       12 min completion tokens that must fit (1, or 0 when 0 were asked)  13 ttl of keys 2, 3 (s)
--- Returns {1, allowed_completion, tok_after, usd_after, tpm_used_after, epoch}
---      or {-1} counter missing (rebuild it from the database, then retry)
---      or {-2, tok_used, usd_used} budget exhausted   or {-3, tpm_used} TPM exhausted
+--       4 elapsed fraction of this minute  5 now (unix s)
+--       6 deadline (unix s) after which an unsettled reservation is refunded  7 ttl of keys 2, 3 (s)
+--       then per request, 6 values: prompt tokens, requested max completion tokens,
+--       prompt price (units/token), completion price (units/token), reservation id,
+--       min completion tokens that must fit (1, or 0 when 0 were asked)
+-- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else per
+-- request 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after
+--                or -2, tok_used, usd_used, 0, 0 (budget exhausted)   or -3, tpm_used, 0, 0, 0 (TPM)
 local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch')
 if not counter[1] then return {-1} end
 local tok_used = tonumber(counter[1])
@@ -17,7 +20,7 @@ local usd_used = tonumber(counter[2] or '0')
 local epoch = counter[3] or ''
 
 -- refund reservations whose process never settled them (crashed / killed gateway)
-local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[10], 'LIMIT', 0, 100)
+local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[5], 'LIMIT', 0, 100)
 for _, id in ipairs(stale) do
   local v = redis.call('HGET', KEYS[2], id)  -- (below: 0 - x, since Lua's -0 is not an integer to Redis)
   if v then
@@ -31,46 +34,71 @@ for _, id in ipairs(stale) do
   redis.call('ZREM', KEYS[3], id)
 end
 
-local btok, busd, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local prompt, allowed = tonumber(ARGV[4]), tonumber(ARGV[5])
-local pp, cp, frac, minc = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[12])
-
-if btok >= 0 then
-  local rem = btok - tok_used - prompt
-  if rem < minc then return {-2, tok_used, usd_used} end
-  if rem < allowed then allowed = rem end
-end
-if busd >= 0 then
-  local rem = busd - usd_used - prompt * pp
-  if usd_used >= busd or rem < 0 then return {-2, tok_used, usd_used} end
-  if cp > 0 then
-    local cap = math.floor(rem / cp)
-    if cap < minc then return {-2, tok_used, usd_used} end
-    if cap < allowed then allowed = cap end
-  end
-end
+local btok, busd, tpm, frac = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tpm_used = 0
 if tpm > 0 then
   local cur = tonumber(redis.call('GET', KEYS[4]) or '0')
   local prev = tonumber(redis.call('GET', KEYS[5]) or '0')
   tpm_used = math.floor(prev * (1 - frac) + cur)
-  local rem = tpm - tpm_used - prompt
-  if rem < minc then return {-3, tpm_used} end
-  if rem < allowed then allowed = rem end
 end
 
-local tokens = prompt + allowed
-local usd = math.ceil(prompt * pp + allowed * cp)
-redis.call('HINCRBY', KEYS[1], 'tok', tokens)
-redis.call('HINCRBY', KEYS[1], 'usd', usd)
-local tpm_tokens = 0
-if tpm > 0 then
-  tpm_tokens = tokens
-  redis.call('INCRBY', KEYS[4], tokens)
-  redis.call('EXPIRE', KEYS[4], 180)
+local out, open, deadlines = {}, {}, {}
+local add_tok, add_usd, add_tpm = 0, 0, 0
+for base = 8, #ARGV, 6 do
+  local prompt, allowed = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
+  local pp, cp, minc = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 5])
+  local refused = nil
+  if btok >= 0 then
+    local rem = btok - tok_used - prompt
+    if rem < minc then refused = {-2, tok_used, usd_used, 0, 0}
+    elseif rem < allowed then allowed = rem end
+  end
+  if not refused and busd >= 0 then
+    local rem = busd - usd_used - prompt * pp
+    if usd_used >= busd or rem < 0 then refused = {-2, tok_used, usd_used, 0, 0}
+    elseif cp > 0 then
+      local cap = math.floor(rem / cp)
+      if cap < minc then refused = {-2, tok_used, usd_used, 0, 0}
+      elseif cap < allowed then allowed = cap end
+    end
+  end
+  if not refused and tpm > 0 then
+    local rem = tpm - tpm_used - prompt
+    if rem < minc then refused = {-3, tpm_used, 0, 0, 0}
+    elseif rem < allowed then allowed = rem end
+  end
+  if refused then
+    for _, v in ipairs(refused) do table.insert(out, v) end
+  else
+    local tokens = prompt + allowed
+    local usd = math.ceil(prompt * pp + allowed * cp)
+    tok_used, usd_used = tok_used + tokens, usd_used + usd
+    add_tok, add_usd = add_tok + tokens, add_usd + usd
+    local tpm_tokens = 0
+    if tpm > 0 then
+      tpm_tokens = tokens
+      tpm_used = tpm_used + tokens
+      add_tpm = add_tpm + tokens
+    end
+    local id = ARGV[base + 4]
+    table.insert(open, id)
+    table.insert(open, string.format('%d:%d:%d:%s', tokens, usd, tpm_tokens, epoch))
+    table.insert(deadlines, ARGV[6])
+    table.insert(deadlines, id)
+    for _, v in ipairs({1, allowed, tok_used, usd_used, tpm_used}) do table.insert(out, v) end
+  end
 end
-redis.call('HSET', KEYS[2], ARGV[9], string.format('%d:%d:%d:%s', tokens, usd, tpm_tokens, epoch))
-redis.call('ZADD', KEYS[3], ARGV[11], ARGV[9])
-redis.call('EXPIRE', KEYS[2], tonumber(ARGV[13]))
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[13]))
-return {1, allowed, tok_used + tokens, usd_used + usd, tpm_used + tpm_tokens, epoch}
+
+if #open > 0 then
+  redis.call('HINCRBY', KEYS[1], 'tok', add_tok)
+  redis.call('HINCRBY', KEYS[1], 'usd', add_usd)
+  if add_tpm > 0 then
+    redis.call('INCRBY', KEYS[4], add_tpm)
+    redis.call('EXPIRE', KEYS[4], 180)
+  end
+  redis.call('HSET', KEYS[2], unpack(open))
+  redis.call('ZADD', KEYS[3], unpack(deadlines))
+  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[7]))
+  redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+end
+return out

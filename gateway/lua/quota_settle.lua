@@ -1,29 +1,45 @@
--- Reconcile a reservation with the real counts; idempotent (the open-reservation entry is the token).
+-- Reconcile reservations with the real counts; idempotent (the open-reservation entry is the token).
+-- One call settles a batch of one tenant's reservations that share a period counter and a TPM
+-- bucket (gateway.coalesce batches those of one event-loop iteration).
 -- KEYS: 1 open reservations (hash)  2 reservation deadlines (zset)  3 period counter
---       4 TPM bucket the reservation charged
--- ARGV: 1 reservation id  2 real tokens  3 real cost in 1e-8 USD units
--- If the counter was rebuilt from the database since the reservation (other epoch), the
+--       4 TPM bucket the reservations charged
+-- ARGV: per reservation 3 values: id, real tokens, real cost in 1e-8 USD units
+-- If the counter was rebuilt from the database since a reservation (other epoch), the
 -- reservation is not in it: add the real amounts instead of the difference.
--- Returns 1 when settled now, 0 when it had already been settled (or refunded as stale).
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return 0 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-local rtok, rusd, rtpm, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
-local tok, usd = tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Returns per reservation 1 when settled now, 0 when it had already been settled (or refunded as stale).
 local counter_epoch = redis.call('HGET', KEYS[3], 'epoch')
-if counter_epoch then
-  if counter_epoch == ep then
-    redis.call('HINCRBY', KEYS[3], 'tok', tok - tonumber(rtok))
-    redis.call('HINCRBY', KEYS[3], 'usd', usd - tonumber(rusd))
+local d_tok, d_usd, d_tpm, any_tpm = 0, 0, 0, false
+local out = {}
+for i = 1, #ARGV, 3 do
+  local id = ARGV[i]
+  local v = redis.call('HGET', KEYS[1], id)
+  if not v then
+    table.insert(out, 0)
   else
-    redis.call('HINCRBY', KEYS[3], 'tok', tok)
-    redis.call('HINCRBY', KEYS[3], 'usd', usd)
+    redis.call('HDEL', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    local rtok, rusd, rtpm, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
+    local tok, usd = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+    if counter_epoch then
+      if counter_epoch == ep then
+        d_tok, d_usd = d_tok + tok - tonumber(rtok), d_usd + usd - tonumber(rusd)
+      else
+        d_tok, d_usd = d_tok + tok, d_usd + usd
+      end
+    end
+    local tpm_tok = tonumber(rtpm)
+    if tpm_tok > 0 then
+      d_tpm, any_tpm = d_tpm + tok - tpm_tok, true
+    end
+    table.insert(out, 1)
   end
 end
-local tpm_tok = tonumber(rtpm)
-if tpm_tok > 0 and redis.call('EXISTS', KEYS[4]) == 1 then
-  local left = tonumber(redis.call('INCRBY', KEYS[4], tok - tpm_tok))
+if counter_epoch and (d_tok ~= 0 or d_usd ~= 0) then
+  redis.call('HINCRBY', KEYS[3], 'tok', d_tok)
+  redis.call('HINCRBY', KEYS[3], 'usd', d_usd)
+end
+if any_tpm and d_tpm ~= 0 and redis.call('EXISTS', KEYS[4]) == 1 then
+  local left = tonumber(redis.call('INCRBY', KEYS[4], d_tpm))
   if left < 0 then redis.call('SET', KEYS[4], 0, 'KEEPTTL') end
 end
-return 1
+return out

@@ -8,11 +8,16 @@
 -- changes nothing `limits` reads: an expired entry never counts and never refuses. When more than
 -- a few have expired at once (a burst a minute ago), the rest is cut off in one LTRIM at the
 -- boundary a binary search finds, so no call pops a whole burst one entry at a time.
--- KEYS: the windows (1 or 2).  ARGV: 1 now (s, float)  2 window length (s)  3.. limit of each key
--- Returns {allowed 1|0, then per key: requests in the window, oldest timestamp in the window}
-local now, expiry = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- A batch of n requests with the same windows (one event-loop iteration's, gateway.coalesce) is
+-- taken in one call, one after the other as n calls would: each all or nothing, so the first
+-- `taken` get in, where taken = min(n, the room left in the fullest window).
+-- KEYS: the windows (1 or 2).  ARGV: 1 now (s, float)  2 window length (s)  3 n  4.. limit of each key
+-- Returns {taken, then per key: requests in the window before the batch, oldest timestamp in the
+-- window (now when it was empty)}
+local now, expiry, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local target = now - expiry
-local allowed = 1
+local taken = n
+local out = {0}
 for i, key in ipairs(KEYS) do
   local popped = 0
   while popped < 16 do
@@ -29,22 +34,21 @@ for i, key in ipairs(KEYS) do
     end
     if keep < 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, keep) end
   end
-  if redis.call('LLEN', key) >= tonumber(ARGV[2 + i]) then allowed = 0 end
+  local count = redis.call('LLEN', key)
+  local room = tonumber(ARGV[3 + i]) - count
+  if room < taken then taken = room end
+  table.insert(out, count)
+  if count == 0 then table.insert(out, ARGV[1]) else table.insert(out, redis.call('LINDEX', key, -1)) end
 end
-if allowed == 1 then
+if taken < 0 then taken = 0 end
+if taken > 0 then
+  local entries = {}
+  for j = 1, taken do entries[j] = ARGV[1] end
   for i, key in ipairs(KEYS) do
-    redis.call('LPUSH', key, ARGV[1])
-    redis.call('LTRIM', key, 0, tonumber(ARGV[2 + i]) - 1)
+    redis.call('LPUSH', key, unpack(entries))
+    redis.call('LTRIM', key, 0, tonumber(ARGV[3 + i]) - 1)
     redis.call('EXPIRE', key, expiry)
   end
 end
-local out = {allowed}
-for _, key in ipairs(KEYS) do
-  local n = redis.call('LLEN', key)
-  if n == 0 then
-    table.insert(out, 0); table.insert(out, ARGV[1])
-  else
-    table.insert(out, n); table.insert(out, redis.call('LINDEX', key, -1))
-  end
-end
+out[1] = taken
 return out

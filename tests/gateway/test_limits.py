@@ -188,3 +188,37 @@ async def test_a_long_expired_burst_is_cut_off_at_once(tenancy, make_tenant):
     h = await tenancy.limiter.check_request(p)
     assert h["x-ratelimit-remaining-requests"] == str(1000 - 1)
     assert await tenancy.redis.llen(redis_key) == 1
+
+
+async def test_concurrent_requests_are_taken_in_one_batch_exactly_as_one_by_one(tenancy, make_tenant):
+    """50 requests of one key in one event-loop iteration: one script call takes them in order,
+    so exactly the limit gets in, each with its own remaining count, and the rest are refused."""
+    import asyncio
+
+    _, key, _ = await make_tenant(rpm=1000, key_rpm=10)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    results = await asyncio.gather(*(tenancy.limiter.check_request(p) for _ in range(50)), return_exceptions=True)
+    admitted = [r for r in results if isinstance(r, dict)]
+    refused = [r for r in results if isinstance(r, ApiError)]
+    assert len(admitted) == 10 and len(refused) == 40
+    assert sorted(int(h["x-ratelimit-remaining-requests"]) for h in admitted) == list(range(10))
+    assert all(e.status == 429 and "API key" in e.message and e.headers["x-ratelimit-remaining-requests"] == "0"
+               for e in refused)
+    with pytest.raises(ApiError):
+        await tenancy.limiter.check_request(p)  # and the window stays full
+
+
+async def test_two_keys_batched_together_share_the_tenant_window(tenancy, make_tenant):
+    import asyncio
+
+    from gateway import tenancy as svc
+
+    tenant, key1, _ = await make_tenant(rpm=6, key_rpm=100)
+    async with tenancy.db.sessionmaker() as s:
+        _, new = await svc.create_api_key(s, tenant_id=tenant.id, rpm=100)
+        await s.commit()
+    p1 = await tenancy.auth.authenticate(f"Bearer {key1}")
+    p2 = await tenancy.auth.authenticate(f"Bearer {new.key}")
+    results = await asyncio.gather(*(tenancy.limiter.check_request(p) for p in [p1, p2] * 10), return_exceptions=True)
+    assert sum(isinstance(r, dict) for r in results) == 6
+    assert all("organization" in r.message for r in results if isinstance(r, ApiError))

@@ -208,3 +208,65 @@ async def test_settlement_runs_after_the_response_and_is_drained(tenancy, make_t
         assert (await tenancy.quota.usage(p.tenant_id))[0] == 15
     finally:
         tenancy.aftercare = original
+
+
+async def test_a_batch_of_reservations_ends_exactly_as_one_by_one(tenancy, make_tenant):
+    """Reservations made in one event-loop iteration go to Redis in one script call; each must
+    come out as it would have one after the other: the same clamps, refusals and totals."""
+    asks = [(10 + i % 7, 5 + (i * 13) % 40) for i in range(30)]  # (prompt, max_tokens)
+    limits = dict(budget_tokens=700, budget_usd="0.0005", tpm=900)
+    batched = await _principal(tenancy, make_tenant, **limits)
+    one_by_one = await _principal(tenancy, make_tenant, **limits)
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="priced", prompt_usd_per_1m="1", completion_usd_per_1m="2")
+        await s.commit()
+    tenancy.prices.invalidate()
+    await tenancy.prices.get("priced")  # loaded: the 30 calls below reach the batch in their order
+
+    def outcome(r):
+        if isinstance(r, ApiError):
+            return (r.status, r.code)
+        return (r.max_tokens, r.reserved_tokens, r.reserved_usd, r.headers.get("x-ratelimit-remaining-tokens"))
+
+    batches: list[int] = []
+    run = tenancy.quota._batches._run
+    tenancy.quota._batches._run = lambda key, items: (batches.append(len(items)), run(key, items))[1]
+    together = await asyncio.gather(*(tenancy.quota.reserve(batched, model="priced", prompt_tokens=p, max_tokens=m)
+                                      for p, m in asks), return_exceptions=True)
+    assert batches == [30]  # one script call took them all
+    apart = []
+    for p, m in asks:
+        try:
+            apart.append(await tenancy.quota.reserve(one_by_one, model="priced", prompt_tokens=p, max_tokens=m))
+        except ApiError as e:
+            apart.append(e)
+    assert [outcome(r) for r in together] == [outcome(r) for r in apart]
+    assert any(isinstance(r, ApiError) for r in together)  # some were refused
+    assert any(not isinstance(r, ApiError) and r.clamped for r in together)  # some were clamped
+    assert await tenancy.quota.usage(batched.tenant_id) == await tenancy.quota.usage(one_by_one.tenant_id)
+    # settled together, in one batch, idempotently (the same one twice: settled once)
+    accepted = [r for r in together if not isinstance(r, ApiError)]
+    done = await asyncio.gather(*(tenancy.quota.settle(r, prompt_tokens=r.prompt_tokens, completion_tokens=1)
+                                  for r in accepted),
+                                tenancy.quota.settle(accepted[0], prompt_tokens=0, completion_tokens=0))
+    assert done[:-1] == [True] * len(accepted) and done[-1] is False
+    assert await tenancy.quota.open_reservations(batched.tenant_id) == 0
+    assert (await tenancy.quota.usage(batched.tenant_id))[0] == sum(r.prompt_tokens + 1 for r in accepted)
+
+
+async def test_a_caller_cancelled_while_its_batch_runs_gets_its_reservation_released(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    await tenancy.quota.release(await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1))
+    stays = asyncio.ensure_future(tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=20))
+    leaves = asyncio.ensure_future(tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=20))
+    await asyncio.sleep(0)  # both submitted; the batch has not answered yet
+    leaves.cancel()
+    kept = await stays
+    await tenancy.quota._batches.drain()
+    for _ in range(100):  # the release runs as its own task
+        if await tenancy.quota.open_reservations(p.tenant_id) == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert leaves.cancelled()
+    assert await tenancy.quota.open_reservations(p.tenant_id) == 1  # only the caller that stayed
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == kept.reserved_tokens
