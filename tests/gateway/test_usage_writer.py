@@ -20,6 +20,28 @@ def _events(tenant_id: int, n: int, tag: str = "") -> list[UsageEvent]:
                        latency_ms=1.5, ttft_ms=0.5, finish_reason="stop") for i in range(n)]
 
 
+def test_a_row_is_one_json_line_with_every_field():
+    """``to_json`` writes the fields one by one: it must stay ``json.dumps`` of all of them."""
+    import json
+    from dataclasses import fields
+    from datetime import UTC, datetime, timedelta, timezone
+
+    created = datetime(2026, 11, 29, 21, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+    odd = UsageEvent(request_id='r"\\\n\u00e9\U0001f600', tenant_id=3, model="m/é", status="ok", created_at=created,
+                     api_key_id=None, endpoint="completions", prompt_tokens=5, cached_prompt_tokens=2,
+                     completion_tokens=7, cost_usd=Decimal("0.00000123"), saved_usd=Decimal(0), latency_ms=12.5,
+                     ttft_ms=None, finish_reason=None, cache="semantic-hit")
+    plain = UsageEvent(request_id="x", tenant_id=1, model="m", status="error", created_at=created.astimezone(UTC),
+                       api_key_id=9, ttft_ms=0.25, finish_reason="length")
+    for event in (odd, plain):
+        line = event.to_json()
+        assert "\n" not in line
+        expected = {f.name: getattr(event, f.name) for f in fields(UsageEvent)}
+        expected["created_at"] = event.created_at.astimezone(UTC).isoformat()
+        expected["cost_usd"], expected["saved_usd"] = str(event.cost_usd), str(event.saved_usd)
+        assert json.loads(line) == expected
+
+
 async def _count(db: Database) -> tuple[int, int]:
     async with db.sessionmaker() as s:
         n, distinct = (await s.execute(select(func.count(), func.count(func.distinct(UsageRecord.request_id))))).one()
@@ -221,7 +243,8 @@ async def test_row_survives_a_sigkill_right_after_record(sqlite_url, tmp_path):
             row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
         assert (row.prompt_tokens, row.completion_tokens, row.cost_usd) == (3, 4, Decimal("0.5"))
         assert await _count(db) == (1, 1)
-        assert not [p for p in spool.iterdir() if p.is_file()]
+        # nothing left but this writer's spare journal (made ready by its flush; never holds rows)
+        assert [p.suffix for p in spool.iterdir() if p.is_file()] == [".new"]
     finally:
         await writer.close()
         await db.dispose()
@@ -274,3 +297,51 @@ async def test_two_writers_on_one_spool_lose_and_duplicate_nothing(sqlite_url, t
         assert not [p for p in (tmp_path / "spool").iterdir() if p.is_file()]
     finally:
         await db.dispose()
+
+
+async def test_a_full_journal_rolls_over_and_loses_nothing(sqlite_url, tmp_path):
+    """Rows are copied into a mapped journal of fixed size: when one is full, the next row starts
+    another, and the next flush seals both."""
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600, batch_size=10_000, journal_bytes=4096)
+    await writer.start()
+    try:
+        events = _events(tid, 60)  # ~400 bytes a row: six journals or so
+        for e in events:
+            writer.record(e)
+        assert writer.pending == 60
+        journals = [p for p in (tmp_path / "spool").iterdir() if p.suffix == ".journal"]
+        assert len(journals) > 3 and all(p.stat().st_size == 4096 for p in journals)  # reserved up front
+        assert await writer.flush()
+        assert await _count(db) == (60, 60)
+        assert writer.files_spooled == len(journals)
+    finally:
+        await writer.close()
+        await db.dispose()
+    assert not [p for p in (tmp_path / "spool").iterdir() if p.is_file()]
+
+
+async def test_spare_journals_are_kept_while_their_owner_lives_and_dropped_after(sqlite_url, tmp_path):
+    """The writer thread makes the next journal ready (``.new``, no rows). Another process's
+    flush leaves a live writer's spare alone (flock) and removes one whose owner is gone."""
+    db = Database(sqlite_url)
+    await _add_tenant(db)
+    spool = tmp_path / "spool"
+    owner = UsageWriter(db.url, spool, flush_interval_s=3600)
+    other = UsageWriter(db.url, spool, flush_interval_s=3600)
+    await owner.start()
+    await other.start()
+    try:
+        await owner.flush()
+        spares = [p for p in spool.iterdir() if p.suffix == ".new"]
+        assert len(spares) == 2  # one each, made ready when they started
+        dead = spool / "00000000000000000001-1-000000.new"  # a spare left by a dead process
+        dead.write_bytes(b"\0" * 4096)
+        await other.flush()
+        assert all(p.exists() for p in spares) and not dead.exists()
+    finally:
+        await owner.close()
+        await other.close()
+        await db.dispose()
+    assert not [p for p in spool.iterdir() if p.is_file()]
