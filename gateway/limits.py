@@ -28,8 +28,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.auth import Principal
-from gateway.errors import ApiError, rate_limited
 from gateway.coalesce import Coalescer
+from gateway.errors import ApiError, rate_limited
 from gateway.redis_lane import ScriptLane
 
 
