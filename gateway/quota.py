@@ -87,12 +87,15 @@ class Reservation:
     requested_max_tokens: int
     max_tokens: int  # possibly clamped: pass THIS to the engine
     reserved_tokens: int
-    reserved_usd: Decimal
     price: Price
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*-tokens
     settled: bool = False
     counter_key: str = ""
     tpm_key: str = ""
+
+    @property
+    def reserved_usd(self) -> Decimal:
+        return self.price.cost(self.prompt_tokens, self.max_tokens)
 
     @property
     def clamped(self) -> bool:
@@ -197,10 +200,13 @@ class QuotaLedger:
             max(0, principal.tpm_limit), repr(frac), int(now), int(now) + self.reservation_ttl_s,
             2 * self.reservation_ttl_s + 86400,
         ]
+        prices: dict[Price, tuple[str, str]] = {}
         for ask in asks:
-            pp, cp = ask.price.units_per_token
+            units = prices.get(ask.price)
+            if units is None:
+                units = prices[ask.price] = tuple(map(repr, ask.price.units_per_token))
             ask.id = new_hex_id()
-            args += (ask.prompt_tokens, ask.max_tokens, repr(pp), repr(cp), ask.id, 1 if ask.max_tokens > 0 else 0)
+            args += (ask.prompt_tokens, ask.max_tokens, *units, ask.id, 1 if ask.max_tokens > 0 else 0)
         try:
             result = await self._lane.run(self._reserve, keys=keys, args=args)
             if result[0] == -1:
@@ -215,6 +221,8 @@ class QuotaLedger:
             return [QuotaUnavailable(503, "Quota store is unavailable; retry shortly.", "server_error",
                                      "quota_unavailable") for _ in asks]
         tpm_reset = 60.0 * (1.0 - frac)
+        tpm_limit = principal.tpm_limit
+        limit_s, reset_s = str(tpm_limit), format_reset(tpm_reset)
         out: list[Reservation | ApiError] = []
         for i, ask in enumerate(asks):
             code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])
@@ -230,13 +238,15 @@ class QuotaLedger:
                     f"requested {requested}. Please try again in {format_reset(tpm_reset)}.",
                     retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(principal.tpm_limit, a, tpm_reset)))
             else:
+                headers = {}
+                if tpm_limit > 0:
+                    headers = {"x-ratelimit-limit-tokens": limit_s,
+                               "x-ratelimit-remaining-tokens": str(max(0, tpm_limit - int(result[5 * i + 4]))),
+                               "x-ratelimit-reset-tokens": reset_s}
                 out.append(Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
-                    reserved_usd=ask.price.cost(ask.prompt_tokens, a), price=ask.price, counter_key=keys[0],
-                    tpm_key=keys[3],
-                    headers=(_tpm_headers(principal.tpm_limit, int(result[5 * i + 4]), tpm_reset)
-                             if principal.tpm_limit > 0 else {})))
+                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers))
         return out
 
     def _release_orphan(self, _group: tuple, _ask: _Ask, reservation: Reservation) -> None:
