@@ -42,7 +42,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -417,6 +417,7 @@ class _WorkerLoop:
 
 _JOURNAL = ".journal"
 _HIDDEN = ".new"  # a journal being made, or a spare not in use yet: never holds rows
+_SPARE_GRACE_S = 60.0  # an unlocked .new file younger than this may be one being made
 
 
 class _Journal:
@@ -526,18 +527,22 @@ def _libc_madvise():  # noqa: ANN202 - a ctypes function, or None
     return fn
 
 
-def _drop_orphan_spare(path: Path) -> None:
-    """A ``.new`` journal whose owner died before using it (its lock can be taken): no rows."""
+@contextlib.contextmanager
+def _orphaned(path: Path, flags: int) -> Iterator[int | None]:
+    """A descriptor of ``path``, locked, when its owner is gone (its ``flock`` can be taken) and
+    it is still the same file; None when it is locked (owner alive) or gone meanwhile."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, flags | os.O_CLOEXEC)
     except FileNotFoundError:
+        yield None
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_ino == os.stat(path).st_ino:
-            path.unlink()
-    except OSError:  # locked (owner alive) or gone meanwhile
-        pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except OSError:
+            same = False
+        yield fd if same else None
     finally:
         os.close(fd)
 
@@ -549,34 +554,30 @@ def _written_length(fd: int) -> int:
 
 
 def _adopt_orphans(spool: Path) -> None:
-    """Seal the journals whose owner died (their lock can be taken)."""
+    """Seal the journals whose owner died; remove the spare (``.new``) journals such owners left
+    unused (they never hold rows)."""
     if not spool.is_dir():
         return
     for path in spool.iterdir():
-        if path.suffix == _HIDDEN:
-            _drop_orphan_spare(path)
+        if path.suffix not in (_JOURNAL, _HIDDEN):
             continue
-        if path.suffix != _JOURNAL:
-            continue
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            if os.fstat(fd).st_ino != os.stat(path).st_ino:
-                continue  # sealed and replaced meanwhile
-            length = _written_length(fd)
-            if length == 0:
-                path.unlink()
+        with _orphaned(path, os.O_RDWR) as fd:
+            if fd is None:
                 continue
-            os.ftruncate(fd, length)  # its owner died before cutting the reserved zeros off
-            log.warning("usage: adopting %s left by a process that stopped without closing it", path.name)
-            _seal(path, fd)
-        except OSError:  # locked (owner alive) or gone meanwhile
-            continue
-        finally:
-            os.close(fd)
+            try:
+                if path.suffix == _HIDDEN:  # (an unlocked one may be a second old: being made now)
+                    if time.time() - os.fstat(fd).st_mtime > _SPARE_GRACE_S:
+                        path.unlink()
+                    continue
+                length = _written_length(fd)
+                if length == 0:
+                    path.unlink()
+                    continue
+                os.ftruncate(fd, length)  # its owner died before cutting the reserved zeros off
+                log.warning("usage: adopting %s left by a process that stopped without closing it", path.name)
+                _seal(path, fd)
+            except OSError:  # gone meanwhile
+                continue
 
 
 _KEYS = ApiKey.__table__

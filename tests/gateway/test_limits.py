@@ -8,6 +8,17 @@ from gateway.errors import ApiError
 from gateway.limits import RequestLimiter, format_reset
 
 
+async def _two_keys(tenancy, make_tenant, *, rpm: int, key_rpm: int):
+    """Principals of two keys (``key_rpm`` each) of one new tenant (``rpm``)."""
+    from gateway import tenancy as svc
+
+    tenant, key1, _ = await make_tenant(rpm=rpm, key_rpm=key_rpm)
+    async with tenancy.db.sessionmaker() as s:
+        _, new = await svc.create_api_key(s, tenant_id=tenant.id, rpm=key_rpm)
+        await s.commit()
+    return (await tenancy.auth.authenticate(f"Bearer {key1}"), await tenancy.auth.authenticate(f"Bearer {new.key}"))
+
+
 def test_format_reset():
     assert format_reset(0.25) == "250ms"
     assert format_reset(12.1) == "13s"
@@ -120,14 +131,7 @@ async def test_unreachable_redis_fails_closed_with_503(tenancy, make_tenant):
 
 async def test_refusal_consumes_nothing(tenancy, make_tenant):
     """All or nothing: a request the tenant window refuses does not use up the key's window."""
-    from gateway import tenancy as svc
-
-    tenant, key1, _ = await make_tenant(rpm=2, key_rpm=3)
-    async with tenancy.db.sessionmaker() as s:
-        _, new = await svc.create_api_key(s, tenant_id=tenant.id, rpm=3)
-        await s.commit()
-    p1 = await tenancy.auth.authenticate(f"Bearer {key1}")
-    p2 = await tenancy.auth.authenticate(f"Bearer {new.key}")
+    p1, p2 = await _two_keys(tenancy, make_tenant, rpm=2, key_rpm=3)
     await tenancy.limiter.check_request(p2)
     await tenancy.limiter.check_request(p2)  # the tenant's 2 are used up by key 2
     for _ in range(3):
@@ -211,14 +215,7 @@ async def test_concurrent_requests_are_taken_in_one_batch_exactly_as_one_by_one(
 async def test_two_keys_batched_together_share_the_tenant_window(tenancy, make_tenant):
     import asyncio
 
-    from gateway import tenancy as svc
-
-    tenant, key1, _ = await make_tenant(rpm=6, key_rpm=100)
-    async with tenancy.db.sessionmaker() as s:
-        _, new = await svc.create_api_key(s, tenant_id=tenant.id, rpm=100)
-        await s.commit()
-    p1 = await tenancy.auth.authenticate(f"Bearer {key1}")
-    p2 = await tenancy.auth.authenticate(f"Bearer {new.key}")
+    p1, p2 = await _two_keys(tenancy, make_tenant, rpm=6, key_rpm=100)
     results = await asyncio.gather(*(tenancy.limiter.check_request(p) for p in [p1, p2] * 10), return_exceptions=True)
     assert sum(isinstance(r, dict) for r in results) == 6
     assert all("organization" in r.message for r in results if isinstance(r, ApiError))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import time
 import uuid
 from decimal import Decimal
 
@@ -338,8 +340,12 @@ async def test_spare_journals_are_kept_while_their_owner_lives_and_dropped_after
         assert len(spares) == 2  # one each, made ready when they started
         dead = spool / "00000000000000000001-1-000000.new"  # a spare left by a dead process
         dead.write_bytes(b"\0" * 4096)
+        young = spool / "00000000000000000002-2-000000.new"  # unlocked, but it may be being made now
+        young.write_bytes(b"")
+        os.utime(dead, (time.time() - 3600, time.time() - 3600))
         await other.flush()
-        assert all(p.exists() for p in spares) and not dead.exists()
+        assert all(p.exists() for p in spares) and not dead.exists() and young.exists()
+        young.unlink()
     finally:
         await owner.close()
         await other.close()
