@@ -18,7 +18,12 @@ uvloop as ``pagegate serve`` (uvicorn) runs, with the GIL switch interval the ap
   ``bench/gateway_http.py``'s lean keep-alive client (raw sockets, ~30 µs a request): its latency
   includes HTTP, FastAPI and JSON; the server process's CPU per request is measured from ``/proc``.
 
-Each request asks for ``max_tokens=1`` so the engine part is short. A ticker on the event loop
+Each request asks for ``max_tokens=1`` by default, so the engine part is short and every client's
+requests arrive together, in waves of 50 (the gateway's worst case: 50 admissions at once).
+``--max-tokens 1:32`` draws each request's length from that range instead (the same seeded
+sequence in every phase; EOS ignored so each request makes exactly that many tokens), so clients
+finish on different engine steps and their next requests arrive staggered, as 50 independent
+clients' do. A ticker on the event loop
 records how late its 1 ms sleeps wake (event-loop stalls); ``--stall-trace`` also samples, from a
 watchdog thread, where the loop thread and the engine thread are while the loop is late.
 
@@ -35,6 +40,7 @@ import argparse
 import asyncio
 import collections
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -134,7 +140,7 @@ class StallTracer:
 
 
 async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1, salt: str | None = None) -> int:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     completion = 0
     async for out in engine.generate(prompt, params, request_id=new_hex_id(), salt=salt):
         completion += sum(len(d.token_ids) for d in out.deltas)
@@ -142,7 +148,10 @@ async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1
 
 
 class Bench:
-    def __init__(self, engine, services, ip_limiter, client_request, key: str, prompt: list[int]) -> None:  # noqa: ANN001
+    def __init__(self, engine, services, ip_limiter, client_request, key: str, prompt: list[int],  # noqa: ANN001
+                 lengths: tuple[int, int] = (1, 1)) -> None:
+        self.lengths = lengths
+        self.rng = random.Random(0)
         self.engine = engine
         self.services = services
         self.ip_limiter = ip_limiter
@@ -150,14 +159,21 @@ class Bench:
         self.key = key
         self.prompt = prompt
 
-    async def admit(self):  # noqa: ANN201
+    def restart(self) -> None:
+        """Each phase draws the same sequence of request lengths."""
+        self.rng = random.Random(0)
+
+    def length(self) -> int:
+        return self.rng.randint(*self.lengths)
+
+    async def admit(self, max_tokens: int = 1):  # noqa: ANN201
         """The gateway's work before the engine: per-address limit, auth, RPM, quota reservation."""
         s = self.services
         await self.ip_limiter.check(self.client_request)
         principal = await s.auth.authenticate(f"Bearer {self.key}")
         await s.limiter.check_request(principal)
         res = await s.quota.reserve(principal, model=self.engine.model_id, prompt_tokens=len(self.prompt),
-                                    max_tokens=1)
+                                    max_tokens=max_tokens)
         return principal, res
 
     async def finish(self, principal, res, completion: int, started: float) -> None:  # noqa: ANN001
@@ -181,13 +197,15 @@ class Bench:
         await self.services.quota.settle(res, prompt_tokens=len(self.prompt), completion_tokens=completion)
 
     async def direct(self, lat: list[float], _part: list[float]) -> None:
+        n = self.length()
         t0 = time.perf_counter()
-        await run_engine(self.engine, self.prompt)
+        await run_engine(self.engine, self.prompt, n)
         lat.append((time.perf_counter() - t0) * 1000)
 
     async def wrapped(self, lat: list[float], part: list[float]) -> None:
+        n = self.length()
         t0 = time.perf_counter()
-        principal, res = await self.admit()
+        principal, res = await self.admit(n)
         t1 = time.perf_counter()
         completion = await run_engine(self.engine, self.prompt, res.max_tokens, str(principal.tenant_id))
         t2 = time.perf_counter()
@@ -260,10 +278,10 @@ async def main(args: argparse.Namespace) -> None:
                               "query_string": b"", "client": ("127.0.0.1", 50000)})
     prompt = engine.encode_chat(MESSAGES)
     undo_gc = tune_gc(settings)  # what create_app's lifespan does once started: freeze the start-up heap
-    bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt)
+    bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt, args.max_tokens)
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; {args.clients} clients x "
-          f"{args.requests} requests x {args.rounds} rounds, max_tokens=1; event loop: {loop_name}; "
+          f"{args.requests} requests x {args.rounds} rounds, max_tokens {_describe(args.max_tokens)}; event loop: {loop_name}; "
           f"GIL switch interval {sys.getswitchinterval() * 1000:g} ms; settlement {settings.settle_delay_ms:g} ms "
           f"after the response; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")
@@ -320,6 +338,7 @@ async def main(args: argparse.Namespace) -> None:
     results = empty()
 
     async def phase(mode: str, fn, n_clients: int, n_req: int, into: dict) -> None:  # noqa: ANN001
+        bench.restart()
         mon = StallMonitor()
         current[0] = mon
         mon.start()
@@ -390,6 +409,19 @@ async def main(args: argparse.Namespace) -> None:
     await engine.shutdown()
 
 
+def _describe(lengths: tuple[int, int]) -> str:
+    a, b = lengths
+    return f"= {a}" if a == b else f"drawn from {a}..{b} (EOS ignored)"
+
+
+def lengths_arg(text: str) -> tuple[int, int]:
+    a, _, b = text.partition(":")
+    lo, hi = int(a), int(b or a)
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError("give N or A:B with 1 <= A <= B")
+    return lo, hi
+
+
 def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallTracer | None) -> None:
     base = results["engine"]["lat"]
     print(f"\n{'phase':<16}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}{'req/s':>8}"
@@ -456,6 +488,9 @@ if __name__ == "__main__":
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--requests", type=int, default=4, help="requests per client per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=lengths_arg, default=(1, 1), metavar="N|A:B",
+                    help="tokens per request (1: waves of 50 arrivals at once; A:B: lengths drawn from that range, "
+                         "arrivals staggered)")
     ap.add_argument("--single", type=int, default=40, help="requests with one client (0: skip that phase)")
     ap.add_argument("--http", action="store_true", help="also measure the whole product over HTTP (own process)")
     ap.add_argument("--stall-trace", action="store_true", help="sample where the threads are during stalls")

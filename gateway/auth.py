@@ -6,7 +6,12 @@ tenant must be refused by every gateway process within a second, so the cache is
 through Redis: ``publish_invalidation`` bumps ``<prefix>auth:version`` and publishes on
 ``<prefix>auth:invalidate``. Each process listens on the channel (immediate) and, as a fallback
 when a message is lost, re-reads the version at most every ``version_poll_s`` (200 ms); a changed
-version drops the whole cache. Loads that raced an invalidation are not cached."""
+version drops the whole cache. Loads that raced an invalidation are not cached.
+
+No request waits for a periodic refresh: the version is re-read in the background (the request
+that finds it due starts the read and goes on), and a principal past its TTL is served while one
+background load replaces it (invalidations still drop it at once). A key not in the cache is
+loaded once however many requests ask for it at the same moment."""
 
 from __future__ import annotations
 
@@ -106,6 +111,8 @@ class Authenticator:
         self._version: bytes | None = None  # last seen Redis version counter
         self._version_checked = -1e18
         self._listener: asyncio.Task | None = None
+        self._loading: dict[str, asyncio.Task] = {}  # key hash -> its one load in flight
+        self._background: set[asyncio.Task] = set()  # version reads, refreshes of stale principals
 
     async def start(self) -> None:
         if self._listener is None:
@@ -115,6 +122,8 @@ class Authenticator:
                 await asyncio.wait_for(ready.wait(), 2.0)
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -128,18 +137,17 @@ class Authenticator:
         if not looks_like_key(key):
             raise invalid_api_key()
         key_hash = hash_key(key)
-        await self._check_version()
-        now = time.monotonic()
+        self._poll_version()
         entry = self._cache.get(key_hash)
-        if entry is None or entry.expires_at < now:
+        if entry is None or (entry.principal is None and entry.expires_at < time.monotonic()):
             try:
-                entry = await self._load(key_hash)
-            except Exception as exc:
-                if entry is None:  # never seen and the database is unreachable
-                    log.warning("auth: cannot read keys from the database: %r", exc)
-                    raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
-                                   "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
-                # DB hiccup: keep serving what we knew (invalidations still drop entries at once)
+                entry = await self._load_once(key_hash)
+            except Exception as exc:  # never seen and the database is unreachable
+                log.warning("auth: cannot read keys from the database: %r", exc)
+                raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
+                               "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
+        elif entry.expires_at < time.monotonic() and key_hash not in self._loading:
+            self._in_background(self._refresh(key_hash))  # served as it is meanwhile
         if entry.principal is None:
             raise invalid_api_key()
         if entry.disabled:
@@ -161,6 +169,32 @@ class Authenticator:
         await publish_invalidation(self._redis, self._prefix)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _load_once(self, key_hash: str) -> asyncio.Future:
+        """The key's load, shared by every request that asks while it runs."""
+        task = self._loading.get(key_hash)
+        if task is None or task.get_loop() is not asyncio.get_running_loop():
+            task = self._loading[key_hash] = asyncio.ensure_future(self._load(key_hash))
+            task.add_done_callback(lambda t, h=key_hash: self._loading.pop(h, None) if self._loading.get(h) is t
+                                   else None)
+        return asyncio.shield(task)  # a caller that leaves does not cancel the others' load
+
+    async def _refresh(self, key_hash: str) -> None:
+        try:
+            await self._load_once(key_hash)
+        except Exception as exc:  # DB hiccup: keep serving what we knew (invalidations still drop it)
+            log.warning("auth: cannot refresh a key from the database: %r", exc)
+
+    def _in_background(self, coro) -> None:  # noqa: ANN001 - a coroutine
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _poll_version(self) -> None:
+        now = time.monotonic()
+        if now - self._version_checked >= self._poll_s:
+            self._version_checked = now
+            self._in_background(self._check_version())
 
     async def _load(self, key_hash: str) -> _Entry:
         generation = self._generation
@@ -194,10 +228,6 @@ class Authenticator:
             self._cache.clear()
 
     async def _check_version(self) -> None:
-        now = time.monotonic()
-        if now - self._version_checked < self._poll_s:
-            return
-        self._version_checked = now
         try:
             version = await self._redis.get(invalidation_version_key(self._prefix))
         except Exception:  # Redis briefly away: keep serving from the cache (entries still expire)

@@ -4,6 +4,7 @@ process for a few seconds so the request path rarely reads the database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
@@ -46,7 +47,9 @@ FREE = Price(Decimal(0), Decimal(0))
 
 class PriceBook:
     """``await prices.cost(model, prompt, completion)`` → Decimal USD (8 decimals), 0 without a price.
-    The whole table is reloaded at most every ``ttl_s`` seconds (one query, shared by waiters)."""
+    The whole table is reloaded at most every ``ttl_s`` seconds (one query, shared by waiters).
+    Only the first load (and one after ``invalidate``) is waited for; later ones run in the
+    background while requests go on with the prices they have."""
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], *, ttl_s: float = 5.0) -> None:
         self._sessionmaker = sessionmaker
@@ -54,11 +57,21 @@ class PriceBook:
         self._prices: dict[str, Price] = {}
         self._loaded_at = -1e18
         self._lock = asyncio.Lock()
+        self._refresh: asyncio.Task | None = None
 
     async def get(self, model: str) -> Price:
         if time.monotonic() - self._loaded_at > self._ttl_s:
-            await self._reload()
+            if self._loaded_at < 0:  # never loaded, or invalidated: wait for the table
+                await self._reload()
+            elif self._refresh is None or self._refresh.done():
+                self._refresh = asyncio.ensure_future(self._reload())
         return self._prices.get(model, FREE)
+
+    async def aclose(self) -> None:
+        if self._refresh is not None and not self._refresh.done():
+            self._refresh.cancel()
+            with contextlib.suppress(BaseException):
+                await self._refresh
 
     async def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
         return (await self.get(model)).cost(prompt_tokens, completion_tokens)

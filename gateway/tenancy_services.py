@@ -55,6 +55,8 @@ class TenancyServices:
         with contextlib.suppress(Exception):
             await self.auth.close()
         with contextlib.suppress(Exception):
+            await self.prices.aclose()
+        with contextlib.suppress(Exception):
             await ScriptLane.for_client(self.redis).aclose()
         with contextlib.suppress(Exception):
             await self.redis.aclose()

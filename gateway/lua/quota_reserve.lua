@@ -43,32 +43,35 @@ if tpm > 0 then
 end
 
 local out, open, deadlines = {}, {}, {}
+local n_out, n_open = 0, 0
 local add_tok, add_usd, add_tpm = 0, 0, 0
 for base = 8, #ARGV, 6 do
   local prompt, allowed = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
   local pp, cp, minc = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 5])
-  local refused = nil
+  local code = 1
   if btok >= 0 then
     local rem = btok - tok_used - prompt
-    if rem < minc then refused = {-2, tok_used, usd_used, 0, 0}
+    if rem < minc then code = -2
     elseif rem < allowed then allowed = rem end
   end
-  if not refused and busd >= 0 then
+  if code == 1 and busd >= 0 then
     local rem = busd - usd_used - prompt * pp
-    if usd_used >= busd or rem < 0 then refused = {-2, tok_used, usd_used, 0, 0}
+    if usd_used >= busd or rem < 0 then code = -2
     elseif cp > 0 then
       local cap = math.floor(rem / cp)
-      if cap < minc then refused = {-2, tok_used, usd_used, 0, 0}
+      if cap < minc then code = -2
       elseif cap < allowed then allowed = cap end
     end
   end
-  if not refused and tpm > 0 then
+  if code == 1 and tpm > 0 then
     local rem = tpm - tpm_used - prompt
-    if rem < minc then refused = {-3, tpm_used, 0, 0, 0}
+    if rem < minc then code = -3
     elseif rem < allowed then allowed = rem end
   end
-  if refused then
-    for _, v in ipairs(refused) do table.insert(out, v) end
+  if code == -2 then
+    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -2, tok_used, usd_used, 0, 0
+  elseif code == -3 then
+    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -3, tpm_used, 0, 0, 0
   else
     local tokens = prompt + allowed
     local usd = math.ceil(prompt * pp + allowed * cp)
@@ -81,15 +84,15 @@ for base = 8, #ARGV, 6 do
       add_tpm = add_tpm + tokens
     end
     local id = ARGV[base + 4]
-    table.insert(open, id)
-    table.insert(open, string.format('%d:%d:%d:%s', tokens, usd, tpm_tokens, epoch))
-    table.insert(deadlines, ARGV[6])
-    table.insert(deadlines, id)
-    for _, v in ipairs({1, allowed, tok_used, usd_used, tpm_used}) do table.insert(out, v) end
+    open[n_open + 1], open[n_open + 2] = id, string.format('%d:%d:%d:%s', tokens, usd, tpm_tokens, epoch)
+    deadlines[n_open + 1], deadlines[n_open + 2] = ARGV[6], id
+    n_open = n_open + 2
+    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = 1, allowed, tok_used, usd_used, tpm_used
   end
+  n_out = n_out + 5
 end
 
-if #open > 0 then
+if n_open > 0 then
   redis.call('HINCRBY', KEYS[1], 'tok', add_tok)
   redis.call('HINCRBY', KEYS[1], 'usd', add_usd)
   if add_tpm > 0 then

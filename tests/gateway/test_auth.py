@@ -120,3 +120,82 @@ async def test_database_unreachable_is_503_for_unknown_keys_and_stale_cache_for_
         assert e.value.status == 503 and e.value.code == "auth_unavailable"
     finally:
         await broken.dispose()
+
+
+async def test_a_key_asked_for_by_many_requests_at_once_is_loaded_once(tenancy, make_tenant):
+    _, key, _ = await make_tenant()
+    auth = Authenticator(tenancy.db.sessionmaker, tenancy.redis, tenancy.settings)
+    loads = 0
+    load = auth._load
+
+    async def counted(key_hash):
+        nonlocal loads
+        loads += 1
+        return await load(key_hash)
+
+    auth._load = counted
+    try:
+        principals = await asyncio.gather(*(auth.authenticate(f"Bearer {key}") for _ in range(30)))
+        assert loads == 1 and len({p.key_id for p in principals}) == 1
+    finally:
+        await auth.close()
+
+
+async def test_a_principal_past_its_ttl_is_served_while_one_background_load_replaces_it(tenancy, make_tenant):
+    """No request waits for the periodic reload: the stale principal answers, one load renews it."""
+    tenant, key, _ = await make_tenant(rpm=10)
+    auth = Authenticator(tenancy.db.sessionmaker, tenancy.redis, tenancy.settings)
+    try:
+        assert (await auth.authenticate(f"Bearer {key}")).tenant_rpm == 10
+        async with tenancy.db.sessionmaker() as s:  # changed without an invalidation: seen on reload
+            await svc.update_tenant(s, tenant_id=tenant.id, rpm=20)
+            await s.commit()
+        for entry in auth._cache.values():
+            entry.expires_at = 0
+        loads = 0
+        load = auth._load
+
+        async def slow(key_hash):
+            nonlocal loads
+            loads += 1
+            await asyncio.sleep(0.2)
+            return await load(key_hash)
+
+        auth._load = slow
+        started = time.monotonic()
+        stale = await asyncio.gather(*(auth.authenticate(f"Bearer {key}") for _ in range(10)))
+        assert time.monotonic() - started < 0.1 and {p.tenant_rpm for p in stale} == {10}
+        for _ in range(100):
+            if (await auth.authenticate(f"Bearer {key}")).tenant_rpm == 20:
+                break
+            await asyncio.sleep(0.01)
+        assert (await auth.authenticate(f"Bearer {key}")).tenant_rpm == 20 and loads == 1
+    finally:
+        await auth.close()
+
+
+async def test_prices_past_their_ttl_are_served_while_the_table_reloads(tenancy):
+    from decimal import Decimal
+
+    from gateway.pricing import PriceBook
+
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="pm", prompt_usd_per_1m="1", completion_usd_per_1m="2")
+        await s.commit()
+    book = PriceBook(tenancy.db.sessionmaker, ttl_s=0.05)
+    try:
+        assert (await book.get("pm")).prompt_usd_per_1m == Decimal(1)  # the first load is waited for
+        async with tenancy.db.sessionmaker() as s:
+            await svc.set_price(s, model="pm", prompt_usd_per_1m="3", completion_usd_per_1m="4")
+            await s.commit()
+        await asyncio.sleep(0.06)
+        assert (await book.get("pm")).prompt_usd_per_1m == Decimal(1)  # stale, answered at once
+        for _ in range(100):
+            if (await book.get("pm")).prompt_usd_per_1m == Decimal(3):
+                break
+            await asyncio.sleep(0.01)
+        assert (await book.get("pm")).prompt_usd_per_1m == Decimal(3)
+        book.invalidate()  # after set_price in this process: the next get waits for the table
+        assert (await book.get("pm")).completion_usd_per_1m == Decimal(4)
+    finally:
+        await book.aclose()
