@@ -63,6 +63,24 @@ class _Stream:
             pass
 
 
+def _deliver(batch: list[tuple[_Stream, RequestOutput]]) -> None:
+    """Hand a step's outputs to their consumers: one cross-thread wake-up (a system call on the
+    loop's wake-up descriptor) per event loop for the whole step instead of one per output."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+    for stream, out in batch:
+        by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:  # the consumers' loop is closed: nobody is listening any more
+            pass
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
 class AsyncEngine:
     def __init__(self, config: EngineConfig, *, engine: LLMEngine | None = None,
                  model_id: str | None = None) -> None:
@@ -197,10 +215,9 @@ class AsyncEngine:
                 for cmd in cmds:
                     self._apply(engine, cmd)
                 if engine.has_unfinished_requests():
-                    for out in engine.step():
-                        stream = self._streams.get(out.request_id)
-                        if stream is not None:
-                            stream.put(out)
+                    streams = self._streams
+                    _deliver([(stream, out) for out in engine.step()
+                              if (stream := streams.get(out.request_id)) is not None])
                     self._stats = engine.stats()
         except BaseException as exc:  # noqa: BLE001 - any crash must release every waiter
             logger.exception("engine step loop crashed")

@@ -146,6 +146,7 @@ class QuotaLedger:
         self._batches: Coalescer = Coalescer(self._reserve_batch, orphan=self._release_orphan)
         self._orphans: set[asyncio.Task] = set()
         self._settlements: Coalescer = Coalescer(self._settle_batch)
+        self._rebuilding: dict[str, asyncio.Task] = {}  # counter key -> its rebuild in flight
 
     def _tag(self, tenant_id: int) -> str:
         return f"{self._prefix}{{t:{tenant_id}}}"
@@ -210,7 +211,7 @@ class QuotaLedger:
         try:
             result = await self._lane.run(self._reserve, keys=keys, args=args)
             if result[0] == -1:
-                await self._rebuild(principal.tenant_id, principal.budget_period, keys[0], period_end)
+                await self._rebuild_once(principal.tenant_id, principal.budget_period, keys[0], period_end)
                 result = await self._lane.run(self._reserve, keys=keys, args=args)
         except RedisError as exc:
             return [_caused(store_unavailable("quota"), exc) for _ in asks]
@@ -298,6 +299,15 @@ class QuotaLedger:
         """Drop the period counter; the next reservation rebuilds it from the database."""
         period_id, _, _ = period_bounds(period, datetime.now(UTC))
         await self._redis.delete(self.counter_key(tenant_id, period_id))
+
+    def _rebuild_once(self, tenant_id: int, period: str, key: str, period_end: datetime) -> asyncio.Future:
+        """The counter's rebuild, shared by every batch that finds it missing meanwhile (a new
+        period, or Redis flushed: each would otherwise flush the usage rows and query the database)."""
+        task = self._rebuilding.get(key)
+        if task is None or task.get_loop() is not asyncio.get_running_loop():
+            task = self._rebuilding[key] = asyncio.ensure_future(self._rebuild(tenant_id, period, key, period_end))
+            task.add_done_callback(lambda t: self._rebuilding.pop(key, None) if self._rebuilding.get(key) is t else None)
+        return asyncio.shield(task)
 
     async def _rebuild(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
         if self._before_rebuild is not None:

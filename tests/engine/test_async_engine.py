@@ -170,3 +170,18 @@ async def test_a_burst_from_idle_starts_as_one_step(make_engine, gap_ms, togethe
 
     await asyncio.gather(*(one(i) for i in range(4)))
     assert (first_step_sizes[0] == 4) is together
+
+
+async def test_a_step_s_outputs_reach_the_loop_in_one_wake_up(make_engine, monkeypatch):
+    """One cross-thread call per step for all its outputs, not one per request."""
+    import engine.async_engine as ae
+
+    calls: list[int] = []
+    put_all = ae._put_all
+    monkeypatch.setattr(ae, "_put_all", lambda items: (calls.append(len(items)), put_all(items))[1])
+    eng = await make_engine()
+    params = SamplingParams(max_tokens=6, **GREEDY)
+    results = await asyncio.gather(*(collect(eng, list(range(3, 11)), params, f"w{i}") for i in range(8)))
+    outputs = sum(len(r[2]) for r in results)
+    assert sum(calls) == outputs and all(len(r[0]) == 6 for r in results)
+    assert len(calls) <= eng.stats().steps and max(calls) > 1  # several requests' outputs per call

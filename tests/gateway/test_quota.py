@@ -270,3 +270,25 @@ async def test_a_caller_cancelled_while_its_batch_runs_gets_its_reservation_rele
     assert leaves.cancelled()
     assert await tenancy.quota.open_reservations(p.tenant_id) == 1  # only the caller that stayed
     assert (await tenancy.quota.usage(p.tenant_id))[0] == kept.reserved_tokens
+
+
+async def test_batches_that_find_the_counter_missing_share_one_rebuild(tenancy, make_tenant):
+    """A new period (or a flushed Redis): every batch arriving while the counter is rebuilt waits
+    for that one rebuild instead of flushing the usage rows and querying the database again."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    rebuilds = 0
+
+    async def slow_flush() -> None:
+        nonlocal rebuilds
+        rebuilds += 1
+        await asyncio.sleep(0.2)
+
+    ledger = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix,
+                         before_rebuild=slow_flush)
+    tasks = []
+    for _ in range(5):  # five batches, one event-loop iteration apart
+        tasks.append(asyncio.ensure_future(ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=10)))
+        await asyncio.sleep(0.01)
+    reservations = await asyncio.gather(*tasks)
+    assert rebuilds == 1 and all(r.max_tokens == 10 for r in reservations)
+    assert (await ledger.usage(p.tenant_id))[0] == 5 * 20
