@@ -439,7 +439,10 @@ class _Journal:
         fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.posix_fallocate(fd, 0, size)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+            else:  # (not Linux: sized without reserving its blocks)
+                os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             journal = cls(path, fd, mapping)
             if reveal:
