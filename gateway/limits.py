@@ -49,15 +49,12 @@ def storage_uri(redis_url: str, *, asyncio_client: bool = True) -> str:
     return ("async+" + uri) if asyncio_client else uri
 
 
-def store_unavailable(what: str) -> ApiError:
-    """503 when Redis cannot be reached: limits and quotas fail closed, never open."""
-    return ApiError(503, f"The {what} store is unavailable; retry shortly.", "server_error",
-                    "store_unavailable", headers={"retry-after": "1"})
-
-
-def _unavailable(exc: RedisError) -> ApiError:
-    err = store_unavailable("rate-limit")
-    err.__cause__ = exc
+def store_unavailable(what: str, *, cause: BaseException | None = None) -> ApiError:
+    """503 when Redis cannot be reached: limits and quotas fail closed, never open. (``cause``:
+    the Redis error, for the logs, when the error is handed over rather than raised ``from`` it.)"""
+    err = ApiError(503, f"The {what} store is unavailable; retry shortly.", "server_error",
+                   "store_unavailable", headers={"retry-after": "1"})
+    err.__cause__ = cause
     return err
 
 
@@ -92,7 +89,7 @@ class RequestLimiter:
         plan_key = (principal.tenant_id, principal.key_id, principal.rpm_limit, principal.tenant_rpm)
         plan = self._plans.get(plan_key)
         if plan is None:
-            plan = self._plan(principal)
+            plan = self._plan(plan_key, principal)
         if not plan[0]:
             return {}
         allowed, headers, refusal = await self._batches.submit(plan_key, plan)
@@ -109,7 +106,7 @@ class RequestLimiter:
         try:
             reply = await self._lane.run(self._window, keys=keys, args=[repr(now), self.WINDOW_S, n, *limits])
         except RedisError as exc:
-            return [_unavailable(exc) for _ in plans]
+            return [store_unavailable("rate-limit", cause=exc) for _ in plans]
         taken = int(reply[0])
         before = [int(reply[1 + 2 * i]) for i in range(len(windows))]
         resets = [max(0.0, float(reply[2 + 2 * i]) + self.WINDOW_S - now) for i in range(len(windows))]
@@ -136,14 +133,13 @@ class RequestLimiter:
             f"Rate limit reached for requests: limit {binding.limit} per minute for this {binding.scope}. "
             f"Please try again in {format_reset(binding.reset_s)}.", max(binding.reset_s, 0.001))
 
-    def _plan(self, principal: Principal) -> tuple[list, list[str], list[int]]:
+    def _plan(self, plan_key: tuple, principal: Principal) -> tuple[list, list[str], list[int]]:
         """(windows with a limit, their Redis keys, their limits) of a key, memoised per key and limits."""
         windows = [w for w in self._windows(principal) if w[2] > 0]
         keys = [f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(*ids)}" for _, ids, limit in windows]
         if len(self._plans) > 100_000:
             self._plans.clear()
-        plan = self._plans[(principal.tenant_id, principal.key_id, principal.rpm_limit, principal.tenant_rpm)] = (
-            windows, keys, [w[2] for w in windows])
+        plan = self._plans[plan_key] = (windows, keys, [w[2] for w in windows])
         return plan
 
     @staticmethod

@@ -28,6 +28,7 @@ reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -116,11 +117,6 @@ class _Ask:
     prompt_tokens: int
     max_tokens: int
     id: str = ""
-
-
-def _caused(err: ApiError, cause: BaseException) -> ApiError:
-    err.__cause__ = cause
-    return err
 
 
 class QuotaLedger:
@@ -214,16 +210,15 @@ class QuotaLedger:
                 await self._rebuild_once(principal.tenant_id, principal.budget_period, keys[0], period_end)
                 result = await self._lane.run(self._reserve, keys=keys, args=args)
         except RedisError as exc:
-            return [_caused(store_unavailable("quota"), exc) for _ in asks]
-        except QuotaUnavailable as exc:
-            return [_caused(QuotaUnavailable(exc.status, exc.message, exc.type, exc.code, headers=dict(exc.headers)), exc)
-                    for _ in asks]
+            return [store_unavailable("quota", cause=exc) for _ in asks]
+        except QuotaUnavailable as exc:  # the database is down while the counter is rebuilt
+            return [dataclasses.replace(exc, headers=dict(exc.headers)) for _ in asks]  # one each
         if result[0] == -1 or len(result) != 5 * len(asks):
             return [QuotaUnavailable(503, "Quota store is unavailable; retry shortly.", "server_error",
                                      "quota_unavailable") for _ in asks]
         tpm_reset = 60.0 * (1.0 - frac)
         tpm_limit = principal.tpm_limit
-        limit_s, reset_s = str(tpm_limit), format_reset(tpm_reset)
+        reset_s = format_reset(tpm_reset)
         out: list[Reservation | ApiError] = []
         for i, ask in enumerate(asks):
             code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])
@@ -236,14 +231,10 @@ class QuotaLedger:
                 requested = ask.prompt_tokens + (1 if ask.max_tokens else 0)
                 out.append(rate_limited(
                     f"Rate limit reached for tokens per minute: limit {principal.tpm_limit}, used {a}, "
-                    f"requested {requested}. Please try again in {format_reset(tpm_reset)}.",
-                    retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(principal.tpm_limit, a, tpm_reset)))
+                    f"requested {requested}. Please try again in {reset_s}.",
+                    retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(tpm_limit, a, reset_s)))
             else:
-                headers = {}
-                if tpm_limit > 0:
-                    headers = {"x-ratelimit-limit-tokens": limit_s,
-                               "x-ratelimit-remaining-tokens": str(max(0, tpm_limit - int(result[5 * i + 4]))),
-                               "x-ratelimit-reset-tokens": reset_s}
+                headers = _tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
                 out.append(Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
@@ -335,11 +326,12 @@ async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], t
     return int(tokens or 0), Decimal(str(usd or 0))
 
 
-def _tpm_headers(limit: int, used: int, reset_s: float) -> dict[str, str]:
+def _tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
+    """``reset``: already formatted (``format_reset``), once per batch."""
     return {
         "x-ratelimit-limit-tokens": str(limit),
         "x-ratelimit-remaining-tokens": str(max(0, limit - used)),
-        "x-ratelimit-reset-tokens": format_reset(reset_s),
+        "x-ratelimit-reset-tokens": reset,
     }
 
 

@@ -89,8 +89,8 @@ class UsageEvent:
                 f'"model":{_str(self.model)},"status":{_str(self.status)},"created_at":"{created.isoformat()}",'
                 f'"api_key_id":{_opt_int(self.api_key_id)},"endpoint":{_str(self.endpoint)},'
                 f'"prompt_tokens":{int(self.prompt_tokens)},"cached_prompt_tokens":{int(self.cached_prompt_tokens)},'
-                f'"completion_tokens":{int(self.completion_tokens)},"cost_usd":"{Decimal(self.cost_usd)}",'
-                f'"saved_usd":"{Decimal(self.saved_usd)}","latency_ms":{_float(self.latency_ms)},'
+                f'"completion_tokens":{int(self.completion_tokens)},"cost_usd":"{self.cost_usd}",'
+                f'"saved_usd":"{self.saved_usd}","latency_ms":{_float(self.latency_ms)},'
                 f'"ttft_ms":{_opt_float(self.ttft_ms)},"finish_reason":{_opt_str(self.finish_reason)},'
                 f'"cache":{_str(self.cache)}}}')
 

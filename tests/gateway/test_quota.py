@@ -292,3 +292,23 @@ async def test_batches_that_find_the_counter_missing_share_one_rebuild(tenancy, 
     reservations = await asyncio.gather(*tasks)
     assert rebuilds == 1 and all(r.max_tokens == 10 for r in reservations)
     assert (await ledger.usage(p.tenant_id))[0] == 5 * 20
+
+
+async def test_a_missing_counter_with_the_database_down_refuses_the_whole_batch_with_503(tenancy, make_tenant,
+                                                                                          tmp_path):
+    """Fail closed: the period's spend is unknown, so every request of the batch gets its own 503."""
+    from gateway.db.session import Database
+
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    (tmp_path / "not-a-dir").write_text("x")
+    broken = Database(f"sqlite+aiosqlite:///{tmp_path / 'not-a-dir' / 'x.db'}")
+    ledger = QuotaLedger(tenancy.redis, broken.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    try:
+        got = await asyncio.gather(*(ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=10) for _ in range(3)),
+                                   return_exceptions=True)
+        assert all(isinstance(e, ApiError) and e.status == 503 and e.code == "quota_unavailable"
+                   and e.headers["retry-after"] == "1" for e in got)
+        assert len({id(e) for e in got}) == 3  # one error each, not one shared between callers
+        assert await ledger.usage(p.tenant_id) is None  # nothing was charged
+    finally:
+        await broken.dispose()
