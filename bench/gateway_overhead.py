@@ -23,11 +23,13 @@ requests arrive together, in waves of 50 (the gateway's worst case: 50 admission
 ``--max-tokens 1:32`` draws each request's length from that range instead (the same seeded
 sequence in every phase; EOS ignored so each request makes exactly that many tokens), so clients
 finish on different engine steps and their next requests arrive staggered, as 50 independent
-clients' do. A ticker on the event loop
+clients' do. The added latency is printed pooled (difference of the phases' medians) and round by
+round (each engine+gateway phase against the engine-alone phase just before it, with how much the
+engine alone moves between its own rounds: the noise floor). A ticker on the event loop
 records how late its 1 ms sleeps wake (event-loop stalls); ``--stall-trace`` also samples, from a
 watchdog thread, where the loop thread and the engine thread are while the loop is late.
 
-    python bench/gateway_overhead.py [--clients 50] [--requests 4] [--rounds 3] [--http] [--stall-trace]
+    python bench/gateway_overhead.py [--clients 50] [--requests 4] [--rounds 8] [--http] [--stall-trace]
         [--compare-switch-intervals 5,1] [--engine-threads N] [--loop uvloop|asyncio]
 
 Needs Redis (PAGEGATE_REDIS_URL, default redis://127.0.0.1:6379/2; a unique key prefix is used
@@ -332,8 +334,8 @@ async def main(args: argparse.Namespace) -> None:
 
     modes = ("engine", "engine+gateway", "gateway alone", "http")
     def empty(names=modes) -> dict:  # noqa: ANN001
-        return {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": [], "steps": 0}
-                for m in names}
+        return {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": [], "steps": 0,
+                    "rounds": []} for m in names}
 
     results = empty()
 
@@ -353,6 +355,7 @@ async def main(args: argparse.Namespace) -> None:
         r = into[mode]
         r["lat"] += lat
         r["part"] += part
+        r["rounds"].append((pct(lat, 50), pct(lat, 99), pct(part, 50) if part else float("nan")))
         r["stall"] += mon.lateness
         r["wall"].append(wall)
 
@@ -422,6 +425,24 @@ def lengths_arg(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def paired_report(engine_rounds: list[tuple], wrapped_rounds: list[tuple]) -> None:
+    """The added latency round by round: each round's engine+gateway phase against the engine-alone
+    phase just before it. The difference of the pooled medians above moves with the engine's speed
+    from phase to phase; the median of the paired differences, next to how much the engine alone
+    moves between its own rounds, says how much of a figure is noise."""
+    if len(engine_rounds) < 2:
+        return
+    d50 = [w[0] - e[0] for e, w in zip(engine_rounds, wrapped_rounds, strict=True)]
+    d99 = [w[1] - e[1] for e, w in zip(engine_rounds, wrapped_rounds, strict=True)]
+    own = [e[0] for e in engine_rounds]
+    inside = [w[2] for w in wrapped_rounds]
+    print(f"  round by round ({len(d50)} rounds, each wrapped phase against the engine-alone phase before it): "
+          f"added p50 median {statistics.median(d50):+.2f} ms (rounds {min(d50):+.1f} .. {max(d50):+.1f}), "
+          f"p99 median {statistics.median(d99):+.2f} ms; the engine alone's own p50 ranges over "
+          f"{max(own) - min(own):.1f} ms between rounds; inside the gateway's calls p50 {min(inside):.2f} .. "
+          f"{max(inside):.2f} ms")
+
+
 def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallTracer | None) -> None:
     base = results["engine"]["lat"]
     print(f"\n{'phase':<16}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}{'req/s':>8}"
@@ -448,6 +469,7 @@ def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallT
     print(f"  latency the gateway adds over the engine alone:  p50 {added50:+.2f} ms, p99 {added99:+.2f} ms "
           f"(engine alone p50 {pct(base, 50):.1f} ms, p99 {pct(base, 99):.1f} ms)")
     engine_part = [a - b for a, b in zip(wrapped["lat"], part, strict=True)]
+    paired_report(eng["rounds"], wrapped["rounds"])
     print(f"  the engine's part of a wrapped request: p50 {pct(engine_part, 50):.1f} ms "
           f"(alone {pct(base, 50):.1f} ms): arrivals spread by the gateway's work make smaller batches "
           f"({len(wrapped['lat']) / max(1, wrapped['steps']):.1f} requests per engine step vs "
@@ -487,7 +509,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--requests", type=int, default=4, help="requests per client per round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="rounds of interleaved phases (the added latency is also reported round by round)")
     ap.add_argument("--max-tokens", type=lengths_arg, default=(1, 1), metavar="N|A:B",
                     help="tokens per request (1: waves of 50 arrivals at once; A:B: lengths drawn from that range, "
                          "arrivals staggered)")
