@@ -25,7 +25,9 @@ sequence in every phase; EOS ignored so each request makes exactly that many tok
 finish on different engine steps and their next requests arrive staggered, as 50 independent
 clients' do. The added latency is printed pooled (difference of the phases' medians) and round by
 round (each engine+gateway phase against the engine-alone phase just before it, with how much the
-engine alone moves between its own rounds: the noise floor). A ticker on the event loop
+engine alone moves between its own rounds: the noise floor), and counted in engine steps (the steps
+each request waited beyond its own tokens, with and without the gateway: a step missed while the
+gateway admitted a request shows there whatever the engine's speed). A ticker on the event loop
 records how late its 1 ms sleeps wake (event-loop stalls); ``--stall-trace`` also samples, from a
 watchdog thread, where the loop thread and the engine thread are while the loop is late.
 
@@ -160,6 +162,8 @@ class Bench:
         self.client_request = client_request
         self.key = key
         self.prompt = prompt
+        self.waited: list[int] = []  # per request: engine steps finished while it ran, beyond its own tokens
+        self.after: list[float] = []  # per wrapped request: ms inside the gateway's calls after the engine
 
     def restart(self) -> None:
         """Each phase draws the same sequence of request lengths."""
@@ -198,23 +202,29 @@ class Bench:
     async def _settle(self, res, completion: int) -> None:  # noqa: ANN001
         await self.services.quota.settle(res, prompt_tokens=len(self.prompt), completion_tokens=completion)
 
+    def steps(self) -> int:
+        return self.engine.stats().steps  # steps finished so far (the last step's snapshot)
+
     async def direct(self, lat: list[float], _part: list[float]) -> None:
         n = self.length()
-        t0 = time.perf_counter()
-        await run_engine(self.engine, self.prompt, n)
+        t0, s0 = time.perf_counter(), self.steps()
+        completion = await run_engine(self.engine, self.prompt, n)
         lat.append((time.perf_counter() - t0) * 1000)
+        self.waited.append(self.steps() - s0 - completion)
 
     async def wrapped(self, lat: list[float], part: list[float]) -> None:
         n = self.length()
-        t0 = time.perf_counter()
+        t0, s0 = time.perf_counter(), self.steps()
         principal, res = await self.admit(n)
         t1 = time.perf_counter()
         completion = await run_engine(self.engine, self.prompt, res.max_tokens, str(principal.tenant_id))
         t2 = time.perf_counter()
+        self.waited.append(self.steps() - s0 - completion)
         await self.finish(principal, res, completion, t0)
         t3 = time.perf_counter()
         lat.append((t3 - t0) * 1000)
         part.append(((t1 - t0) + (t3 - t2)) * 1000)
+        self.after.append((t3 - t2) * 1000)
 
     async def alone(self, lat: list[float], part: list[float]) -> None:
         t0 = time.perf_counter()
@@ -335,7 +345,7 @@ async def main(args: argparse.Namespace) -> None:
     modes = ("engine", "engine+gateway", "gateway alone", "http")
     def empty(names=modes) -> dict:  # noqa: ANN001
         return {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": [], "steps": 0,
-                    "rounds": []} for m in names}
+                    "rounds": [], "waited": [], "after": []} for m in names}
 
     results = empty()
 
@@ -345,6 +355,7 @@ async def main(args: argparse.Namespace) -> None:
         current[0] = mon
         mon.start()
         cpu0, tcpu0, steps0 = time.process_time(), time.thread_time(), engine.stats().steps
+        bench.waited, bench.after = [], []
         lat, part, wall = await clients(fn, n_clients, n_req)
         await services.aftercare.drain()  # the phase's deferred settlements count in its CPU
         into[mode]["steps"] += engine.stats().steps - steps0
@@ -356,6 +367,8 @@ async def main(args: argparse.Namespace) -> None:
         r["lat"] += lat
         r["part"] += part
         r["rounds"].append((pct(lat, 50), pct(lat, 99), pct(part, 50) if part else float("nan")))
+        r["waited"] += bench.waited
+        r["after"] += bench.after
         r["stall"] += mon.lateness
         r["wall"].append(wall)
 
@@ -443,6 +456,22 @@ def paired_report(engine_rounds: list[tuple], wrapped_rounds: list[tuple]) -> No
           f"{max(inside):.2f} ms")
 
 
+def steps_report(eng: dict, wrapped: dict) -> None:
+    """The added latency counted in engine steps, which does not move with the engine's speed: a
+    request needs one step per token; the steps that finish while it is out beyond those are steps
+    it waited for (one in progress when it arrived, or one it missed while the gateway admitted it).
+    Their difference between the phases, times the time a step takes, is what the gateway's delay
+    costs in missed steps; the step time itself (engine busy all phase) shows the rest."""
+    if not eng["waited"] or not wrapped["waited"] or not eng["steps"] or not wrapped["steps"]:
+        return
+    step_e = sum(eng["wall"]) * 1000 / eng["steps"]
+    step_w = sum(wrapped["wall"]) * 1000 / wrapped["steps"]
+    we, ww = statistics.fmean(eng["waited"]), statistics.fmean(wrapped["waited"])
+    print(f"  engine steps each request waited beyond its own tokens, mean: engine alone {we:.3f}, with the "
+          f"gateway {ww:.3f} ({ww - we:+.3f} steps = {(ww - we) * step_w:+.2f} ms at {step_w:.1f} ms per step); "
+          f"phase wall time per engine step: alone {step_e:.1f} ms, with the gateway {step_w:.1f} ms ({step_w - step_e:+.1f})")
+
+
 def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallTracer | None) -> None:
     base = results["engine"]["lat"]
     print(f"\n{'phase':<16}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}{'req/s':>8}"
@@ -470,12 +499,17 @@ def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallT
           f"(engine alone p50 {pct(base, 50):.1f} ms, p99 {pct(base, 99):.1f} ms)")
     engine_part = [a - b for a, b in zip(wrapped["lat"], part, strict=True)]
     paired_report(eng["rounds"], wrapped["rounds"])
+    steps_report(eng, wrapped)
     print(f"  the engine's part of a wrapped request: p50 {pct(engine_part, 50):.1f} ms "
           f"(alone {pct(base, 50):.1f} ms): arrivals spread by the gateway's work make smaller batches "
           f"({len(wrapped['lat']) / max(1, wrapped['steps']):.1f} requests per engine step vs "
           f"{len(base) / max(1, eng['steps']):.1f} alone)")
+    after = wrapped["after"]
+    before = [p - a for p, a in zip(part, after, strict=True)]
     print(f"  time each request spends inside the gateway's calls: p50 {pct(part, 50):.2f} ms, "
-          f"p99 {pct(part, 99):.2f} ms, mean {statistics.fmean(part):.2f} ms")
+          f"p99 {pct(part, 99):.2f} ms, mean {statistics.fmean(part):.2f} ms; before the engine p50 "
+          f"{pct(before, 50):.2f} ms, p99 {pct(before, 99):.2f} ms; after it p50 {pct(after, 50):.2f} ms, "
+          f"p99 {pct(after, 99):.2f} ms")
     print(f"  of which the request's own work: {own_cpu:.3f} ms CPU per request (gateway alone, all threads of this "
           f"process; {loop_cpu_added:.3f} ms more event-loop-thread CPU per request than the engine alone); "
           f"the rest is waiting: for the other {args.clients - 1} requests' gateway work on the one event loop, "
