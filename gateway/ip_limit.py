@@ -92,14 +92,31 @@ class ClientIPLimiter:
         bridge = getattr(self._storage, "bridge", None)
         self._acquire = getattr(bridge, "lua_acquire_moving_window", None)
         self._lane = ScriptLane.for_client(self._redis)
-        self._keys: dict[tuple, str] = {}  # (item, identifiers) -> Redis key, memoised
+        self._by_address = all(key_func is client_address for _, key_func, _, _ in self._checks)
+        self._plans: dict[str, list[tuple]] = {}  # client address -> its hits (``_plan``), memoised
         self._batches: Coalescer = Coalescer(self._hit_batch)
 
     async def check(self, request: Request) -> None:
-        for item, key_func, scope, cost in self._checks:
-            args = (self.limiter._key_prefix, key_func(request), scope)
+        await self.check_scope(request.scope, request)
+
+    async def check_scope(self, scope: Scope, request: Request | None = None) -> None:
+        """``check`` from the ASGI scope: with slowapi's address key function (the only one
+        ``gateway`` declares) the hits' Redis keys are found by the address alone, memoised, and
+        no ``Request`` is built."""
+        if self._by_address:
+            client = scope.get("client")
+            address = client[0] if client else "unknown"
+            plan = self._plans.get(address)
+            if plan is None:
+                plan = self._plan(address, request or Request(scope))
+        else:
+            plan = self._plan(None, request or Request(scope))
+        for item, args, group, cost in plan:
             try:
-                if await self._hit(item, args, cost):
+                if group is None:  # no pipelined script: `limits`' own hit
+                    if await self._strategy.hit(item, *args, cost=cost):
+                        continue
+                elif await self._batches.submit(group, cost):
                     continue
                 stats = await self._strategy.get_window_stats(item, *args)
                 reset_s = max(0.001, stats.reset_time - time.time())
@@ -113,18 +130,23 @@ class ClientIPLimiter:
                 headers={"x-ratelimit-limit-requests": str(limit), "x-ratelimit-remaining-requests": "0",
                          "x-ratelimit-reset-requests": format_reset(reset_s)})
 
-    async def _hit(self, item, args: tuple[str, ...], cost: int) -> bool:  # noqa: ANN001 - limits' RateLimitItem
-        """``MovingWindowRateLimiter.hit``: the same script, key and arguments as `limits`' redis-py
-        storage (``acquire_entry``) on the pipelined connection, the hits of one event-loop
-        iteration on one key taken together (``gateway.coalesce``)."""
-        if self._acquire is None:
-            return await self._strategy.hit(item, *args, cost=cost)
-        key = self._keys.get((item, args))
-        if key is None:
-            if len(self._keys) > 100_000:  # many addresses: start afresh
-                self._keys.clear()
-            key = self._keys[(item, args)] = self._storage.bridge.prefixed_key(item.key_for(*args))
-        return await self._batches.submit((key, item.amount, item.get_expiry()), cost)
+    def _plan(self, address: str | None, request: Request) -> list[tuple]:
+        """Per declared limit: (item, slowapi's limits identifiers, the batch group (Redis key,
+        amount, expiry) of ``MovingWindowRateLimiter.hit``'s script — the same script, key and
+        arguments as `limits`' redis-py storage (``acquire_entry``), sent on the pipelined
+        connection — or None without that script, cost). Memoised per address when ``address``."""
+        plan = []
+        for item, key_func, scope, cost in self._checks:
+            args = (self.limiter._key_prefix, key_func(request), scope)
+            group = None
+            if self._acquire is not None:
+                group = (self._storage.bridge.prefixed_key(item.key_for(*args)), item.amount, item.get_expiry())
+            plan.append((item, args, group, cost))
+        if address is not None:
+            if len(self._plans) > 100_000:  # many addresses: start afresh
+                self._plans.clear()
+            self._plans[address] = plan
+        return plan
 
     async def _hit_batch(self, group: tuple[str, int, int], costs: list[int]) -> list[bool]:
         """All the hits at once (``limits``' script takes an amount, all or nothing); when the
@@ -157,7 +179,7 @@ class ClientIPLimitMiddleware:
             limiter = getattr(state, "ip_limiter", None)
             if limiter is not None:
                 try:
-                    await limiter.check(Request(scope))
+                    await limiter.check_scope(scope)
                 except ApiError as err:
                     await error_response(err)(scope, receive, send)
                     return

@@ -110,7 +110,21 @@ class RequestLimiter:
         taken = int(reply[0])
         before = [int(reply[1 + 2 * i]) for i in range(len(windows))]
         resets = [max(0.0, float(reply[2 + 2 * i]) + self.WINDOW_S - now) for i in range(len(windows))]
-        return [self._outcome(windows, before, resets, i, taken) for i in range(n)]
+        return self._admitted(windows, before, resets, taken) + [
+            self._outcome(windows, before, resets, i, taken) for i in range(taken, n)]
+
+    @staticmethod
+    def _admitted(windows: list, before: list[int], resets: list[float], taken: int) -> list:
+        """``_outcome`` of the first ``taken`` requests of a batch (all admitted), computed once:
+        each takes one more request from every window, so the window with the least room left is
+        the same for all of them (the first of equals, as ``min`` picks) and only the count moves."""
+        if taken <= 0:
+            return []
+        room = [limit - count0 for (_, _, limit), count0 in zip(windows, before, strict=True)]
+        w = room.index(min(room))
+        limit, left, reset = str(windows[w][2]), room[w], format_reset(resets[w])
+        return [(True, {"x-ratelimit-limit-requests": limit, "x-ratelimit-remaining-requests": str(left - i),
+                        "x-ratelimit-reset-requests": reset}, None) for i in range(1, taken + 1)]
 
     @staticmethod
     def _outcome(windows: list, before: list[int], resets: list[float], i: int, taken: int) -> tuple:

@@ -219,3 +219,20 @@ async def test_two_keys_batched_together_share_the_tenant_window(tenancy, make_t
     results = await asyncio.gather(*(tenancy.limiter.check_request(p) for p in [p1, p2] * 10), return_exceptions=True)
     assert sum(isinstance(r, dict) for r in results) == 6
     assert all("organization" in r.message for r in results if isinstance(r, ApiError))
+
+
+@pytest.mark.parametrize("limits_before", [
+    [(10, 0)], [(10, 3), (100, 3)], [(100, 50), (60, 0)], [(7, 2), (7, 2)], [(1000, 999), (5, 0)],
+])
+def test_admitted_part_of_a_batch_matches_one_by_one_outcomes(limits_before):
+    """The fast path for a batch's admitted requests gives exactly the per-request outcomes."""
+    from gateway.limits import RequestLimiter
+
+    windows = [(scope, (), limit) for scope, (limit, _) in zip(["API key", "organization"][:len(limits_before)], limits_before, strict=True)]
+    before = [count for _, count in limits_before]
+    resets = [12.5, 61.0][:len(windows)]
+    room = min(limit - count for limit, count in limits_before)
+    for taken in range(0, room + 1):
+        fast = RequestLimiter._admitted(windows, before, resets, taken)
+        slow = [RequestLimiter._outcome(windows, before, resets, i, taken) for i in range(taken)]
+        assert fast == slow
