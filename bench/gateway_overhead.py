@@ -143,6 +143,29 @@ class StallTracer:
                 self.engine_sites[self._site(frames[engine_thread])] += 1
 
 
+class StepClock:
+    """When each engine step started and ended (``perf_counter``), recorded on the engine's thread
+    by wrapping ``LLMEngine.step``: the time between one step's end and the next one's start is
+    the engine waiting for work, which in waves is the clients' and the gateway's work between
+    steps, free of the step time's own noise."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.spans: list[tuple[float, float]] = []
+        step = engine.engine.step
+
+        def timed_step():  # noqa: ANN202
+            t0 = time.perf_counter()
+            outs = step()
+            if outs:  # a step that ran the model (an empty schedule returns nothing)
+                self.spans.append((t0, time.perf_counter()))
+            return outs
+
+        engine.engine.step = timed_step
+
+    def since(self, t0: float) -> list[tuple[float, float]]:
+        return [s for s in self.spans if s[0] >= t0]
+
+
 async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1, salt: str | None = None) -> int:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     completion = 0
@@ -289,6 +312,7 @@ async def main(args: argparse.Namespace) -> None:
     client_request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [],
                               "query_string": b"", "client": ("127.0.0.1", 50000)})
     prompt = engine.encode_chat(MESSAGES)
+    clock = StepClock(engine)
     undo_gc = tune_gc(settings)  # what create_app's lifespan does once started: freeze the start-up heap
     bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt, args.max_tokens)
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
@@ -345,7 +369,7 @@ async def main(args: argparse.Namespace) -> None:
     modes = ("engine", "engine+gateway", "gateway alone", "http")
     def empty(names=modes) -> dict:  # noqa: ANN001
         return {m: {"lat": [], "part": [], "stall": [], "wall": [], "cpu": [], "loop_cpu": [], "steps": 0,
-                    "rounds": [], "waited": [], "after": []} for m in names}
+                    "rounds": [], "waited": [], "after": [], "idle": [], "step_ms": []} for m in names}
 
     results = empty()
 
@@ -355,10 +379,16 @@ async def main(args: argparse.Namespace) -> None:
         current[0] = mon
         mon.start()
         cpu0, tcpu0, steps0 = time.process_time(), time.thread_time(), engine.stats().steps
+        phase_t0 = time.perf_counter()
         bench.waited, bench.after = [], []
         lat, part, wall = await clients(fn, n_clients, n_req)
         await services.aftercare.drain()  # the phase's deferred settlements count in its CPU
+        await services.usage.flush()  # and its rows' database writes: none spill into the next phase
         into[mode]["steps"] += engine.stats().steps - steps0
+        spans = clock.since(phase_t0)
+        # per step: the time the engine waited for work before it (from the previous step's end)
+        into[mode]["idle"].append([(b[0] - a[1]) * 1000 for a, b in zip(spans, spans[1:], strict=False)])
+        into[mode]["step_ms"].append([(e - s0) * 1000 for s0, e in spans])
         into[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
         into[mode]["loop_cpu"].append((time.thread_time() - tcpu0) * 1000 / len(lat))
         await mon.stop()
@@ -472,6 +502,30 @@ def steps_report(eng: dict, wrapped: dict) -> None:
           f"phase wall time per engine step: alone {step_e:.1f} ms, with the gateway {step_w:.1f} ms ({step_w - step_e:+.1f})")
 
 
+def cycle_report(eng: dict, wrapped: dict) -> None:
+    """The added latency on the engine's own clock (``StepClock``): in waves every client has one
+    request in each step, so a request's latency is one cycle, the time the engine waited for the
+    wave (the clients' and the gateway's work between steps, the burst-gathering gap) plus the
+    step itself. What the gateway adds is the change of the wait (its work on the critical path,
+    free of the step time's noise) plus the change of the step (steps slowed by the gateway's work
+    on the same cores: deferred settlements, the usage writer, Redis itself). Medians per phase,
+    then round by round (each wrapped phase against the engine-alone phase before it). With
+    staggered arrivals the engine rarely waits and the split says little."""
+    rounds = [(statistics.median(ie), statistics.median(iw), statistics.median(se), statistics.median(sw))
+              for ie, iw, se, sw in zip(eng["idle"], wrapped["idle"], eng["step_ms"], wrapped["step_ms"], strict=True)
+              if ie and iw and se and sw]
+    if not rounds:
+        return
+    d_idle = [r[1] - r[0] for r in rounds]
+    d_step = [r[3] - r[2] for r in rounds]
+    print(f"  on the engine's clock ({len(rounds)} rounds, medians per phase): wait for work before each step "
+          f"alone {statistics.median(r[0] for r in rounds):.2f} ms, with the gateway "
+          f"{statistics.median(r[1] for r in rounds):.2f} ms: added wait median {statistics.median(d_idle):+.2f} ms "
+          f"(rounds {min(d_idle):+.2f} .. {max(d_idle):+.2f}); step time alone "
+          f"{statistics.median(r[2] for r in rounds):.1f} ms, added median {statistics.median(d_step):+.2f} ms "
+          f"(rounds {min(d_step):+.1f} .. {max(d_step):+.1f})")
+
+
 def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallTracer | None) -> None:
     base = results["engine"]["lat"]
     print(f"\n{'phase':<16}{'n':>6}{'p50 ms':>9}{'p99 ms':>9}{'p50 x':>7}{'p99 x':>7}{'req/s':>8}"
@@ -500,6 +554,7 @@ def report(args: argparse.Namespace, results: dict, single: dict, tracer: StallT
     engine_part = [a - b for a, b in zip(wrapped["lat"], part, strict=True)]
     paired_report(eng["rounds"], wrapped["rounds"])
     steps_report(eng, wrapped)
+    cycle_report(eng, wrapped)
     print(f"  the engine's part of a wrapped request: p50 {pct(engine_part, 50):.1f} ms "
           f"(alone {pct(base, 50):.1f} ms): arrivals spread by the gateway's work make smaller batches "
           f"({len(wrapped['lat']) / max(1, wrapped['steps']):.1f} requests per engine step vs "
