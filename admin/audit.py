@@ -1,6 +1,7 @@
 """The admin audit log: every write through the admin API, CLI or dashboard adds one row —
 who (the token's ``sub``, or ``cli:<user>``), what (``tenant.create``, ``key.revoke``, …), when,
-and the target's state before and after as JSON."""
+and the target's state before and after as JSON (money as its exact decimal string, read back as a
+Decimal so the API shows it as the same exact number as everywhere else)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.db.models import AuditLog
 
+MONEY_QUANTUM = Decimal("0.00000001")  # money's scale in the database: NUMERIC(18, 8)
+# money fields of the views the audit log keeps (stored as exact strings: see ``storable``)
+MONEY_FIELDS = frozenset({"budget_usd", "prompt_usd_per_1m", "completion_usd_per_1m"})
+
+
+def money(value: Decimal) -> Decimal:
+    """``value`` at money's 8 decimals (``0.5`` → ``0.50000000``)."""
+    return value.quantize(MONEY_QUANTUM)
+
 
 def jsonable(value: Any) -> Any:
-    """Decimals, datetimes and nested containers made JSON-safe (money keeps 8 decimals)."""
+    """Datetimes and nested containers made JSON-safe. A Decimal stays a Decimal, at 8 decimals: a
+    float cannot hold 18 digits, and ``admin.api.exact_json`` writes it as the exact JSON number."""
     if isinstance(value, Decimal):
-        return float(round(value, 8))
+        return money(value)
     if isinstance(value, datetime):
         # SQLite hands back naive datetimes; everything pagegate stores is UTC.
         return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
@@ -30,11 +41,33 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def storable(value: Any) -> Any:
+    """``jsonable`` with money as its exact decimal string: the JSON column's encoder has no Decimal."""
+    value = jsonable(value)
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, dict):
+        return {k: storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
+
+
+def _money_back(value: Any) -> Any:
+    """A stored snapshot with its money strings turned back into Decimals (numbers in the API)."""
+    if isinstance(value, dict):
+        return {k: Decimal(v) if k in MONEY_FIELDS and isinstance(v, str) else _money_back(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_money_back(v) for v in value]
+    return value
+
+
 def record(session: AsyncSession, *, actor: str, action: str, target: str,
            before: dict | None = None, after: dict | None = None, detail: str | None = None) -> AuditLog:
     """Add an audit row to ``session``; it commits with the change it describes."""
     row = AuditLog(actor=actor[:128], action=action, target=target[:128],
-                   before=jsonable(before), after=jsonable(after), detail=detail)
+                   before=storable(before), after=storable(after), detail=detail)
     session.add(row)
     return row
 
@@ -52,4 +85,5 @@ async def list_entries(session: AsyncSession, *, target: str | None = None, acti
 
 def entry_view(row: AuditLog) -> dict:
     return {"id": row.id, "created_at": jsonable(row.created_at), "actor": row.actor, "action": row.action,
-            "target": row.target, "before": row.before, "after": row.after, "detail": row.detail}
+            "target": row.target, "before": _money_back(row.before), "after": _money_back(row.after),
+            "detail": row.detail}

@@ -32,6 +32,7 @@ HMAC_ALGS = ("HS256",)
 ASYMMETRIC_ALGS = {"RS256": "RSA", "RS384": "RSA", "RS512": "RSA", "PS256": "RSA",
                    "ES256": "EC", "ES384": "EC", "ES512": "EC"}
 LEEWAY_S = 30  # clock skew tolerated on exp/nbf/iat
+MAX_TOKEN_TTL_S = 365 * 24 * 3600  # minted tokens live at most a year: a leaked one must not last for ever
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,12 @@ def require(principal: AdminPrincipal, scope: str) -> AdminPrincipal:
     return principal
 
 
+def bearer_token(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value; None for any other."""
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str, ...] | list[str] = ALL_SCOPES,
                ttl_s: int | None = None, now: int | None = None) -> str:
     """An HS256 admin token signed with ``settings.admin_jwt_secret``."""
@@ -71,6 +78,8 @@ def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str,
         raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
     issued = int(time.time()) if now is None else now
     ttl = settings.admin_token_ttl_s if ttl_s is None else ttl_s
+    if ttl > MAX_TOKEN_TTL_S:  # (a negative ttl mints an expired token, which tests use)
+        raise ValueError(f"a token's lifetime is at most {MAX_TOKEN_TTL_S} seconds (one year), not {ttl}")
     claims = {"iss": settings.admin_jwt_issuer, "sub": subject, "iat": issued, "exp": issued + ttl,
               "scope": " ".join(scopes), "jti": uuid.uuid4().hex}
     return JsonWebToken(["HS256"]).encode({"alg": "HS256"}, claims, settings.admin_jwt_secret.encode()).decode()

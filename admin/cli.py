@@ -16,7 +16,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from admin import cli_commands as cmd
+from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound
+from admin.schemas import InvalidField, split_models
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
 
@@ -34,7 +36,9 @@ def _usd(value: str) -> Decimal:
         amount = Decimal(value)
     except InvalidOperation as exc:
         raise argparse.ArgumentTypeError(f"not an amount: {value!r}") from exc
-    if amount < 0 or not amount.is_finite():
+    if not amount.is_finite():  # before comparing: NaN < 0 raises InvalidOperation
+        raise argparse.ArgumentTypeError(f"not an amount: {value!r}")
+    if amount < 0:
         raise argparse.ArgumentTypeError("amounts must be >= 0")
     return amount
 
@@ -54,6 +58,34 @@ def _positive(value: str) -> int:
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a whole number > 0, not {value!r}")
     return n
+
+
+def _models(value: str) -> list[str]:
+    try:
+        return split_models(value)
+    except InvalidField as exc:
+        raise argparse.ArgumentTypeError(f"comma-separated model names, none empty (leave --models out for all "
+                                         f"models), not {value!r}") from exc
+
+
+def _scopes(value: str) -> list[str]:
+    scopes = value.replace(",", " ").split()
+    if not scopes or set(scopes) - set(ALL_SCOPES):
+        raise argparse.ArgumentTypeError(f"{' and/or '.join(ALL_SCOPES)}, not {value!r}")
+    return scopes
+
+
+def _ttl(value: str) -> int:
+    ttl = _positive(value)
+    if ttl > MAX_TOKEN_TTL_S:
+        raise argparse.ArgumentTypeError(f"at most {MAX_TOKEN_TTL_S} seconds (one year), not {value!r}")
+    return ttl
+
+
+def _subject(value: str) -> str:
+    if not value.strip():  # the server refuses a token whose sub is empty
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
 
 
 def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
@@ -106,7 +138,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = ksub.add_parser("create", help="mint a key; prints it alone on stdout (shown once)")
     p.add_argument("--tenant", required=True)
     p.add_argument("--name")
-    p.add_argument("--models", help="comma-separated allowed models (default: all)")
+    p.add_argument("--models", type=_models, help="comma-separated allowed models (default: all)")
     p.add_argument("--rpm", type=_count, help="per-key requests per minute")
     p.set_defaults(run=cmd.keys_create)
     p = ksub.add_parser("list", help="keys (never the keys themselves: prefixes)")
@@ -144,9 +176,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd.audit)
 
     p = sub.add_parser("token", help="mint an HS256 admin token (PAGEGATE_ADMIN_JWT_SECRET)")
-    p.add_argument("--scope", action="append", help="admin:read and/or admin:write (default: both)")
-    p.add_argument("--ttl", type=_positive, default=None, help="lifetime in seconds (default: admin_token_ttl_s)")
-    p.add_argument("--sub", default="admin", help="subject recorded in the audit log (default: admin)")
+    p.add_argument("--scope", type=_scopes, action="append", help="admin:read and/or admin:write (default: both)")
+    p.add_argument("--ttl", type=_ttl, default=None,
+                   help=f"lifetime in seconds, at most {MAX_TOKEN_TTL_S} (default: admin_token_ttl_s)")
+    p.add_argument("--sub", type=_subject, default="admin", help="subject recorded in the audit log (default: admin)")
     p.set_defaults(run=None)
 
     admin.set_defaults(func=run)

@@ -19,7 +19,7 @@ from admin import reports
 from admin.audit import list_entries
 from admin.auth import ALL_SCOPES, mint_token
 from admin.management import Management, key_view, price_view, tenant_view
-from admin.tables import format_record, format_table
+from admin.tables import decimal_text, format_record, format_table
 from gateway.db.session import Database
 from gateway.settings import Settings
 
@@ -68,8 +68,8 @@ def _warn_no_redis(ops: Management) -> None:
 
 TENANT_COLUMNS = ("name", "enabled", "rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_enabled")
 KEY_COLUMNS = ("id", "tenant", "prefix", "name", "allowed_models", "rpm", "revoked", "created_at")
-REPORT_COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "cost_usd",
-                  "cache_hits", "saved_usd", "p50_latency_ms", "p95_latency_ms")
+REPORT_COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "total_tokens",
+                  "cost_usd", "cache_hits", "saved_usd", "p50_latency_ms", "p95_latency_ms")
 
 
 def _limits(args: argparse.Namespace) -> dict:
@@ -132,8 +132,7 @@ async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def keys_create(ops: Management, args: argparse.Namespace) -> int:
-    models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
-    row, new = await ops.create_key(tenant=args.tenant, name=args.name, allowed_models=models, rpm=args.rpm)
+    row, new = await ops.create_key(tenant=args.tenant, name=args.name, allowed_models=args.models, rpm=args.rpm)
     note(f"created key {row.prefix}… (id {row.id}) for tenant {args.tenant}; it is shown only once:")
     print(new.key)
     return 0
@@ -164,7 +163,8 @@ async def keys_rotate(ops: Management, args: argparse.Namespace) -> int:
 
 async def prices_set(ops: Management, args: argparse.Namespace) -> int:
     row = await ops.set_price(model=args.model, prompt_usd_per_1m=args.prompt, completion_usd_per_1m=args.completion)
-    note(f"price of {row.model}: ${row.prompt_usd_per_1m} prompt, ${row.completion_usd_per_1m} completion per 1M")
+    note(f"price of {row.model}: ${decimal_text(row.prompt_usd_per_1m)} prompt, "
+         f"${decimal_text(row.completion_usd_per_1m)} completion per 1M")
     return 0
 
 
@@ -183,16 +183,29 @@ def _print_report(report: reports.Report, as_csv: bool, first: str) -> None:
     print(format_table((first, *REPORT_COLUMNS), [[r["group"], *(r[c] for c in REPORT_COLUMNS)] for r in rows]))
 
 
-async def report(ops: Management, args: argparse.Namespace) -> int:
-    tenant = await ops.tenant(args.tenant)
+def _report_range(args: argparse.Namespace) -> tuple[datetime, datetime] | None:
+    """``--since``/``--until`` with their defaults; None (after saying why) when backwards, as the API refuses."""
     since, until = reports.default_range(args.since, args.until)
+    if since >= until:
+        note(f"error: --since ({since:%Y-%m-%d %H:%M}) must be before --until ({until:%Y-%m-%d %H:%M}) UTC")
+        return None
+    return since, until
+
+
+async def report(ops: Management, args: argparse.Namespace) -> int:
+    if (span := _report_range(args)) is None:
+        return 2
+    since, until = span
+    tenant = await ops.tenant(args.tenant)
     result = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by=args.group_by)
     _print_report(result, args.csv, args.group_by)
     return 0
 
 
 async def summary(ops: Management, args: argparse.Namespace) -> int:
-    since, until = reports.default_range(args.since, args.until)
+    if (span := _report_range(args)) is None:
+        return 2
+    since, until = span
     _print_report(await reports.summary(ops.session, since=since, until=until), args.csv, "tenant")
     return 0
 
@@ -205,7 +218,7 @@ async def audit(ops: Management, args: argparse.Namespace) -> int:
 
 
 def token(settings: Settings, args: argparse.Namespace) -> int:
-    scopes = [s for raw in (args.scope or list(ALL_SCOPES)) for s in raw.replace(",", " ").split()]
+    scopes = [s for group in (args.scope or [list(ALL_SCOPES)]) for s in group]
     if settings.admin_jwt_secret == Settings.model_fields["admin_jwt_secret"].default:
         note("warning: PAGEGATE_ADMIN_JWT_SECRET is the built-in default; set your own secret in production")
     print(mint_token(settings, subject=args.sub, scopes=scopes, ttl_s=args.ttl))

@@ -21,7 +21,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from admin import audit
 from admin.reports import CACHE_HIT_VALUES
-from admin.schemas import INT32_MAX, KeyCreate, PriceModel, PriceSet, TenantCreate, TenantLimits, validated
+from admin.schemas import (
+    INT32_MAX,
+    InvalidField,
+    KeyCreate,
+    PriceModel,
+    PriceSet,
+    TenantCreate,
+    TenantLimits,
+    validated,
+)
 from gateway import tenancy
 from gateway.db.models import ApiKey, ModelPrice, Tenant, UsageRecord
 from gateway.keys import NewKey
@@ -91,7 +100,8 @@ class Management:
 
     async def key(self, ref: int | str) -> ApiKey:
         """A key by numeric id or by display prefix (``pg-…``)."""
-        if isinstance(ref, int) or str(ref).isdigit():
+        # ASCII digits only: str.isdigit() also takes '²' or '٣', which int() then refuses
+        if isinstance(ref, int) or (str(ref).isascii() and str(ref).isdigit()):
             key_id = int(ref)  # ids past the column's range cannot exist (and would overflow the driver)
             row = await self.session.get(ApiKey, key_id) if 0 < key_id <= INT32_MAX else None
         else:
@@ -113,6 +123,10 @@ class Management:
         if not include_revoked:
             query = query.where(ApiKey.revoked.is_(False))
         return [(k, n) for k, n in (await self.session.execute(query)).all()]
+
+    async def owner(self, key: ApiKey) -> str:
+        """The name of the key's tenant."""
+        return (await self.session.get_one(Tenant, key.tenant_id)).name
 
     async def prices(self) -> list[ModelPrice]:
         return list((await self.session.execute(select(ModelPrice).order_by(ModelPrice.model))).scalars())
@@ -140,6 +154,7 @@ class Management:
         body = validated(TenantCreate, {"name": name, **fields})
         fields = body.changes()
         name = fields.pop("name")
+        self._check_money(fields)
         if await tenancy.get_tenant(self.session, name=name) is not None:
             raise Conflict(f"Tenant {name!r} already exists.")
         try:
@@ -157,6 +172,7 @@ class Management:
         """Change the fields given (``None`` clears a limit or budget); one audit row per call."""
         _only(changes, TENANT_FIELDS)
         changes = validated(TenantLimits, changes).changes()
+        self._check_money(changes)
         tenant = await self.tenant(name)
         before = tenant_view(tenant)
         if not changes:
@@ -192,10 +208,11 @@ class Management:
         row = await self.key(ref)
         if row.revoked:
             return row
-        before = key_view(row)
+        owner = await self.owner(row)
+        before = key_view(row, owner)
         await tenancy.revoke_key(self.session, key_id=row.id)
         audit.record(self.session, actor=self.actor, action="key.revoke", target=f"key:{row.prefix}",
-                     before=before, after=key_view(row))
+                     before=before, after=key_view(row, owner))
         await self.session.commit()
         await self._invalidate(key_hash=row.key_hash)
         return row
@@ -205,13 +222,14 @@ class Management:
         old = await self.key(ref)
         if old.revoked:
             raise Conflict(f"Key {old.prefix} is already revoked; create a new one instead.")
-        before = key_view(old)
+        owner = await self.owner(old)
+        before = key_view(old, owner)
         await tenancy.revoke_key(self.session, key_id=old.id)
         row, new = await tenancy.create_api_key(self.session, tenant_id=old.tenant_id, name=old.name,
                                                 allowed_models=old.allowed_models, rpm=old.rpm_limit)
         await self.session.refresh(row)
         audit.record(self.session, actor=self.actor, action="key.rotate", target=f"key:{old.prefix}",
-                     before=before, after={"revoked": key_view(old), "replacement": key_view(row)})
+                     before=before, after={"revoked": key_view(old, owner), "replacement": key_view(row, owner)})
         await self.session.commit()
         await self._invalidate(key_hash=old.key_hash)
         return old, row, new
@@ -221,6 +239,7 @@ class Management:
         validated(PriceModel, {"model": model})
         price = validated(PriceSet, {"prompt_usd_per_1m": prompt_usd_per_1m,
                                      "completion_usd_per_1m": completion_usd_per_1m})
+        self._check_money(price.model_dump())
         existing = await self.session.get(ModelPrice, model)
         before = price_view(existing) if existing is not None else None
         row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
@@ -230,6 +249,17 @@ class Management:
                      before=before, after=price_view(row))
         await self.session.commit()
         return row
+
+    def _check_money(self, fields: dict) -> None:
+        """Refuse money this database would not give back as sent. SQLite keeps NUMERIC as a 64-bit
+        float that SQLAlchemy reads back at 8 decimals; PostgreSQL's NUMERIC(18, 8) holds every
+        value the schemas accept."""
+        if self.session.get_bind().dialect.name != "sqlite":
+            return
+        for name, value in fields.items():
+            if isinstance(value, Decimal) and (stored := Decimal(f"{float(value):.8f}")) != value:
+                raise InvalidField(f"{name}: SQLite keeps money as a 64-bit float and would store {value} as "
+                                   f"{stored}; use fewer digits, or PostgreSQL", name)
 
     async def _invalidate(self, *, key_hash: str | None = None, tenant_id: int | None = None) -> None:
         """Push the change to running gateways. The change is already committed: if Redis is down

@@ -18,6 +18,7 @@ from decimal import Decimal
 from sqlalchemy import String, case, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from admin.audit import money
 from admin.schemas import InvalidField
 from gateway.db.models import ApiKey, Tenant, UsageRecord
 
@@ -43,9 +44,9 @@ class ReportRow:
     p95_latency_ms: float | None = None
 
     def as_dict(self) -> dict:
+        """The row with money as exact 8-decimal Decimals (the API writes them as exact numbers)."""
         d = asdict(self)
-        d["cost_usd"] = float(round(self.cost_usd, 8))
-        d["saved_usd"] = float(round(self.saved_usd, 8))
+        d["cost_usd"], d["saved_usd"] = money(self.cost_usd), money(self.saved_usd)
         return d
 
 
@@ -110,27 +111,37 @@ async def summary(session: AsyncSession, *, since: datetime, until: datetime,
     return await _run(session, Tenant.name, [Tenant], where, "tenant", since, until, percentiles)
 
 
+def _csv_cell(value: object) -> object:
+    if value is None:
+        return ""
+    # money as fixed 8 decimals from the Decimal itself (str() would give "0E-8", a float "0.444")
+    return format(value, "f") if isinstance(value, Decimal) else value
+
+
 def to_csv(report: Report) -> str:
-    """The report's rows and a final ``TOTAL`` row as CSV with a header line."""
+    """The report's rows and a final ``TOTAL`` row as CSV with a header line; money has 8 decimals."""
     names = [f.name for f in fields(ReportRow)]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow([report.group_by if n == "group" else n for n in names])
     for row in [*report.rows, report.total]:
         d = row.as_dict()
-        writer.writerow(["" if d[n] is None else d[n] for n in names])
+        writer.writerow([_csv_cell(d[n]) for n in names])
     return buf.getvalue()
 
 
 def from_csv(text: str) -> list[dict]:
-    """Parse ``to_csv`` output back into dicts with numbers (for clients and tests)."""
+    """Parse ``to_csv`` output back into dicts with numbers, money as exact Decimals (for clients and
+    tests)."""
     rows = []
     for raw in csv.DictReader(io.StringIO(text)):
         row = {}
         for key, value in raw.items():
             if value == "" or key in GROUPS or key in ("tenant", "group"):
                 row[key] = value or None
-            elif key.endswith(("_usd", "_ms")):
+            elif key.endswith("_usd"):
+                row[key] = Decimal(value)
+            elif key.endswith("_ms"):
                 row[key] = float(value)
             else:
                 row[key] = int(value)

@@ -16,7 +16,7 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Money = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=8)]
-TENANT_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # the whole name (re.fullmatch: "$" would pass "acme\n")
 
 
 class InvalidField(ValueError):
@@ -66,7 +66,7 @@ class TenantLimits(_Body):
 
 
 def _tenant_name(name: str) -> str:
-    if not re.match(TENANT_NAME, name):
+    if not re.fullmatch(TENANT_NAME, name):
         raise ValueError("a tenant name uses letters, digits, '.', '_' and '-', and starts with a letter or digit")
     return name
 
@@ -81,9 +81,30 @@ class BudgetUpdate(_Body):
     period: Period | None = None
 
 
+MODELS_RULE = "name at least one model and no empty names (null or absent: all models)"
+
+
+def _model_names(models: list[str]) -> list[str]:
+    # an empty list must not silently mean "all models", as null does
+    if not models or any(not m.strip() for m in models):
+        raise ValueError(MODELS_RULE)
+    return models
+
+
+ModelNames = Annotated[list[Annotated[str, Field(max_length=128)]], AfterValidator(_model_names)]
+
+
+def split_models(text: str) -> list[str]:
+    """A comma-separated model list (CLI flag, dashboard field); ``InvalidField`` on an empty name."""
+    try:
+        return _model_names([m.strip() for m in text.split(",")])
+    except ValueError as exc:
+        raise InvalidField(f"allowed_models: {exc}", "allowed_models") from exc
+
+
 class KeyCreate(_Body):
     name: str | None = Field(None, max_length=128)
-    allowed_models: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = None
+    allowed_models: ModelNames | None = None  # null: every model
     rpm: Count | None = None
 
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from decimal import Decimal
 
 _ISO_TIME = re.compile(r"^(\d{4}-\d\d-\d\d)T(\d\d:\d\d:\d\d)(\.\d+)?(\+00:00|Z)?$")
+
+
+def decimal_text(value: Decimal | float) -> str:
+    """``1,234.5`` → ``1,234.50``: thousands separated, up to 8 decimals, at least cents. A Decimal
+    (money) is written digit for digit; a float would round past ~16 digits."""
+    text = f"{value:,.8f}".rstrip("0")
+    return text + "0" * max(0, 2 - len(text.split(".")[1]))
 
 
 def _cell(value: object) -> str:
@@ -13,10 +21,8 @@ def _cell(value: object) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    if isinstance(value, float):
-        # money keeps its 8 decimals when it has them, and always shows at least cents
-        text = f"{value:,.8f}".rstrip("0")
-        return text + "0" * max(0, 2 - len(text.split(".")[1]))
+    if isinstance(value, (float, Decimal)):
+        return decimal_text(value)
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, list):
@@ -27,7 +33,7 @@ def _cell(value: object) -> str:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -67,9 +67,9 @@ async def create_tenant(
 ) -> Tenant:
     """Add a tenant (flushed, not committed). ``rpm``/``tpm`` None means the settings' defaults
     (``default_rpm``/``default_tpm``), 0 means unlimited; budgets None mean no budget."""
-    name = name.strip()
-    if not name:
-        raise TenancyError("tenant name must not be empty")
+    # stored exactly as checked: stripping here would let "acme\n" past a caller's duplicate check
+    if not name or name != name.strip():
+        raise TenancyError("tenant name must not be empty or start or end with whitespace")
     _check_limits(rpm, tpm, budget_tokens, budget_usd, period)
     if await get_tenant(session, name=name) is not None:
         raise TenancyError(f"tenant {name!r} already exists")
@@ -123,13 +123,16 @@ async def create_api_key(
     rpm: int | None = None,
 ) -> tuple[ApiKey, NewKey]:
     """Mint a key for a tenant. Returns the row and the ``NewKey`` whose ``.key`` is shown once
-    (only its SHA-256 hash and display prefix are stored). ``allowed_models`` None: all models."""
+    (only its SHA-256 hash and display prefix are stored). ``allowed_models`` None: all models;
+    a list must name at least one model, none of them empty."""
     tenant = await _require_tenant(session, tenant_id, tenant_name)
     if rpm is not None and rpm < 0:
         raise TenancyError("rpm must be >= 0")
+    if allowed_models is not None and (not allowed_models or not all(m and m.strip() for m in allowed_models)):
+        raise TenancyError("allowed_models must name at least one model, none empty (null: all models)")
     new = generate_key()
     row = ApiKey(tenant_id=tenant.id, key_hash=new.key_hash, prefix=new.prefix, name=name,
-                 allowed_models=list(allowed_models) if allowed_models else None, rpm_limit=rpm,
+                 allowed_models=None if allowed_models is None else list(allowed_models), rpm_limit=rpm,
                  revoked=False)
     session.add(row)
     await session.flush()

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from admin.api import audit, keys, prices, reports, tenants
-from admin.api.routing import admin_route_class
+from admin.api.routing import api_route_class
 from admin.context import AdminContext
 
 
 def build_api_router(ctx: AdminContext) -> APIRouter:
-    router = APIRouter(prefix="/admin/v1", route_class=admin_route_class(ctx), tags=["admin"])
+    router = APIRouter(prefix="/admin/v1", route_class=api_route_class(ctx), tags=["admin"])
     for module in (tenants, keys, prices, reports, audit):
         module.add_routes(router)
     return router

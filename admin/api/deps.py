@@ -10,7 +10,7 @@ from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from admin.api.routing import SCOPE_KEY
-from admin.auth import SCOPE_READ, SCOPE_WRITE, AdminPrincipal, require
+from admin.auth import SCOPE_READ, SCOPE_WRITE, AdminPrincipal, bearer_token, require
 from admin.context import AdminContext
 from admin.management import Management
 
@@ -22,13 +22,8 @@ def _context(request: Request) -> AdminContext:
 ContextDep = Annotated[AdminContext, Depends(_context)]
 
 
-def bearer_token(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
 async def _principal(request: Request, ctx: ContextDep) -> AdminPrincipal:
-    return await ctx.verifier.verify(bearer_token(request))
+    return await ctx.verifier.verify(bearer_token(request.headers.get("authorization", "")))
 
 
 async def _reader(p: Annotated[AdminPrincipal, Depends(_principal)]) -> AdminPrincipal:

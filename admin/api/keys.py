@@ -7,7 +7,6 @@ from fastapi import APIRouter
 
 from admin.api.deps import ReadDep, WriteDep
 from admin.management import key_view
-from gateway.db.models import Tenant
 
 
 def add_routes(router: APIRouter) -> None:
@@ -21,13 +20,15 @@ def add_routes(router: APIRouter) -> None:
     @router.get("/keys/{ref}")
     async def get_key(ref: str, ops: ReadDep) -> dict:
         row = await ops.key(ref)
-        return key_view(row, (await ops.session.get_one(Tenant, row.tenant_id)).name)
+        return key_view(row, await ops.owner(row))
 
     @router.post("/keys/{ref}/revoke")
     async def revoke_key(ref: str, ops: WriteDep) -> dict:
-        return key_view(await ops.revoke_key(ref))
+        row = await ops.revoke_key(ref)
+        return key_view(row, await ops.owner(row))
 
     @router.post("/keys/{ref}/rotate", status_code=201)
     async def rotate_key(ref: str, ops: WriteDep) -> dict:
         old, row, new = await ops.rotate_key(ref)
-        return {**key_view(row), "key": new.key, "replaces": key_view(old)}
+        owner = await ops.owner(row)
+        return {**key_view(row, owner), "key": new.key, "replaces": key_view(old, owner)}

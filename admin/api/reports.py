@@ -10,7 +10,7 @@ from fastapi import APIRouter, Response
 
 from admin import reports
 from admin.api.deps import ReadDep
-from gateway.errors import invalid_request
+from admin.api.routing import bad_request
 
 
 def _reply(report: reports.Report, fmt: str, filename: str) -> Response | dict:
@@ -23,7 +23,7 @@ def _reply(report: reports.Report, fmt: str, filename: str) -> Response | dict:
 def _range(since: datetime | None, until: datetime | None) -> tuple[datetime, datetime]:
     since, until = reports.default_range(since, until)
     if since >= until:
-        raise invalid_request("'since' must be before 'until'.", param="since")
+        raise bad_request("'since' must be before 'until'.", "since")
     return since, until
 
 

@@ -1,11 +1,14 @@
 """The admin router's route class: it hands each request the ``AdminContext`` and renders every
 refusal — auth, validation, not found, conflicts — as an OpenAI-style error object, whatever
-exception handlers the hosting app has (the admin router also runs inside a bare FastAPI app)."""
+exception handlers the hosting app has (the admin router also runs inside a bare FastAPI app).
+The API's routes (``api_route_class``) also read and write money exactly, and check the caller's
+token before refusing a request they could not read."""
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
@@ -15,10 +18,12 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from starlette.exceptions import HTTPException
 
+from admin.api.exact_json import ExactJSONRequest, ExactJSONResponse
+from admin.auth import SCOPE_READ, SCOPE_WRITE, bearer_token, require
 from admin.context import AdminContext
 from admin.management import Conflict, NotFound
 from admin.schemas import InvalidField
-from gateway.errors import ApiError, invalid_request
+from gateway.errors import ApiError
 from gateway.tenancy import TenancyError
 
 SCOPE_KEY = "pagegate.admin"
@@ -27,6 +32,11 @@ log = logging.getLogger("pagegate.admin")
 
 def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    """400 with the field in ``param`` and no code, whatever codes the gateway's /v1 errors use."""
+    return ApiError(400, message, "invalid_request_error", None, param)
 
 
 def as_api_error(exc: Exception) -> ApiError | None:
@@ -38,20 +48,20 @@ def as_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, Conflict):
         return ApiError(409, str(exc), "invalid_request_error", "conflict")
     if isinstance(exc, InvalidField):
-        return invalid_request(str(exc), param=exc.param)
+        return bad_request(str(exc), exc.param)
     if isinstance(exc, TenancyError):
-        return invalid_request(str(exc))
+        return bad_request(str(exc))
     if isinstance(exc, HTTPException):  # raised by FastAPI/Starlette themselves (e.g. a bad form body)
         return ApiError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
                         else "server_error", headers=dict(exc.headers or {}))
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":
-            return invalid_request("The request body is not valid JSON.")
+            return bad_request("The request body is not valid JSON.")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-        return invalid_request(f"{param or 'request body'}: {message}", param=param)
+        return bad_request(f"{param or 'request body'}: {message}", param)
     return None
 
 
@@ -72,10 +82,25 @@ def _json_error(_request: Request, err: ApiError) -> Response:
     return error_response(err)
 
 
-def admin_route_class(ctx: AdminContext,
-                      render: Callable[[Request, ApiError], Response] = _json_error) -> type[APIRoute]:
+async def _caller_refusal(ctx: AdminContext, request: Request) -> ApiError | None:
+    """401/403 when the request's bearer token may not use the route (GET: read; else: write,
+    as every admin API route is declared), None when it may."""
+    scope = SCOPE_READ if request.method in ("GET", "HEAD") else SCOPE_WRITE
+    try:
+        require(await ctx.verifier.verify(bearer_token(request.headers.get("authorization", ""))), scope)
+    except ApiError as err:
+        return err
+    return None
+
+
+def admin_route_class(ctx: AdminContext, render: Callable[[Request, ApiError], Response] = _json_error, *,
+                      authenticate_first: bool = False) -> type[APIRoute]:
     """An APIRoute subclass bound to ``ctx``; refusals are drawn by ``render`` (JSON by default,
-    the dashboard passes one that redirects to its sign-in page or shows an error page)."""
+    the dashboard passes one that redirects to its sign-in page or shows an error page).
+
+    ``authenticate_first``: FastAPI reads and checks the body before any dependency runs, so a
+    body it cannot read (not JSON, wrong type) would be refused before the token was looked at;
+    such a refusal is then preceded by the token check, and an unauthenticated caller gets 401."""
 
     class AdminRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -87,9 +112,41 @@ def admin_route_class(ctx: AdminContext,
                 try:
                     return await handler(request)
                 except Exception as exc:
-                    err = as_api_error(exc) or _server_error(exc)
+                    unread = isinstance(exc, (RequestValidationError, HTTPException))
+                    err = (await _caller_refusal(ctx, request) if authenticate_first and unread else None)
+                    err = err or as_api_error(exc) or _server_error(exc)
                     return render(request, err)
 
             return handle
 
     return AdminRoute
+
+
+def _exact_json(endpoint: Callable[..., Awaitable[Any]], status_code: int | None) -> Callable[..., Awaitable[Any]]:
+    """``endpoint`` with its dict/list result sent as ``ExactJSONResponse`` (a Response passes as is);
+    ``functools.wraps`` keeps the signature FastAPI reads the parameters from."""
+    @functools.wraps(endpoint)
+    async def reply(*args: Any, **kwargs: Any) -> Any:
+        result = await endpoint(*args, **kwargs)
+        return result if isinstance(result, Response) else ExactJSONResponse(result, status_code=status_code or 200)
+
+    return reply
+
+
+def api_route_class(ctx: AdminContext) -> type[APIRoute]:
+    """The ``/admin/v1`` route class: bearer token checked first, money read and written exactly."""
+    base = admin_route_class(ctx, authenticate_first=True)
+
+    class ApiRoute(base):
+        def __init__(self, path: str, endpoint: Callable[..., Awaitable[Any]], **kwargs: Any) -> None:
+            super().__init__(path, _exact_json(endpoint, kwargs.get("status_code")), **kwargs)
+
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def handle(request: Request) -> Response:
+                return await handler(ExactJSONRequest(request.scope, request.receive))
+
+            return handle
+
+    return ApiRoute

@@ -21,7 +21,7 @@ from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
 from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
 from admin.management import Management, key_view, tenant_view
-from admin.schemas import TenantCreate, TenantLimits, validated
+from admin.schemas import TenantCreate, TenantLimits, split_models, validated
 from gateway.db.models import Tenant
 from gateway.errors import ApiError
 
@@ -213,7 +213,7 @@ def add_routes(router: APIRouter) -> None:
     async def create_key(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
                          key_name: Annotated[str, Form()] = "", models: Annotated[str, Form()] = "") -> HTMLResponse:
         ops = _ops(ctx, session, viewer)
-        allowed = [m.strip() for m in models.split(",") if m.strip()] or None
+        allowed = split_models(models) if models.strip() else None  # blank: all models
         _, new = await ops.create_key(tenant=name, name=_blank(key_name), allowed_models=allowed)
         return await _tenant_page(ops, viewer, name, DEFAULT_DAYS, new_key=new.key)
 

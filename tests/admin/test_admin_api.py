@@ -4,7 +4,9 @@ the audit trail and Redis invalidations."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from admin_testlib import unique, usage_row
@@ -48,7 +50,7 @@ async def test_tenant_lifecycle_and_audit(client, app, auth):
     (entry,) = await _audit(app, "tenant.update", f"tenant:{name}")
     assert entry.actor == "carol"
     assert entry.before["rpm"] == 60 and entry.after["rpm"] == 120
-    assert entry.before["budget_usd"] == 12.5 and entry.after["budget_usd"] is None
+    assert entry.before["budget_usd"] == "12.50000000" and entry.after["budget_usd"] is None  # exact, as stored
     (created_entry,) = await _audit(app, "tenant.create", f"tenant:{name}")
     assert created_entry.before is None and created_entry.after["name"] == name
 
@@ -142,11 +144,13 @@ async def test_keys_create_list_revoke_rotate(client, app, auth, settings):
     rotated = resp.json()
     assert rotated["key"] != key and rotated["replaces"]["revoked"] is True
     assert (rotated["name"], rotated["allowed_models"], rotated["rpm"]) == ("ci", ["smollm2-135m-instruct"], 30)
+    assert rotated["tenant"] == rotated["replaces"]["tenant"] == tenant  # as create and get name it
     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
     assert msg is not None and msg["data"] == f"key:{hash_key(key)}".encode()
 
     resp = await client.post(f"/admin/v1/keys/{rotated['id']}/revoke", headers=auth(sub="dave"))
     assert resp.status_code == 200 and resp.json()["revoked"] is True and resp.json()["revoked_at"]
+    assert resp.json()["tenant"] == tenant
     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
     assert msg is not None and msg["data"] == f"key:{hash_key(rotated['key'])}".encode()
 
@@ -160,6 +164,7 @@ async def test_keys_create_list_revoke_rotate(client, app, auth, settings):
     (revoke_entry,) = await _audit(app, "key.revoke", f"key:{rotated['prefix']}")
     assert revoke_entry.actor == "dave"
     assert revoke_entry.before["revoked"] is False and revoke_entry.after["revoked"] is True
+    assert revoke_entry.before["tenant"] == revoke_entry.after["tenant"] == tenant
     (rotate_entry,) = await _audit(app, "key.rotate", f"key:{created['prefix']}")
     assert rotate_entry.after["replacement"]["prefix"] == rotated["prefix"]
     await pubsub.aclose()
@@ -195,7 +200,10 @@ async def test_prices(client, app, auth):
         {k: p[k] for k in ("model", "prompt_usd_per_1m", "completion_usd_per_1m")} for p in prices]
     entries = await _audit(app, "price.set", f"model:{model}")
     assert [e.before for e in entries][0] is None
-    assert entries[1].before["prompt_usd_per_1m"] == 0.15 and entries[1].after["prompt_usd_per_1m"] == 0.2
+    # stored as exact strings (the JSON column has no decimal type); the audit API gives numbers back
+    assert entries[1].before["prompt_usd_per_1m"] == "0.15000000" and entries[1].after["prompt_usd_per_1m"] == "0.20000000"
+    audit = (await client.get("/admin/v1/audit", params={"target": f"model:{model}"}, headers=auth())).json()
+    assert audit["data"][0]["after"]["prompt_usd_per_1m"] == 0.2
     resp = await client.put(f"/admin/v1/prices/{model}", headers=auth(),
                             json={"prompt_usd_per_1m": -1, "completion_usd_per_1m": 0})
     assert resp.status_code == 400
@@ -274,7 +282,9 @@ async def test_write_survives_unreachable_redis(settings, auth):
     ("/admin/v1/prices/m", {"prompt_usd_per_1m": 1e30, "completion_usd_per_1m": 1}, "prompt_usd_per_1m"),
     ("/admin/v1/prices/" + "m" * 129, {"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1}, "model"),
     ("/admin/v1/tenants/{t}/keys", {"rpm": 2**31}, "rpm"),
-    ("/admin/v1/tenants/{t}/keys", {"allowed_models": [""]}, "allowed_models.0"),
+    ("/admin/v1/tenants/{t}/keys", {"allowed_models": [""]}, "allowed_models"),
+    ("/admin/v1/tenants/{t}/keys", {"allowed_models": []}, "allowed_models"),  # not "all models": null is
+    ("/admin/v1/tenants/{t}/keys", {"allowed_models": ["m", " "]}, "allowed_models"),
     ("/admin/v1/tenants/{t}/keys", {"allowed_models": "all"}, "allowed_models"),
 ])
 async def test_out_of_range_values_are_400_on_both_databases(client, auth, path, body, param):
@@ -343,3 +353,92 @@ async def test_unreachable_database_is_503_in_the_error_shape(settings, auth):
     assert resp.status_code == 503, resp.text
     assert resp.json()["error"]["code"] == "database_unavailable"
     assert "Traceback" not in resp.text
+
+
+@pytest.mark.parametrize("ref", ["%C2%B2", "%D9%A3"])  # '²', '٣': str.isdigit() says yes, int() says no
+async def test_key_refs_of_non_ascii_digits_are_unknown_keys(client, auth, ref):
+    for method, path in (("GET", f"/admin/v1/keys/{ref}"), ("POST", f"/admin/v1/keys/{ref}/revoke"),
+                         ("POST", f"/admin/v1/keys/{ref}/rotate")):
+        resp = await client.request(method, path, headers=auth())
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["error"]["code"] == "not_found"
+
+
+async def test_only_null_or_absent_allowed_models_means_all_models(client, auth):
+    tenant = unique("allmodels")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    for body in ({}, {"allowed_models": None}):
+        resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", json=body, headers=auth())
+        assert resp.status_code == 201 and resp.json()["allowed_models"] is None, resp.text
+    for models in ([], [""], ["m", ""]):
+        resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", json={"allowed_models": models}, headers=auth())
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "allowed_models" and "all models" in resp.json()["error"]["message"]
+    listed = (await client.get(f"/admin/v1/tenants/{tenant}/keys", headers=auth())).json()["data"]
+    assert len(listed) == 2  # the refused requests minted nothing
+
+
+async def test_tenant_names_must_match_the_whole_pattern(client, app, auth):
+    """``$`` matched before a trailing newline, and the name was then stripped past the duplicate
+    check: "acme\n" next to "acme" was a 400 without a code, "bad\n" was stored as "bad"."""
+    name = unique("whole")
+    assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).status_code == 201
+    fresh = unique("fresh")
+    for bad in (f"{name}\n", f"{fresh}\n", f" {fresh}", f"{fresh}\t"):
+        resp = await client.post("/admin/v1/tenants", json={"name": bad}, headers=auth())
+        assert resp.status_code == 400, (bad, resp.text)
+        assert resp.json()["error"]["param"] == "name" and "letters, digits" in resp.json()["error"]["message"]
+    async with app.state.admin_context.database.sessionmaker() as s:
+        assert await s.scalar(select(Tenant).where(Tenant.name == fresh)) is None
+
+
+async def test_money_is_exact_in_replies_and_the_audit_log(client, app, auth, settings):
+    """A JSON number with 18 digits is read as sent and written back digit for digit (a float
+    held 1234567890.1234567); SQLite, which keeps NUMERIC as a double, refuses it instead of
+    rounding it."""
+    model = unique("exact")
+    headers = {**auth(), "content-type": "application/json"}
+    want = Decimal("1234567890.12345678")
+    raw = b'{"prompt_usd_per_1m": 1234567890.12345678, "completion_usd_per_1m": 0.00000001}'
+    resp = await client.put(f"/admin/v1/prices/{model}", content=raw, headers=headers)
+    if settings.database_url.startswith("sqlite"):
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "prompt_usd_per_1m" and "SQLite" in resp.json()["error"]["message"]
+        want = Decimal("12345678.12345678")  # 16 digits: a double gives these back
+        raw = raw.replace(b"1234567890.12345678", str(want).encode())
+        resp = await client.put(f"/admin/v1/prices/{model}", content=raw, headers=headers)
+    assert resp.status_code == 200, resp.text
+    assert f'"prompt_usd_per_1m":{want},"completion_usd_per_1m":0.00000001' in resp.text  # JSON numbers
+    listed = json.loads((await client.get("/admin/v1/prices", headers=auth())).text, parse_float=Decimal)["data"]
+    assert [p["prompt_usd_per_1m"] for p in listed if p["model"] == model] == [want]
+    audit = json.loads((await client.get("/admin/v1/audit", params={"target": f"model:{model}"},
+                                         headers=auth())).text, parse_float=Decimal)["data"]
+    assert audit[0]["after"]["prompt_usd_per_1m"] == want
+    (entry,) = await _audit(app, "price.set", f"model:{model}")
+    assert entry.after["prompt_usd_per_1m"] == str(want)  # stored as the exact string
+
+    resp = await client.post("/admin/v1/tenants", json={"name": unique("m"), "budget_usd": "12.5"}, headers=auth())
+    assert '"budget_usd":12.50000000' in resp.text  # money always shows its 8 decimals
+
+
+@pytest.mark.parametrize("method,path,content,ctype", [
+    ("POST", "/admin/v1/tenants", b"{bad", "application/json"),
+    ("PUT", "/admin/v1/prices/x", b"nope", "application/json"),
+    ("PUT", "/admin/v1/prices/x", b"nope", "application/x-www-form-urlencoded"),  # curl -d nope
+    ("PATCH", "/admin/v1/tenants/x", b"[1,", "application/json"),
+    ("POST", "/admin/v1/tenants/x/keys", b'"a string"', "application/json"),
+    ("GET", "/admin/v1/audit?limit=0", b"", None),  # a bad query parameter
+])
+async def test_authentication_comes_before_reading_the_request(client, auth, method, path, content, ctype):
+    """FastAPI reads the body before any dependency runs; the token is still checked first."""
+    headers = {"content-type": ctype} if ctype else {}
+    resp = await client.request(method, path, content=content, headers=headers)
+    assert resp.status_code == 401, resp.text
+    assert resp.json()["error"]["code"] == "invalid_token" and resp.headers["www-authenticate"].startswith("Bearer")
+    resp = await client.request(method, path, content=content, headers={**headers, "authorization": "Bearer x.y.z"})
+    assert resp.status_code == 401, resp.text
+    if method != "GET":
+        resp = await client.request(method, path, content=content, headers={**headers, **auth("admin:read")})
+        assert resp.status_code == 403 and resp.json()["error"]["code"] == "insufficient_scope", resp.text
+    resp = await client.request(method, path, content=content, headers={**headers, **auth()})
+    assert resp.status_code == 400, resp.text  # an allowed caller learns what is wrong with the request

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 import redis as redis_sync
@@ -169,12 +170,17 @@ def test_prices_report_summary_and_token(env, capsys):
     assert [r["day"] for r in parsed] == ["2026-05-10", "2026-05-11", "TOTAL"]
     assert int(parsed[-1]["requests"]) == 6
     assert int(parsed[-1]["prompt_tokens"]) == sum(r.prompt_tokens for r in rows)
-    assert float(parsed[-1]["cost_usd"]) == pytest.approx(0.006)
+    assert (parsed[-1]["cost_usd"], parsed[-1]["saved_usd"]) == ("0.00600000", "0.00000000")  # 8 decimals
     code, out, _ = run(capsys, "report", "--tenant", name, "--since", "2026-05-10", "--until", "2026-05-12",
                        "--group-by", "model")
     assert model in out and "TOTAL" in out
+    header = out.splitlines()[0].split()
+    assert header[header.index("completion_tokens") + 1] == "total_tokens"  # the README's columns, in order
+    total = next(ln for ln in out.splitlines() if ln.startswith("TOTAL")).split()
+    assert total[header.index("total_tokens")] == "675"  # 615 prompt + 60 completion tokens
     code, out, _ = run(capsys, "summary", "--since", "2026-05-10", "--until", "2026-05-12")
     assert any(name in ln and " 6 " in f" {ln} " for ln in out.splitlines())
+    assert "total_tokens" in out.splitlines()[0].split()
 
     code, out, _ = run(capsys, "token", "--scope", "admin:read", "--ttl", "60", "--sub", "ops-bot")
     token = out.strip()
@@ -183,8 +189,9 @@ def test_prices_report_summary_and_token(env, capsys):
     who = asyncio.run(AdminTokenVerifier(env).verify(token))
     assert who.subject == "ops-bot" and who.scopes == {"admin:read"}
     assert who.claims["exp"] - who.claims["iat"] == 60
-    code, _, err = run(capsys, "token", "--scope", "root")
-    assert code == 1 and "unknown scope" in err
+    with pytest.raises(SystemExit) as info:  # a usage error
+        cli.main(["token", "--scope", "root"])
+    assert info.value.code == 2 and "admin:read and/or admin:write, not 'root'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # once: in-process tests cover PostgreSQL
@@ -219,6 +226,8 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     assert code == 1 and "8 decimal places" in err
     code, _, err = run(capsys, "keys", "revoke", "99999999999999999999")
     assert code == 1 and "No API key" in err
+    code, _, err = run(capsys, "keys", "revoke", "²")  # a digit to str.isdigit(), not to int()
+    assert code == 1 and err == "error: No API key '²'.\n"
     for url in ("postgresql+asyncpg://postgres:hunter2@127.0.0.1:1/nothing", "sqlite+aiosqlite:////proc/no/x.db",
                 "not a url"):
         monkeypatch.setenv("PAGEGATE_DATABASE_URL", url)
@@ -236,15 +245,64 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
         assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv,reason", [
+    (["tenants", "create", "c1", "--budget-usd", "nan"], "not an amount: 'nan'"),
+    (["tenants", "create", "c1", "--budget-usd", "snan"], "not an amount: 'snan'"),
+    (["tenants", "update", "c1", "--budget-usd=Infinity"], "not an amount"),
+    (["prices", "set", "m", "--prompt", "nan", "--completion", "1"], "not an amount: 'nan'"),
+    (["keys", "create", "--tenant", "acme", "--models", ","], "none empty"),  # not "all models"
+    (["keys", "create", "--tenant", "acme", "--models", "m1,,m2"], "none empty"),
+    (["token", "--scope", "bogus"], "admin:read and/or admin:write, not 'bogus'"),
+    (["token", "--sub", ""], "--sub: must not be empty"),  # the server would refuse the token
+    (["token", "--ttl", "99999999999999999999"], "at most 31536000 seconds (one year)"),
+])
+def test_usage_errors_exit_2_with_one_reason_line(capsys, argv, reason):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" not in err, err
+    (line,) = [ln for ln in err.splitlines() if "error:" in ln]  # after argparse's usage line
+    assert reason in line, err
+
+
+def test_a_backwards_report_range_is_a_usage_error(env, capsys):
+    name = unique("backwards")
+    run(capsys, "tenants", "create", name)
+    for argv in (["report", "--tenant", name, "--since", "2026-12-02", "--until", "2026-12-01"],
+                 ["summary", "--since", "2026-12-01", "--until", "2026-12-01"],
+                 ["report", "--tenant", name, "--since", "2026-12-02", "--until", "2026-12-01", "--csv"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (2, ""), (argv, out)
+        assert err.count("\n") == 1 and err.startswith("error: --since") and "must be before --until" in err
+
+
+def test_money_is_printed_exactly(env, capsys):
+    model = unique("exact")
+    big = "1234567890.12345678"
+    code, _, err = run(capsys, "prices", "set", model, "--prompt", big, "--completion", "0.00000001")
+    if env.database_url.startswith("sqlite"):  # a double cannot give 18 digits back: refused, not rounded
+        assert code == 1 and "SQLite keeps money as a 64-bit float" in err, err
+        big = "12345678.12345678"
+        code, _, err = run(capsys, "prices", "set", model, "--prompt", big, "--completion", "0.00000001")
+    assert code == 0, err
+    shown = f"{Decimal(big):,}"
+    assert f"${shown} prompt, $0.00000001 completion" in err  # not $1E-8
+    code, out, _ = run(capsys, "prices", "list")
+    line = next(ln for ln in out.splitlines() if ln.startswith(model))
+    assert line.split()[1:3] == [shown, "0.00000001"]
+
+
 def test_tables_align_and_format_values():
     from admin.tables import format_table
 
     text = format_table(("name", "rpm", "cost", "note", "created_at"),
                         [["acme", 1200, 0.15, None, "2026-03-01T12:30:00+00:00"],
-                         ["b", None, 12.5, None, None]])
+                         ["b", None, 12.5, None, None],
+                         ["c", 0, Decimal("1234567890.12345678"), None, None]])
     assert text.splitlines() == [
-        "name    rpm   cost  note  created_at",
-        "----  -----  -----  ----  -------------------",
-        "acme  1,200   0.15  -     2026-03-01 12:30:00",  # numbers right-aligned, money shows cents
-        "b         -  12.50  -     -",  # an all-empty column stays left-aligned
+        "name    rpm                    cost  note  created_at",
+        "----  -----  ----------------------  ----  -------------------",
+        "acme  1,200                    0.15  -     2026-03-01 12:30:00",  # numbers right-aligned, cents
+        "b         -                   12.50  -     -",  # an all-empty column stays left-aligned
+        "c         0  1,234,567,890.12345678  -     -",  # a Decimal digit for digit (a float: ...672)
     ]

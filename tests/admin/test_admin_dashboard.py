@@ -81,6 +81,8 @@ async def test_manage_tenant_and_keys_through_pages(browser_like, app, token):
     assert len(bars) == 3 * 30 and max(float(v) for v in bars[:30]) == pytest.approx(0.25)
     assert "$0.2500" in detail.text
 
+    resp = await c.post(f"/admin/tenants/{name}/keys", data={"csrf": csrf, "key_name": "x", "models": ","})
+    assert resp.status_code == 400 and "allowed_models" in resp.text  # not silently "all models"
     resp = await c.post(f"/admin/tenants/{name}/keys", data={"csrf": csrf, "key_name": "web", "models": "a, b"})
     assert resp.status_code == 200
     key = re.search(r'<pre id="new-key">(pg-[0-9A-Za-z]+)</pre>', resp.text).group(1)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import random
+import re
 import statistics
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -128,7 +130,8 @@ async def test_report_groups_and_totals_equal_usage_rows(client, auth, seeded, g
 async def test_report_csv_round_trip(client, auth, seeded):
     name = seeded["names"][1]
     params = {"since": "2026-03-01", "until": "2026-03-04T00:00:00Z", "group_by": "model"}
-    as_json = (await client.get(f"/admin/v1/tenants/{name}/report", params=params, headers=auth())).json()
+    reply = await client.get(f"/admin/v1/tenants/{name}/report", params=params, headers=auth())
+    as_json = json.loads(reply.text, parse_float=Decimal)  # money as the exact numbers written
     resp = await client.get(f"/admin/v1/tenants/{name}/report", params={**params, "format": "csv"},
                             headers=auth())
     assert resp.status_code == 200
@@ -142,8 +145,13 @@ async def test_report_csv_round_trip(client, auth, seeded):
         for field, value in want.items():
             if field == "group":
                 assert got["model"] == value
+            elif field.endswith("_ms") and value is not None:
+                assert got[field] == float(value), field
             else:
                 assert got[field] == value, field
+    # money is written with its 8 decimals, from the Decimal (not "0.444" or "0.0" from a float)
+    for row in parsed:
+        assert re.fullmatch(r"\d+\.\d{8}", row["cost_usd"]) and re.fullmatch(r"\d+\.\d{8}", row["saved_usd"]), row
 
 
 async def test_summary_across_tenants(client, auth, app, seeded):

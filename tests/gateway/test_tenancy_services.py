@@ -113,3 +113,20 @@ def test_embedded_redis_stop_ends_the_server_even_with_clients_connected(tmp_pat
     with pytest.raises(OSError):
         os.kill(pid, 0)  # the process is gone
     client.close()
+
+
+async def test_allowed_models_empty_is_refused_and_names_are_stored_as_checked(tenancy):
+    """Only None means "all models" (an empty list used to become None); a tenant name is never
+    stripped after its duplicate check ("acme\n" was stored as "acme")."""
+    async with tenancy.db.sessionmaker() as s:
+        t = await svc.create_tenant(s, name="models")
+        for models in ([], [""], ["a", " "]):
+            with pytest.raises(svc.TenancyError, match="allowed_models"):
+                await svc.create_api_key(s, tenant_id=t.id, allowed_models=models)
+        row, _ = await svc.create_api_key(s, tenant_id=t.id, allowed_models=None)
+        assert row.allowed_models is None
+        for name in ("models\n", " models", "fresh\n", ""):
+            with pytest.raises(svc.TenancyError):
+                await svc.create_tenant(s, name=name)
+        assert await svc.get_tenant(s, name="fresh") is None
+        assert [k.id for k in await svc.list_keys(s, tenant_id=t.id)] == [row.id]
