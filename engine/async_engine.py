@@ -32,7 +32,7 @@ from engine.outputs import (
     RequestOutput,
 )
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import render_chat
+from engine.tokenizer import ChatRenderer
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class AsyncEngine:
         self._dead: BaseException | None = None
         self._stats: EngineStats | None = None
         self._tokenizer = None
+        self._renderer: ChatRenderer | None = None
+        # a prompt text longer than this can never fit max_model_len tokens (None: no bound known)
+        self.max_prompt_chars: int | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -104,6 +107,9 @@ class AsyncEngine:
         if self._tokenizer is None and self.engine.tokenizer is not None:
             # the step thread decodes with the engine's tokenizer; encoding here uses its own copy
             self._tokenizer = copy.deepcopy(self.engine.tokenizer)
+            self._renderer = ChatRenderer(self._tokenizer)
+            chars = self._renderer.max_token_chars()
+            self.max_prompt_chars = None if chars is None else chars * self.engine.max_model_len
         if self._thread is None:
             self._stats = self.engine.stats()
             self._thread = threading.Thread(target=self._run, name="pagegate-engine", daemon=True)
@@ -132,14 +138,15 @@ class AsyncEngine:
     # ---- tokenization -------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         self._require()
-        tok = self._tokenizer
-        if tok is None:
+        if self._renderer is None:
             raise ValueError("this model has no tokenizer; send token ids")
-        return tok.encode(text, add_special_tokens=False)
+        return self._renderer.encode(text)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         self._require()
-        return render_chat(self._tokenizer, messages)
+        if self._renderer is None:
+            raise ValueError("this model has no tokenizer; send token ids")
+        return self._renderer.render(messages)
 
     # ---- requests -----------------------------------------------------------------------
     async def generate(

@@ -13,6 +13,7 @@ from itertools import chain
 import torch
 
 from engine.request import Sequence
+from engine.sampling_params import MIN_REPETITION_PENALTY
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -38,7 +39,7 @@ class Sampler:
         if not seqs:
             return []
         logits = self._apply_penalties(logits, seqs)
-        greedy = [s.params.temperature == 0.0 for s in seqs]
+        greedy = [s.params.greedy for s in seqs]
         if all(greedy):
             return logits.argmax(dim=-1).tolist()
         out = logits.argmax(dim=-1).tolist()
@@ -110,7 +111,7 @@ class Sampler:
         vocab, dev = logits.shape[-1], logits.device
         if rep:  # HF/vLLM style, over every token seen so far (prompt and output)
             at, row, _ = _occurrences(rep, [seqs[i].token_ids for i in rep], vocab, dev)
-            r = _values([seqs[i].params.repetition_penalty for i in rep], dev)[row]
+            r = _values([max(seqs[i].params.repetition_penalty, MIN_REPETITION_PENALTY) for i in rep], dev)[row]
             vals = flat[at].float()
             flat[at] = torch.where(vals > 0, vals / r, vals * r).to(flat.dtype)
         if occ:  # OpenAI style, over this choice's generated output only

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's threshold too)
+MIN_REPETITION_PENALTY = 1e-6  # smaller penalties act as this one (below it the logits overflow)
+
 
 @dataclass(slots=True)
 class SamplingParams:
     """How to sample a request's completion(s).
 
-    ``temperature == 0`` means greedy. ``seed`` makes sampling reproducible per request whatever
+    ``temperature`` below ``GREEDY_BELOW`` means greedy (so tiny values, whose logits / temperature
+    would overflow, sample as the limit they tend to). ``seed`` makes sampling reproducible per request whatever
     its batch mates. ``n > 1`` forks the request after its prompt's prefill; children share the
     prompt's KV blocks. ``stop`` strings are never emitted in the text.
 
-    Penalties: ``repetition_penalty`` (vLLM/HF style, > 0, 1 = off) divides positive logits and
+    Penalties: ``repetition_penalty`` (vLLM/HF style, > 0, 1 = off; below ``MIN_REPETITION_PENALTY``
+    it acts as that) divides positive logits and
     multiplies negative ones of every token already seen in the prompt or the output.
     ``presence_penalty`` and ``frequency_penalty`` (OpenAI style, in [-2, 2], 0 = off) subtract
     ``frequency_penalty * count + presence_penalty * (count > 0)`` from each token's logit, where
@@ -62,4 +67,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW

@@ -28,7 +28,7 @@ from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
 from gateway.heap import tune_gc
 from gateway.ip_limit import ClientIPLimitMiddleware
-from gateway.middleware import RequestContextMiddleware
+from gateway.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from gateway.routes import ROUTERS
 from gateway.settings import Settings
 
@@ -111,9 +111,11 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
                 if embedder is None and state.embedder is not None:
                     state.embedder.close()
 
-    app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan,
+    # no 307 to the URL without its trailing slash: an unknown URL is a 404 in OpenAI's shape
+    app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan, redirect_slashes=False,
                   description="OpenAI-compatible multi-tenant LLM gateway")
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(ClientIPLimitMiddleware)  # inside the request context: 429s carry x-request-id
     app.add_middleware(RequestContextMiddleware)
     for router in ROUTERS:

@@ -26,9 +26,16 @@ from engine.sampling_params import SamplingParams
 from gateway.accounting import RequestAccount
 from gateway.cache_glue import cache_body, cache_lookup, cache_policy, cache_store
 from gateway.deps import Caller
-from gateway.errors import ApiError, insufficient_quota, invalid_request, model_not_found, permission_denied
+from gateway.errors import (
+    ApiError,
+    insufficient_quota,
+    invalid_request,
+    model_not_found,
+    permission_denied,
+    unsupported,
+)
 from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
-from gateway.generation import Generation, context_length_exceeded
+from gateway.generation import Generation, context_length_exceeded, far_too_long
 from gateway.schemas import ChatCompletionRequest, CompletionRequest
 from gateway.sse import SSEResponse
 
@@ -52,22 +59,38 @@ def resolve_engine(caller: Caller, model: str) -> EngineClient:
     return engine
 
 
-async def tokenize(fn: Callable[[Any], list[int]], arg: Any, size: int) -> list[int]:
+def refuse_far_too_long(engine: EngineClient, size: int, *, what: str = "messages") -> None:
+    """A prompt of ``size`` characters that can never fit the context: 400 before the tokenizer (or
+    the cache's embedder) spends seconds on it."""
+    limit = getattr(engine, "max_prompt_chars", None)
+    if limit is not None and size > limit:
+        raise far_too_long(size, engine.max_model_len, what=what)
+
+
+async def tokenize(engine: EngineClient, fn: Callable[[Any], list[int]], arg: Any, size: int, *,
+                   what: str = "messages") -> list[int]:
+    """``fn(arg)``'s token ids; ``size`` characters. A long text is tokenized on a worker thread
+    (the engine's tokenizer releases the GIL for those)."""
+    refuse_far_too_long(engine, size, what=what)
     if size > LONG_PROMPT_CHARS:
         return list(await asyncio.to_thread(fn, arg))
     return list(fn(arg))
 
 
-def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int) -> int:
-    """``requested`` if the context has room for it; unset: all the room left."""
+def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int, *, min_tokens: int = 0,
+                       what: str = "messages") -> int:
+    """``requested`` if the context has room for it; unset: all the room left. ``min_tokens`` must
+    not be more than that (vLLM refuses it too)."""
     room = max_model_len - prompt_tokens
     if room < 1:
-        raise context_length_exceeded(prompt_tokens, max_model_len)
-    if requested is None:
-        return room
-    if requested > room:
-        raise context_length_exceeded(prompt_tokens, max_model_len, requested)
-    return requested
+        raise context_length_exceeded(prompt_tokens, max_model_len, what=what)
+    if requested is not None and requested > room:
+        raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)
+    max_tokens = room if requested is None else requested
+    if min_tokens > max_tokens:
+        raise invalid_request(f"min_tokens ({min_tokens}) must not be more than max_tokens ({max_tokens}).",
+                              param="min_tokens")
+    return max_tokens
 
 
 def vocab_size(engine: EngineClient) -> int | None:
@@ -106,11 +129,26 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
         raise invalid_request(message, param=message.split()[0]) from err
 
 
+def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """Known OpenAI fields the engine cannot honour are refused, never silently dropped."""
+    if body.logit_bias:
+        raise unsupported("logit_bias")
+    if isinstance(body, CompletionRequest):
+        return
+    if body.tools or body.functions:
+        raise unsupported("tools" if body.tools else "functions", "Tools are not supported by this model.")
+    if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
+        raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",
+                          "Tools are not supported by this model.")
+    if body.logprobs or body.top_logprobs:
+        raise unsupported("logprobs" if body.logprobs else "top_logprobs", "logprobs are not supported.")
+    if body.modalities and set(body.modalities) != {"text"}:
+        raise unsupported("modalities", "Only text output is supported.")
+    if body.audio is not None:
+        raise unsupported("audio", "Audio output is not supported.")
+
+
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    if body.tools:
-        raise invalid_request("Tools are not supported by this model.", param="tools")
-    if body.logprobs:
-        raise invalid_request("logprobs are not supported.", param="logprobs")
     return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in body.messages]
 
@@ -120,11 +158,14 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
 
 async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
+    refuse_unhonoured(body)
     refuse_unsupported(body, engine)
     messages = chat_messages(body)
     fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
+    size = sum(len(m["content"]) for m in messages)
+    refuse_far_too_long(engine, size)
     store: Store | None = None
     cache = caller.state.cache
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
@@ -140,27 +181,29 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
             return await replay(lookup.response, fmt, account, stream=body.stream)
         if lookup.outcome == "miss" and not policy.no_store:
             store = cache_store(cache, namespace, request_body, policy)
-    prompt = await tokenize(engine.encode_chat, messages, sum(len(m["content"]) for m in messages))
-    max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len)
+    prompt = await tokenize(engine, engine.encode_chat, messages, size)
+    max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
+                                    min_tokens=body.min_tokens)
     return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller, store=store)
 
 
 async def create_completion(body: CompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
+    refuse_unhonoured(body)
     refuse_unsupported(body, engine)
     prompts = body.prompts()
     if len(prompts) != 1:
         raise invalid_request("Send one prompt per request (batched prompts are not supported).",
                               param="prompt")
     if body.suffix:
-        raise invalid_request("suffix is not supported.", param="suffix")
+        raise unsupported("suffix")
     if body.logprobs is not None:
-        raise invalid_request("logprobs are not supported.", param="logprobs")
+        raise unsupported("logprobs", "logprobs are not supported.")
     if body.best_of not in (None, 1):
-        raise invalid_request("best_of must be 1 (use n for several completions).", param="best_of")
+        raise unsupported("best_of", "best_of must be 1 (use n for several completions).")
     prompt_in = prompts[0]
     if isinstance(prompt_in, str):
-        prompt = await tokenize(engine.encode, prompt_in, len(prompt_in))
+        prompt = await tokenize(engine, engine.encode, prompt_in, len(prompt_in), what="prompt")
     else:
         if body.echo:
             raise invalid_request("echo needs a text prompt.", param="echo")
@@ -171,9 +214,11 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     if not prompt:
         raise invalid_request("The prompt must not be empty.", param="prompt")
     try:
-        max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len)
+        max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
+                                        min_tokens=body.min_tokens, what="prompt")
     except ApiError as err:
-        err.param = "prompt"
+        if err.param != "min_tokens":
+            err.param = "prompt"
         raise
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage,
                            echo_prefix=prompt_in if body.echo and isinstance(prompt_in, str) else "")

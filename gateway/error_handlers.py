@@ -3,7 +3,9 @@
 - ``ApiError`` → its status, body and headers (``retry-after`` …);
 - request validation (bad JSON, wrong types, out-of-range values) → 400 ``invalid_request_error``
   naming the field in ``param`` (``messages[0].content``);
-- Starlette's HTTP errors (unknown route 404, wrong method 405) → the same shape.
+- Starlette's HTTP errors (unknown route 404, wrong method 405 with ``Allow``, a body FastAPI cannot
+  decode 400 ``invalid_json``, a body over the size limit 413) → the same shape;
+- on ``/v1``, a request without a valid key gets its 401/403 before any complaint about its body.
 The catch-all 500 lives in ``gateway.middleware`` so that it also carries ``x-request-id``.
 """
 
@@ -44,11 +46,13 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     """The most specific error (deepest field; for unions that is the member that nearly fit)."""
     if not errors:
         return ApiError(400, "Invalid request body.")
-    first = max(errors, key=lambda e: len(param_from_loc(tuple(e.get("loc", ()))) or ""))
+    # deepest field first; at equal depth, a value of the right type that breaks a rule (17 stop
+    # strings: "at most 16") says more than the union member of the wrong type ("not a string")
+    first = max(errors, key=lambda e: (len(param_from_loc(tuple(e.get("loc", ()))) or ""),
+                                       not str(e.get("type", "")).endswith("_type")))
     kind = first.get("type")
     if kind == "json_invalid" or (kind == "model_attributes_type" and isinstance(first.get("input"), bytes)):
-        return ApiError(400, "We could not parse the JSON body of your request. (HINT: send a JSON object "
-                             "with the header Content-Type: application/json.)", code="invalid_json")
+        return ApiError(400, _INVALID_JSON, code="invalid_json")
     param = param_from_loc(tuple(first.get("loc", ())))
     if param is None:  # the body itself is missing or not an object
         return ApiError(400, "The request body must be a JSON object.", code="invalid_type")
@@ -64,19 +68,48 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     return ApiError(400, message, "invalid_request_error", code, param)
 
 
+_INVALID_JSON = ("We could not parse the JSON body of your request. (HINT: send a JSON object with the "
+                 "header Content-Type: application/json.)")
+_HTTP_ERRORS = {  # Starlette's and FastAPI's own refusals, in OpenAI's words
+    404: ("not_found", "Unknown request URL. Please check the URL and method."),
+    405: ("method_not_allowed", "This method is not allowed for this URL. Please check the URL and method."),
+    400: ("invalid_json", _INVALID_JSON),  # FastAPI: a body that is not UTF-8, too deeply nested, ...
+    413: ("request_too_large", None),
+}
+
+
+async def _authenticate_first(request: Request) -> ApiError | None:
+    """The refusal a ``/v1`` request without a valid key gets: FastAPI parses and validates the
+    body before the route's authentication runs, but a caller without a key learns nothing about
+    its body (401 before 400, as OpenAI answers)."""
+    if not request.url.path.startswith("/v1/"):
+        return None
+    state = getattr(request.app.state, "pagegate", None)
+    services = getattr(state, "services", None)
+    if services is None:
+        return None
+    try:
+        await services.auth.authenticate(request.headers.get("authorization"))
+    except ApiError as err:
+        return err
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc)
 
-    async def on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(validation_error(list(exc.errors())))
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(await _authenticate_first(request) or validation_error(list(exc.errors())))
 
-    async def on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = str(exc.detail) if exc.status_code not in (404, 405) else (
-            "Unknown request URL. Please check the URL and method." )
-        return error_response(ApiError(exc.status_code, message, "invalid_request_error", code, None,
-                                       dict(exc.headers or {})))
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code, message = _HTTP_ERRORS.get(exc.status_code, (None, None))
+        if exc.status_code == 400:
+            refused = await _authenticate_first(request)
+            if refused is not None:
+                return error_response(refused)
+        return error_response(ApiError(exc.status_code, message or str(exc.detail), "invalid_request_error",
+                                       code, None, dict(exc.headers or {})))
 
     app.add_exception_handler(ApiError, on_api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]

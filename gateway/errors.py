@@ -22,8 +22,14 @@ class ApiError(Exception):
         return f"{self.status} {self.code or self.type}: {self.message}"
 
 
-def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> ApiError:
+def invalid_request(message: str, *, param: str | None = None, code: str = "invalid_value") -> ApiError:
     return ApiError(400, message, "invalid_request_error", code, param)
+
+
+def unsupported(param: str, message: str | None = None) -> ApiError:
+    """400 for a known OpenAI field this gateway cannot honour (refused rather than ignored)."""
+    return invalid_request(message or f"'{param}' is not supported by this model.", param=param,
+                           code="unsupported_parameter")
 
 
 def invalid_api_key(message: str = "Incorrect API key provided.") -> ApiError:

@@ -26,15 +26,25 @@ from engine.sampling_params import SamplingParams
 from gateway.errors import ApiError, invalid_request, overloaded
 
 
-def context_length_exceeded(prompt_tokens: int, max_model_len: int, max_tokens: int | None = None) -> ApiError:
+def context_length_exceeded(prompt_tokens: int, max_model_len: int, max_tokens: int | None = None, *,
+                            what: str = "messages") -> ApiError:
+    """``what``: "messages" (chat) or "prompt" (text completions), also the error's ``param``."""
     if max_tokens is None:
         message = (f"This model's maximum context length is {max_model_len} tokens. However, your "
-                   f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages.")
+                   f"{what} resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.")
     else:
         message = (f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                   f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
-                   f"the completion). Please reduce the length of the messages or completion.")
-    return ApiError(400, message, "invalid_request_error", "context_length_exceeded", "messages")
+                   f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in "
+                   f"the completion). Please reduce the length of the {what} or completion.")
+    return ApiError(400, message, "invalid_request_error", "context_length_exceeded", what)
+
+
+def far_too_long(chars: int, max_model_len: int, *, what: str = "messages") -> ApiError:
+    """A prompt of more characters than ``max_model_len`` tokens can ever hold, refused before the
+    tokenizer spends seconds on it."""
+    return ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your {what} "
+                         f"hold {chars:,} characters, more than that many tokens can ever cover. Please reduce "
+                         f"the length of the {what}.", "invalid_request_error", "context_length_exceeded", what)
 
 
 def engine_error(err: EngineError) -> ApiError:

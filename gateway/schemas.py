@@ -8,11 +8,35 @@ where a float belongs is fine. Responses mirror the OpenAI objects the official 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_serializer,
+    model_validator,
+)
 
 Float = StrictFloat  # accepts JSON integers too; "0.5" (a string) and booleans are refused
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode_text(value: str) -> str:
+    """JSON may carry a lone UTF-16 surrogate (``"\\ud800"``): not text the tokenizer, the cache or
+    a UTF-8 response can hold."""
+    if not value.isascii() and _SURROGATE.search(value):
+        raise ValueError("must be valid Unicode text (it holds a lone UTF-16 surrogate)")
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_unicode_text)]
 
 
 class _Request(BaseModel):
@@ -21,13 +45,19 @@ class _Request(BaseModel):
 
 class TextPart(_Request):
     type: Literal["text"]
-    text: StrictStr
+    text: Text
 
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart] | None = None
-    name: StrictStr | None = None
+    content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    name: Text | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":  # only an assistant turn may omit it
+            raise ValueError(f"a {self.role} message needs its content")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -48,16 +78,16 @@ class ResponseFormat(_Request):
 class _Sampling(_Request):
     """Fields shared by chat and text completions (OpenAI + the vLLM extras ``extra_body`` sends)."""
 
-    model: StrictStr
+    model: Text
     temperature: Annotated[Float | None, Field(ge=0, le=2)] = None
     top_p: Annotated[Float | None, Field(gt=0, le=1)] = None
     max_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
-    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
+    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
     seed: Annotated[StrictInt | None, Field(ge=-(2**63), le=2**64 - 1)] = None
     n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: StrictStr | None = None
+    user: Text | None = None
     presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # OpenAI's, over the output
     frequency_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # OpenAI's, over the output
     # vLLM extras
@@ -66,6 +96,8 @@ class _Sampling(_Request):
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[Float | None, Field(gt=0, le=10)] = None
     stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256)] = None
+    # known OpenAI fields this engine cannot honour: refused by the service when set, not ignored
+    logit_bias: dict[str, Any] | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -82,7 +114,13 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
     response_format: ResponseFormat | None = None
     logprobs: StrictBool | None = None  # not supported: true is refused by the service
+    top_logprobs: StrictInt | None = None  # needs logprobs: refused when set
     tools: list[dict] | None = None  # not supported: a non-empty list is refused by the service
+    tool_choice: Any = None  # only "none" (or unset) without tools
+    functions: list[dict] | None = None  # the deprecated tools: refused like them
+    function_call: Any = None
+    modalities: list[StrictStr] | None = None  # only ["text"]
+    audio: dict[str, Any] | None = None  # refused
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -90,9 +128,9 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     # One prompt per request: a string or token ids (a one-element list of either is accepted).
-    prompt: StrictStr | list[StrictInt] | list[StrictStr] | list[list[StrictInt]]
+    prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
     echo: StrictBool = False
-    suffix: StrictStr | None = None  # not supported: refused by the service
+    suffix: Text | None = None  # not supported: refused by the service
     logprobs: StrictInt | None = None  # not supported: refused by the service
     best_of: StrictInt | None = None  # only 1 (or unset) is supported
 
@@ -109,11 +147,11 @@ class CompletionRequest(_Sampling):
 
 
 class EmbeddingRequest(_Request):
-    model: StrictStr
-    input: StrictStr | Annotated[list[StrictStr], Field(min_length=1, max_length=2048)]
+    model: Text
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=2048)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[StrictInt | None, Field(ge=1)] = None
-    user: StrictStr | None = None
+    user: Text | None = None
 
     def inputs(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
@@ -156,8 +194,15 @@ class ChatCompletion(BaseModel):
 
 
 class ChunkDelta(BaseModel):
+    """As OpenAI sends it: ``{"role": "assistant", "content": ""}`` first, then ``{"content": …}``,
+    and ``{}`` with the finish reason: fields that are not set are left out, not null."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChunkChoice(BaseModel):

@@ -220,3 +220,24 @@ def test_penalty_params_are_checked():
             SamplingParams(presence_penalty=bad)
         with pytest.raises(ValueError, match="frequency_penalty"):
             SamplingParams(frequency_penalty=bad)
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45, 5e-324, 1e-300, 9e-6])
+def test_a_vanishing_temperature_samples_greedily(temperature):
+    """Below 1e-5 a temperature is greedy: dividing by it would overflow float32 logits to inf
+    (and softmax to NaN: tokens drawn at random), where the distribution tends to the argmax."""
+    torch.manual_seed(3)
+    logits = torch.randn(4, 200) * 8
+    seqs = [seq(f"t{i}", temperature=temperature, top_k=50 if i % 2 else 0, seed=i) for i in range(4)]
+    assert Sampler().sample(logits, seqs) == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("penalty", [1e-300, 1e-40, 1e-7])
+def test_a_tiny_repetition_penalty_favours_the_seen_tokens_without_overflow(penalty):
+    logits = torch.full((1, 50), -1.0)
+    logits[0, 7] = 3.0  # an unseen favourite
+    logits[0, 2] = 2.0  # a token of the prompt: divided by the penalty, it wins
+    s = seq(prompt=(2, 5), temperature=0.0, repetition_penalty=penalty)
+    assert Sampler().sample(logits, [s]) == [2]
+    s = seq(prompt=(2, 5), temperature=0.7, seed=1, repetition_penalty=penalty)
+    assert Sampler().sample(logits, [s]) == [2]
