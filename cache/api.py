@@ -27,12 +27,15 @@ class CacheLookup:
     similarity: float | None = None  # 1.0 for exact hits
     response: dict | None = None  # the stored OpenAI response body (non-streaming shape), on hits
     reason: str | None = None  # why bypass/miss (e.g. "non-deterministic", "redis-down", "verifier")
+    storable: bool = False  # store() would keep this request's complete answer: a miss, or a
+    # no-cache bypass of a cacheable request, without no-store
 
 
 class SemanticCacheClient(Protocol):
     async def lookup(self, namespace: str, body: dict, policy: CachePolicy) -> CacheLookup:
         """``body`` is the validated chat-completions request (dict). Never raises on Redis
-        errors: returns a bypass with reason "redis-down" and logs/counts the error."""
+        errors: returns a bypass with reason "redis-down" and logs/counts the error. The
+        caller stores the answer (``store``) only when the result is ``storable``."""
 
     async def store(self, namespace: str, body: dict, response: dict, policy: CachePolicy) -> None:
         """Store a complete (non-partial) response; a no-op when not cacheable or no_store."""

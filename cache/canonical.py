@@ -14,6 +14,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+# Temperatures under this sample greedily, as temperature 0 does (engine/sampling_params.GREEDY_BELOW;
+# cache/ may not import the engine, and a test keeps the two equal).
+GREEDY_BELOW = 1e-5
+# Roles the model reads alike: a developer message reaches the engine as a system one.
+_ROLE_ALIASES = {"developer": "system"}
 # Keys that never change the answer: transport and bookkeeping only.
 _IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier"})
 # Values equal to these are the defaults: dropping them makes "absent" and "explicit default" agree.
@@ -52,7 +57,8 @@ def _text(content: object) -> str:
 
 
 def _message(m: dict) -> dict:
-    out = {"role": m.get("role"), "content": _text(m.get("content"))}
+    role = m.get("role")
+    out = {"role": _ROLE_ALIASES.get(role, role), "content": _text(m.get("content"))}
     for k in ("name", "tool_calls", "tool_call_id", "function_call"):
         if m.get(k) is not None:
             out[k] = m[k]
@@ -70,6 +76,8 @@ def _params(body: dict) -> dict:
             v = [v]
         if k in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             v = float(v)
+        if k == "temperature" and v < GREEDY_BELOW:
+            v = 0.0  # greedy either way: one answer, one key
         if k in _DEFAULTS and v == _DEFAULTS[k]:
             continue
         p[k] = v
@@ -82,9 +90,10 @@ def _hash(obj: object) -> str:
 
 
 def is_deterministic(body: dict) -> bool:
-    """Temperature 0 (explicit) or a seed: only such requests are cached by default."""
+    """A greedy temperature (explicit, below ``GREEDY_BELOW``) or a seed: the same request gets
+    the same answer. Only such requests are cached."""
     t = body.get("temperature")
-    return (t is not None and float(t) == 0.0) or body.get("seed") is not None
+    return (t is not None and float(t) < GREEDY_BELOW) or body.get("seed") is not None
 
 
 def canonicalize(namespace: str, body: dict) -> CanonicalRequest:

@@ -16,6 +16,11 @@ float32).
 
 While one batch is being encoded, new calls queue up; the next batch takes them all (up to
 ``max_batch``), so under load many lookups share one forward pass and an idle call pays no wait.
+
+The model reads at most ``max_tokens`` tokens (MiniLM: 256 word-pieces, special tokens included)
+and embeds only the beginning of a longer text, so two long texts that differ after that point
+get the same vector. ``fits(text)`` says whether a text is read whole; the cache gives a text
+that does not fit no semantic tier.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ def resolve_model_path(name: str) -> str:
 
 
 _SMALL_BATCH = 8  # texts; up to this many run on ``threads`` intra-op threads
+# No tokenizer makes more tokens of one character than this (WordPiece: 3, a Hangul syllable after
+# NFD; byte-level BPE: 4, the UTF-8 bytes), nor more special tokens than this: so a text of up to
+# (max_tokens - 8) / 4 characters fits without being tokenized.
+_TOKENS_PER_CHAR = 4
+_SPECIAL_TOKENS = 8
 _thread_state = threading.local()  # per worker thread: torch's default and current thread count
 
 
@@ -94,6 +104,7 @@ class Embedder:
         self._lean = lean
         self._fast = None  # (tokenizer, forward, max_len) when the direct path applies
         self.kind = "unloaded"  # "lean-onednn" | "lean" | "hf" | "hf-int8" | "encode", once loaded
+        self.max_tokens = 0  # tokens the model reads (its max_seq_length), once loaded
         self._load_lock = threading.Lock()
         self._pending: list[tuple[str, asyncio.Future]] = []
         self._draining = False
@@ -109,6 +120,7 @@ class Embedder:
                 from sentence_transformers import SentenceTransformer
 
                 model = SentenceTransformer(self._path, device=self._device)
+                self.max_tokens = int(model.get_max_seq_length() or 512)
                 self._fast = self._direct_path(model)
                 if self._fast is None:
                     self.kind = "encode"
@@ -132,7 +144,7 @@ class Embedder:
                 or getattr(model[0], "do_lower_case", False):  # encode() lower-cases first: keep it
             return None
         net = model[0].auto_model.eval()
-        max_len = int(model.get_max_seq_length() or 512)
+        max_len = self.max_tokens
         if self._lean and not self._quantize and self._device == "cpu" \
                 and getattr(net.config, "model_type", None) == "bert":
             from cache.bert_encoder import BertEncoder
@@ -191,6 +203,21 @@ class Embedder:
         if local.current != want and _set_thread_omp_threads(want):
             local.current = want
 
+    def _fits(self, text: str) -> bool:
+        # A long text is judged by a prefix cut at a space first: if that overflows, so does the
+        # whole, and a 100 KB prompt costs a few KB of tokenizing instead of tens of milliseconds.
+        prefix = text[:self.max_tokens * 16]
+        if len(prefix) < len(text) and " " in prefix:
+            prefix = prefix[:prefix.rindex(" ")]
+            if self._count_tokens(prefix) > self.max_tokens:
+                return False
+        return self._count_tokens(text) <= self.max_tokens
+
+    def _count_tokens(self, text: str) -> int:
+        ids = self._load().tokenizer(text, truncation=False, verbose=False, return_attention_mask=False,
+                                     return_token_type_ids=False)["input_ids"]
+        return len(ids)
+
     @property
     def dim(self) -> int:
         m = self._load()
@@ -210,6 +237,15 @@ class Embedder:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, ["warm up"])
 
     # -- async front ------------------------------------------------------------------------
+    async def fits(self, text: str) -> bool:
+        """Whether the model reads ``text`` whole (not cut at ``max_tokens``). A short text is
+        decided by its length alone; a longer one is tokenized on the worker thread, where the
+        tokenizer always runs (a fast tokenizer must not be used by two threads at once)."""
+        await self.ready()
+        if len(text) * _TOKENS_PER_CHAR + _SPECIAL_TOKENS <= self.max_tokens:
+            return True
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._fits, text)
+
     async def embed(self, text: str) -> np.ndarray:
         hit = self._memo.get(text)
         if hit is not None:

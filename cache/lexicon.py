@@ -72,6 +72,22 @@ ANTONYM_PAIRS = [
     ("thick", "thin"), ("soft", "hard"), ("loud", "quiet"), ("hard", "easy"), ("true", "untrue"),
     ("benefit", "risk"), ("pro", "con"), ("legal", "banned"), ("like", "hate"), ("keep", "discard"),
 ]
+# Adjectives whose -er/-est forms are comparatives ("faster", "biggest"): the antonym guard reduces
+# those forms to these (and only these, so "offer" or "water" are never read as "off" or "wat").
+GRADABLE = frozenset("""big small large fast slow easy hard high low long short old new young wide
+    narrow heavy light dark rich poor strong weak hot cold cheap thick thin soft loud quiet near
+    full empty wet dry safe healthy early late clean dirty happy sad""".split())
+
+# Words that give the things around them a direction: "convert A to B", "from A to B",
+# "A bigger than B", "A north of B", "A before B" (cache/relations.py).
+DIRECTION_TO = frozenset("to into onto toward towards".split())
+ORDER_PREPOSITIONS = frozenset("before after above below beneath underneath behind".split())
+POSITIONS = frozenset("""north south east west northeast northwest southeast southwest left right
+    ahead front top""".split())  # "<word> of"
+# Words that relate two names without ordering them: "Python and Java", "Python vs Java".
+SYMMETRIC = frozenset("and or nor vs versus with between plus & compared compare".split())
+CLAUSE_BREAKS = frozenset(". ? ! ; : , or but".split())
+
 # Verbs that negate what follows: "foods to avoid" asks the opposite of "foods to eat".
 NEGATING_VERBS = frozenset("""avoid avoiding avoided prevent preventing stop stopping refrain skip
     forbid forbidden prohibit prohibited ban banned""".split())

@@ -1,12 +1,15 @@
 """SemanticCache: the two-tier cache behind ``cache.api.SemanticCacheClient``.
 
-lookup:  policy gate (enabled, no-cache, deterministic)
+lookup:  policy gate (enabled, deterministic, no-cache)
          -> exact tier: HGET of the entry keyed by the canonical request's hash
             (pipelined with the tenant's change-log read when the index is in-process)
          -> semantic tier: embed the final user message, k nearest entries in the same
             namespace (tenant + model + earlier turns + parameters) with cosine >= threshold,
             then the hard-negative verifier; the first candidate that passes is served.
+            A message longer than the embedder reads gets no semantic tier (miss "too-long").
+         The result says whether the answer may be stored (a miss, or a no-cache bypass).
 store:   same gate (plus no-store), embed, one atomic script: entry + TTL + cap eviction + log.
+         A message too long for the embedder is stored without a vector (exact tier only).
 
 Redis failures never escape: lookup answers bypass("redis-down"), store drops the entry; both
 log (at most once per ``_LOG_EVERY_S``) and count. redis-py reconnects by itself, so the cache
@@ -86,16 +89,18 @@ class SemanticCache:
         self._stats.lookups += 1
         if not policy.enabled:
             return self._bypass("disabled")
-        if policy.no_cache:
-            return self._bypass("no-cache")
         req = canonicalize(namespace, body)
         if not req.deterministic:
             return self._bypass("non-deterministic")
+        if policy.no_cache:  # skips the lookup, not the store
+            return self._bypass("no-cache", storable=not policy.no_store)
         try:
-            return await self._lookup(namespace, req, policy)
+            found = await self._lookup(namespace, req, policy)
         except _REDIS_ERRORS as e:
             self._redis_failed("lookup", e)
             return self._bypass("redis-down")
+        found.storable = found.outcome == "miss" and not policy.no_store
+        return found
 
     async def store(self, namespace: str, body: dict, response: dict, policy: CachePolicy) -> None:
         if not policy.enabled or policy.no_store or not _complete(response):
@@ -117,10 +122,11 @@ class SemanticCache:
         keys = self.store_.keys(namespace)
         reqs = [(canonicalize(namespace, b), r) for b, r in items]
         reqs = [(q, r) for q, r in reqs if q.deterministic and _complete(r)]
-        texts = [q.query for q, _ in reqs if q.query]
+        semantic = [bool(q.query) and await self.embedder.fits(q.query) for q, _ in reqs]
+        texts = [q.query for (q, _), s in zip(reqs, semantic, strict=True) if s]
         vecs = iter(await self.embedder.embed_many(texts)) if texts else iter(())
-        entries = [NewEntry(q.exact_key, keys.ns(q.context_key), q.query or "",
-                            next(vecs) if q.query else None, r) for q, r in reqs]
+        entries = [NewEntry(q.exact_key, keys.ns(q.context_key), q.query or "", next(vecs) if s else None, r)
+                   for (q, r), s in zip(reqs, semantic, strict=True)]
         for i in range(0, len(entries), 1000):
             res = await self.store_.put_many(keys, entries[i:i + 1000], ttl_s=policy.ttl_s,
                                              max_entries=policy.max_entries)
@@ -157,6 +163,17 @@ class SemanticCache:
             return CacheLookup("hit", 1.0, json.loads(raw))
         if not req.query:
             return self._miss("no-semantic-tier")
+        try:
+            # The embedder reads only a long text's beginning: two long prompts that differ
+            # after it would get one vector, and one the other's answer.
+            if not await self.embedder.fits(req.query):
+                return self._miss("too-long")
+        except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
+            return self._embed_failed(e)
+        return await self._semantic(keys, req, events, policy)
+
+    async def _semantic(self, keys: TenantKeys, req: CanonicalRequest, events: list | None,
+                        policy: CachePolicy) -> CacheLookup:
         ns = keys.ns(req.context_key)
         if self._local is not None:
             tenant = await self._io(self._local.sync(keys, events), slow=True)  # a first load may be big
@@ -165,9 +182,7 @@ class SemanticCache:
         try:
             vec = await self.embedder.embed(req.query)
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
-            self._stats.embed_errors += 1
-            log.warning("cache embedder failed: %s", e)
-            return self._miss("embedder-error")
+            return self._embed_failed(e)
         if self._local is not None:
             candidates = self._local.search(keys, ns, vec, _TOP_K, policy.threshold)
         else:
@@ -199,10 +214,10 @@ class SemanticCache:
         vec = None
         if req.query:
             try:
-                vec = await self.embedder.embed(req.query)
+                if await self.embedder.fits(req.query):  # too long: exact tier only
+                    vec = await self.embedder.embed(req.query)
             except Exception as e:  # noqa: BLE001
-                self._stats.embed_errors += 1
-                log.warning("cache embedder failed: %s", e)
+                self._embed_failed(e)
         keys = self.store_.keys(namespace)
         entry = NewEntry(req.exact_key, keys.ns(req.context_key), req.query or "", vec, response)
         evicted, _ = await self._io(
@@ -233,13 +248,18 @@ class SemanticCache:
         return await asyncio.wait_for(aw, self._timeout * (10 if slow else 1))
 
     # -- outcomes --------------------------------------------------------------------------
-    def _bypass(self, reason: str) -> CacheLookup:
+    def _bypass(self, reason: str, *, storable: bool = False) -> CacheLookup:
         self._stats.bypasses += 1
-        return CacheLookup("bypass", reason=reason)
+        return CacheLookup("bypass", reason=reason, storable=storable)
 
     def _miss(self, reason: str) -> CacheLookup:
         self._stats.misses += 1
         return CacheLookup("miss", reason=reason)
+
+    def _embed_failed(self, e: Exception) -> CacheLookup:
+        self._stats.embed_errors += 1
+        log.warning("cache embedder failed: %s", e)
+        return self._miss("embedder-error")
 
     def _redis_failed(self, op: str, e: BaseException) -> None:
         self._stats.redis_errors += 1

@@ -12,8 +12,23 @@ only if every guard agrees the two questions ask the same thing:
     task       the requested operation on the content differs (summarize vs translate …)
     entity     a name on one side (capitalised, acronym, code-like, known entity class) is
                missing from the other
+    relation   the same words stand in a reversed relation (cache/relations.py): the two sides
+               of a direction, comparison or position swap places, or subject and object do
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
                rarity from the embedder's word-piece vocabulary rank)
+
+The ``relation`` guard is the only one that reads word order, and it reads it only around words
+that give a pair a direction: "to"/"into" and "from … to" (Celsius to Fahrenheit, English to
+French, USD to EUR, string to int, phone to laptop), "than" (a dog bigger than a cat), "north /
+left / … of" and "before / after / above / below / behind" (Paris north of London), and a
+relating word between two names (the moon orbits the earth; "owned by" flips it). It rejects a
+pair only when a word moves from one side of such a relation to the other and another word
+moves back, so a paraphrase that merely reorders its words ("What is the capital of France?" /
+"France's capital city is?") or swaps "from A to B" for "to B from A" still passes.
+
+The antonym guard also reads comparatives and superlatives of gradable adjectives as their base
+("faster" / "slower" as fast / slow, "bigger" as big, "easiest" as easy), for the antonym lookup
+only: no other guard sees them reduced, and no other word is ("water", "offer" stay whole).
 
 Each guard is a few set operations on memoised token analyses (well under a millisecond a pair).
 """
@@ -26,11 +41,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cache import lexicon as lx
+from cache.relations import Relation, Word, relations, reversed_relation
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
     r"|[A-Za-z][A-Za-z0-9'’+#]*(?:-[A-Za-z0-9]+)*"  # words (hyphenated compounds kept whole)
     r"|[$€£¥%°]"
+    r"|[.?!;:,]"  # clause breaks: kept only for the relation guard's clauses
 )
 _ORDINAL_SUFFIX = re.compile(r"^(\d+)(st|nd|rd|th)$")
 _AMBIGUOUS_UNITS = frozenset(w for w in lx.UNIT_OF if len(w) <= 2) | {"may", "min"} | lx.WEAK_UNITS
@@ -65,6 +82,9 @@ _STOP = frozenset(stem(w) for w in lx.STOPWORDS) | lx.STOPWORDS
 _FILLER = frozenset(stem(w) for w in lx.FILLER) | lx.FILLER
 _ENTITY = frozenset(stem(w) for w in lx.ENTITY_WORDS) | lx.ENTITY_WORDS
 _TASK = {stem(w): t for w, t in lx.TASK_OF.items()} | dict(lx.TASK_OF)
+_GRADABLE = frozenset(stem(w) for w in lx.GRADABLE)
+_BREAKS = frozenset(".?!;:,")
+_GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,6 +103,7 @@ class _Analysis:
     entities: frozenset[str]
     content: frozenset[str]  # stems of content words (no stopwords, filler, numbers, units)
     rare: frozenset[str]  # content stems that are rare words
+    relations: frozenset[Relation]  # ordered pairs around direction words (cache/relations.py)
 
 
 def _num(s: str) -> str:
@@ -101,8 +122,7 @@ class Verifier:
                  guards: frozenset[str] | None = None, memo_size: int = 8192) -> None:
         self._vocab = vocab or {}
         self._rare_rank = rare_rank
-        self.guards = guards or frozenset(
-            {"negation", "antonym", "number", "unit", "task", "entity", "content"})
+        self.guards = _GUARDS if guards is None else guards
         self._memo: OrderedDict[str, _Analysis] = OrderedDict()
         self._memo_size = memo_size
 
@@ -139,6 +159,7 @@ class Verifier:
         content: set[str] = set()
         rare: set[str] = set()
         quantities: list[str] = []  # "10 mile": a number with the unit that follows it
+        order: list[Word] = []  # every token in order, for the relation guard
         negated = False
         prev_number = prev_unit = False
         sentence_start = True
@@ -152,13 +173,17 @@ class Verifier:
             else:
                 units.append(u)
         for tok in tokens:
+            if tok in _BREAKS:
+                order.append(Word(tok, None, False))
+                continue
             tok = tok.strip("'")
             if tok.endswith("'s"):  # possessive: "Australia's" is about Australia
                 tok = tok[:-2]
             if not tok:
                 continue
             low = tok.lower()
-            is_number = is_unit = False
+            is_number = is_unit = is_entity = False
+            key: str | None = None
             currency = None
             if low[0] in "$€£¥" and len(low) > 1:
                 currency = lx.UNIT_OF[low[0]]
@@ -177,9 +202,11 @@ class Verifier:
                         quantities.append(numbers[-1] + " " + lx.UNIT_OF[suffix])
                     elif suffix:
                         entities.add(low)  # "2fa", "gpt4"-like identifiers
+                key = low if low in entities else numbers[-1]
                 prev_number = is_number = True
             elif low in lx.UNIT_OF and low[0] in "$€£¥%°":
-                _unit(lx.UNIT_OF[low])
+                key = lx.UNIT_OF[low]
+                _unit(key)
                 is_number = prev_number  # a unit keeps the quantity open for the next unit
                 is_unit = True
             else:
@@ -188,14 +215,15 @@ class Verifier:
                 if low in lx.NEGATIONS or low.endswith("n't") or low in lx.NEGATING_VERBS:
                     negated = True
                 elif low in lx.NUMBER_WORDS:
-                    numbers.append(_num(str(lx.NUMBER_WORDS[low])))
+                    numbers.append(key := _num(str(lx.NUMBER_WORDS[low])))
                     is_number = True
                 elif low in lx.ORDINALS:
-                    numbers.append("#" + str(lx.ORDINALS[low]))
+                    numbers.append(key := "#" + str(lx.ORDINALS[low]))
                 elif low in lx.MONTHS or low in lx.WEEKDAYS or (low in lx.MONTH_ABBR and tok[0].isupper()):
-                    numbers.append(lx.MONTH_ABBR.get(low, low))
+                    numbers.append(key := lx.MONTH_ABBR.get(low, low))
                 elif low in lx.UNIT_OF and (prev_number or low not in _AMBIGUOUS_UNITS):
-                    _unit(lx.UNIT_OF[low])
+                    key = lx.UNIT_OF[low]
+                    _unit(key)
                     is_number = prev_number
                     is_unit = True
                 else:
@@ -209,15 +237,18 @@ class Verifier:
                     )
                     if is_entity:
                         entities.add(st)
+                        key = st
                     if st not in _STOP and low not in _STOP and st not in _FILLER and low not in _FILLER:
                         content.add(st)
+                        key = st
                         if self._is_rare(low):
                             rare.add(st)
+            order.append(Word(low, key, is_entity))
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
         unit_key = (*sorted(quantities), "|", *sorted(units))
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
-                      frozenset(entities), frozenset(content), frozenset(rare))
+                      frozenset(entities), frozenset(content), frozenset(rare), relations(order))
         self._memo[text] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -241,16 +272,45 @@ class Verifier:
             return Verdict(False, "task")
         if "entity" in g and ((q.entities - c.words - c.entities) or (c.entities - q.words - q.entities)):
             return Verdict(False, "entity")
+        if "relation" in g and reversed_relation(q.relations, c.relations):
+            return Verdict(False, "relation")
         if "content" in g and (q.rare - c.content) and (c.rare - q.content):
             return Verdict(False, "content")
         return Verdict(True)
 
 
+def positive_form(w: str) -> str:
+    """The base of a comparative or superlative stem of a gradable adjective ("faster" -> "fast",
+    "bigger" -> "big", "easiest" -> "easy"), else ``w`` unchanged. A stem the antonym table knows
+    itself ("higher", "latest", "summer") keeps its own entry."""
+    if w in _ANTONYMS:
+        return w
+    for suffix in ("est", "er"):
+        if len(w) > len(suffix) + 2 and w.endswith(suffix):
+            base = w[:-len(suffix)]
+            break
+    else:
+        return w
+    forms = [base]
+    if base.endswith("i"):
+        forms.insert(0, base[:-1] + "y")  # easi-er -> easy
+    if base[-1] == base[-2]:
+        forms.insert(0, base[:-1])  # bigg-er -> big
+    return next((f for f in forms if f in _GRADABLE), w)
+
+
 def _antonym_swap(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:
+    if _antonym_pair({positive_form(w) for w in only_q}, {positive_form(w) for w in only_c}):
+        return True
+    return _negated_form(only_q, only_c)
+
+
+def _antonym_pair(only_q: set[str], only_c: set[str]) -> bool:
+    return any(_ANTONYMS.get(w, frozenset()) & only_c for w in only_q)
+
+
+def _negated_form(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:
     for w in only_q:
-        opposite = _ANTONYMS.get(w)
-        if opposite and opposite & only_c:
-            return True
         if len(w) >= 3:
             for p in lx.NEGATING_PREFIXES:
                 if p + w in only_c:

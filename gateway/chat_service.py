@@ -179,7 +179,7 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
             caller.response_headers["x-cache-similarity"] = f"{lookup.similarity:.4f}"
         if lookup.outcome in ("hit", "semantic-hit") and lookup.response is not None:
             return await replay(lookup.response, fmt, account, stream=body.stream)
-        if lookup.outcome == "miss" and not policy.no_store:
+        if lookup.storable:  # a miss, or no-cache on a cacheable request; never no-store
             store = cache_store(cache, namespace, request_body, policy)
     prompt = await tokenize(engine, engine.encode_chat, messages, size)
     max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,

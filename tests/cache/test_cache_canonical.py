@@ -2,7 +2,7 @@
 
 from cache_testlib import chat
 
-from cache.canonical import canonicalize, is_deterministic
+from cache.canonical import GREEDY_BELOW, canonicalize, is_deterministic
 
 
 def keys(body, ns="tenant-a"):
@@ -67,3 +67,20 @@ def test_determinism():
     assert is_deterministic({"seed": 1, "temperature": 0.8})
     assert not is_deterministic({"temperature": 0.7})
     assert not is_deterministic({})
+
+
+def test_developer_role_is_the_system_role():
+    """The engine gets a developer message as a system one: same prompt, same answer, same keys."""
+    dev = chat("Hi", history=[{"role": "developer", "content": "Answer in French."}])
+    sys_ = chat("Hi", history=[{"role": "system", "content": "Answer in French."}])
+    assert keys(dev) == keys(sys_)
+
+
+def test_temperatures_below_the_greedy_threshold_are_greedy():
+    from engine.sampling_params import GREEDY_BELOW as ENGINE_GREEDY_BELOW
+
+    assert GREEDY_BELOW == ENGINE_GREEDY_BELOW  # cache/ may not import the engine: keep them equal
+    assert is_deterministic(chat("x", temperature=1e-6))
+    assert not is_deterministic(chat("x", temperature=GREEDY_BELOW))
+    assert keys(chat("Hi", temperature=1e-6)) == keys(chat("Hi", temperature=0))
+    assert keys(chat("Hi", temperature=1e-4)) != keys(chat("Hi", temperature=0))

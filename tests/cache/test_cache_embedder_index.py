@@ -27,6 +27,18 @@ TEXTS = ["How do I reset my password?", "a cat", "Which city is Australia's capi
          "Ünïcödé, emoji 🙂 and [brackets] — dashes"]
 
 
+async def test_fits_says_whether_the_model_reads_a_text_whole(embedder):
+    """MiniLM reads 256 word-pieces, [CLS] and [SEP] included: a longer text is cut."""
+    assert embedder.max_tokens == 256
+    tokens = len(embedder._load().tokenizer(LONG, verbose=False)["input_ids"])
+    assert tokens > 256 and not await embedder.fits(LONG)
+    assert await embedder.fits("How do I reset my password?")
+    assert await embedder.fits("x " * 254)  # 254 pieces + 2 special tokens
+    assert not await embedder.fits("x " * 255)
+    assert not await embedder.fits("word " * 20_000)  # decided from a prefix
+    assert await embedder.fits("a" * 5000 + " b")  # one over-long word is one [UNK]
+
+
 def st_encode(embedder, texts):
     return embedder._load().encode(texts, convert_to_numpy=True, normalize_embeddings=True,
                                    show_progress_bar=False)

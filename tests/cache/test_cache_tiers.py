@@ -4,6 +4,7 @@ import pytest
 from cache_testlib import answer, chat
 
 from cache.api import CachePolicy
+from cache.verifier import Verifier
 
 
 async def test_exact_then_semantic_hit(make_cache, policy):
@@ -212,3 +213,67 @@ async def test_in_process_index_keeps_a_bounded_number_of_tenants(make_cache, po
     assert (await c.lookup("t2", chat("What's a semaphore?"), policy)).outcome == "semantic-hit"
     assert len(c._local._tenants) == 1  # t1 was dropped, and is reloaded when needed
     assert (await c.lookup("t1", chat("What's a mutex?"), policy)).outcome == "semantic-hit"
+
+
+async def test_no_cache_skips_the_lookup_and_still_stores(make_cache, policy):
+    """The result says whether the answer may be stored: a miss, or no-cache on a cacheable
+    request; never no-store, a hit, or a request that is not deterministic."""
+    c = make_cache()
+    body = chat("What does a load balancer do?")
+    no_cache = CachePolicy(threshold=0.8, no_cache=True)
+    skipped = await c.lookup("acme", body, no_cache)
+    assert (skipped.outcome, skipped.reason, skipped.storable) == ("bypass", "no-cache", True)
+    await c.store("acme", body, answer("spreads load"), no_cache)
+    assert (await c.lookup("acme", body, policy)).outcome == "hit"
+    assert not (await c.lookup("acme", body, policy)).storable
+    both = CachePolicy(no_cache=True, no_store=True)
+    assert not (await c.lookup("acme", body, both)).storable
+    hot = await c.lookup("acme", chat("What does a load balancer do?", temperature=0.7), no_cache)
+    assert (hot.outcome, hot.reason, hot.storable) == ("bypass", "non-deterministic", False)
+    miss = await c.lookup("acme", chat("What is a reverse proxy?"), policy)
+    assert miss.outcome == "miss" and miss.storable
+    assert not (await c.lookup("acme", chat("What is a reverse proxy?"), CachePolicy(no_store=True))).storable
+
+
+async def test_tiny_temperature_is_greedy_and_shares_the_key(make_cache, policy):
+    c = make_cache()
+    tiny = chat("Name the largest planet.", temperature=1e-6)
+    first = await c.lookup("acme", tiny, policy)
+    assert first.outcome == "miss" and first.storable
+    await c.store("acme", tiny, answer("Jupiter"), policy)
+    assert (await c.lookup("acme", chat("Name the largest planet."), policy)).outcome == "hit"
+
+
+async def test_developer_and_system_prompts_share_entries(make_cache, policy):
+    c = make_cache()
+    dev = [{"role": "developer", "content": "Answer in one word."}]
+    sys_ = [{"role": "system", "content": "Answer in one word."}]
+    await c.store("acme", chat("What colour is the sky?", history=dev), answer("Blue"), policy)
+    assert (await c.lookup("acme", chat("What colour is the sky?", history=sys_), policy)).outcome == "hit"
+    assert (await c.lookup("acme", chat("What color is the sky?", history=sys_), policy)).outcome == "semantic-hit"
+
+
+PARAGRAPH = " ".join(
+    f"On day {i} the old fishing boat left the harbour at dawn, crossed the bay and came back at dusk."
+    for i in range(20))  # ~380 words, well past the 256 word-pieces MiniLM reads
+
+
+async def test_a_query_too_long_for_the_embedder_gets_the_exact_tier_only(make_cache, policy, embedder):
+    """Two long prompts that differ after the embedder's 256 word-pieces embed identically: the
+    second must not be served the first's answer, whatever the verifier makes of them."""
+    c = make_cache(verifier=Verifier(guards=frozenset()))
+    count = chat(PARAGRAPH + " How many times does the word boat appear?")
+    colour = chat(PARAGRAPH + " What color is the boat?")
+    assert not await embedder.fits(count["messages"][-1]["content"])
+    assert float(await embedder.embed(count["messages"][-1]["content"])
+                 @ await embedder.embed(colour["messages"][-1]["content"])) > 0.9999
+    await c.store("acme", count, answer("20"), policy)
+    r = await c.lookup("acme", colour, policy)
+    assert (r.outcome, r.reason, r.storable) == ("miss", "too-long", True)
+    assert (await c.lookup("acme", count, policy)).outcome == "hit"
+    # stored without a vector: a short question finds nothing to compare with
+    short = await c.lookup("acme", chat("How many times does the word boat appear?"), policy)
+    assert (short.outcome, short.reason) == ("miss", "below-threshold")
+    assert await c.store_many("acme", [(colour, answer("unknown"))], policy) == 1
+    assert (await c.lookup("acme", colour, policy)).outcome == "hit"
+    assert c._local.tenant(c.store_.keys("acme")).size() == 0  # no vector for either

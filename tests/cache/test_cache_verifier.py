@@ -2,7 +2,8 @@
 
 import pytest
 
-from cache.verifier import Verifier, stem
+from cache import lexicon as lx
+from cache.verifier import _ANTONYMS, Verdict, Verifier, positive_form, stem
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,77 @@ def test_paraphrases_pass(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
 
 
+@pytest.mark.parametrize("q,c", [
+    ("How do I convert Celsius to Fahrenheit?", "How do I convert Fahrenheit to Celsius?"),
+    ("Translate this sentence from English to French.", "Translate this sentence from French to English."),
+    ("Convert USD to EUR.", "Convert EUR to USD."),
+    ("Is a dog bigger than a cat?", "Is a cat bigger than a dog?"),
+    ("How do I convert a string to an int in Python?", "How do I convert an int to a string in Python?"),
+    ("How do I convert JSON to XML?", "How do I convert XML to JSON?"),
+    ("How do I transfer photos from my phone to my laptop?", "How do I transfer photos from my laptop to my phone?"),
+    ("How do I transfer photos to my laptop from my phone?", "How do I transfer photos from my laptop to my phone?"),
+    ("Is Paris north of London?", "Is London north of Paris?"),
+    ("Does the moon orbit the earth?", "Does the earth orbit the moon?"),
+    ("How to convert Celsius to Fahrenheit?", "How to convert Fahrenheit to Celsius?"),  # "how to" is no relation
+    ("Is it faster to walk than to drive?", "Is it faster to drive than to walk?"),
+    ("Does lunch come before dinner?", "Does dinner come before lunch?"),
+])
+def test_direction_swaps_are_rejected(verifier, q, c):
+    """Same words, opposite meaning: word sets cannot tell them apart, the relation guard can."""
+    assert verifier.check(q, c) == Verdict(False, "relation")
+    assert verifier.check(c, q) == Verdict(False, "relation")
+
+
+@pytest.mark.parametrize("q,c", [
+    ("What is the capital of France?", "France's capital city is?"),
+    ("How do I move files from my phone to my laptop?", "How do I move files to my laptop from my phone?"),
+    ("How do I convert Celsius to Fahrenheit?", "What's the way to convert from Celsius to Fahrenheit?"),
+    ("In Python, how do I sort a list?", "How do I sort a list in Python?"),
+    ("Does Google own YouTube?", "Is YouTube owned by Google?"),  # passive: subject and object swap back
+    ("Compare Python and Java for web development.", "For web development, compare Java and Python."),
+    ("How do I stop my dog from barking at night?", "How can I get my dog to stop barking at night?"),
+    ("How do I get to London from Paris?", "How do I go from Paris to London?"),
+])
+def test_paraphrases_that_reorder_words_pass(verifier, q, c):
+    assert verifier.check(q, c).ok, verifier.check(q, c)
+    assert verifier.check(c, q).ok
+
+
+@pytest.mark.parametrize("q,c", [
+    ("Why is my laptop getting faster?", "Why is my laptop getting slower?"),
+    ("Is it easier to learn Spanish or French?", "Is it harder to learn Spanish or French?"),
+    ("Why are TVs getting larger?", "Why are TVs getting smaller?"),
+    ("Why are TVs getting bigger?", "Why are TVs getting smaller?"),
+    ("What is the easiest language to learn?", "What is the hardest language to learn?"),
+    ("Which is the cheapest flight?", "Which is the most expensive flight?"),
+    ("Is a thinner laptop better?", "Is a thicker laptop better?"),
+])
+def test_comparative_opposites_are_rejected(verifier, q, c):
+    assert verifier.check(q, c) == Verdict(False, "antonym")
+    assert verifier.check(c, q) == Verdict(False, "antonym")
+
+
+@pytest.mark.parametrize("word,base", [
+    ("faster", "fast"), ("fastest", "fast"), ("bigger", "big"), ("biggest", "big"), ("easier", "easy"),
+    ("easiest", "easy"), ("larger", "large"), ("safer", "safe"), ("hotter", "hot"), ("thinner", "thin"),
+    ("smaller", "small"),
+    # not comparatives of a gradable adjective, or known to the antonym table as they are
+    ("water", "water"), ("offer", "offer"), ("banner", "banner"), ("easter", "easter"), ("summer", "summer"),
+    ("higher", "higher"), ("latest", "latest"), ("best", "best"), ("user", "user"),
+])
+def test_positive_form_reduces_comparatives_only(word, base):
+    assert positive_form(stem(word)) == stem(base)
+
+
+def test_comparatives_are_reduced_for_the_antonym_lookup_only(verifier):
+    assert verifier.check("How much water is in a bottle?", "How much water is in a large bottle?").ok
+    assert verifier.analyse("Why is it faster?").words == frozenset({"why", "is", "it", "faster"})
+
+
+def test_gradable_adjectives_all_have_antonyms():
+    assert {stem(w) for w in lx.GRADABLE} <= set(_ANTONYMS)
+
+
 def test_identical_text_passes_fast_path(verifier):
     assert verifier.check("anything at all", "anything at all").ok
 
@@ -67,3 +139,7 @@ def test_guards_can_be_disabled():
 def test_stem_is_consistent():
     assert stem("enable") == stem("enabled") == stem("enabling")
     assert stem("install") == stem("installing")
+
+
+def test_no_guards_means_none():
+    assert Verifier(guards=frozenset()).check("How do I enable SSO?", "How do I disable SSO?").ok

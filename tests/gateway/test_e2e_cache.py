@@ -1,6 +1,7 @@
 """The semantic cache wired into the chat route, end to end over HTTP with the real engine:
-miss → stored → hit replayed as JSON and as SSE, x-cache headers, Cache-Control, usage rows with
-the cache outcome and saved cost, and streams that never finished are never stored."""
+miss → stored → hit replayed as JSON and as SSE, x-cache headers, Cache-Control (no-cache still
+stores a cacheable answer), usage rows with the cache outcome and saved cost, and streams that
+never finished are never stored."""
 
 from __future__ import annotations
 
@@ -86,7 +87,6 @@ def test_cache_control_and_streamed_misses(api_cached) -> None:  # noqa: ANN001
     question = f"Name a primary colour. ({time.time_ns()})"
     # no-store: answered by the engine and not kept
     assert _post(api, key, _body(api, question), **{"cache-control": "no-store"}).headers["x-cache"] == "miss"
-    assert _post(api, key, _body(api, question), **{"cache-control": "no-cache"}).headers["x-cache"] == "bypass"
     # a streamed miss that completes is stored, and served to a JSON request afterwards
     with httpx.stream("POST", api.base_url + "/v1/chat/completions", headers=_h(key), timeout=120,
                       json=_body(api, question, stream=True)) as resp:
@@ -98,6 +98,59 @@ def test_cache_control_and_streamed_misses(api_cached) -> None:  # noqa: ANN001
     assert again.json()["choices"][0]["message"]["content"] == streamed
     # non-deterministic requests are not cached
     assert _post(api, key, _body(api, question, temperature=0.9)).headers["x-cache"] == "bypass"
+
+
+def test_no_cache_skips_the_lookup_and_still_stores(api_cached) -> None:  # noqa: ANN001
+    api = api_cached
+    _tid, key = api.make_tenant()
+    cache = api.app.state.pagegate.cache
+    question = f"Name a planet. ({time.time_ns()})"
+    first = _post(api, key, _body(api, question), **{"cache-control": "no-cache"})
+    assert first.status_code == 200 and first.headers["x-cache"] == "bypass"
+    again = _post(api, key, _body(api, question))
+    assert again.headers["x-cache"] == "hit"
+    assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    # not cacheable (temperature > 0, no seed): no-cache stores nothing
+    stores = cache.stats()["stores"]
+    hot = _post(api, key, _body(api, f"Name a moon. ({time.time_ns()})", temperature=0.9),
+                **{"cache-control": "no-cache"})
+    assert hot.status_code == 200 and hot.headers["x-cache"] == "bypass"
+    assert cache.stats()["stores"] == stores
+    # no-cache and no-store together: neither looked up nor kept
+    both = _body(api, f"Name a star. ({time.time_ns()})")
+    assert _post(api, key, both, **{"cache-control": "no-cache, no-store"}).headers["x-cache"] == "bypass"
+    assert cache.stats()["stores"] == stores
+    assert _post(api, key, both).headers["x-cache"] == "miss"
+
+
+def test_greedy_temperatures_and_the_developer_role_share_entries(api_cached) -> None:  # noqa: ANN001
+    api = api_cached
+    _tid, key = api.make_tenant()
+    question = f"Name an ocean. ({time.time_ns()})"
+    tiny = _post(api, key, _body(api, question, temperature=1e-6))  # greedy in the engine
+    assert tiny.status_code == 200 and tiny.headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "hit"
+    rule = f"Answer in one word. ({time.time_ns()})"
+    dev = _body(api, question, messages=[{"role": "developer", "content": rule},
+                                         {"role": "user", "content": question}])
+    assert _post(api, key, dev).headers["x-cache"] == "miss"
+    system = dict(dev, messages=[{"role": "system", "content": rule}, {"role": "user", "content": question}])
+    assert _post(api, key, system).headers["x-cache"] == "hit"
+
+
+def test_long_prompts_that_differ_at_the_end_never_share_an_answer(api_cached) -> None:  # noqa: ANN001
+    """The cache's embedder reads 256 word-pieces: past that, only the exact tier may answer."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    paragraph = " ".join(f"On day {i} the old boat left the harbour at dawn and came back at dusk."
+                         for i in range(24)) + f" ({time.time_ns()})"
+    sad = _body(api, paragraph + " Is the story above sad?")
+    funny = _body(api, paragraph + " Is the story above funny?")  # the verifier finds no difference
+    assert _post(api, key, sad).headers["x-cache"] == "miss"
+    other = _post(api, key, funny)
+    assert other.status_code == 200 and other.headers["x-cache"] == "miss"
+    assert "x-cache-similarity" not in other.headers
+    assert _post(api, key, sad).headers["x-cache"] == "hit"
 
 
 def test_aborted_stream_is_not_stored_and_tenants_are_isolated(api_cached) -> None:  # noqa: ANN001
