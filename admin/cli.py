@@ -12,23 +12,15 @@ import sys
 from decimal import Decimal, InvalidOperation
 
 from pydantic import ValidationError
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from admin import cli_commands as cmd
 from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound
 from admin.schemas import InvalidField, split_models
+from gateway.db.session import safe_url
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
-
-
-def _safe_url(url: str) -> str:
-    """The URL with any password hidden (it goes to a terminal or a log)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # unparsable: nothing to hide that SQLAlchemy could find either
-        return url
 
 
 def _usd(value: str) -> Decimal:
@@ -204,7 +196,7 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         return 1
     except (OSError, SQLAlchemyError, sqlite3.Error) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        cmd.note(f"error: cannot use the database at {_safe_url(settings.database_url)}: {reason}")
+        cmd.note(f"error: cannot use the database at {safe_url(settings.database_url)}: {reason}")
         return 1
 
 

@@ -44,6 +44,7 @@ from gateway.coalesce import Coalescer
 from gateway.error_handlers import error_response
 from gateway.errors import ApiError, rate_limited
 from gateway.limits import format_reset, storage_uri, store_unavailable
+from gateway.log_throttle import LogThrottle
 from gateway.redis_lane import ScriptLane
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class ClientIPLimiter:
         self._by_address = all(key_func is client_address for _, key_func, _, _ in self._checks)
         self._plans: dict[str, list[tuple]] = {}  # client address -> its hits (``_plan``), memoised
         self._batches: Coalescer = Coalescer(self._hit_batch)
+        self._unavailable = LogThrottle()  # one warning per outage, not one per refused request
 
     async def check(self, request: Request) -> None:
         await self.check_scope(request.scope, request)
@@ -121,7 +123,7 @@ class ClientIPLimiter:
                 stats = await self._strategy.get_window_stats(item, *args)
                 reset_s = max(0.001, stats.reset_time - time.time())
             except Exception as exc:  # Redis unreachable
-                log.warning("ip limit: storage unavailable: %r", exc)
+                self._unavailable.log(log, logging.WARNING, "ip limit: storage unavailable: %r", exc)
                 raise store_unavailable("rate-limit") from exc
             limit = item.amount
             raise rate_limited(

@@ -23,6 +23,12 @@ Keys (one hash tag per tenant, so the multi-key scripts work on Redis Cluster)::
 
 A reservation its gateway never settles (the process was killed) is refunded in full by the next
 reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must not run longer.
+
+Losing Redis (flushed, restarted without its data) loses the counter and the open reservations:
+the counter is rebuilt from the usage rows, and a request that was running meanwhile, whose row
+the rebuild could not see, adds its real amounts when it settles (its reservation carries the
+counter's epoch, and the rebuilt counter has another). A tenant without a budget is not refused
+while its counter cannot be rebuilt (the database is down too): there is nothing to enforce.
 """
 
 from __future__ import annotations
@@ -93,6 +99,7 @@ class Reservation:
     settled: bool = False
     counter_key: str = ""
     tpm_key: str = ""
+    epoch: str = ""  # the period counter's epoch when it was made ("": made without a counter)
 
     @property
     def reserved_usd(self) -> Decimal:
@@ -195,7 +202,7 @@ class QuotaLedger:
             -1 if principal.budget_tokens is None else int(principal.budget_tokens),
             -1 if budget_usd is None else usd_to_units(budget_usd),
             max(0, principal.tpm_limit), repr(frac), int(now), int(now) + self.reservation_ttl_s,
-            2 * self.reservation_ttl_s + 86400,
+            2 * self.reservation_ttl_s + 86400, 0,
         ]
         prices: dict[Price, tuple[str, str]] = {}
         for ask in asks:
@@ -207,15 +214,22 @@ class QuotaLedger:
         try:
             result = await self._lane.run(self._reserve, keys=keys, args=args)
             if result[0] == -1:
-                await self._rebuild_once(principal.tenant_id, principal.budget_period, keys[0], period_end)
+                try:
+                    await self._rebuild_once(principal.tenant_id, principal.budget_period, keys[0], period_end)
+                except QuotaUnavailable:
+                    if principal.budget_tokens is not None or budget_usd is not None:
+                        raise
+                    args[7] = 1  # no budget to enforce: go on without the counter (the next rebuild counts it)
                 result = await self._lane.run(self._reserve, keys=keys, args=args)
         except RedisError as exc:
             return [store_unavailable("quota", cause=exc) for _ in asks]
         except QuotaUnavailable as exc:  # the database is down while the counter is rebuilt
             return [dataclasses.replace(exc, headers=dict(exc.headers)) for _ in asks]  # one each
-        if result[0] == -1 or len(result) != 5 * len(asks):
+        if result[0] == -1 or len(result) != 1 + 5 * len(asks):
             return [QuotaUnavailable(503, "Quota store is unavailable; retry shortly.", "server_error",
                                      "quota_unavailable") for _ in asks]
+        epoch = result[0].decode() if isinstance(result[0], bytes) else str(result[0])
+        result = result[1:]
         tpm_reset = 60.0 * (1.0 - frac)
         tpm_limit = principal.tpm_limit
         reset_s = format_reset(tpm_reset)
@@ -238,7 +252,7 @@ class QuotaLedger:
                 out.append(Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
-                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers))
+                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch))
         return out
 
     def _release_orphan(self, _group: tuple, _ask: _Ask, reservation: Reservation) -> None:
@@ -255,11 +269,11 @@ class QuotaLedger:
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
         units = usd_to_units(reservation.price.cost(max(0, prompt_tokens), max(0, completion_tokens)))
         done = await self._settlements.submit((reservation.tenant_id, reservation.counter_key, reservation.tpm_key),
-                                              (reservation.id, tokens, units))
+                                              (reservation.id, tokens, units, reservation.epoch))
         reservation.settled = True
         return done
 
-    async def _settle_batch(self, group: tuple[int, str, str], items: list[tuple[str, int, int]]) -> list[bool]:
+    async def _settle_batch(self, group: tuple[int, str, str], items: list[tuple[str, int, int, str]]) -> list[bool]:
         """One script call for the settlements of one tenant, counter and TPM bucket made in one
         event-loop iteration (``gateway.coalesce``)."""
         tenant_id, counter_key, tpm_key = group

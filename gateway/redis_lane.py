@@ -11,6 +11,9 @@ time anyway, so one connection costs it nothing.
     lane = ScriptLane.for_client(redis)                        # one per connection pool
     reply = await lane.run(script, keys=[...], args=[...])     # script: redis.register_script(...)
 
+A Redis that stops answering with the socket still open (a stopped or wedged server) fails the
+calls waiting on it with redis-py's ``TimeoutError`` after the pool's ``socket_timeout``.
+
 Only plain TCP and unix-socket connections (with optional AUTH and SELECT) take the lane; other
 setups (TLS, credential providers, a Redis Cluster client, ...) run the same scripts through
 redis-py. Errors are redis-py's exceptions (``ConnectionError``, ``ResponseError``), so callers
@@ -33,6 +36,7 @@ from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 try:
     import hiredis
@@ -111,18 +115,29 @@ def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    """``timeout_s``: when replies are awaited and none has come for this long, Redis has stopped
+    answering (a stopped or wedged server keeps the socket open): every waiter gets
+    ``TimeoutError`` and the connection is dropped (the next call reconnects). One timer per
+    connection, not one per command: the request path pays nothing for it."""
+
+    def __init__(self, timeout_s: float | None = None) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.buf = bytearray()
         self.lost: BaseException | None = None
         self.outgoing: list[bytes] = []  # commands of this loop iteration, written in one send
         self.reader = hiredis.Reader(replyError=ResponseError) if hiredis is not None else None
+        self.timeout_s = timeout_s
+        self.last_read = 0.0  # loop time of the last reply (or of the first command awaited since)
+        self._watch: asyncio.TimerHandle | None = None
+        self._watch_loop: asyncio.AbstractEventLoop | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._watch is not None:
+            self.last_read = self._watch_loop.time()
         if self.reader is not None:
             self._received_hiredis(data)
             return
@@ -181,6 +196,11 @@ class _Protocol(asyncio.Protocol):
     def send(self, data: bytes) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self.timeout_s is not None and not self.waiters:
+            self.last_read = loop.time()  # the clock starts with the first reply awaited
+            if self._watch is None:
+                self._watch_loop = loop
+                self._watch = loop.call_later(self.timeout_s, self._check)
         self.waiters.append(fut)
         if not self.outgoing:
             loop.call_soon(self._flush)
@@ -191,6 +211,18 @@ class _Protocol(asyncio.Protocol):
         data, self.outgoing = b"".join(self.outgoing), []
         if self.lost is None and not self.transport.is_closing():
             self.transport.write(data)
+
+    def _check(self) -> None:
+        self._watch = None
+        if not self.waiters or self.lost is not None:
+            return
+        silent = self._watch_loop.time() - self.last_read
+        if silent < self.timeout_s:
+            self._watch = self._watch_loop.call_later(self.timeout_s - silent, self._check)
+            return
+        self._fail(RedisTimeoutError(f"Redis sent no reply for {silent:.1f} s"))
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class ScriptLane:
@@ -213,6 +245,8 @@ class ScriptLane:
         self._password = kwargs.get("password")
         self._db = int(kwargs.get("db") or 0)
         self._connect_timeout = float(kwargs.get("socket_connect_timeout") or 5)
+        timeout = kwargs.get("socket_timeout")
+        self._timeout = float(timeout) if timeout else None  # no reply for this long: TimeoutError
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
@@ -252,10 +286,13 @@ class ScriptLane:
                 return self._proto
             kind, where = self._address
             try:
+                def protocol() -> _Protocol:
+                    return _Protocol(self._timeout)
+
                 if kind == "tcp":
-                    connect = loop.create_connection(_Protocol, *where)
+                    connect = loop.create_connection(protocol, *where)
                 else:
-                    connect = loop.create_unix_connection(_Protocol, where)
+                    connect = loop.create_unix_connection(protocol, where)
                 transport, proto = await asyncio.wait_for(connect, self._connect_timeout)
                 try:
                     setup = []

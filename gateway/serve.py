@@ -23,8 +23,8 @@ log = logging.getLogger("pagegate.serve")
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="run the OpenAI-compatible gateway",
                               description="Run the gateway (defaults from PAGEGATE_* settings).")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--host", help="bind address (default: PAGEGATE_HOST, else 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: PAGEGATE_PORT, else 8000)")
     p.add_argument("--dev", action="store_true",
                    help="development mode: on an empty database create a 'default' tenant and print a key")
     p.set_defaults(func=run)
@@ -135,7 +135,15 @@ def run(args: argparse.Namespace) -> int:
         # `finally` below still stops the embedded Redis (tenancy helper's change)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        key = asyncio.run(prestart(settings))
+        try:
+            key = asyncio.run(prestart(settings))
+        except Exception as exc:  # the database is down or the URL is wrong: say so in one line
+            from gateway.db.session import safe_url
+
+            reason = (str(exc).strip().splitlines() or [""])[0]
+            print(f"error: cannot prepare the database at {safe_url(settings.database_url)}: "
+                  f"{type(exc).__name__}: {reason}", file=sys.stderr, flush=True)
+            return 1
         if settings.dev_mode:
             if key is not None:
                 print(dev_banner(settings, key), flush=True)

@@ -27,6 +27,12 @@ class Settings(BaseSettings):
     database_url: str = "sqlite+aiosqlite:///./data/pagegate.db"
     redis_url: str | None = None  # unset: `pagegate serve` starts an embedded Redis server
     redis_prefix: str = "pg:"  # every Redis key starts with this
+    # a Redis that stops answering (not refusing connections) fails a call after this long: the
+    # limits and quotas then answer 503 instead of hanging every request
+    redis_timeout_s: float = Field(default=2.0, gt=0)
+    # a PostgreSQL statement or connect that takes longer fails (503 where a request needed it;
+    # the usage writer retries); SQLite waits on its busy timeout
+    database_timeout_s: float = Field(default=5.0, gt=0)
     data_dir: str = "./data"
     usage_spool_dir: str = "./data/usage-spool"
     usage_flush_interval_s: float = 0.5

@@ -71,12 +71,15 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     """Connect to the database and Redis and start the background tasks (auth invalidation
     listener, usage writer). ``upgrade_schema=True`` runs ``alembic upgrade head`` first (what
     ``pagegate serve`` does); otherwise call ``await services.db.upgrade()`` yourself."""
-    db = database or Database(settings.database_url)
+    db = database or Database(settings.database_url, timeout_s=settings.database_timeout_s)
     if upgrade_schema:
         await db.upgrade()
     # A blocking pool: a burst beyond max_connections waits for a free connection instead of failing.
+    # socket_timeout: a Redis that stops answering fails calls (503) instead of hanging them; the
+    # request path's pipelined connection (ScriptLane) takes the same timeout
     pool = BlockingConnectionPool.from_url(redis_url, max_connections=REDIS_MAX_CONNECTIONS, timeout=10,
-                                           health_check_interval=30)
+                                           health_check_interval=30, socket_timeout=settings.redis_timeout_s,
+                                           socket_connect_timeout=settings.redis_timeout_s)
     redis = Redis(connection_pool=pool)
     await redis.ping()
     prices = PriceBook(db.sessionmaker)

@@ -54,6 +54,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.models import ApiKey, UsageRecord
+from gateway.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class UsageWriter:
         self._full: list[_Journal] = []  # journals that filled up before the next flush
         self._spare: _Journal | None = None  # the next journal, made ready by the writer thread
         self._unjournaled: list[str] = []  # lines record() could not write (disk trouble)
+        self._unjournaled_log = LogThrottle()  # one error per spell of disk trouble, not one per row
         self._jlock = threading.Lock()  # record() vs rotation, whatever thread calls record()
         self._spool_ready = False
         self._wake: asyncio.Event | None = None
@@ -198,7 +200,9 @@ class UsageWriter:
                         raise OSError(f"a usage row of {len(data)} bytes does not fit a journal")
                 waiting = journal.count
             except OSError:
-                log.exception("usage: cannot append to the journal; row kept in memory")
+                self._unjournaled_log.log(log, logging.ERROR, "usage: cannot append to the journal; rows kept in "
+                                          "memory until the spool is writable (lost if the process dies first)",
+                                          exc_info=True)
                 self._unjournaled.append(line)
                 waiting = len(self._unjournaled)
         if waiting >= self._batch_size and self._wake is not None:

@@ -17,6 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
+def safe_url(url: str) -> str:
+    """The URL with any password hidden (it goes to a terminal or a log)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # unparsable: nothing to hide that SQLAlchemy could find either
+        return url
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DBAPI callback
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
@@ -28,7 +36,10 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DBAPI callba
 class Database:
     """Owns the async engine. ``sessionmaker()`` yields ``AsyncSession`` (expire_on_commit=False)."""
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(self, url: str, *, echo: bool = False, timeout_s: float = 5.0) -> None:
+        """``timeout_s``: PostgreSQL connects and statements that take longer fail (asyncpg's
+        ``timeout`` and ``command_timeout``): a database that stops answering is an error, never a
+        hang of every request that needs it."""
         self.url = url
         parsed = make_url(url)
         self.dialect = parsed.get_backend_name()  # "sqlite" | "postgresql"
@@ -40,7 +51,9 @@ class Database:
                     Path(db).parent.mkdir(parents=True, exist_ok=True)
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20)
+            kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20, pool_timeout=timeout_s)
+            if self.dialect == "postgresql" and parsed.get_driver_name() == "asyncpg":
+                kwargs["connect_args"] = {"timeout": timeout_s, "command_timeout": timeout_s}
         self.engine: AsyncEngine = create_async_engine(url, **kwargs)
         if self.dialect == "sqlite":
             event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)

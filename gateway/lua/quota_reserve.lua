@@ -7,15 +7,19 @@
 -- ARGV: 1 budget_tokens (-1: none)  2 budget_usd in 1e-8 USD units (-1: none)  3 tpm (0: none)
 --       4 elapsed fraction of this minute  5 now (unix s)
 --       6 deadline (unix s) after which an unsettled reservation is refunded  7 ttl of keys 2, 3 (s)
+--       8 1: go on without the counter when it is missing (a tenant without a budget while the
+--         counter cannot be rebuilt: nothing to enforce, the spend is counted by the next rebuild)
 --       then per request, 6 values: prompt tokens, requested max completion tokens,
 --       prompt price (units/token), completion price (units/token), reservation id,
 --       min completion tokens that must fit (1, or 0 when 0 were asked)
--- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else per
--- request 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after
---                or -2, tok_used, usd_used, 0, 0 (budget exhausted)   or -3, tpm_used, 0, 0, 0 (TPM)
+-- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else the
+-- counter's epoch ('' without a counter; settlements are matched against it), then per request
+-- 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after
+--        or -2, tok_used, usd_used, 0, 0 (budget exhausted)   or -3, tpm_used, 0, 0, 0 (TPM)
 local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch')
-if not counter[1] then return {-1} end
-local tok_used = tonumber(counter[1])
+local counted = counter[1] ~= false
+if not counted and ARGV[8] ~= '1' then return {-1} end
+local tok_used = tonumber(counter[1] or '0')
 local usd_used = tonumber(counter[2] or '0')
 local epoch = counter[3] or ''
 
@@ -25,7 +29,7 @@ for _, id in ipairs(stale) do
   local v = redis.call('HGET', KEYS[2], id)  -- (below: 0 - x, since Lua's -0 is not an integer to Redis)
   if v then
     local tok, usd, _, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
-    if ep == epoch then
+    if counted and ep == epoch then
       tok_used = tonumber(redis.call('HINCRBY', KEYS[1], 'tok', 0 - tonumber(tok)))
       usd_used = tonumber(redis.call('HINCRBY', KEYS[1], 'usd', 0 - tonumber(usd)))
     end
@@ -42,10 +46,10 @@ if tpm > 0 then
   tpm_used = math.floor(prev * (1 - frac) + cur)
 end
 
-local out, open, deadlines = {}, {}, {}
-local n_out, n_open = 0, 0
+local out, open, deadlines = {epoch}, {}, {}
+local n_out, n_open = 1, 0
 local add_tok, add_usd, add_tpm = 0, 0, 0
-for base = 8, #ARGV, 6 do
+for base = 9, #ARGV, 6 do
   local prompt, allowed = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
   local pp, cp, minc = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 5])
   local code = 1
@@ -93,8 +97,10 @@ for base = 8, #ARGV, 6 do
 end
 
 if n_open > 0 then
-  redis.call('HINCRBY', KEYS[1], 'tok', add_tok)
-  redis.call('HINCRBY', KEYS[1], 'usd', add_usd)
+  if counted then
+    redis.call('HINCRBY', KEYS[1], 'tok', add_tok)
+    redis.call('HINCRBY', KEYS[1], 'usd', add_usd)
+  end
   if add_tpm > 0 then
     redis.call('INCRBY', KEYS[4], add_tpm)
     redis.call('EXPIRE', KEYS[4], 180)

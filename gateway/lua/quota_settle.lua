@@ -3,18 +3,33 @@
 -- bucket (gateway.coalesce batches those of one event-loop iteration).
 -- KEYS: 1 open reservations (hash)  2 reservation deadlines (zset)  3 period counter
 --       4 TPM bucket the reservations charged
--- ARGV: per reservation 3 values: id, real tokens, real cost in 1e-8 USD units
+-- ARGV: per reservation 4 values: id, real tokens, real cost in 1e-8 USD units, the counter's
+--       epoch when it was made ('' without a counter)
 -- If the counter was rebuilt from the database since a reservation (other epoch), the
--- reservation is not in it: add the real amounts instead of the difference.
+-- reservation is not in it: add the real amounts instead of the difference. A reservation whose
+-- entry is gone while the counter's epoch changed was lost with Redis (flushed or restarted while
+-- the request ran): the rebuilt counter never saw it, so its real amounts are added too; with the
+-- same epoch a missing entry means settled already (or refunded as stale): nothing is added.
 -- Returns per reservation 1 when settled now, 0 when it had already been settled (or refunded as stale).
 local counter_epoch = redis.call('HGET', KEYS[3], 'epoch')
 local d_tok, d_usd, d_tpm, any_tpm = 0, 0, 0, false
 local out = {}
-for i = 1, #ARGV, 3 do
+for i = 1, #ARGV, 4 do
   local id = ARGV[i]
   local v = redis.call('HGET', KEYS[1], id)
-  if not v then
+  if v == 'settled' then  -- a lost reservation settled before (below): once only
     table.insert(out, 0)
+  elseif not v then
+    local made_in = ARGV[i + 3]
+    if counter_epoch and made_in ~= '' and made_in ~= counter_epoch then
+      d_tok, d_usd = d_tok + tonumber(ARGV[i + 1]), d_usd + tonumber(ARGV[i + 2])
+      -- remembered until the stale sweep of quota_reserve.lua drops it, so a second settle is a no-op
+      redis.call('HSET', KEYS[1], id, 'settled')
+      redis.call('ZADD', KEYS[2], tonumber(redis.call('TIME')[1]) + 7200, id)
+      table.insert(out, 1)
+    else
+      table.insert(out, 0)
+    end
   else
     redis.call('HDEL', KEYS[1], id)
     redis.call('ZREM', KEYS[2], id)

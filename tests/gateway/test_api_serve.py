@@ -134,3 +134,18 @@ async def _serve_once_each(app, tmp_path, capfd, seen: dict) -> None:  # noqa: A
             await asyncio.wait_for(task, 10)
         out, err = capfd.readouterr()
         seen[access_log] = [line for line in (out + err).splitlines() if '"GET /x HTTP/1.1" 204' in line]
+
+
+def test_an_unusable_database_is_one_line_and_exit_1(tmp_path) -> None:  # noqa: ANN001
+    """PostgreSQL down (nothing listens on the port) at start: one line naming the database with
+    its password hidden, no traceback, exit status 1; the embedded Redis is stopped again."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEGATE_")}
+    env.update(PAGEGATE_DATABASE_URL=f"postgresql+asyncpg://app:secret@127.0.0.1:{free_port()}/nowhere",
+               PAGEGATE_DATA_DIR=str(tmp_path), PAGEGATE_LOAD_ENGINE="false", PAGEGATE_CACHE_ENABLED="false",
+               PAGEGATE_LOG_LEVEL="warning", PAGEGATE_DATABASE_TIMEOUT_S="2")
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", str(free_port())], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "app:***@127.0.0.1" in lines[0] and "secret" not in proc.stderr
+    assert "Traceback" not in proc.stderr

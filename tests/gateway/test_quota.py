@@ -312,3 +312,60 @@ async def test_a_missing_counter_with_the_database_down_refuses_the_whole_batch_
         assert await ledger.usage(p.tenant_id) is None  # nothing was charged
     finally:
         await broken.dispose()
+
+
+async def test_a_tenant_without_a_budget_is_served_while_its_counter_cannot_be_rebuilt(tenancy, make_tenant,
+                                                                                       tmp_path):
+    """No budget, nothing to enforce: with the counter gone and the database down the request is
+    reserved anyway (TPM still holds); the next rebuild counts it from its usage row."""
+    from gateway.db.session import Database
+
+    p = await _principal(tenancy, make_tenant, tpm=0)
+    (tmp_path / "not-a-dir").write_text("x")
+    broken = Database(f"sqlite+aiosqlite:///{tmp_path / 'not-a-dir' / 'x.db'}")
+    ledger = QuotaLedger(tenancy.redis, broken.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    try:
+        r = await ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+        assert r.max_tokens == 10 and r.epoch == ""
+        assert await ledger.usage(p.tenant_id) is None  # no counter was made up
+        assert await ledger.settle(r, prompt_tokens=10, completion_tokens=3)
+        assert await ledger.open_reservations(p.tenant_id) == 0
+    finally:
+        await broken.dispose()
+
+
+async def _lose_redis(tenancy, tenant_id: int) -> None:
+    """What a FLUSHALL or a restart without persistence does to one tenant's quota state."""
+    keys = [k async for k in tenancy.redis.scan_iter(match=f"{tenancy.settings.redis_prefix}{{t:{tenant_id}}}*")]
+    if keys:
+        await tenancy.redis.delete(*keys)
+
+
+async def test_a_request_running_while_redis_is_lost_is_charged_when_it_settles(tenancy, make_tenant):
+    """Its reservation vanished with Redis and the rebuilt counter (from the usage rows) cannot see
+    it; settling adds its real amounts, once, so the budget still holds (it did not: 130-190% of a
+    budget was spent across a FLUSHALL under load)."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
+    running = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
+    await _lose_redis(tenancy, p.tenant_id)
+    after = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # rebuilds: 0 + 50
+    assert after.epoch != running.epoch and (await tenancy.quota.usage(p.tenant_id))[0] == 50
+    assert await tenancy.quota.settle(running, prompt_tokens=10, completion_tokens=30) is True
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 50 + 40
+    with pytest.raises(ApiError) as refused:  # 10 left: a prompt of 10 leaves no room for a completion
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
+    assert refused.value.code == "insufficient_quota"
+    # settled once: another instance settling it again adds nothing
+    other = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    running.settled = False
+    assert await other.settle(running, prompt_tokens=10, completion_tokens=30) is False
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 90
+
+
+async def test_a_settled_reservation_is_not_charged_again_in_the_same_epoch(tenancy, make_tenant):
+    p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=5, max_tokens=5)
+    assert await tenancy.quota.settle(r, prompt_tokens=5, completion_tokens=5)
+    r.settled = False
+    assert await tenancy.quota.settle(r, prompt_tokens=5, completion_tokens=5) is False
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 10

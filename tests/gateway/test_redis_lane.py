@@ -163,3 +163,54 @@ def test_a_lane_goes_with_its_pool():
     del client
     gc.collect()
     assert lane() is None
+
+
+async def test_a_redis_that_stops_answering_is_a_timeout_not_a_hang():
+    """A server that accepts and reads but never replies (a stopped or wedged Redis): the calls
+    waiting on it fail with redis-py's TimeoutError after the pool's socket_timeout, and the next
+    call starts on a fresh connection."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    connections: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=0.3)
+    script = client.register_script("return 1")
+    lane = ScriptLane.for_client(client)
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        calls = [asyncio.ensure_future(lane.run(script, keys=[], args=[i])) for i in range(5)]
+        for call in calls:
+            with pytest.raises(RedisTimeoutError):
+                await call
+        assert 0.25 < loop.time() - t0 < 3  # (a bound on the test's own wait, not a speed claim)
+        with pytest.raises(RedisTimeoutError):
+            await lane.run(script, keys=[], args=[])
+        assert len(connections) == 2  # the mute connection was dropped and a new one made
+    finally:
+        await lane.aclose()
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_replies_that_keep_coming_keep_the_connection(redis):
+    """The timeout is for silence, not for a busy connection: many calls over longer than the
+    timeout all succeed while replies keep arriving."""
+    client = Redis(connection_pool=redis.connection_pool.__class__.from_url(TENANCY_REDIS_URL, socket_timeout=0.2))
+    script = client.register_script("return ARGV[1]")
+    lane = ScriptLane.for_client(client)
+    try:
+        for i in range(40):
+            assert await lane.run(script, keys=[], args=[i]) == str(i).encode()
+            await asyncio.sleep(0.01)
+    finally:
+        await lane.aclose()
+        await client.aclose()

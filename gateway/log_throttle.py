@@ -1,0 +1,31 @@
+"""One log line per fault, not one per request: while Redis is down every refused request used to
+log its own warning (18,771 lines in a 12 s outage), and an unwritable spool one traceback per row."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+class LogThrottle:
+    """``throttle.log(logger, level, msg, *args)`` logs at most once every ``every_s`` seconds;
+    the line says how many like it were held back since the last one."""
+
+    __slots__ = ("every_s", "_next", "_held")
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._next = 0.0
+        self._held = 0
+
+    def log(self, logger: logging.Logger, level: int, msg: str, *args: object, exc_info: bool = False) -> bool:
+        """True when the line was written."""
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return False
+        if self._held:
+            msg = f"{msg} (and {self._held:,} more like it in the last {self.every_s:g} s)"
+        self._held, self._next = 0, now + self.every_s
+        logger.log(level, msg, *args, exc_info=exc_info)
+        return True

@@ -1,0 +1,23 @@
+"""One log line per fault, not one per request."""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.log_throttle import LogThrottle
+
+
+def test_one_line_per_interval_and_the_held_back_count(caplog, monkeypatch) -> None:  # noqa: ANN001
+    import gateway.log_throttle as lt
+
+    clock = [100.0]
+    monkeypatch.setattr(lt.time, "monotonic", lambda: clock[0])
+    log = logging.getLogger("pagegate.test-throttle")
+    throttle = LogThrottle(every_s=10)
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        written = [throttle.log(log, logging.WARNING, "redis down: %s", i) for i in range(500)]
+        clock[0] += 10.5
+        throttle.log(log, logging.WARNING, "redis down: %s", "again")
+    assert written[0] and not any(written[1:])
+    assert [r.getMessage() for r in caplog.records] == [
+        "redis down: 0", "redis down: again (and 499 more like it in the last 10 s)"]
