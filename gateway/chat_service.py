@@ -178,7 +178,10 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
         if lookup.similarity is not None:
             caller.response_headers["x-cache-similarity"] = f"{lookup.similarity:.4f}"
         if lookup.outcome in ("hit", "semantic-hit") and lookup.response is not None:
-            return await replay(lookup.response, fmt, account, stream=body.stream)
+            prompt_tokens = None  # an exact hit's prompt is the stored one, token for token
+            if lookup.outcome == "semantic-hit":  # a paraphrase: its own prompt is counted
+                prompt_tokens = len(await tokenize(engine, engine.encode_chat, messages, size))
+            return await replay(lookup.response, fmt, account, stream=body.stream, prompt_tokens=prompt_tokens)
         if lookup.storable:  # a miss, or no-cache on a cacheable request; never no-store
             store = cache_store(cache, namespace, request_body, policy)
     prompt = await tokenize(engine, engine.encode_chat, messages, size)
@@ -352,10 +355,13 @@ async def _wait_disconnect(receive: Receive) -> None:
 # ---------------------------------------------------------------------------------- cache replay
 
 
-async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: bool) -> Response:
-    """Serve a cached answer in the request's own format; nothing reaches the engine."""
+async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: bool,
+                 prompt_tokens: int | None = None) -> Response:
+    """Serve a cached answer in the request's own format; nothing reaches the engine.
+    ``prompt_tokens``: this request's own (a semantic hit's prompt differs from the stored one's)."""
     usage = stored.get("usage") or {}
-    prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    if prompt_tokens is None:
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
     completion_tokens = int(usage.get("completion_tokens") or 0)
     choices = sorted(stored.get("choices") or [], key=lambda c: c.get("index", 0))
     texts = [((c.get("message") or {}).get("content") or c.get("text") or "") for c in choices]

@@ -171,3 +171,21 @@ def test_aborted_stream_is_not_stored_and_tenants_are_isolated(api_cached) -> No
     assert _post(api, key_a, short).headers["x-cache"] == "miss"
     assert _post(api, key_b, short).headers["x-cache"] == "miss"
     assert _post(api, key_a, short).headers["x-cache"] == "hit"
+
+
+def test_a_semantic_hit_reports_its_own_prompt_tokens(api_cached) -> None:  # noqa: ANN001
+    """A paraphrase served from the cache is billed nothing, but its usage counts its own prompt
+    (not the stored request's), as the engine would have seen it."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    first = _post(api, key, _body(api, "How do I reset my password?"))
+    assert first.status_code == 200 and first.headers["x-cache"] == "miss"
+    question = "What are the steps to reset my password?"
+    hit = _post(api, key, _body(api, question))
+    assert hit.headers["x-cache"] == "semantic-hit", hit.headers
+    own = len(api.app.state.pagegate.engine.encode_chat([{"role": "user", "content": question}]))
+    assert own != first.json()["usage"]["prompt_tokens"]  # the two prompts differ in length
+    assert hit.json()["usage"]["prompt_tokens"] == own
+    assert hit.json()["usage"]["completion_tokens"] == first.json()["usage"]["completion_tokens"]
+    row = api.usage_rows(hit.headers["x-request-id"])[0]
+    assert row.cache == "semantic-hit" and row.prompt_tokens == own and Decimal(row.cost_usd) == 0
