@@ -55,6 +55,7 @@ class Sequence:
     finish_reason: str | None = None
     num_preemptions: int = 0
     last_token_time: float | None = None
+    steps_blocked: int = 0  # steps in a row its admission found no room (scheduler's starvation bound)
 
     @property
     def num_tokens(self) -> int:

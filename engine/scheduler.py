@@ -8,6 +8,13 @@ round-robin across scheduling classes. Everything chosen runs in one flat varlen
 When the pool runs out of blocks, the most recently admitted running sequence is preempted:
 its blocks are freed and it waits (ahead of new requests) to be recomputed from its tokens,
 so its output is unaffected. A step that preempts admits nothing new.
+
+Admission is fair across classes: a class whose next sequence finds no room this step (a long
+prompt while the pool is busy) is passed over for the step and the other classes' sequences
+that fit are admitted (one tenant's big request no longer holds every other tenant's short ones
+back: a short request waited 16 s behind one). Within a class the order stays first come, first
+served. So that a big sequence is not passed over for ever, once it has found no room for
+``STARVATION_STEPS`` steps in a row nothing else is admitted until it fits.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ class SchedulerOutput:
         return not self.seqs
 
 
+STARVATION_STEPS = 64  # a head passed over this many steps in a row blocks admission until it fits
+_PREEMPTED = object()  # the preempted sequences' queue, tried before every class
+
+
 class WaitingQueues:
     """FIFO per scheduling class, served round-robin; preempted sequences come before all."""
 
@@ -53,13 +64,18 @@ class WaitingQueues:
     def add_preempted(self, seq: Sequence) -> None:
         self.preempted.appendleft(seq)  # victims come newest first: keep admission order
 
-    def peek(self) -> Sequence | None:
-        if self.preempted:
+    def peek(self, passed: set | None = None) -> Sequence | None:
+        """The next sequence to admit, skipping the queues in ``passed`` (``queue_of`` keys)."""
+        if self.preempted and (not passed or _PREEMPTED not in passed):
             return self.preempted[0]
-        for q in self.classes.values():
-            if q:
+        for cls, q in self.classes.items():
+            if q and (not passed or cls not in passed):
                 return q[0]
         return None
+
+    def queue_of(self, seq: Sequence) -> object:
+        """The key of the queue ``seq`` (a sequence ``peek`` returned) heads."""
+        return _PREEMPTED if self.preempted and self.preempted[0] is seq else seq.request.priority_class
 
     def pop(self, seq: Sequence) -> None:
         """Remove ``seq`` (the one ``peek`` returned); its class moves to the back of the round."""
@@ -129,15 +145,23 @@ class Scheduler:
                 continue
             break
 
+        passed: set = set()  # queues whose head found no room this step
         while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek()
+            seq = self.waiting.peek(passed)
             if seq is None:
                 break
             computed = self.kv.get_computed_blocks(seq)
             num_cached = len(computed) * self.kv.block_size
             n = min(seq.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(seq, n, computed):
-                break
+                seq.steps_blocked += 1
+                if seq.steps_blocked >= STARVATION_STEPS:
+                    break  # it has waited long enough: the room that frees up is kept for it
+                # pass its queue over for this step; a preempted sequence's class too, so that its
+                # own newer requests do not go in ahead of it (first come, first served per class)
+                passed.update((self.waiting.queue_of(seq), seq.request.priority_class))
+                continue
+            seq.steps_blocked = 0
             self.waiting.pop(seq)
             if seq.num_preemptions == 0 and seq.index == 0:
                 self.kv.record_prefix_lookup(seq.num_tokens, num_cached)

@@ -127,3 +127,42 @@ def test_prefix_shared_within_one_step():
     assert out.seqs == [a, b] and out.num_new_tokens == [10, 2]
     assert kv.block_ids(a)[:2] == kv.block_ids(b)[:2]
     assert b.request.cached_prompt_tokens == 8
+
+
+def test_a_class_whose_head_does_not_fit_does_not_hold_other_classes_back():
+    """Tenant a's long prompt cannot get its blocks while a's decodes hold the pool; tenant b's
+    short request that fits is admitted in the same step instead of waiting behind it."""
+    kv, sched = make(num_blocks=10, budget=64, max_seqs=8)
+    for i in range(3):
+        add(sched, f"a-decode{i}", 8, max_tokens=40, cls="a")  # 2 blocks each, growing
+    step(sched, kv)
+    big = add(sched, "a-big", 24, max_tokens=4, cls="a")  # 6 blocks: more than the 4 left
+    small = add(sched, "b-small", 3, max_tokens=1, cls="b")
+    out = step(sched, kv)
+    assert small in out.seqs and big not in out.seqs
+    assert big.steps_blocked == 1 and big in sched.waiting.classes["a"]
+
+
+def test_a_head_passed_over_long_enough_gets_the_room_that_frees_up():
+    """No starvation: once the big head has found no room for STARVATION_STEPS steps, the other
+    classes' new requests wait, the running ones drain, and it runs."""
+    from engine.scheduler import STARVATION_STEPS
+
+    kv, sched = make(num_blocks=40, budget=256, max_seqs=8)
+    add(sched, "b-long", 4, max_tokens=STARVATION_STEPS + 30, cls="b")  # grows to ~24 blocks
+    step(sched, kv)
+    big = add(sched, "a-big", 4 * 39, max_tokens=2, cls="a", base=1000)  # 39 of 40 blocks: once b-long is done
+    served_before = served_after = 0
+    steps = 0
+    while big.status.name == "WAITING" and steps < 5 * STARVATION_STEPS:
+        add(sched, f"c-{steps}", 2, max_tokens=1, cls="c", base=5000 + 10 * steps)  # a steady stream of small ones
+        out = step(sched, kv)
+        served = sum(s.request.request_id.startswith("c-") for s in out.seqs)
+        if big.steps_blocked < STARVATION_STEPS:
+            served_before += served
+        else:
+            served_after += served
+        steps += 1
+    assert big.status.name != "WAITING", "the big request starved"
+    assert served_before >= STARVATION_STEPS - 2  # the small ones were served while it waited
+    assert served_after == 0 and sched.waiting.classes.get("c")  # then held back for it
