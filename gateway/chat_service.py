@@ -249,7 +249,12 @@ async def run_generation(engine: EngineClient, prompt: list[int], body: ChatComp
         params = sampling_params(body, per_choice)
         gen = Generation.open(engine, prompt, params, request_id=caller.request_id,
                               tenant=str(caller.principal.tenant_id), started=caller.started)
-        await gen.start()
+        # A stream starts only once the engine took the request (its refusals stay HTTP errors);
+        # a client that leaves while the request is still queued aborts it there and then. (A
+        # JSON answer waits for the engine under the same watch, in whole_response.)
+        if body.stream and not await until_done_or_disconnect(gen.start(), caller.receive):
+            await _settle(gen, account, "aborted")
+            return Response(status_code=499)
     except BaseException:
         with anyio.CancelScope(shield=True):
             if gen is not None:
@@ -312,9 +317,11 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
 
 async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, receive: Receive,
                          store: Store | None) -> Response:
+    """Start, generate to the end and answer in one JSON body; the client leaving at any point
+    (its request still queued included) aborts the engine request."""
     status = "error"
     try:
-        if not await until_done_or_disconnect(gen.run_to_end(), receive):
+        if not await until_done_or_disconnect(_start_and_run(gen), receive):
             status = "aborted"
             return Response(status_code=499)  # nobody is listening any more
         status = "ok"
@@ -323,6 +330,11 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
         return Response(response.model_dump_json(), media_type="application/json")
     finally:
         await _settle(gen, account, status)
+
+
+async def _start_and_run(gen: Generation) -> None:
+    await gen.start()
+    await gen.run_to_end()
 
 
 async def until_done_or_disconnect(work: Coroutine[Any, Any, None], receive: Receive) -> bool:

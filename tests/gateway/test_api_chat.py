@@ -258,3 +258,52 @@ def test_overloaded_engine_is_503_with_retry_after(api, api_engine) -> None:  # 
     assert int(err.value.response.headers["retry-after"]) >= 1
     rows = api.usage_rows(err.value.response.headers["x-request-id"])
     assert len(rows) == 1 and rows[0].status == "error" and rows[0].completion_tokens == 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_while_its_request_is_queued_aborts_it_at_once(api, api_engine, stream) -> None:  # noqa: ANN001
+    """The engine is held inside a step; a second request waits in its queue, and its client
+    gives up. The request is aborted and recorded then, not once the engine gets to it (it used to
+    be prefilled and sampled first, 20 s later under load)."""
+    import threading
+
+    gate = threading.Event()
+    step = api_engine.engine.step
+    entered = threading.Event()
+
+    def held_step():  # noqa: ANN202
+        entered.set()
+        gate.wait(30)
+        return step()
+
+    api_engine.engine.step = held_step
+    first = threading.Thread(target=lambda: httpx.post(
+        api.base_url + "/v1/chat/completions", json=chat_body(api, "Hi", max_tokens=1), headers=headers(api),
+        timeout=60))
+    try:
+        first.start()
+        assert entered.wait(30)  # the engine is inside a step now, holding everything else back
+        body = chat_body(api, "Count to ten.", stream=stream, max_tokens=50)
+        with pytest.raises(httpx.ReadTimeout):
+            if stream:
+                with httpx.stream("POST", api.base_url + "/v1/chat/completions", json=body, headers=headers(api),
+                                  timeout=1.0) as resp:
+                    resp.read()
+            else:
+                httpx.post(api.base_url + "/v1/chat/completions", json=body, headers=headers(api), timeout=1.0)
+        deadline = time.monotonic() + 10
+        rows = []
+        while time.monotonic() < deadline and not rows:
+            rows = [r for r in api.usage_rows() if r.status == "aborted" and r.completion_tokens == 0
+                    and r.ttft_ms is None and r.latency_ms < 5000]
+            time.sleep(0.1)
+        assert rows, "the queued request was not aborted while the engine was busy"
+        assert not gate.is_set()  # (all of this while the engine was still held)
+    finally:
+        gate.set()
+        api_engine.engine.step = step
+        first.join(60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and api_engine.engine.has_unfinished_requests():
+        time.sleep(0.05)
+    assert not api_engine.engine.has_unfinished_requests()
