@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from pathlib import Path
 
 from sqlalchemy import event
@@ -82,6 +83,8 @@ def alembic_config(url: str):  # noqa: ANN201 - alembic.config.Config
 
 def upgrade_sync(url: str, revision: str = "head") -> None:
     """Blocking ``alembic upgrade``; env.py runs it on its own event loop in this thread."""
+    # alembic announces each of its autogenerate plugins at INFO when it is imported: start-up noise
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)

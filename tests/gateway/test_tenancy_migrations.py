@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
@@ -38,3 +42,16 @@ async def test_upgrade_on_empty_sqlite_file(tmp_path):
         assert names == TABLES
     finally:
         await db.dispose()
+
+
+
+def test_upgrade_logs_its_migrations_without_plugin_noise(tmp_path):
+    """`pagegate serve` logs at INFO: a first upgrade in a fresh process says which migrations ran,
+    not alembic's list of plugins."""
+    code = ("import logging; logging.basicConfig(level='INFO'); from gateway.db.session import upgrade_sync; "
+            f"upgrade_sync('sqlite+aiosqlite:///{tmp_path / 'logs.db'}')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "Running upgrade" in done.stderr
+    assert "alembic.runtime.plugins" not in done.stderr, done.stderr
