@@ -55,6 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.server_process import GatewayProcess  # noqa: E402
+from bench.wave_timeline import WaveTimeline  # noqa: E402
 from engine.async_engine import AsyncEngine  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
@@ -174,9 +175,24 @@ async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1
     return completion
 
 
+LEAVE_OUT = ("ip", "rpm", "reserve", "usage")  # ``--leave-out``: parts of the gateway's work to skip
+
+
+class _Unreserved:
+    """``--leave-out reserve``: the request goes to the engine with the tokens it asked for."""
+
+    __slots__ = ("max_tokens",)
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+
+
 class Bench:
     def __init__(self, engine, services, ip_limiter, client_request, key: str, prompt: list[int],  # noqa: ANN001
-                 lengths: tuple[int, int] = (1, 1)) -> None:
+                 lengths: tuple[int, int] = (1, 1), *, timeline: WaveTimeline | None = None,
+                 leave_out: frozenset[str] = frozenset()) -> None:
+        self.timeline = timeline
+        self.leave_out = leave_out
         self.lengths = lengths
         self.rng = random.Random(0)
         self.engine = engine
@@ -197,10 +213,14 @@ class Bench:
 
     async def admit(self, max_tokens: int = 1):  # noqa: ANN201
         """The gateway's work before the engine: per-address limit, auth, RPM, quota reservation."""
-        s = self.services
-        await self.ip_limiter.check(self.client_request)
+        s, skip = self.services, self.leave_out
+        if "ip" not in skip:
+            await self.ip_limiter.check(self.client_request)
         principal = await s.auth.authenticate(f"Bearer {self.key}")
-        await s.limiter.check_request(principal)
+        if "rpm" not in skip:
+            await s.limiter.check_request(principal)
+        if "reserve" in skip:
+            return principal, _Unreserved(max_tokens)
         res = await s.quota.reserve(principal, model=self.engine.model_id, prompt_tokens=len(self.prompt),
                                     max_tokens=max_tokens)
         return principal, res
@@ -212,10 +232,14 @@ class Bench:
         s = self.services
         model = self.engine.model_id
         care = s.aftercare
-        if care.inline:
+        if isinstance(res, _Unreserved):
+            pass
+        elif care.inline:
             await self._settle(res, completion)
         else:
             care.submit(lambda: self._settle(res, completion))
+        if "usage" in self.leave_out:
+            return
         cost = await s.prices.cost(model, len(self.prompt), completion)
         s.usage.record(UsageEvent(request_id=new_hex_id(), tenant_id=principal.tenant_id,
                                   api_key_id=principal.key_id, model=model, status="ok",
@@ -231,17 +255,29 @@ class Bench:
     async def direct(self, lat: list[float], _part: list[float]) -> None:
         n = self.length()
         t0, s0 = time.perf_counter(), self.steps()
+        if self.timeline is not None:
+            self.timeline.mark("start")
+            self.timeline.mark("admitted")
         completion = await run_engine(self.engine, self.prompt, n)
+        if self.timeline is not None:
+            self.timeline.mark("out")
         lat.append((time.perf_counter() - t0) * 1000)
         self.waited.append(self.steps() - s0 - completion)
 
     async def wrapped(self, lat: list[float], part: list[float]) -> None:
         n = self.length()
         t0, s0 = time.perf_counter(), self.steps()
+        timeline = self.timeline
+        if timeline is not None:
+            timeline.mark("start")
         principal, res = await self.admit(n)
         t1 = time.perf_counter()
+        if timeline is not None:
+            timeline.mark("admitted")
         completion = await run_engine(self.engine, self.prompt, res.max_tokens, str(principal.tenant_id))
         t2 = time.perf_counter()
+        if timeline is not None:
+            timeline.mark("out")
         self.waited.append(self.steps() - s0 - completion)
         await self.finish(principal, res, completion, t0)
         t3 = time.perf_counter()
@@ -314,7 +350,18 @@ async def main(args: argparse.Namespace) -> None:
     prompt = engine.encode_chat(MESSAGES)
     clock = StepClock(engine)
     undo_gc = tune_gc(settings)  # what create_app's lifespan does once started: freeze the start-up heap
-    bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt, args.max_tokens)
+    leave_out = frozenset(args.leave_out)
+    timeline = None
+    if args.timeline:
+        timeline = WaveTimeline()
+        for coalescer, name in ((ip_limiter._batches, "per-address"), (services.limiter._batches, "key/tenant RPM"),
+                                (services.quota._batches, "reservation")):
+            timeline.watch(coalescer, name)
+    bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt, args.max_tokens,
+                  timeline=timeline, leave_out=leave_out)
+    if leave_out:
+        print(f"ABLATION: the gateway's work without {', '.join(sorted(leave_out))} (--leave-out): these figures "
+              f"are not the gateway's; they say what the parts left out cost")
     loop_name = type(asyncio.get_running_loop()).__module__.split(".")[0]
     print(f"engine: {engine.model_id} on {config.device}; prompt {len(prompt)} tokens; {args.clients} clients x "
           f"{args.requests} requests x {args.rounds} rounds, max_tokens {_describe(args.max_tokens)}; event loop: {loop_name}; "
@@ -365,6 +412,8 @@ async def main(args: argparse.Namespace) -> None:
     # warm-up (compiles, connection pools, the principal cache, prices)
     await clients(bench.wrapped, args.clients, 2)  # as many Redis connections as clients
     await clients(bench.direct, 4, 2)
+    if timeline is not None:
+        timeline.events.clear()  # the warm-up's waves are no phase's
 
     modes = ("engine", "engine+gateway", "gateway alone", "http")
     def empty(names=modes) -> dict:  # noqa: ANN001
@@ -389,6 +438,8 @@ async def main(args: argparse.Namespace) -> None:
         # per step: the time the engine waited for work before it (from the previous step's end)
         into[mode]["idle"].append([(b[0] - a[1]) * 1000 for a, b in zip(spans, spans[1:], strict=False)])
         into[mode]["step_ms"].append([(e - s0) * 1000 for s0, e in spans])
+        if timeline is not None:
+            timeline.end_phase(mode if into is results else f"{mode}, one client")
         into[mode]["cpu"].append((time.process_time() - cpu0) * 1000 / len(lat))
         into[mode]["loop_cpu"].append((time.thread_time() - tcpu0) * 1000 / len(lat))
         await mon.stop()
@@ -433,6 +484,9 @@ async def main(args: argparse.Namespace) -> None:
         tracer.stop()
 
     report(args, results, single, tracer)
+    if timeline is not None:
+        for mode in ("engine", "engine+gateway"):
+            timeline.report(mode, clock.spans)
     if intervals:
         print(f"\nGIL switch intervals, interleaved round by round ({args.clients} clients; engine alone and "
               f"engine+gateway phases together):")
@@ -458,6 +512,14 @@ async def main(args: argparse.Namespace) -> None:
 def _describe(lengths: tuple[int, int]) -> str:
     a, b = lengths
     return f"= {a}" if a == b else f"drawn from {a}..{b} (EOS ignored)"
+
+
+def leave_out_arg(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in parts if p not in LEAVE_OUT]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"give a comma-separated list of {', '.join(LEAVE_OUT)}")
+    return parts
 
 
 def lengths_arg(text: str) -> tuple[int, int]:
@@ -618,6 +680,11 @@ if __name__ == "__main__":
                     help="the engine's burst-gathering gap from idle (default: EngineConfig's; 0: off)")
     ap.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine (default: torch's)")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--timeline", action="store_true",
+                    help="print where a wave's time goes between engine steps (bench/wave_timeline.py)")
+    ap.add_argument("--leave-out", type=leave_out_arg, default=(), metavar="PART,...",
+                    help=f"ablation: skip these parts of the gateway's work ({', '.join(LEAVE_OUT)}) to see what "
+                         f"they cost; the figures printed are then not the gateway's")
     cli = ap.parse_args()
     if cli.loop == "uvloop":
         import uvloop
