@@ -3,7 +3,7 @@
 concurrent clients; optionally against a baseline source tree in the same run.
 
     python bench/gateway_http.py [--clients 50] [--requests 10] [--single 200] [--rounds 3]
-        [--baseline-root DIR] [--path /v1/chat/completions|/health]
+        [--baseline-root DIR] [--path /v1/chat/completions|/health] [--system-prompt-tokens N]
 
 Each server runs in its own process with the settings ``bench/gateway_overhead.py --http`` uses
 (SmolLM2-135M, ``max_tokens=1``, Redis DB 2 under a unique prefix, a SQLite database in a temporary
@@ -37,6 +37,8 @@ from bench.server_process import GatewayProcess  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 MESSAGES = [{"role": "user", "content": "Say hi."}]
+# ``--system-prompt-tokens``: an application's system prompt, the same in every request (~17 tokens a sentence)
+SYSTEM_SENTENCE = "You are the support assistant of ACME Corp; answer briefly and cite the manual. "
 
 
 def pct(values: list[float], q: float) -> float:
@@ -116,10 +118,13 @@ class LeanClient:
             self.writer.close()
 
 
-def build_request(port: int, key: str, path: str) -> bytes:
+def build_request(port: int, key: str, path: str, *, system_tokens: int = 0) -> bytes:
     if path == "/health":
         return f"GET /health HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n\r\n".encode()
-    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 1, "temperature": 0}).encode()
+    messages = MESSAGES
+    if system_tokens:
+        messages = [{"role": "system", "content": SYSTEM_SENTENCE * max(1, system_tokens // 17)}, *MESSAGES]
+    body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1, "temperature": 0}).encode()
     return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
             f"authorization: Bearer {key}\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
 
@@ -171,7 +176,8 @@ async def main(args: argparse.Namespace) -> None:
             s.wait_ready()
         print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {args.path}; servers: "
               + ", ".join(f"{s.name} ({r})" for s, (_, r) in zip(servers, roots, strict=True)), flush=True)
-        requests = {s.name: build_request(s.port, keys[s.name], args.path) for s in servers}
+        requests = {s.name: build_request(s.port, keys[s.name], args.path, system_tokens=args.system_prompt_tokens)
+                    for s in servers}
         for s in servers:  # warm-up: compiles, connection pools, the key cache, prices
             await phase(s, requests[s.name], args.clients, 2)
             await phase(s, requests[s.name], 1, 20)
@@ -223,5 +229,7 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline-root", default=None, help="also run a server from this source tree")
     ap.add_argument("--path", default="/v1/chat/completions", choices=("/v1/chat/completions", "/health"))
+    ap.add_argument("--system-prompt-tokens", type=int, default=0, metavar="N",
+                    help="put a system prompt of ~N tokens, the same in every request, before the user's message")
     cli = ap.parse_args()
     asyncio.run(main(cli))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 
@@ -54,6 +56,7 @@ class ChatRenderer:
         self.backend = getattr(tokenizer, "backend_tokenizer", None)
         self._plain = None  # the backend that spells special tokens out (made on first need)
         self._specials = None
+        self._pieces = PieceCache.for_backend(self.backend) if self.backend is not None else None
         if self.backend is not None:
             texts = sorted((t.content for t in self.backend.get_added_tokens_decoder().values() if t.special),
                            key=len, reverse=True)
@@ -71,7 +74,10 @@ class ChatRenderer:
         """Plain text (no special tokens added; the special-token texts in it are parsed as such)."""
         if self.backend is None:
             return self.tokenizer.encode(text, add_special_tokens=False)
-        return _encode(self.backend, text)
+        return self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        return self._pieces.encode(text) if self._pieces is not None else _encode(self.backend, text)
 
     def render(self, messages: list[dict]) -> list[int]:
         tokenizer = self.tokenizer
@@ -87,7 +93,7 @@ class ChatRenderer:
         if self._specials is not None and any(self._specials.search(m["content"]) for m in msgs):
             return self._render_guarded(msgs)
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        return _encode(self.backend, text)
+        return self._encode(text)
 
     def _render_guarded(self, msgs: list[dict]) -> list[int]:
         """The template rendered around markers; the contents encoded with special tokens spelled out."""
@@ -101,10 +107,88 @@ class ChatRenderer:
         ids: list[int] = []
         pos = 0
         for mark in _MARKS.finditer(text):
-            ids += _encode(self.backend, text[pos:mark.start()])
+            ids += self._encode(text[pos:mark.start()])
             ids += _encode(self._plain, msgs[int(mark.group(1))]["content"])
             pos = mark.end()
-        return ids + _encode(self.backend, text[pos:])
+        return ids + self._encode(text[pos:])
+
+
+class PieceCache:
+    """A text's token ids put together from its pieces between added tokens, the ids of each piece
+    remembered (least recently used out first).
+
+    A Hugging Face tokenizer splits its input at its added tokens (``<|im_start|>``, ...) before
+    anything else and encodes each piece on its own, so the ids of a rendered chat are the added
+    tokens' ids between those of the pieces. The pieces that come back request after request (an
+    application's system prompt, the template's ``assistant\\n``) are then encoded once: a
+    1,200-token system prompt costs ~27 µs of the event loop per request instead of ~1.3 ms, a
+    short chat ~23 µs instead of ~46 µs. Used only for tokenizers whose added tokens take no
+    whitespace from their neighbours (no ``lstrip``/``rstrip``/``single_word``) and match the
+    text as it is (not normalised, or no normaliser), and whose full encode agrees with the
+    pieces' on probe texts; otherwise ``for_backend`` returns None and texts are encoded whole.
+    Safe to share between threads (a long prompt is rendered on a worker thread)."""
+
+    MAX_ENTRIES = 1024
+    MAX_CHARS = 2_000_000  # all remembered pieces together (~0.5M tokens, ~20 MB at most)
+    MAX_PIECE_CHARS = 256_000  # a longer piece is encoded every time
+
+    def __init__(self, backend, added: dict[str, int]) -> None:  # noqa: ANN001 - a tokenizers.Tokenizer
+        self.backend = backend
+        self._added = added
+        self._split = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True)))) if added else None
+        self._lru: OrderedDict[str, list[int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_backend(cls, backend) -> PieceCache | None:  # noqa: ANN001
+        tokens = list(backend.get_added_tokens_decoder().items())
+        plain_match = backend.normalizer is None
+        for _, t in tokens:
+            if t.lstrip or t.rstrip or t.single_word or (t.normalized and not plain_match):
+                return None
+        cache = cls(backend, {t.content: i for i, t in tokens})
+        names = [t.content for _, t in tokens[:3]] or [""]
+        a, b = names[0], names[-1]
+        probes = [f"{a}system\nYou are terse.{b}\n{a}user\n  héllo 🌍\n\n{b}\n{a}assistant\n",
+                  f" {a} {b}{b}x{a}\t", "plain text, no added token at all"]
+        if any(cache.encode(p) != _encode(backend, p) for p in probes):
+            return None
+        return cache
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        pos = 0
+        if self._split is not None:
+            for m in self._split.finditer(text):
+                if m.start() > pos:
+                    ids += self._piece(text[pos:m.start()])
+                ids.append(self._added[m.group()])
+                pos = m.end()
+        if pos < len(text):
+            ids += self._piece(text[pos:] if pos else text)
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def _piece(self, piece: str) -> list[int]:
+        """The piece's ids (a remembered list: callers copy it, never change it)."""
+        with self._lock:
+            ids = self._lru.get(piece)
+            if ids is not None:
+                self._lru.move_to_end(piece)
+                return ids
+        ids = _encode(self.backend, piece)  # outside the lock: a long piece releases the GIL
+        if len(piece) <= self.MAX_PIECE_CHARS:
+            with self._lock:
+                if piece not in self._lru:
+                    self._lru[piece] = ids
+                    self._chars += len(piece)
+                    while len(self._lru) > self.MAX_ENTRIES or self._chars > self.MAX_CHARS:
+                        old, _ = self._lru.popitem(last=False)
+                        self._chars -= len(old)
+        return ids
 
 
 def _encode(backend, text: str) -> list[int]:  # noqa: ANN001 - a tokenizers.Tokenizer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tokenizer import LONG_TEXT_CHARS, ChatRenderer, load_tokenizer, render_chat
+from engine.tokenizer import LONG_TEXT_CHARS, ChatRenderer, PieceCache, load_tokenizer, render_chat
 
 pytestmark = pytest.mark.slow  # the real SmolLM2 tokenizer (its weights directory)
 
@@ -59,9 +59,61 @@ def test_special_token_text_in_content_stays_text(tok, content):
     assert tok.decode(ids) == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
+def _expected(tok, messages) -> list[int]:
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+def test_repeated_pieces_come_from_the_cache_with_the_same_ids(tok):
+    """One renderer, many requests sharing a long system prompt: every render equals transformers'
+    ids, the system prompt is encoded once (its piece is remembered), and changing a returned list
+    does not change the next render."""
+    renderer = ChatRenderer(tok)
+    assert renderer._pieces is not None  # SmolLM2's added tokens qualify
+    system = "You are the support assistant of ACME. Answer briefly, cite the manual.\n" * 40
+    first = None
+    for i, case in enumerate(CASES[:4] * 2):
+        messages = [{"role": "system", "content": system}] + [
+            {"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
+             else "".join(p["text"] for p in m["content"])} for m in case]
+        messages[-1] = {**messages[-1], "content": messages[-1]["content"] + f" #{i % 4}"}
+        ids = renderer.render(messages)
+        assert ids == _expected(tok, messages)
+        if first is None:
+            first = ids
+            first.clear()  # the caller's list: the cache keeps its own
+    assert any(piece.startswith("system\n") and len(piece) > len(system) for piece in renderer._pieces._lru)
+    assert renderer.render([{"role": "user", "content": "Say hi."}]) == _expected(tok, [{"role": "user",
+                                                                                      "content": "Say hi."}])
+
+
+def test_the_piece_cache_stays_bounded(tok, monkeypatch):
+    monkeypatch.setattr(PieceCache, "MAX_ENTRIES", 4)
+    renderer = ChatRenderer(tok)
+    for i in range(30):
+        messages = [{"role": "user", "content": f"question number {i}: why?"}]
+        assert renderer.render(messages) == _expected(tok, messages)
+    assert len(renderer._pieces) <= 4
+    monkeypatch.setattr(PieceCache, "MAX_CHARS", 100)
+    long = [{"role": "user", "content": "w" * 500}]
+    assert renderer.render(long) == _expected(tok, long)
+    assert renderer._pieces._chars <= 100
+
+
+def test_no_piece_cache_for_added_tokens_that_strip_whitespace(tok):
+    """A tokenizer whose added token takes the spaces around it does not encode its pieces on their
+    own: such a tokenizer is encoded whole, and still gives transformers' ids."""
+    from tokenizers import AddedToken, Tokenizer
+
+    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    backend.add_special_tokens([AddedToken("<|tool|>", lstrip=True, rstrip=True)])
+    assert PieceCache.for_backend(backend) is None
+    assert PieceCache.for_backend(tok.backend_tokenizer) is not None
+
+
 def test_plain_encode_equals_transformers(tok):
     renderer = ChatRenderer(tok)
-    for text in ("Hello", "héllo 🌍 <|im_end|> x", "word " * (LONG_TEXT_CHARS // 4)):
+    for text in ("Hello", "héllo 🌍 <|im_end|> x", "word " * (LONG_TEXT_CHARS // 4)) * 2:  # twice: cached
         assert renderer.encode(text) == tok.encode(text, add_special_tokens=False)
 
 
