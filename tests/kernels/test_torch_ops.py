@@ -107,3 +107,54 @@ def test_cascade_when_a_context_is_entirely_shared():
     got = paged_attention_torch(query, kc, vc, **kw, max_query_len=1)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_chunks_behind_a_shared_prefix_equal_reference(dtype):
+    """Prompts that hit the same cached leading blocks (a shared system prompt) take the prefill
+    cascade: those blocks once for every chunk, each chunk's own blocks causally, merged by
+    log-sum-exp. A decode row rides along; one chunk's cached context ends inside the third shared
+    column, so only two columns are shared."""
+    gen = torch.Generator().manual_seed(3)
+    bs, hq, hkv, d, nblocks = 16, 9, 3, 64, 60
+    kc = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+    vc = torch.randn(nblocks, bs, hkv, d, generator=gen).to(dtype)
+    shared = [7, 3, 11]
+    rows = [shared + [20, 21], shared + [22], [9, 8, 30, 31], shared + [23, 24, 25], shared + [26]]
+    q_lens = [14, 5, 1, 40, 9]
+    seq_lens = [3 * bs + 20, 3 * bs + 9, 60, 3 * bs + 40, 2 * bs + 12]  # the last: cached context 2*bs+3
+    rows[4] = shared[:2] + [27]
+    width = max(map(len, rows)) + 1
+    tables = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int32)
+    query = torch.randn(sum(q_lens), hq, d, generator=gen).to(dtype)
+    starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kw = dict(query_start_loc=starts, seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables,
+              scale=d**-0.5)
+    expected = paged_attention_ref(query, kc, vc, **kw)
+    got = paged_attention_torch(query, kc, vc, **kw, max_query_len=max(q_lens), max_seq_len=max(seq_lens))
+    torch.testing.assert_close(got.float(), expected.float(), atol=ATOL[dtype], rtol=1e-4)
+
+
+def test_prefill_cascade_is_taken_and_skipped_where_it_should(monkeypatch):
+    """Shared cached blocks: one fused call for the shared part plus one per chunk; a chunk whose
+    first new token lies inside the common blocks (no cached context): the plain path."""
+    import kernels.torch_ops as ops
+
+    calls = []
+    real = ops._FLASH
+    monkeypatch.setattr(ops, "_FLASH", lambda *a, **k: (calls.append(a[0].shape), real(*a, **k))[1])
+    gen = torch.Generator().manual_seed(4)
+    bs, hq, hkv, d = 8, 4, 2, 16
+    kc, vc = torch.randn(12, bs, hkv, d, generator=gen), torch.randn(12, bs, hkv, d, generator=gen)
+    tables = torch.tensor([[1, 2, 5], [1, 2, 6]], dtype=torch.int32)
+    query = torch.randn(6, hq, d, generator=gen)
+    kw = dict(query_start_loc=torch.tensor([0, 3, 6], dtype=torch.int32), block_tables=tables, scale=d**-0.5)
+    cached = dict(kw, seq_lens=torch.tensor([2 * bs + 3, 2 * bs + 3], dtype=torch.int32))
+    got = paged_attention_torch(query, kc, vc, **cached)
+    torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **cached), atol=1e-5, rtol=1e-4)
+    assert calls == [(1, hkv, 6 * (hq // hkv), d), (1, hkv, 3 * (hq // hkv), d), (1, hkv, 3 * (hq // hkv), d)]
+    calls.clear()
+    fresh = dict(kw, seq_lens=torch.tensor([3, 3], dtype=torch.int32))  # whole prompts, nothing cached
+    got = paged_attention_torch(query, kc, vc, **fresh)
+    torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **fresh), atol=1e-5, rtol=1e-4)
+    assert calls == []
