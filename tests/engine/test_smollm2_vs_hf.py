@@ -90,3 +90,41 @@ def test_preemption_equals_hf(smollm2, backend):
     assert engine.generate(prompts, PARAMS) == expected
     assert engine.stats().preemptions > 0
     assert engine.kv.num_used_blocks == 0
+
+
+LONG_SYSTEM = ("You are the support assistant of a hardware shop. Answer in one sentence, plainly, and never "
+               "invent prices, stock levels or delivery dates; when unsure, say so and point to the shop's "
+               "help page. ") * 6  # ~250 tokens: 8 requests behind it take the prefill cascade
+
+
+def test_many_requests_behind_a_long_cached_system_prompt_equal_hf(smollm2, backend, monkeypatch):
+    """Eight questions behind one ~250-token system prompt, sent together once the prompt is
+    cached: the prefill chunks attend its blocks once for all of them (the cascade, taken here)
+    and every greedy output still equals transformers' one-prompt-at-a-time ``generate``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import kernels.torch_ops as ops
+
+    model_dir, _, _ = smollm2
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts = []
+    for q in QUESTIONS:
+        ids = tok.apply_chat_template([{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": q}],
+                                      add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    max_new = [6] * len(prompts)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    expected = []
+    with torch.inference_mode():
+        for p, m in zip(prompts, max_new, strict=True):
+            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               max_new_tokens=m, do_sample=False)
+            expected.append(g[0, len(p):].tolist())
+    taken = []
+    real = ops._prefill_cascade
+    monkeypatch.setattr(ops, "_prefill_cascade", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
+    engine = engine_for(model_dir, backend, max_num_batched_tokens=1024)
+    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_new]
+    assert engine.generate(prompts[:1], params[:1]) == expected[:1]
+    assert engine.generate(prompts, params) == expected
+    assert any(taken), "the prefill cascade was not taken"

@@ -109,8 +109,17 @@ def test_cascade_when_a_context_is_entirely_shared():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.fixture
+def cascade_anywhere(monkeypatch):
+    """The prefill cascade on small test shapes (its size thresholds off)."""
+    import kernels.torch_ops as ops
+
+    for name in ("CASCADE_MIN_CHUNKS", "CASCADE_MIN_SHARED", "CASCADE_MIN_RATIO"):
+        monkeypatch.setattr(ops, name, 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_chunks_behind_a_shared_prefix_equal_reference(dtype):
+def test_prefill_chunks_behind_a_shared_prefix_equal_reference(dtype, cascade_anywhere):
     """Prompts that hit the same cached leading blocks (a shared system prompt) take the prefill
     cascade: those blocks once for every chunk, each chunk's own blocks causally, merged by
     log-sum-exp. A decode row rides along; one chunk's cached context ends inside the third shared
@@ -135,7 +144,7 @@ def test_prefill_chunks_behind_a_shared_prefix_equal_reference(dtype):
     torch.testing.assert_close(got.float(), expected.float(), atol=ATOL[dtype], rtol=1e-4)
 
 
-def test_prefill_cascade_is_taken_and_skipped_where_it_should(monkeypatch):
+def test_prefill_cascade_is_taken_and_skipped_where_it_should(monkeypatch, cascade_anywhere):
     """Shared cached blocks: one fused call for the shared part plus one per chunk; a chunk whose
     first new token lies inside the common blocks (no cached context): the plain path."""
     import kernels.torch_ops as ops
@@ -152,9 +161,39 @@ def test_prefill_cascade_is_taken_and_skipped_where_it_should(monkeypatch):
     cached = dict(kw, seq_lens=torch.tensor([2 * bs + 3, 2 * bs + 3], dtype=torch.int32))
     got = paged_attention_torch(query, kc, vc, **cached)
     torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **cached), atol=1e-5, rtol=1e-4)
-    assert calls == [(1, hkv, 6 * (hq // hkv), d), (1, hkv, 3 * (hq // hkv), d), (1, hkv, 3 * (hq // hkv), d)]
+    assert calls == [(1, hkv, 6 * (hq // hkv), d), (1, hq, 3, d), (1, hq, 3, d)]
     calls.clear()
     fresh = dict(kw, seq_lens=torch.tensor([3, 3], dtype=torch.int32))  # whole prompts, nothing cached
     got = paged_attention_torch(query, kc, vc, **fresh)
     torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **fresh), atol=1e-5, rtol=1e-4)
     assert calls == []
+
+
+def test_prefill_cascade_only_where_the_shared_part_dominates(monkeypatch):
+    """With the real thresholds: 12 chunks of 10 new tokens behind 160 shared cached tokens take
+    the cascade (and equal the reference); 4 such chunks, or 12 chunks of 40 new tokens, do not."""
+    import kernels.torch_ops as ops
+
+    taken = []
+    real = ops._prefill_cascade
+    monkeypatch.setattr(ops, "_prefill_cascade", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
+    gen = torch.Generator().manual_seed(5)
+    bs, hq, hkv, d, shared = 16, 9, 3, 64, 10
+
+    def run(chunks: int, new: int) -> None:
+        own = -(-new // bs)
+        kc = torch.randn(shared + chunks * own, bs, hkv, d, generator=gen)
+        vc = torch.randn(shared + chunks * own, bs, hkv, d, generator=gen)
+        tables = torch.tensor([list(range(shared)) + [shared + c * own + j for j in range(own)]
+                               for c in range(chunks)], dtype=torch.int32)
+        query = torch.randn(chunks * new, hq, d, generator=gen)
+        kw = dict(query_start_loc=torch.arange(0, chunks * new + 1, new, dtype=torch.int32),
+                  seq_lens=torch.full((chunks,), shared * bs + new, dtype=torch.int32), block_tables=tables,
+                  scale=d**-0.5)
+        got = paged_attention_torch(query, kc, vc, **kw)
+        torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **kw), atol=1e-5, rtol=1e-4)
+
+    run(12, 10)
+    run(4, 10)
+    run(12, 40)
+    assert taken == [True, False, False]
