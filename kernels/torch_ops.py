@@ -218,12 +218,15 @@ def _prefill_cascade(query, key_cache, value_cache, block_tables, prefill, start
     o_own = torch.empty(n_all, hq, d, dtype=torch.float32, device=query.device)
     lse_own = torch.empty(n_all, hq, dtype=torch.float32, device=query.device)
     offset = 0
-    for i in prefill:
-        n, seq_len = q_lens[i], lens[i]
-        o_own[offset : offset + n], lse_own[offset : offset + n] = _own_part(
-            query[starts[i] : starts[i] + n], key_cache, value_cache,
-            block_tables[i, shared : -(-seq_len // bs)].long(), seq_len - lp, scale)
-        offset += n
+    try:
+        for i in prefill:
+            n, seq_len = q_lens[i], lens[i]
+            o_own[offset : offset + n], lse_own[offset : offset + n] = _own_part(
+                query[starts[i] : starts[i] + n], key_cache, value_cache,
+                block_tables[i, shared : -(-seq_len // bs)].long(), seq_len - lp, scale)
+            offset += n
+    except RuntimeError:  # a dtype or shape the fused kernel refuses: ``out`` is untouched so far
+        return False
     # one merge for every chunk's rows (element-wise ops per chunk would each wake the thread pool)
     m = torch.maximum(lse_shared, lse_own)
     w1, w2 = torch.exp(lse_shared - m).unsqueeze(-1), torch.exp(lse_own - m).unsqueeze(-1)

@@ -197,3 +197,23 @@ def test_prefill_cascade_only_where_the_shared_part_dominates(monkeypatch):
     run(4, 10)
     run(12, 40)
     assert taken == [True, False, False]
+
+
+def test_prefill_cascade_falls_back_when_the_fused_kernel_refuses(monkeypatch, cascade_anywhere):
+    """A RuntimeError from the fused kernel on a chunk's own part leaves ``out`` untouched and the
+    plain path answers: the engine's step must not die of it."""
+    import kernels.torch_ops as ops
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("unsupported")
+
+    monkeypatch.setattr(ops, "_own_part", refuse)
+    gen = torch.Generator().manual_seed(6)
+    bs, hq, hkv, d = 8, 4, 2, 16
+    kc, vc = torch.randn(12, bs, hkv, d, generator=gen), torch.randn(12, bs, hkv, d, generator=gen)
+    kw = dict(query_start_loc=torch.tensor([0, 3, 6], dtype=torch.int32),
+              block_tables=torch.tensor([[1, 2, 5], [1, 2, 6]], dtype=torch.int32), scale=d**-0.5,
+              seq_lens=torch.tensor([2 * bs + 3, 2 * bs + 3], dtype=torch.int32))
+    query = torch.randn(6, hq, d, generator=gen)
+    got = paged_attention_torch(query, kc, vc, **kw)
+    torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **kw), atol=1e-5, rtol=1e-4)
