@@ -33,22 +33,30 @@ def smollm2():
     from engine.weights import resolve_model_dir
 
     model_dir = resolve_model_dir("smollm2-135m-instruct", "./data/weights")
+
+    prompts, expected = chat_prompts_and_hf_greedy(model_dir, SYSTEM, MAX_NEW)
+    return model_dir, prompts, expected
+
+
+def chat_prompts_and_hf_greedy(model_dir, system: str, max_new: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """The QUESTIONS behind ``system`` as token ids, and transformers' greedy ``generate`` of each,
+    one prompt at a time (fp32, EOS active)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     prompts = []
     for q in QUESTIONS:
-        ids = tok.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+        ids = tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
                                       add_generation_prompt=True, tokenize=True)
         prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     expected = []
     with torch.inference_mode():
-        for p, m in zip(prompts, MAX_NEW, strict=True):
+        for p, m in zip(prompts, max_new, strict=True):
             g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                                max_new_tokens=m, do_sample=False)
             expected.append(g[0, len(p):].tolist())
-    return model_dir, prompts, expected
+    return prompts, expected
 
 
 @pytest.fixture(params=["torch", "native"])
@@ -101,25 +109,11 @@ def test_many_requests_behind_a_long_cached_system_prompt_equal_hf(smollm2, back
     """Eight questions behind one ~250-token system prompt, sent together once the prompt is
     cached: the prefill chunks attend its blocks once for all of them (the cascade, taken here)
     and every greedy output still equals transformers' one-prompt-at-a-time ``generate``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     import kernels.torch_ops as ops
 
     model_dir, _, _ = smollm2
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    prompts = []
-    for q in QUESTIONS:
-        ids = tok.apply_chat_template([{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": q}],
-                                      add_generation_prompt=True, tokenize=True)
-        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    max_new = [6] * len(prompts)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    expected = []
-    with torch.inference_mode():
-        for p, m in zip(prompts, max_new, strict=True):
-            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=m, do_sample=False)
-            expected.append(g[0, len(p):].tolist())
+    max_new = [6] * len(QUESTIONS)
+    prompts, expected = chat_prompts_and_hf_greedy(model_dir, LONG_SYSTEM, max_new)
     taken = []
     real = ops._prefill_cascade
     monkeypatch.setattr(ops, "_prefill_cascade", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
