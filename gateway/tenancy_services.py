@@ -84,7 +84,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     await redis.ping()
     prices = PriceBook(db.sessionmaker)
     usage = UsageWriter(db.url, settings.usage_spool_dir, flush_interval_s=settings.usage_flush_interval_s,
-                        batch_size=settings.usage_batch_size)
+                        batch_size=settings.usage_batch_size, db_interval_s=settings.usage_db_interval_s)
     auth = Authenticator(db.sessionmaker, redis, settings)
     limiter = RequestLimiter(redis, redis_url, prefix=settings.redis_prefix)
 

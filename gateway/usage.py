@@ -15,7 +15,8 @@ ever runs on the gateway's event loop. There:
 2. journals of dead processes are adopted the same way: a journal is ``flock``-ed by its owner
    while open, so a journal whose lock can be taken has no living owner (a SIGKILLed gateway's
    rows are written by the next flush of any process sharing the spool directory);
-3. the spool's files, oldest first, are inserted into ``usage_records`` with
+3. every ``db_interval_s`` (or as soon as ``batch_size`` sealed rows wait, or on ``flush()``),
+   the spool's files, oldest first, are inserted into ``usage_records`` with
    INSERT … ON CONFLICT (request_id) DO NOTHING (SQLite and PostgreSQL), each file deleted once
    its rows are in; ``api_keys.last_used_at`` moves forward in the same transaction.
 
@@ -146,11 +147,16 @@ class UsageWriter:
 
     def __init__(self, database_url: str, spool_dir: str | Path, *, flush_interval_s: float = 0.5,
                  batch_size: int = 500, max_backoff_s: float = 10.0,
-                 journal_bytes: int = JOURNAL_BYTES) -> None:
+                 journal_bytes: int = JOURNAL_BYTES, db_interval_s: float | None = None) -> None:
         self._url = database_url
         self._spool = Path(spool_dir)
         self._rejected = self._spool / "rejected"
         self._interval = flush_interval_s
+        # how often sealed rows go into the database (None: every flush); a batch_size of them
+        # waiting goes at once. Sealing (the durability) stays every flush interval.
+        self._db_interval = flush_interval_s if db_interval_s is None else db_interval_s
+        self._next_insert = 0.0  # monotonic time before which spooled rows wait (unless forced)
+        self._spooled_rows = 0  # rows sealed into the spool since the last database pass
         self._batch_size = batch_size
         self._journal_bytes = journal_bytes
         self._max_backoff = max_backoff_s
@@ -336,6 +342,7 @@ class UsageWriter:
                        on_disk: list[bool]) -> bool:
         for journal in journals:
             if journal.count:
+                self._spooled_rows += journal.count
                 journal.seal()
                 self.files_spooled += 1
             else:
@@ -346,8 +353,11 @@ class UsageWriter:
             _write_durably(self._spool / name, "".join(lines))
             on_disk.append(True)
             self.files_spooled += 1
+            self._spooled_rows += len(lines)
         _adopt_orphans(self._spool)
-        if not force and time.monotonic() < self._db_ok_after:
+        now = time.monotonic()
+        if not force and (now < self._db_ok_after
+                          or (now < self._next_insert and self._spooled_rows < self._batch_size)):
             return False
         for path in self.spooled_files():
             try:
@@ -370,6 +380,8 @@ class UsageWriter:
                 path.unlink()
         self._backoff = self._interval
         self._db_ok_after = 0.0
+        self._spooled_rows = 0
+        self._next_insert = time.monotonic() + self._db_interval
         return True
 
     async def _insert(self, rows: list[dict], path: Path) -> None:

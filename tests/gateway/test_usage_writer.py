@@ -93,6 +93,37 @@ async def test_batches_reach_the_database(db_url, tmp_path):
         await db.dispose()
 
 
+async def test_rows_are_sealed_every_flush_and_inserted_every_db_interval(db_url, tmp_path):
+    """Sealing (the durability) keeps the flush interval; the inserts, whose thread hand-offs slow
+    the engine, wait for ``db_interval_s``, unless a batch's worth of rows waits or ``flush()``."""
+    db = Database(db_url)
+    tid = await _add_tenant(db)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.05, batch_size=50, db_interval_s=3600)
+    await writer.start()
+    try:
+        assert await writer.flush()  # the first pass (the spool's replay) sets the clock going
+        for e in _events(tid, 5, "a"):
+            writer.record(e)
+        for _ in range(100):  # sealed into the spool by the background flushes
+            if writer.spooled_files():
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # several flush intervals
+        assert writer.spooled_files() and await _count(db) == (0, 0)
+        for e in _events(tid, 50, "b"):  # a batch's worth waits: inserted without waiting the hour
+            writer.record(e)
+        for _ in range(100):
+            if (await _count(db))[0] == 55:
+                break
+            await asyncio.sleep(0.05)
+        assert await _count(db) == (55, 55) and writer.spooled_files() == []
+        writer.record(_events(tid, 1, "c")[0])
+        assert await writer.flush() and await _count(db) == (56, 56)  # flush() does not wait either
+    finally:
+        await writer.close()
+        await db.dispose()
+
+
 async def test_database_down_rows_spooled_then_written_once(pg_template, pg_tools, tmp_path):
     """The database does not exist yet (down); it appears later with the schema and a tenant."""
     name = f"pgt_down_{uuid.uuid4().hex[:8]}"
