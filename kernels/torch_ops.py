@@ -169,8 +169,9 @@ def _num_shared_blocks(tables: torch.Tensor, seq_lens: torch.Tensor, block_size:
 
 
 # The prefill cascade pays off when many chunks share a prefix much longer than their own parts
-# (measured on 2 cores, 4-50 chunks: 50 chunks of 14 new tokens behind 1,008 shared ones 1.97x,
-# behind 160 1.49x; 60 new tokens behind 320 shared 0.99x, behind 32 0.51x; 4 chunks at most 1.4x).
+# (measured on 2 cores against the plain path: 50 chunks of 14 new tokens behind 160-1,008 shared
+# ones 2.4-3.1x, 16 such chunks 1.8-2.1x, 4 chunks 1.0-1.3x; chunks of 60 new tokens: behind 32
+# shared 0.5-0.6x, behind 320 0.8-1.06x, behind 640 0.96-1.32x).
 CASCADE_MIN_CHUNKS = 8
 CASCADE_MIN_SHARED = 128  # tokens
 CASCADE_MIN_RATIO = 8  # shared tokens per token of a chunk's own context
@@ -182,7 +183,7 @@ def _prefill_cascade(query, key_cache, value_cache, block_tables, prefill, start
     prefix-cache hits): the leading blocks that every chunk's table shares, and that lie wholly
     before every chunk's first new token, are gathered once and attended by all the chunks' queries
     in one fused call (no mask: every query comes after them); each chunk's own blocks are attended
-    causally on their own; the two parts merge through their log-sum-exp. Writes ``out`` and
+    causally, together in one padded call; the two parts merge through their log-sum-exp. Writes ``out`` and
     returns True, or returns False for the plain path: too little shared (``CASCADE_MIN_*``), or
     no fused CPU kernel.
 
@@ -215,16 +216,9 @@ def _prefill_cascade(query, key_cache, value_cache, block_tables, prefill, start
         return False
     o_shared = o_shared[0].float().view(hkv, n_all, g, d).permute(1, 0, 2, 3).reshape(n_all, hq, d)
     lse_shared = lse_shared[0].float().view(hkv, n_all, g).permute(1, 0, 2).reshape(n_all, hq)
-    o_own = torch.empty(n_all, hq, d, dtype=torch.float32, device=query.device)
-    lse_own = torch.empty(n_all, hq, dtype=torch.float32, device=query.device)
-    offset = 0
     try:
-        for i in prefill:
-            n, seq_len = q_lens[i], lens[i]
-            o_own[offset : offset + n], lse_own[offset : offset + n] = _own_part(
-                query[starts[i] : starts[i] + n], key_cache, value_cache,
-                block_tables[i, shared : -(-seq_len // bs)].long(), seq_len - lp, scale)
-            offset += n
+        o_own, lse_own = _own_parts(query, key_cache, value_cache, tables[:, shared:], prefill, starts, q_lens,
+                                    [lens[i] - lp for i in prefill], scale)
     except RuntimeError:  # a dtype or shape the fused kernel refuses: ``out`` is untouched so far
         return False
     # one merge for every chunk's rows (element-wise ops per chunk would each wake the thread pool)
@@ -234,27 +228,36 @@ def _prefill_cascade(query, key_cache, value_cache, block_tables, prefill, start
     return True
 
 
-def _own_part(query, key_cache, value_cache, blocks, length, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """A prefill chunk's attention over its context after the shared blocks (``length`` tokens in
-    ``blocks``, the chunk's ``n`` new tokens last): (output ``[n, Hq, D]``, log-sum-exp ``[n, Hq]``).
-    K/V heads are repeated for the query heads (this part is short); causal without a mask
-    when the part is exactly the new tokens (the usual case: a shared prompt's blocks end where a
-    request's own text begins)."""
-    n, hq, d = query.shape
-    hkv = key_cache.shape[2]
-    k = key_cache.index_select(0, blocks).view(-1, hkv, d)[:length].to(query.dtype)
-    v = value_cache.index_select(0, blocks).view(-1, hkv, d)[:length].to(query.dtype)
+def _own_parts(query, key_cache, value_cache, tables, prefill, starts, q_lens, lengths, scale):
+    """Every prefill chunk's attention over its own context after the shared blocks (``lengths[k]``
+    tokens through ``tables[k]``, the chunk's new tokens last), in one fused call padded to the
+    longest: (outputs ``[N, Hq, D]``, log-sum-exp ``[N, Hq]``) in the chunks' row order, fp32. K/V
+    heads are repeated for the query heads (these parts are short). A padded query row sees the
+    first key only and is dropped; a padded key is hidden from every row."""
+    p = len(prefill)
+    _, hq, d = query.shape
+    bs, hkv = key_cache.shape[1], key_cache.shape[2]
+    dev = query.device
+    n = torch.tensor([q_lens[i] for i in prefill], device=dev)
+    length = torch.tensor(lengths, device=dev)
+    n_max, l_blocks = int(n.max()), -(-max(lengths) // bs)
+    k = _gather(key_cache, tables, l_blocks).to(query.dtype)  # [P, L, Hkv, D]
+    v = _gather(value_cache, tables, l_blocks).to(query.dtype)
     if hq != hkv:
-        k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
-    q, k, v = query.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-    if length == n:
-        o, lse = _FLASH(q, k, v, 0.0, True, scale=scale)
-    else:
-        k_pos = torch.arange(length, device=query.device)
-        hidden = k_pos[None, :] > torch.arange(length - n, length, device=query.device)[:, None]
-        bias = torch.zeros(1, 1, n, length, dtype=query.dtype, device=query.device).masked_fill_(hidden, float("-inf"))
-        o, lse = _FLASH(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
-    return o[0].transpose(0, 1), lse[0].transpose(0, 1)
+        k, v = k.repeat_interleave(hq // hkv, dim=2), v.repeat_interleave(hq // hkv, dim=2)
+    j = torch.arange(n_max, device=dev)
+    valid = j[None, :] < n[:, None]  # [P, n_max]: real query rows
+    src = torch.tensor([starts[i] for i in prefill], device=dev)[:, None] + j[None, :]
+    q = torch.zeros(p, n_max, hq, d, dtype=query.dtype, device=dev)
+    q[valid] = query.index_select(0, src[valid])
+    q_pos = (length - n)[:, None] + j[None, :]  # [P, n_max]: each row's position in its own part
+    k_pos = torch.arange(l_blocks * bs, device=dev)
+    hidden = (k_pos[None, None, :] > q_pos[:, :, None]) | (k_pos[None, None, :] >= length[:, None, None])
+    hidden &= valid[:, :, None] | (k_pos > 0)[None, None, :]  # padded rows: key 0 visible, no NaN
+    bias = torch.zeros(hidden.shape, dtype=query.dtype, device=dev).masked_fill_(hidden, float("-inf"))
+    o, lse = _FLASH(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, False,
+                    attn_mask=bias.unsqueeze(1), scale=scale)  # [P, Hq, n_max, D], [P, Hq, n_max]
+    return o.transpose(1, 2)[valid].float(), lse.transpose(1, 2)[valid].float()
 
 
 def _prefill(query, key_cache, value_cache, block_table, seq_len, scale) -> torch.Tensor:

@@ -145,7 +145,7 @@ def test_prefill_chunks_behind_a_shared_prefix_equal_reference(dtype, cascade_an
 
 
 def test_prefill_cascade_is_taken_and_skipped_where_it_should(monkeypatch, cascade_anywhere):
-    """Shared cached blocks: one fused call for the shared part plus one per chunk; a chunk whose
+    """Shared cached blocks: one fused call for the shared part and one for the chunks' own parts; a chunk whose
     first new token lies inside the common blocks (no cached context): the plain path."""
     import kernels.torch_ops as ops
 
@@ -161,7 +161,7 @@ def test_prefill_cascade_is_taken_and_skipped_where_it_should(monkeypatch, casca
     cached = dict(kw, seq_lens=torch.tensor([2 * bs + 3, 2 * bs + 3], dtype=torch.int32))
     got = paged_attention_torch(query, kc, vc, **cached)
     torch.testing.assert_close(got, paged_attention_ref(query, kc, vc, **cached), atol=1e-5, rtol=1e-4)
-    assert calls == [(1, hkv, 6 * (hq // hkv), d), (1, hq, 3, d), (1, hq, 3, d)]
+    assert calls == [(1, hkv, 6 * (hq // hkv), d), (2, hq, 3, d)]  # the shared part, both own parts
     calls.clear()
     fresh = dict(kw, seq_lens=torch.tensor([3, 3], dtype=torch.int32))  # whole prompts, nothing cached
     got = paged_attention_torch(query, kc, vc, **fresh)
@@ -207,7 +207,7 @@ def test_prefill_cascade_falls_back_when_the_fused_kernel_refuses(monkeypatch, c
     def refuse(*_a, **_k):
         raise RuntimeError("unsupported")
 
-    monkeypatch.setattr(ops, "_own_part", refuse)
+    monkeypatch.setattr(ops, "_own_parts", refuse)
     gen = torch.Generator().manual_seed(6)
     bs, hq, hkv, d = 8, 4, 2, 16
     kc, vc = torch.randn(12, bs, hkv, d, generator=gen), torch.randn(12, bs, hkv, d, generator=gen)
