@@ -33,6 +33,7 @@ watchdog thread, where the loop thread and the engine thread are while the loop 
 
     python bench/gateway_overhead.py [--clients 50] [--requests 4] [--rounds 8] [--http] [--stall-trace]
         [--compare-switch-intervals 5,1] [--engine-threads N] [--loop uvloop|asyncio]
+        [--timeline] [--leave-out ip,rpm,reserve,usage]
 
 Needs Redis (PAGEGATE_REDIS_URL, default redis://127.0.0.1:6379/2; a unique key prefix is used
 and deleted) and writes a SQLite database in a temporary directory.
