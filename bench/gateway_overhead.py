@@ -233,7 +233,7 @@ class Bench:
         s = self.services
         model = self.engine.model_id
         care = s.aftercare
-        if isinstance(res, _Unreserved):
+        if isinstance(res, _Unreserved):  # --leave-out reserve: nothing to settle
             pass
         elif care.inline:
             await self._settle(res, completion)

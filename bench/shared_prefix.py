@@ -22,11 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels.torch_ops as torch_ops  # noqa: E402
+from bench.gateway_http import SYSTEM_SENTENCE  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-
-SENTENCE = "You are the support assistant of ACME Corp; answer briefly and cite the manual. "  # ~17 tokens
 
 
 def main() -> None:
@@ -40,7 +39,7 @@ def main() -> None:
     engine = LLMEngine(EngineConfig(model="smollm2-135m-instruct", device="cpu", dtype=args.dtype,
                                     num_blocks=2048, max_model_len=4096, max_num_seqs=max(64, args.requests),
                                     max_num_batched_tokens=4096))
-    system = SENTENCE * max(1, args.system_tokens // 17)
+    system = SYSTEM_SENTENCE * max(1, args.system_tokens // 17)  # ~17 tokens a sentence
 
     def prompt(question: str) -> list[int]:
         ids = engine.tokenizer.apply_chat_template(

@@ -196,12 +196,13 @@ def _prefill_cascade(query, key_cache, value_cache, block_tables, prefill, start
     g = hq // hkv
     idx = torch.tensor(prefill, device=block_tables.device)
     tables = block_tables.index_select(0, idx)
-    same = int((tables == tables[:1]).all(dim=0).int().cumprod(dim=0).sum())
-    shared = min(same, min(lens[i] - q_lens[i] for i in prefill) // bs)
-    lp = shared * bs
-    own = sum(lens[i] for i in prefill) / len(prefill) - lp  # a chunk's own context, on average
+    # shared columns must lie wholly in every chunk's cached context, before its first new token
+    cached = torch.tensor([lens[i] - q_lens[i] for i in prefill])
+    shared = _num_shared_blocks(tables, cached, bs)
     if shared < 1:  # (never an empty key set: the fused kernel divides by the key length)
         return False
+    lp = shared * bs
+    own = sum(lens[i] for i in prefill) / len(prefill) - lp  # a chunk's own context, on average
     if len(prefill) < CASCADE_MIN_CHUNKS or lp < CASCADE_MIN_SHARED or lp < CASCADE_MIN_RATIO * own:
         return False  # each chunk still attends its own part: worth it only when the shared part dominates
     blocks = tables[0, :shared].long()
