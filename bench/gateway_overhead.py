@@ -168,15 +168,16 @@ class StepClock:
         return [s for s in self.spans if s[0] >= t0]
 
 
-async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1, salt: str | None = None) -> int:
+async def run_engine(engine: AsyncEngine, prompt: list[int], max_tokens: int = 1, salt: str | None = None,
+                     notice=None) -> int:  # noqa: ANN001
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     completion = 0
-    async for out in engine.generate(prompt, params, request_id=new_hex_id(), salt=salt):
+    async for out in engine.generate(prompt, params, request_id=new_hex_id(), salt=salt, notice=notice):
         completion += sum(len(d.token_ids) for d in out.deltas)
     return completion
 
 
-LEAVE_OUT = ("ip", "rpm", "reserve", "usage")  # ``--leave-out``: parts of the gateway's work to skip
+LEAVE_OUT = ("ip", "rpm", "reserve", "usage", "notice")  # ``--leave-out``: parts of the gateway's work to skip
 
 
 class _Unreserved:
@@ -212,8 +213,18 @@ class Bench:
     def length(self) -> int:
         return self.rng.randint(*self.lengths)
 
-    async def admit(self, max_tokens: int = 1):  # noqa: ANN201
-        """The gateway's work before the engine: per-address limit, auth, RPM, quota reservation."""
+    async def admit(self, max_tokens: int = 1, notice=None):  # noqa: ANN001, ANN201
+        """The gateway's work before the engine: per-address limit, auth, RPM, quota reservation.
+        ``notice`` (the engine's ``announce()``, taken where the app's request context takes it,
+        before all of this) is closed when the request is refused."""
+        try:
+            return await self._admit(max_tokens)
+        except BaseException:
+            if notice is not None:
+                notice.close()
+            raise
+
+    async def _admit(self, max_tokens: int):  # noqa: ANN202
         s, skip = self.services, self.leave_out
         if "ip" not in skip:
             await self.ip_limiter.check(self.client_request)
@@ -271,11 +282,12 @@ class Bench:
         timeline = self.timeline
         if timeline is not None:
             timeline.mark("start")
-        principal, res = await self.admit(n)
+        notice = None if "notice" in self.leave_out else self.engine.announce()
+        principal, res = await self.admit(n, notice)
         t1 = time.perf_counter()
         if timeline is not None:
             timeline.mark("admitted")
-        completion = await run_engine(self.engine, self.prompt, res.max_tokens, str(principal.tenant_id))
+        completion = await run_engine(self.engine, self.prompt, res.max_tokens, str(principal.tenant_id), notice)
         t2 = time.perf_counter()
         if timeline is not None:
             timeline.mark("out")
@@ -332,7 +344,9 @@ async def main(args: argparse.Namespace) -> None:
     config = EngineConfig(model="smollm2-135m-instruct", device=args.device, dtype="auto", num_blocks=1024,
                           max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=2048,
                           num_threads=args.engine_threads,
-                          **({} if args.admission_gap_ms is None else {"admission_gap_ms": args.admission_gap_ms}))
+                          **({} if args.admission_gap_ms is None else {"admission_gap_ms": args.admission_gap_ms}),
+                          **({} if args.admission_notice_gap_ms is None
+                             else {"admission_notice_gap_ms": args.admission_notice_gap_ms}))
     engine = AsyncEngine(config)
     await engine.start()
     services = await build_tenancy(settings, redis_url=redis_url, upgrade_schema=True)
@@ -679,6 +693,8 @@ if __name__ == "__main__":
                     help="settle quota this long after the response (default: Settings'; 0: before)")
     ap.add_argument("--admission-gap-ms", type=float, default=None,
                     help="the engine's burst-gathering gap from idle (default: EngineConfig's; 0: off)")
+    ap.add_argument("--admission-notice-gap-ms", type=float, default=None,
+                    help="the engine's wait after the last announced request (default: EngineConfig's)")
     ap.add_argument("--engine-threads", type=int, default=None, help="torch threads of the engine (default: torch's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--timeline", action="store_true",

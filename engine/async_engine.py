@@ -5,11 +5,13 @@
     per-request asyncio.Queue ◄── loop.call_soon_threadsafe(put) ── RequestOutput deltas
 
 The step loop never runs on the event loop; it sleeps on a condition while idle and is woken
-by new commands. Woken from idle, it waits while requests keep arriving (each within
-``admission_gap_ms`` of the last, at most ``admission_max_wait_ms`` in all), so a burst that
-reaches it spread over a few milliseconds (50 clients through the gateway) starts as one step
-instead of one step for the first few and a second for the rest. Closing or cancelling a ``generate`` stream aborts its request (blocks freed
-before the next step). If the loop dies, every pending stream gets ``EngineDeadError``.
+by new commands. Woken from idle, it waits for the rest of the burst (``engine.arrivals``): for the
+requests announced with ``announce()`` (the gateway announces each request as its admission
+starts), or, for unannounced ones, while they keep arriving within ``admission_gap_ms`` of each
+other; at most ``admission_max_wait_ms`` in all. So a wave that reaches it spread over a few
+milliseconds (50 clients through the gateway) starts as one step. Closing or cancelling a
+``generate`` stream aborts its request (blocks freed before the next step). If the loop dies,
+every pending stream gets ``EngineDeadError``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import asyncio
 import copy
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from engine.arrivals import ArrivalNotice, BurstGate
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import (
@@ -89,6 +91,8 @@ class AsyncEngine:
         self.model_id = model_id or config.served_model_name or _served_name(config.model)
         self._cv = threading.Condition()
         self._cmds: list[_Add | _Abort] = []
+        self._burst = BurstGate(self._cv, gap_ms=config.admission_gap_ms, notice_gap_ms=config.admission_notice_gap_ms,
+                                max_wait_ms=config.admission_max_wait_ms)
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -149,11 +153,45 @@ class AsyncEngine:
         return self._renderer.render(messages)
 
     # ---- requests -----------------------------------------------------------------------
+    def announce(self) -> ArrivalNotice:
+        """A request is on its way (its caller is still admitting it): woken from idle, the step
+        thread waits for it, up to ``admission_max_wait_ms``, instead of guessing the end of the
+        burst. Hand the notice to ``generate(notice=)``, or ``close()`` it when the request will not
+        come (it closes itself when dropped). Never blocks."""
+        return self._burst.announce()
+
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, *, request_id: str,
-        salt: str | None = None, priority_class: str | None = None,
+        salt: str | None = None, priority_class: str | None = None, notice: ArrivalNotice | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield ``RequestOutput`` deltas until the request finishes (see ``EngineClient``)."""
+        """Yield ``RequestOutput`` deltas until the request finishes (see ``EngineClient``).
+        ``notice``: this request's ``announce()``, consumed as it reaches the step thread (closed
+        if it is refused before)."""
+        try:
+            ids, stream = self._register(prompt, params, request_id)
+        except BaseException:
+            if notice is not None:  # refused: the step thread must not wait for it
+                notice.close()
+            raise
+        self._send(_Add(request_id, ids, params, salt, priority_class), notice)
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._send(_Abort(request_id))
+
+    def _register(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> tuple[list[int], _Stream]:
+        """Check a new request and open its stream (raises what ``generate`` documents)."""
         engine = self._require()
         if self._dead is not None:
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
@@ -173,22 +211,7 @@ class AsyncEngine:
         if self._dead is not None:  # died between the check above and the registration
             self._streams.pop(request_id, None)
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
-        self._send(_Add(request_id, ids, params, salt, priority_class))
-        finished = False
-        try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self._send(_Abort(request_id))
+        return ids, stream
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish reason "abort"."""
@@ -201,10 +224,11 @@ class AsyncEngine:
         return self._stats
 
     # ---- the step thread ----------------------------------------------------------------
-    def _send(self, cmd: _Add | _Abort) -> None:
+    def _send(self, cmd: _Add | _Abort, notice: ArrivalNotice | None = None) -> None:
         with self._cv:
             self._cmds.append(cmd)
-            self._cv.notify()
+            if self._burst.arrived(add=isinstance(cmd, _Add), notice=notice):
+                self._cv.notify()
 
     def _run(self) -> None:
         engine = self.engine
@@ -215,10 +239,11 @@ class AsyncEngine:
                     while not (self._cmds or self._stopping or engine.has_unfinished_requests()):
                         self._cv.wait()
                     if was_idle:
-                        self._gather_burst()
+                        self._burst.gather(lambda: self._stopping)
                     if self._stopping:
                         return
                     cmds, self._cmds = self._cmds, []
+                    self._burst.taken()
                 for cmd in cmds:
                     self._apply(engine, cmd)
                 if engine.has_unfinished_requests():
@@ -230,28 +255,6 @@ class AsyncEngine:
             logger.exception("engine step loop crashed")
             self._dead = exc
             self._fail_all(EngineDeadError(f"the engine stopped: {exc!r}"))
-
-    def _gather_burst(self) -> None:
-        """(Lock held.) Wait while commands keep arriving within the admission gap. The wait is a
-        sleep with the lock released, not a wait on the condition: the arrivals' ``notify`` must
-        not wake this thread (and take the GIL from the event loop handing them over) once each."""
-        gap = self.config.admission_gap_ms / 1000
-        if gap <= 0:
-            return
-        deadline = time.monotonic() + self.config.admission_max_wait_ms / 1000
-        seen = len(self._cmds)
-        while not self._stopping:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._cv.release()
-            try:
-                time.sleep(min(gap, remaining))
-            finally:
-                self._cv.acquire()
-            if len(self._cmds) == seen:
-                return  # quiet for a whole gap: the burst is in
-            seen = len(self._cmds)
 
     def _apply(self, engine: LLMEngine, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Abort):

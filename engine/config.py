@@ -23,6 +23,8 @@ class EngineConfig:
     # AsyncEngine, woken from idle: wait while requests keep arriving within this gap (0: off) ...
     admission_gap_ms: float = 1.0
     admission_max_wait_ms: float = 10.0  # ... but never longer than this
+    # ... and for announced requests (AsyncEngine.announce), until the last is in and then this long
+    admission_notice_gap_ms: float = 0.2
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # "auto" | "native" (C decode kernel, CPU) | "torch" | "triton"
     num_threads: int | None = None  # torch intra-op threads on CPU
@@ -38,8 +40,8 @@ class EngineConfig:
             raise ValueError("num_blocks must be >= 2")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError("max_num_batched_tokens must be >= block_size")
-        if self.admission_gap_ms < 0 or self.admission_max_wait_ms < 0:
-            raise ValueError("admission_gap_ms and admission_max_wait_ms must be >= 0")
+        if self.admission_gap_ms < 0 or self.admission_max_wait_ms < 0 or self.admission_notice_gap_ms < 0:
+            raise ValueError("admission_gap_ms, admission_notice_gap_ms and admission_max_wait_ms must be >= 0")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.attention_backend not in ("auto", "native", "torch", "triton"):

@@ -30,7 +30,9 @@ class EngineClient(Protocol):
     ) -> AsyncIterator[RequestOutput]:
         """Yield deltas until the request finishes. Raises ``PromptTooLongError`` or
         ``EngineOverloadedError`` before the first yield. Closing the iterator early (e.g. the
-        client disconnected) aborts the request and frees its blocks."""
+        client disconnected) aborts the request and frees its blocks. An engine that offers
+        ``announce()`` (``AsyncEngine``: a request on its way, see ``engine.arrivals``) also takes
+        its notice here as ``notice=``; the gateway passes one only to such an engine."""
 
     async def abort(self, request_id: str) -> None: ...
 

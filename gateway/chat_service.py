@@ -178,6 +178,8 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
         if lookup.similarity is not None:
             caller.response_headers["x-cache-similarity"] = f"{lookup.similarity:.4f}"
         if lookup.outcome in ("hit", "semantic-hit") and lookup.response is not None:
+            if caller.notice is not None:  # answered here: the engine must not wait for it
+                caller.notice.close()
             prompt_tokens = None  # an exact hit's prompt is the stored one, token for token
             if lookup.outcome == "semantic-hit":  # a paraphrase: its own prompt is counted
                 prompt_tokens = len(await tokenize(engine, engine.encode_chat, messages, size))
@@ -248,7 +250,7 @@ async def run_generation(engine: EngineClient, prompt: list[int], body: ChatComp
             store = None  # clamped by the quota: not the answer this request asked for
         params = sampling_params(body, per_choice)
         gen = Generation.open(engine, prompt, params, request_id=caller.request_id,
-                              tenant=str(caller.principal.tenant_id), started=caller.started)
+                              tenant=str(caller.principal.tenant_id), started=caller.started, notice=caller.notice)
         # A stream starts only once the engine took the request (its refusals stay HTTP errors);
         # a client that leaves while the request is still queued aborts it there and then. (A
         # JSON answer waits for the engine under the same watch, in whole_response.)

@@ -61,6 +61,7 @@ class Caller:
     receive: Receive
     cache_control: str | None
     started: float
+    notice: Any = None  # engine.arrivals.ArrivalNotice from the request context, for generate()
 
 
 def get_state(request: Request) -> AppState:
@@ -77,7 +78,8 @@ async def authenticate_and_limit(request: Request) -> Caller:
     return Caller(state=state, principal=principal, request_id=request.state.request_id,
                   response_headers=headers, receive=request.receive,
                   cache_control=request.headers.get("cache-control"),
-                  started=getattr(request.state, "started", None) or time.perf_counter())
+                  started=getattr(request.state, "started", None) or time.perf_counter(),
+                  notice=getattr(request.state, "engine_notice", None))
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

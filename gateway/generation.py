@@ -78,9 +78,11 @@ class Generation:
 
     @classmethod
     def open(cls, engine: EngineClient, prompt: list[int], params: SamplingParams, *, request_id: str,
-             tenant: str, started: float) -> Generation:
+             tenant: str, started: float, notice: object | None = None) -> Generation:
+        """``notice``: the request's ``announce()`` (``Caller.notice``), handed to the engine."""
+        extra = {} if notice is None else {"notice": notice}
         try:
-            agen = engine.generate(prompt, params, request_id=request_id, salt=tenant, priority_class=tenant)
+            agen = engine.generate(prompt, params, request_id=request_id, salt=tenant, priority_class=tenant, **extra)
         except EngineError as err:
             raise engine_error(err) from err
         return cls(agen, n=params.n, prompt_tokens=len(prompt), started=started)

@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     max_waiting: int = 1024
     admission_gap_ms: float = 1.0  # engine: from idle, gather a burst while arrivals are this close
     admission_max_wait_ms: float = 10.0
+    admission_notice_gap_ms: float = 0.2  # engine: after the last announced request (each /v1 generation is)
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"
     linear_backend: str = "auto"  # "auto": oneDNN prepacked GEMM on CPU | "onednn" | "torch"
@@ -107,6 +108,7 @@ class Settings(BaseSettings):
             max_waiting=self.max_waiting,
             admission_gap_ms=self.admission_gap_ms,
             admission_max_wait_ms=self.admission_max_wait_ms,
+            admission_notice_gap_ms=self.admission_notice_gap_ms,
             enable_prefix_caching=self.enable_prefix_caching,
             attention_backend=self.attention_backend,
             linear_backend=self.linear_backend,

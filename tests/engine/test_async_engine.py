@@ -186,3 +186,96 @@ async def test_a_step_s_outputs_reach_the_loop_in_one_wake_up(make_engine, monke
     assert sum(calls) == outputs and all(len(r[0]) == 6 for r in results)
     # (the live step count: the stats snapshot is taken after a step's outputs are handed over)
     assert len(calls) <= eng.engine.num_steps and max(calls) > 1  # several requests' outputs per call
+
+
+def _first_step_size(eng):
+    """Record how many requests the engine's first step after this call holds."""
+    sizes = []
+    step = eng.engine.step
+
+    def recording_step():
+        outs = step()
+        if not sizes:
+            sizes.append(len(eng.engine.requests) + sum(o.finished for o in outs))
+        return outs
+
+    eng.engine.step = recording_step
+    return sizes
+
+
+async def test_announced_requests_spread_wider_than_the_gap_start_as_one_step(make_engine):
+    """Four requests announced together, handed over 30 ms apart (30x the gap): the idle engine
+    waits for the announced ones and starts them in one step; unannounced, the first starts alone."""
+    for announced in (True, False):
+        eng = await make_engine(admission_gap_ms=1.0, admission_max_wait_ms=2000.0)
+        sizes = _first_step_size(eng)
+        notices = [eng.announce() if announced else None for _ in range(4)]
+        params = SamplingParams(max_tokens=2, **GREEDY)
+
+        async def one(i, notices=notices, eng=eng, params=params):
+            await asyncio.sleep(0.03 * i)  # the admission of each takes longer
+            return await collect(eng, [5, 6, 7, i + 1], params, f"announced-{i}", notice=notices[i])
+
+        results = await asyncio.gather(*(one(i) for i in range(4)))
+        assert all(len(r[0]) == 2 for r in results)
+        assert (sizes[0] == 4) is announced
+        assert eng._burst.open_notices == 0
+
+
+async def test_after_the_last_announced_request_the_engine_waits_only_the_notice_gap(make_engine, monkeypatch):
+    """The waits the step thread sleeps while gathering: the short notice gap once everything
+    announced is in, the full gap for unannounced arrivals."""
+    import engine.arrivals as arrivals
+
+    slept: list[float] = []
+    real_sleep = arrivals.time.sleep
+
+    class Clock:
+        monotonic = staticmethod(arrivals.time.monotonic)
+
+        @staticmethod
+        def sleep(s):
+            slept.append(s)
+            real_sleep(s)
+
+    monkeypatch.setattr(arrivals, "time", Clock)
+    eng = await make_engine(admission_gap_ms=50.0, admission_notice_gap_ms=2.0, admission_max_wait_ms=5000.0)
+    params = SamplingParams(max_tokens=1, **GREEDY)
+    notices = [eng.announce() for _ in range(3)]
+    await asyncio.gather(*(collect(eng, [5, 6, i + 1], params, f"n{i}", notice=n) for i, n in enumerate(notices)))
+    assert slept and all(s == pytest.approx(0.002) for s in slept)
+    slept.clear()
+    await collect(eng, [5, 6, 9], params, "plain")
+    assert slept and slept[0] == pytest.approx(0.05)
+
+
+async def test_a_withdrawn_or_dropped_notice_does_not_hold_the_burst(make_engine):
+    """A request refused before the engine (its notice closed) or a notice dropped unclosed must
+    not keep the engine waiting for max_wait (here 60 s)."""
+    eng = await make_engine(admission_gap_ms=1.0, admission_max_wait_ms=60_000.0)
+    params = SamplingParams(max_tokens=1, **GREEDY)
+    refused, dropped, sent = eng.announce(), eng.announce(), eng.announce()
+    assert eng._burst.open_notices == 3
+
+    async def later():
+        await asyncio.sleep(0.05)
+        refused.close()
+        refused.close()  # idempotent
+
+    task = asyncio.ensure_future(later())
+    del dropped  # garbage: closes itself
+    tokens, _, _ = await asyncio.wait_for(collect(eng, [5, 6, 7], params, "sent", notice=sent), timeout=20)
+    await task
+    assert len(tokens) == 1 and eng._burst.open_notices == 0
+
+
+async def test_a_request_the_engine_refuses_closes_its_notice(make_engine):
+    eng = await make_engine(admission_gap_ms=1.0, admission_max_wait_ms=60_000.0)
+    notice = eng.announce()
+    with pytest.raises(PromptTooLongError):
+        await collect(eng, list(range(3, 3 + eng.max_model_len)), SamplingParams(max_tokens=1, **GREEDY), "long",
+                      notice=notice)
+    assert not notice.open and eng._burst.open_notices == 0
+    with eng.announce() as spare:  # the context manager form
+        assert eng._burst.open_notices == 1
+    assert not spare.open and eng._burst.open_notices == 0

@@ -307,3 +307,50 @@ def test_a_client_that_leaves_while_its_request_is_queued_aborts_it_at_once(api,
     while time.monotonic() < deadline and api_engine.engine.has_unfinished_requests():
         time.sleep(0.05)
     assert not api_engine.engine.has_unfinished_requests()
+
+
+def test_generation_requests_announce_themselves_and_no_notice_outlives_its_request(api, api_engine,  # noqa: ANN001
+                                                                                    monkeypatch) -> None:
+    """Each /v1 generation request announces itself to the engine as it arrives (the idle engine
+    waits for announced requests instead of a gap of silence); whatever the outcome (answered,
+    streamed, refused by validation, by the model check, by the quota, or left by its client), its
+    notice is consumed or closed, not left for the garbage collector's safety net."""
+    import openai
+
+    from engine.arrivals import ArrivalNotice
+
+    dropped_open: list[ArrivalNotice] = []
+
+    def record_drop(self):  # noqa: ANN001, ANN202
+        if self.open:
+            dropped_open.append(self)
+            self.close()
+
+    monkeypatch.setattr(ArrivalNotice, "__del__", record_drop)
+    gate = api_engine._burst
+    issued = gate._issued
+    client = api.openai()
+    client.chat.completions.create(**chat_body(api, max_tokens=2))
+    for _ in client.chat.completions.create(**chat_body(api, max_tokens=2, stream=True)):
+        pass
+    client.completions.create(model=api.model, prompt="Once upon", max_tokens=2)
+    with pytest.raises(openai.BadRequestError):  # context length
+        client.chat.completions.create(**chat_body(api, max_tokens=10**6))
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(**chat_body(api, model="no-such-model"))
+    _, poor = api.make_tenant(budget_tokens=1, tpm=0)
+    with pytest.raises(openai.RateLimitError):
+        api.openai(poor).chat.completions.create(**chat_body(api))
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", headers=headers(api), timeout=120,
+                      json=chat_body(api, "Count to one thousand.", stream=True, max_tokens=300, ignore_eos=True)) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and '"content":"' in line:
+                break  # leave mid-stream
+    client.models.list()  # not a generation: no notice
+    httpx.post(api.base_url + "/v1/embeddings", headers=headers(api), timeout=120,
+               json={"model": "all-minilm-l6-v2", "input": "hi"})
+    assert gate._issued - issued == 7
+    deadline = time.monotonic() + 30
+    while gate.open_notices and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gate.open_notices == 0 and not dropped_open
