@@ -157,3 +157,24 @@ def test_max_token_chars_bounds_every_token(tok):
 def test_image_parts_are_refused(tok):
     with pytest.raises(ValueError):
         render_chat(tok, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_the_compiled_template_renders_what_apply_chat_template_does(tok):
+    """SmolLM2's template takes the direct path; its text equals transformers' for every case
+    (the default system prompt added when there is none included)."""
+    renderer = ChatRenderer(tok)
+    assert renderer._template is not None
+    for messages in [*CASES, *([{"role": "user", "content": c}] for c in INJECTIONS)]:
+        plain = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
+                  else "".join(p["text"] for p in m["content"])} for m in messages]
+        assert renderer._text(plain) == tok.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+
+
+def test_a_template_that_disagrees_on_the_probes_is_not_used(tok, monkeypatch):
+    from engine import tokenizer as module
+
+    real = module.ChatTemplate.render
+    monkeypatch.setattr(module.ChatTemplate, "render", lambda self, msgs: real(self, msgs) + " ")
+    renderer = ChatRenderer(tok)
+    assert renderer._template is None
+    assert renderer.render(CASES[0]) == _expected(tok, CASES[0])
