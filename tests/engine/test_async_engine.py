@@ -147,21 +147,27 @@ async def test_chat_and_text_prompts(make_engine):
     assert eng.model_id == "tiny" and eng.max_model_len > 0
 
 
+def _first_step_size(eng):
+    """Record how many requests the engine's first step after this call holds."""
+    sizes = []
+    step = eng.engine.step
+
+    def recording_step():
+        outs = step()
+        if not sizes:
+            sizes.append(len(eng.engine.requests) + sum(o.finished for o in outs))
+        return outs
+
+    eng.engine.step = recording_step
+    return sizes
+
+
 @pytest.mark.parametrize("gap_ms, together", [(0.0, False), (60.0, True)])
 async def test_a_burst_from_idle_starts_as_one_step(make_engine, gap_ms, together):
     """Requests arriving 10 ms apart from an idle engine: with an admission gap larger than
     their spacing they all join the first step; with the gap off the first starts alone."""
     eng = await make_engine(admission_gap_ms=gap_ms, admission_max_wait_ms=500.0)
-    first_step_sizes = []
-    step = eng.engine.step
-
-    def recording_step():
-        outs = step()
-        if not first_step_sizes:
-            first_step_sizes.append(len(eng.engine.requests) + sum(o.finished for o in outs))
-        return outs
-
-    eng.engine.step = recording_step
+    first_step_sizes = _first_step_size(eng)
     params = SamplingParams(max_tokens=2, **GREEDY)
 
     async def one(i):
@@ -186,21 +192,6 @@ async def test_a_step_s_outputs_reach_the_loop_in_one_wake_up(make_engine, monke
     assert sum(calls) == outputs and all(len(r[0]) == 6 for r in results)
     # (the live step count: the stats snapshot is taken after a step's outputs are handed over)
     assert len(calls) <= eng.engine.num_steps and max(calls) > 1  # several requests' outputs per call
-
-
-def _first_step_size(eng):
-    """Record how many requests the engine's first step after this call holds."""
-    sizes = []
-    step = eng.engine.step
-
-    def recording_step():
-        outs = step()
-        if not sizes:
-            sizes.append(len(eng.engine.requests) + sum(o.finished for o in outs))
-        return outs
-
-    eng.engine.step = recording_step
-    return sizes
 
 
 async def test_announced_requests_spread_wider_than_the_gap_start_as_one_step(make_engine):
