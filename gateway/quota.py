@@ -242,11 +242,8 @@ class QuotaLedger:
                     f"{_describe_budget(principal, a, b)}. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
                     retry_after_s=max(1.0, period_end.timestamp() - now)))
             elif code == -3:
-                requested = ask.prompt_tokens + (1 if ask.max_tokens else 0)
-                out.append(rate_limited(
-                    f"Rate limit reached for tokens per minute: limit {principal.tpm_limit}, used {a}, "
-                    f"requested {requested}. Please try again in {reset_s}.",
-                    retry_after_s=max(1.0, tpm_reset), headers=_tpm_headers(tpm_limit, a, reset_s)))
+                out.append(_tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,
+                                        ask.prompt_tokens + (1 if ask.max_tokens else 0)))
             else:
                 headers = _tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
                 out.append(Reservation(
@@ -338,6 +335,34 @@ async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], t
     async with sessionmaker() as session:
         tokens, usd = (await session.execute(stmt)).one()
     return int(tokens or 0), Decimal(str(usd or 0))
+
+
+def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float:
+    """Seconds until ``need`` more tokens fit the sliding TPM window, if nothing else is charged
+    meanwhile: the window counts ``prev * (1 - frac) + cur`` (``frac``: the elapsed fraction of this
+    minute), so the previous minute's tokens drain linearly until the minute ends, then this
+    minute's become the previous ones and drain in turn. ``need`` over ``limit`` never fits: the
+    time until the window is empty."""
+    left_s = 60.0 * (1.0 - frac)
+    if need > limit:
+        return left_s + 60.0
+    if cur + need <= limit:  # before this minute ends, as the previous minute's tokens drain
+        return 0.0 if prev <= 0 else max(0.0, 60.0 * (1.0 - frac - (limit - need - cur) / prev))
+    return left_s + 60.0 * (1.0 - (limit - need) / cur)  # in the next minute, as this one's drain
+
+
+def _tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int) -> ApiError:
+    """429 for a request that does not fit the TPM window: its ``retry-after`` and
+    ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first)."""
+    wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # the window's count is floored
+    reset = format_reset(wait_s)
+    if requested > limit:
+        message = (f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
+                   f"Send fewer tokens.")
+    else:
+        message = (f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
+                   f"{requested}. Please try again in {reset}.")
+    return rate_limited(message, retry_after_s=wait_s, headers=_tpm_headers(limit, used, reset))
 
 
 def _tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:

@@ -15,7 +15,8 @@
 -- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else the
 -- counter's epoch ('' without a counter; settlements are matched against it), then per request
 -- 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after
---        or -2, tok_used, usd_used, 0, 0 (budget exhausted)   or -3, tpm_used, 0, 0, 0 (TPM)
+--        or -2, tok_used, usd_used, 0, 0 (budget exhausted)
+--        or -3, tpm_used, previous minute's count, this minute's count, 0 (TPM: when it fits again)
 local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch')
 local counted = counter[1] ~= false
 if not counted and ARGV[8] ~= '1' then return {-1} end
@@ -39,10 +40,10 @@ for _, id in ipairs(stale) do
 end
 
 local btok, busd, tpm, frac = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local tpm_used = 0
+local tpm_used, cur, prev = 0, 0, 0
 if tpm > 0 then
-  local cur = tonumber(redis.call('GET', KEYS[4]) or '0')
-  local prev = tonumber(redis.call('GET', KEYS[5]) or '0')
+  cur = tonumber(redis.call('GET', KEYS[4]) or '0')
+  prev = tonumber(redis.call('GET', KEYS[5]) or '0')
   tpm_used = math.floor(prev * (1 - frac) + cur)
 end
 
@@ -75,7 +76,7 @@ for base = 9, #ARGV, 6 do
   if code == -2 then
     out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -2, tok_used, usd_used, 0, 0
   elseif code == -3 then
-    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -3, tpm_used, 0, 0, 0
+    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -3, tpm_used, prev, cur + add_tpm, 0
   else
     local tokens = prompt + allowed
     local usd = math.ceil(prompt * pp + allowed * cp)

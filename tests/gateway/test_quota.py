@@ -369,3 +369,57 @@ async def test_a_settled_reservation_is_not_charged_again_in_the_same_epoch(tena
     r.settled = False
     assert await tenancy.quota.settle(r, prompt_tokens=5, completion_tokens=5) is False
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 10
+
+
+def _window_after(limit, prev, cur, frac, t):  # noqa: ANN001, ANN202
+    """What the sliding TPM window counts ``t`` seconds from now, nothing else charged."""
+    f = frac + t / 60.0
+    if f < 1.0:
+        return prev * (1.0 - f) + cur
+    f -= 1.0  # the next minute: this minute's tokens are the previous ones
+    return cur * (1.0 - f) if f < 1.0 else 0.0
+
+
+def test_tpm_wait_is_when_the_request_fits_again():
+    """``tpm_wait_s``: the request fits at the time it gives and not a second before it, before and
+    after the minute's boundary (the window drains linearly)."""
+    from gateway.quota import tpm_wait_s
+
+    cases = 0
+    for limit in (100, 1000):
+        for prev in (0, limit // 3, limit):
+            for cur in (0, limit // 2, limit - 5, limit):
+                for frac in (0.0, 0.25, 0.9):
+                    for need in (1, 32, limit // 2):
+                        if prev * (1 - frac) + cur + need <= limit:
+                            continue  # fits now: never refused
+                        wait = tpm_wait_s(limit, prev, cur, frac, need)
+                        assert 0 < wait <= 120
+                        assert _window_after(limit, prev, cur, frac, wait + 1e-6) + need <= limit + 1e-6
+                        if wait >= 1:
+                            assert _window_after(limit, prev, cur, frac, wait - 1) + need > limit
+                        cases += 1
+    assert cases > 50
+    assert tpm_wait_s(100, 0, 0, 0.5, 101) == pytest.approx(90.0)  # never fits: until the window is empty
+
+
+async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
+    """The whole window charged this minute: a 32-token request fits once ~32 of this minute's 100
+    tokens have drained in the next one, ~19 s after the boundary, not at the boundary."""
+    import time
+
+    p = await _principal(tenancy, make_tenant, tpm=100)
+    await tenancy.quota.reserve(p, model="m", prompt_tokens=30, max_tokens=70)
+    before = time.time()
+    with pytest.raises(ApiError) as e:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=31, max_tokens=5)
+    after = time.time()
+    wait_ms = int(e.value.headers["retry-after-ms"])
+    boundary_ms = [(60 - t % 60) * 1000 for t in (after, before)]  # from the call's end and start
+    assert boundary_ms[0] + 19_200 - 50 <= wait_ms <= boundary_ms[1] + 19_200 + 50
+    assert int(e.value.headers["retry-after"]) == -(-wait_ms // 1000)
+    assert e.value.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert "Please try again in" in e.value.message
+    with pytest.raises(ApiError) as big:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=150, max_tokens=5)
+    assert big.value.message.startswith("Request too large for tokens per minute: limit 100, requested 151")
