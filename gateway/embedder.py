@@ -45,6 +45,7 @@ class Embedder:
         self.model = SentenceTransformer(self.model_path, device=device)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimensions = int(get_dim() or DIMENSIONS)
+        self.max_input_tokens = int(self.model.get_max_seq_length() or 512)  # longer inputs are refused
         self.batch_size = batch_size
         self.max_batch_texts = max_batch_texts
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedder")
@@ -60,10 +61,9 @@ class Embedder:
         return np.asarray(vectors, dtype=np.float32)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
-        """Tokens per text as the model sees them (including [CLS]/[SEP], truncated to its max length)."""
-        tok = self.model.tokenizer
-        limit = int(self.model.get_max_seq_length() or 512)
-        return [min(len(ids), limit) for ids in tok(list(texts), add_special_tokens=True)["input_ids"]]
+        """Tokens per text, [CLS]/[SEP] included, not truncated (the model reads at most
+        ``max_input_tokens`` of them)."""
+        return [len(ids) for ids in self.model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
 
     async def acount_tokens(self, texts: list[str]) -> list[int]:
         """``count_tokens`` on the embedder's thread (the tokenizer is not shared across threads)."""
@@ -119,12 +119,14 @@ class SharedEmbedder:
     def __init__(self, inner: object) -> None:
         self.inner = inner
         self.dimensions = DIMENSIONS
+        self.max_input_tokens = 256
 
     @classmethod
     async def load(cls, inner: object) -> SharedEmbedder:
         shared = cls(inner)
         await inner.ready()  # type: ignore[attr-defined]  # loads on its thread
         shared.dimensions = int(inner.dim)  # type: ignore[attr-defined]  # loaded: no blocking now
+        shared.max_input_tokens = int(inner.max_tokens or 256)  # type: ignore[attr-defined]  # its max_seq_length
         return shared
 
     async def aembed(self, texts: list[str]) -> np.ndarray:
@@ -133,8 +135,7 @@ class SharedEmbedder:
     async def acount_tokens(self, texts: list[str]) -> list[int]:
         def count() -> list[int]:
             model = self.inner._load()  # type: ignore[attr-defined]
-            limit = int(model.get_max_seq_length() or 512)
-            return [min(len(ids), limit) for ids in model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+            return [len(ids) for ids in model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
 
         executor = self.inner._executor  # type: ignore[attr-defined]  # the thread that owns its model
         return await asyncio.get_running_loop().run_in_executor(executor, count)

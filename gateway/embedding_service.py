@@ -10,7 +10,7 @@ import numpy as np
 
 from gateway.accounting import RequestAccount
 from gateway.deps import Caller
-from gateway.errors import invalid_request, model_not_found, permission_denied
+from gateway.errors import ApiError, invalid_request, model_not_found, permission_denied
 from gateway.schemas import EmbeddingItem, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from gateway.settings import Settings
 
@@ -47,6 +47,13 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
         raise invalid_request(f"dimensions must be at most {embedder.dimensions} for {model}.",
                               param="dimensions")
     counts = await embedder.acount_tokens(texts)
+    limit = embedder.max_input_tokens
+    too_long = next((i for i, n in enumerate(counts) if n > limit), None)
+    if too_long is not None:  # as OpenAI and vLLM: refused, not silently cut
+        which = "Your input" if isinstance(body.input, str) else f"Input {too_long}"
+        raise ApiError(400, f"This model's maximum context length is {limit} tokens. {which} has "
+                            f"{counts[too_long]} tokens. Please shorten it.", "invalid_request_error",
+                       "context_length_exceeded", "input")
     prompt_tokens = sum(counts)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=model, endpoint="embeddings", started=caller.started)

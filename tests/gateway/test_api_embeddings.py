@@ -102,3 +102,17 @@ def test_one_minilm_when_the_cache_is_on(api_cached) -> None:  # noqa: ANN001
     got = np.array([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
     assert np.allclose(got, expected, atol=1e-5)
     assert resp.json()["usage"]["prompt_tokens"] == sum(counts)
+
+
+@pytest.mark.parametrize("server", ["api", "api_cached"])
+def test_an_input_longer_than_the_model_reads_is_refused(server, request) -> None:  # noqa: ANN001
+    """All-MiniLM reads 256 tokens: a longer input is a 400 ``context_length_exceeded`` naming it
+    (as OpenAI and vLLM do), not embedded from its first 256 tokens; 256 exactly still passes."""
+    api = request.getfixturevalue(server)
+    client = api.openai()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.embeddings.create(model="all-MiniLM-L6-v2", input=["short", "word " * 1000])
+    assert err.value.code == "context_length_exceeded" and err.value.param == "input"
+    assert "Input 1 has 1002 tokens" in err.value.message and "256 tokens" in err.value.message
+    fits = client.embeddings.create(model="all-MiniLM-L6-v2", input="word " * 254)  # + [CLS], [SEP]
+    assert fits.usage.prompt_tokens == 256
