@@ -159,9 +159,12 @@ class RequestLimiter:
     @staticmethod
     def _windows(p: Principal) -> list[tuple[str, tuple[str, ...], int]]:
         """(scope, limits identifiers, limit) of the key's and the tenant's windows; the tenant's
-        hash tag leads the identifiers so both windows live in one Redis Cluster slot."""
+        hash tag leads the identifiers so both windows live in one Redis Cluster slot. A key whose
+        limit is not below its tenant's (the tenant's, inherited) has no window of its own: the
+        tenant's counts all its keys' requests, so it always binds first (and a refusal names it)."""
         tag = f"{{t:{p.tenant_id}}}"
-        return [("API key", (tag, "k", str(p.key_id)), p.rpm_limit),
+        key_rpm = 0 if 0 < p.tenant_rpm <= p.rpm_limit else p.rpm_limit
+        return [("API key", (tag, "k", str(p.key_id)), key_rpm),
                 ("organization", (tag, "t"), p.tenant_rpm)]
 
     async def reset(self, principal: Principal) -> None:

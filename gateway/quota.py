@@ -379,5 +379,15 @@ def _describe_budget(p: Principal, tok_used: int, usd_units: int) -> str:
     if p.budget_tokens is not None:
         parts.append(f"{tok_used} of {p.budget_tokens} tokens used")
     if p.budget_usd is not None:
-        parts.append(f"${units_to_usd(usd_units):.4f} of ${p.budget_usd:.4f} used")
+        parts.append(f"{format_usd(units_to_usd(usd_units))} of {format_usd(Decimal(p.budget_usd))} used")
     return ", ".join(parts) or "budget exhausted"
+
+
+def format_usd(value: Decimal) -> str:
+    """Dollars to the cent, or to two significant digits for an amount under a dollar (down to the
+    ledger's 1e-8): $12.35, $0.50, $0.0042, $0.00002."""
+    if value == 0 or abs(value) >= 1:
+        return f"${value:,.2f}"
+    places = max(2, min(8, -value.copy_abs().adjusted() + 1))
+    whole, _, frac = f"{value:.{places}f}".partition(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"

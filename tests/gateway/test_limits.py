@@ -44,6 +44,21 @@ async def test_key_rpm_enforced_with_headers(tenancy, make_tenant):
     assert "API key" in err.message
 
 
+async def test_a_key_without_its_own_limit_is_refused_by_its_tenants(tenancy, make_tenant):
+    """The key inherits the tenant's 3 a minute: the refusal names the organization's limit (the
+    one that binds: it counts every key), and the key gets no window of its own in Redis."""
+    _, key, _ = await make_tenant(rpm=3)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    assert p.rpm_limit == p.tenant_rpm == 3
+    for _ in range(3):
+        await tenancy.limiter.check_request(p)
+    with pytest.raises(ApiError) as e:
+        await tenancy.limiter.check_request(p)
+    assert "limit 3 per minute for this organization" in e.value.message
+    own = [k async for k in tenancy.redis.scan_iter(match=f"{tenancy.limiter.key_prefix}*/k/{p.key_id}/*")]
+    assert own == []
+
+
 async def test_tenant_rpm_spans_keys_and_limiter_instances(tenancy, make_tenant):
     """Two keys of one tenant, two limiter instances (as two processes): the tenant's 4 rpm hold."""
     from gateway import tenancy as svc

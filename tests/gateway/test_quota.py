@@ -82,6 +82,7 @@ async def test_money_budget_clamps_at_model_prices(tenancy, make_tenant):
     with pytest.raises(ApiError) as e:
         await tenancy.quota.reserve(p, model="priced", prompt_tokens=1, max_tokens=1)
     assert e.value.code == "insufficient_quota"
+    assert "$0.0003 of $0.0003 used" in e.value.message  # not "$0.0000 of $0.0000"
     await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=25)
     tok, usd = await tenancy.quota.usage(p.tenant_id)
     assert (tok, usd) == (125, Decimal("0.00015"))
@@ -423,3 +424,12 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
     with pytest.raises(ApiError) as big:
         await tenancy.quota.reserve(p, model="m", prompt_tokens=150, max_tokens=5)
     assert big.value.message.startswith("Request too large for tokens per minute: limit 100, requested 151")
+
+
+def test_money_is_shown_to_the_cent_or_to_two_significant_digits():
+    from gateway.quota import format_usd
+
+    shown = {v: format_usd(Decimal(v)) for v in ("0", "12.5", "1234.5", "0.5", "0.0042", "0.00002", "0.000123456",
+                                                  "0.00000001")}
+    assert shown == {"0": "$0.00", "12.5": "$12.50", "1234.5": "$1,234.50", "0.5": "$0.50", "0.0042": "$0.0042",
+                     "0.00002": "$0.00002", "0.000123456": "$0.00012", "0.00000001": "$0.00000001"}
