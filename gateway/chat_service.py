@@ -137,6 +137,11 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
         return
     if body.tools or body.functions:
         raise unsupported("tools" if body.tools else "functions", "Tools are not supported by this model.")
+    for i, m in enumerate(body.messages):  # dropped, the conversation would read differently
+        for field in ("tool_calls", "function_call"):
+            if getattr(m, field):
+                raise unsupported(f"messages[{i}].{field}", "Tool calls are not supported by this model; "
+                                                            "send the conversation without them.")
     if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
         raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",
                           "Tools are not supported by this model.")

@@ -52,6 +52,8 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: Text | None = None
+    tool_calls: Any = None  # an earlier turn's tool calls: refused by the service (no tools here)
+    function_call: Any = None
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:

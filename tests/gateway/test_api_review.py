@@ -43,6 +43,12 @@ def test_a_lone_surrogate_is_a_400_not_a_500(api, path, body, param) -> None:  #
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"messages": [{"role": "user", "content": "Weather?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+                   {"role": "user", "content": "Well?"}]}, "messages[1].tool_calls"),
+    ({"messages": [{"role": "assistant", "content": "", "function_call": {"name": "w", "arguments": "{}"}},
+                   {"role": "user", "content": "Well?"}]}, "messages[0].function_call"),
 ])
 def test_known_fields_the_engine_cannot_honour_are_refused_not_ignored(api, fields, param) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
@@ -65,7 +71,8 @@ def test_a_user_message_needs_content(api, message, param) -> None:  # noqa: ANN
 
 
 def test_an_assistant_turn_may_omit_its_content(api) -> None:  # noqa: ANN001
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant"}, {"role": "user", "content": "Bye"}]
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": []},  # none: harmless
+                {"role": "user", "content": "Bye"}]
     assert post(api, "/v1/chat/completions", chat(api, messages=messages)).status_code == 200
 
 
