@@ -34,6 +34,12 @@ from gateway.settings import Settings
 
 log = logging.getLogger("pagegate.app")
 
+# what a page may read of a response: the request id, the rate-limit and cache headers
+CORS_EXPOSED_HEADERS = [
+    "x-request-id", "retry-after", "retry-after-ms", "x-cache", "x-cache-similarity",
+    *(f"x-ratelimit-{what}-{unit}" for unit in ("requests", "tokens") for what in ("limit", "remaining", "reset")),
+]
+
 
 async def _build_engine(settings: Settings) -> EngineClient:
     from engine.async_engine import AsyncEngine
@@ -118,6 +124,13 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(ClientIPLimitMiddleware)  # inside the request context: 429s carry x-request-id
     app.add_middleware(RequestContextMiddleware)
+    origins = [o.strip() for o in settings.cors_allow_origins.split(",") if o.strip()]
+    if origins:  # outermost: a preflight is answered before any limit or key check
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["*"],  # the SDKs send their own (x-stainless-*, openai-*)
+                           expose_headers=CORS_EXPOSED_HEADERS, max_age=600)
     for router in ROUTERS:
         app.include_router(router)
     admin_router = _admin_router(settings)

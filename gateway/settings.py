@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     access_log: bool = True
     # a request body over this many bytes is refused with 413 (a whole context of text is ~100 KB)
     max_request_bytes: int = Field(default=8 * 2**20, ge=1024)
+    # browsers may call the API from these origins (comma-separated, "*" for any; empty: no CORS,
+    # preflights get 405): the API keys then live in those pages, so list only your own apps
+    cors_allow_origins: str = ""
 
     # storage
     database_url: str = "sqlite+aiosqlite:///./data/pagegate.db"

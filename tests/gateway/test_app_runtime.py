@@ -60,3 +60,34 @@ async def test_heap_frozen_while_serving_then_unfrozen(tmp_path, sqlite_url, red
     assert gc.get_freeze_count() == 0
     assert not any(isinstance(cb, Refreezer) for cb in gc.callbacks)
     assert Settings.model_fields["gc_freeze"].default is True
+
+
+@pytest.mark.parametrize("origins", ["https://app.example, https://admin.example", ""])
+async def test_cors_only_for_the_configured_origins(tmp_path, sqlite_url, redis_prefix, origins):
+    """``cors_allow_origins``: a browser page of a listed origin gets its preflight answered (the
+    SDK's own headers allowed) and may read the request id and rate-limit headers, errors
+    included; another origin's preflight is refused; unset, there is no CORS at all."""
+    import httpx
+
+    from gateway.settings import Settings
+
+    settings = Settings(database_url=sqlite_url, redis_url=TENANCY_REDIS_URL, redis_prefix=redis_prefix,
+                        data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
+                        load_engine=False, cache_enabled=False, cors_allow_origins=origins)
+    app = create_app(settings)
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type, x-stainless-os"}
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        resp = await client.options("/v1/chat/completions", headers=preflight)
+        if not origins:
+            assert resp.status_code == 405 and "access-control-allow-origin" not in resp.headers
+            return
+        assert resp.status_code == 200 and resp.headers["access-control-allow-origin"] == "https://app.example"
+        assert "x-stainless-os" in resp.headers["access-control-allow-headers"].lower()
+        refused = await client.options("/v1/chat/completions", headers={**preflight, "origin": "https://evil.example"})
+        assert refused.status_code == 400
+        call = await client.get("/v1/models", headers={"origin": "https://admin.example", "authorization": "Bearer no"})
+        assert call.status_code == 401 and call.json()["error"]["code"] == "invalid_api_key"
+        assert call.headers["access-control-allow-origin"] == "https://admin.example"
+        assert "x-request-id" in call.headers["access-control-expose-headers"]
