@@ -6,6 +6,7 @@ lifespan and tears it down in reverse order:
     → engine (in-process AsyncEngine, unless handed one or ``load_engine=False``)
     → semantic cache (when ``cache_enabled``)
     → per-client-IP limit on /v1 (slowapi, when ``ip_rpm`` > 0)
+    → the event loop's lag, watched (``gateway.loop_lag``: /metrics, a warning in the log)
     → garbage collector: what is alive now frozen out of its sight (``gateway.heap``)
 
 Tests hand in their own ``engine`` (shared by the session) or ``services``; what is handed in is
@@ -28,6 +29,7 @@ from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
 from gateway.heap import tune_gc
 from gateway.ip_limit import ClientIPLimitMiddleware
+from gateway.loop_lag import LoopLagMonitor
 from gateway.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from gateway.routes import ROUTERS
 from gateway.settings import Settings
@@ -107,8 +109,11 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
                                              redis=getattr(svc, "redis", None))
                 stack.push_async_callback(ip_limiter.aclose)
                 app.state.limiter = ip_limiter.limiter  # slowapi's convention
+            loop_lag = LoopLagMonitor()
+            loop_lag.start()
+            stack.push_async_callback(loop_lag.stop)
             state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder,
-                             ip_limiter=ip_limiter)
+                             ip_limiter=ip_limiter, loop_lag=loop_lag)
             app.state.pagegate = state
             stack.callback(tune_gc(settings))
             try:

@@ -1,4 +1,5 @@
-"""GET /health (liveness + engine stats, no auth) and GET /metrics (the same, as JSON numbers)."""
+"""GET /health (liveness + engine stats, no auth) and GET /metrics (the same, as JSON numbers, with
+the event loop's lag: ``gateway.loop_lag``)."""
 
 import dataclasses
 import time
@@ -36,4 +37,6 @@ async def metrics(state: StateDep) -> JSONResponse:
         stats = _engine_stats(state)
     except Exception:
         stats = None
-    return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats})
+    loop_lag = state.loop_lag.snapshot() if state.loop_lag is not None else None
+    return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
+                         "event_loop": loop_lag})
