@@ -207,6 +207,11 @@ async def main(args: argparse.Namespace) -> None:
                       f"p99 {pct(a['lat'], 99) / pct(b['lat'], 99):.2f}x, "
                       f"CPU per request {(a['cpu'] / na) / (b['cpu'] / nb):.2f}x "
                       f"(loop thread {(a['loop_cpu'] / na) / max(1e-9, b['loop_cpu'] / nb):.2f}x)")
+        for s in servers:  # gateway.loop_lag, from the server's own loop, over the whole run
+            loop = (s.metrics().get("event_loop") or {}) if s.proc.poll() is None else {}
+            if loop:
+                print(f"  {s.name}: the server's event loop lagged at most {loop['lag_ms_worst']:.1f} ms "
+                      f"(stalls over {loop['stall_threshold_ms']:g} ms: {loop['stalls_total']})")
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
     finally:
         for s in servers:

@@ -41,7 +41,13 @@ class GatewayProcess:
                 time.sleep(0.2)
 
     def health(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+        return self._get("/health")
+
+    def metrics(self) -> dict:
+        return self._get("/metrics")
+
+    def _get(self, path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
             return json.loads(r.read())
 
     def cpu_s(self) -> tuple[float, float]:
