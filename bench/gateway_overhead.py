@@ -213,29 +213,30 @@ class Bench:
     def length(self) -> int:
         return self.rng.randint(*self.lengths)
 
-    async def admit(self, max_tokens: int = 1, notice=None):  # noqa: ANN001, ANN201
+    async def admit(self, max_tokens: int = 1, announce: bool = False):  # noqa: ANN201
         """The gateway's work before the engine: per-address limit, auth, RPM, quota reservation.
-        ``notice`` (the engine's ``announce()``, taken where the app's request context takes it,
-        before all of this) is closed when the request is refused."""
+        With ``announce``, the engine's notice is taken where the app takes it (``gateway.deps``:
+        once the key is known, before the RPM check) and closed if the request is refused;
+        returns (principal, reservation, notice)."""
+        s, skip = self.services, self.leave_out
+        notice = None
         try:
-            return await self._admit(max_tokens)
+            if "ip" not in skip:
+                await self.ip_limiter.check(self.client_request)
+            principal = await s.auth.authenticate(f"Bearer {self.key}")
+            if announce:
+                notice = self.engine.announce()
+            if "rpm" not in skip:
+                await s.limiter.check_request(principal)
+            if "reserve" in skip:
+                return principal, _Unreserved(max_tokens), notice
+            res = await s.quota.reserve(principal, model=self.engine.model_id, prompt_tokens=len(self.prompt),
+                                        max_tokens=max_tokens)
+            return principal, res, notice
         except BaseException:
             if notice is not None:
                 notice.close()
             raise
-
-    async def _admit(self, max_tokens: int):  # noqa: ANN202
-        s, skip = self.services, self.leave_out
-        if "ip" not in skip:
-            await self.ip_limiter.check(self.client_request)
-        principal = await s.auth.authenticate(f"Bearer {self.key}")
-        if "rpm" not in skip:
-            await s.limiter.check_request(principal)
-        if "reserve" in skip:
-            return principal, _Unreserved(max_tokens)
-        res = await s.quota.reserve(principal, model=self.engine.model_id, prompt_tokens=len(self.prompt),
-                                    max_tokens=max_tokens)
-        return principal, res
 
     async def finish(self, principal, res, completion: int, started: float) -> None:  # noqa: ANN001
         """The gateway's work after the engine: price, usage row, settle; like the app
@@ -282,8 +283,7 @@ class Bench:
         timeline = self.timeline
         if timeline is not None:
             timeline.mark("start")
-        notice = None if "notice" in self.leave_out else self.engine.announce()
-        principal, res = await self.admit(n, notice)
+        principal, res, notice = await self.admit(n, announce="notice" not in self.leave_out)
         t1 = time.perf_counter()
         if timeline is not None:
             timeline.mark("admitted")
@@ -300,7 +300,7 @@ class Bench:
 
     async def alone(self, lat: list[float], part: list[float]) -> None:
         t0 = time.perf_counter()
-        principal, res = await self.admit()
+        principal, res, _ = await self.admit()
         await self.finish(principal, res, 1, t0)
         lat.append((time.perf_counter() - t0) * 1000)
         part.append(lat[-1])

@@ -5,8 +5,8 @@ admission (the gateway's limits and quota) one after the other. Started at the f
 step would hold a few of them and the rest would wait a whole step. So, woken from idle, the step
 thread waits for the burst, in one of two ways:
 
-- **announced arrivals** (the gateway): a caller takes an ``ArrivalNotice`` when a request starts
-  its admission and hands it to ``generate`` (or closes it when the request will not come). While
+- **announced arrivals** (the gateway): a caller takes an ``ArrivalNotice`` while a request is
+  still in its admission (the gateway: once its key is known) and hands it to ``generate`` (or closes it when the request will not come). While
   notices are open the thread waits for them; when the last one is in, it waits only
   ``notice_gap`` more (for a request whose admission is only starting) and steps;
 - **unannounced arrivals** (direct callers): it waits while commands keep coming within ``gap`` of
@@ -50,10 +50,15 @@ class ArrivalNotice:
 
 class BurstGate:
     """The counters behind the two waits. Every method but ``announce``/``withdraw`` is called with
-    ``cv`` held (the engine's command condition); ``gather`` releases it while it waits."""
+    ``cv`` held (the engine's command condition); ``gather`` releases it while it waits. ``cv`` must
+    be reentrant (``threading.Condition()``'s default RLock): a notice's ``__del__`` may run on a
+    thread that already holds it (each update under it is a single statement, so re-entering one
+    leaves the counts right)."""
 
     def __init__(self, cv: threading.Condition, *, gap_ms: float, notice_gap_ms: float,
                  max_wait_ms: float) -> None:
+        if not isinstance(cv._lock, type(threading.RLock())):  # type: ignore[attr-defined]
+            raise TypeError("BurstGate needs a condition over a reentrant lock")
         self._cv = cv
         self.gap = gap_ms / 1000
         self.notice_gap = min(notice_gap_ms, gap_ms) / 1000

@@ -6,8 +6,8 @@
 
 The step loop never runs on the event loop; it sleeps on a condition while idle and is woken
 by new commands. Woken from idle, it waits for the rest of the burst (``engine.arrivals``): for the
-requests announced with ``announce()`` (the gateway announces each request as its admission
-starts), or, for unannounced ones, while they keep arriving within ``admission_gap_ms`` of each
+requests announced with ``announce()`` (the gateway announces each request once its key is
+known, before its rate limit and quota), or, for unannounced ones, while they keep arriving within ``admission_gap_ms`` of each
 other; at most ``admission_max_wait_ms`` in all. So a wave that reaches it spread over a few
 milliseconds (50 clients through the gateway) starts as one step. Closing or cancelling a
 ``generate`` stream aborts its request (blocks freed before the next step). If the loop dies,

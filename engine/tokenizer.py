@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections import OrderedDict
@@ -147,8 +148,11 @@ class ChatTemplate:
             template = cls(_compile_jinja_template(source), _plain_template_data(dict(tokenizer.special_tokens_map)))
             agree = all(template.render(p) == tokenizer.apply_chat_template(p, add_generation_prompt=True,
                                                                             tokenize=False) for p in cls.PROBES)
-        except Exception:  # no template, another transformers: the plain call stays
+        except Exception as exc:  # no template, another transformers, a template refusing a probe
+            logging.getLogger(__name__).debug("chat template rendered through apply_chat_template: %r", exc)
             return None
+        if not agree:
+            logging.getLogger(__name__).debug("chat template rendered through apply_chat_template: probes differ")
         return template if agree else None
 
     def render(self, msgs: list[dict]) -> str:

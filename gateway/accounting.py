@@ -29,10 +29,12 @@ class RequestAccount:
         self.cache = "miss"  # hit | semantic-hit | miss | bypass
         self._closed = False
 
-    async def reserve(self, *, prompt_tokens: int, max_tokens: int) -> int:
-        """Reserve quota; returns the (possibly clamped) max_tokens. Raises ApiError 429."""
+    async def reserve(self, *, prompt_tokens: int, max_tokens: int, min_tokens: int = 1) -> int:
+        """Reserve quota; returns the (possibly clamped) max_tokens, never below ``min_tokens``.
+        Raises ApiError 429."""
         self.reservation = await self._services.quota.reserve(
-            self.principal, model=self.model, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+            self.principal, model=self.model, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+            min_tokens=min_tokens)
         return int(self.reservation.max_tokens)
 
     @property

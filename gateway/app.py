@@ -129,7 +129,7 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(ClientIPLimitMiddleware)  # inside the request context: 429s carry x-request-id
     app.add_middleware(RequestContextMiddleware)
-    origins = [o.strip() for o in settings.cors_allow_origins.split(",") if o.strip()]
+    origins = [o.strip().rstrip("/") for o in settings.cors_allow_origins.split(",") if o.strip()]
     if origins:  # outermost: a preflight is answered before any limit or key check
         from starlette.middleware.cors import CORSMiddleware
 

@@ -244,7 +244,7 @@ async def run_generation(engine: EngineClient, prompt: list[int], body: ChatComp
                          max_tokens: int, fmt: Format, account: RequestAccount, caller: Caller, *,
                          store: Store | None = None) -> Response:
     n = body.n
-    reserved = await account.reserve(prompt_tokens=len(prompt), max_tokens=max_tokens * n)
+    reserved = await account.reserve(prompt_tokens=len(prompt), max_tokens=max_tokens * n, min_tokens=n)
     caller.response_headers.update(account.headers)
     gen: Generation | None = None
     try:

@@ -74,13 +74,35 @@ async def authenticate_and_limit(request: Request) -> Caller:
     if state.services is None:
         raise ApiError(503, "The gateway is starting.", "server_error", "unavailable")
     principal = await state.services.auth.authenticate(request.headers.get("authorization"))
+    notice = request.state.engine_notice = announce_generation(request, state.engine)
     headers: dict[str, str] = request.state.response_headers
-    headers.update(await state.services.limiter.check_request(principal))
+    try:
+        headers.update(await state.services.limiter.check_request(principal))
+    except BaseException:
+        if notice is not None:
+            notice.close()
+        raise
     return Caller(state=state, principal=principal, request_id=request.state.request_id,
                   response_headers=headers, receive=request.receive,
                   cache_control=request.headers.get("cache-control"),
-                  started=getattr(request.state, "started", None) or time.perf_counter(),
-                  notice=getattr(request.state, "engine_notice", None))
+                  started=getattr(request.state, "started", None) or time.perf_counter(), notice=notice)
+
+
+GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+def announce_generation(request: Request, engine: EngineClient | None) -> Any:
+    """A chat or text completion whose key is valid is announced to the engine here
+    (``AsyncEngine.announce``): the idle engine waits for announced requests to finish their
+    admission (limits, quota) instead of guessing the end of a burst from gaps between arrivals.
+    After the key check, so neither a body still uploading nor a request without a valid key holds
+    the engine. The notice goes to ``generate`` (``Caller.notice``); the request context withdraws
+    it if the request ends first. None for other routes or an engine that takes no notices."""
+    route = request.scope.get("route")
+    if request.method != "POST" or getattr(route, "path", None) not in GENERATION_ROUTES:
+        return None
+    announce = getattr(engine, "announce", None)
+    return announce() if announce is not None else None
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

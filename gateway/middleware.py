@@ -4,10 +4,8 @@
 - adds ``request.state.response_headers`` (rate-limit, quota, cache headers set while the request
   is handled) to whatever response goes out, streams included;
 - ``BodyLimitMiddleware`` (inside it) refuses bodies over ``PAGEGATE_MAX_REQUEST_BYTES`` with 413;
-- announces each generation request to the engine as it arrives (``AsyncEngine.announce``, kept in
-  ``request.state.engine_notice``; the engine, idle, waits for announced requests to finish their
-  admission instead of guessing the end of a burst), withdrawn when the request ends without
-  reaching the engine (refused, answered from the cache, failed);
+- withdraws the request's engine notice (``request.state.engine_notice``, taken once its key is
+  known: ``gateway.deps``) when the request ends without reaching the engine (refused, failed);
 - the catch-all: an exception nothing else handled becomes a 500 OpenAI error without traceback
   (logged with the request id). Bad input never gets here: it is a 400 from the handlers.
 """
@@ -37,21 +35,8 @@ INTERNAL_ERROR = {
 }
 
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-
-
 def new_request_id() -> str:
     return "req_" + new_hex_id()
-
-
-def announce_generation(scope: Scope) -> object | None:
-    """The engine's ``ArrivalNotice`` for a generation request (None for anything else, or an
-    engine that takes no notices)."""
-    if scope.get("method") != "POST" or scope.get("path") not in GENERATION_PATHS:
-        return None
-    pagegate = getattr(getattr(scope.get("app"), "state", None), "pagegate", None)
-    announce = getattr(getattr(pagegate, "engine", None), "announce", None)
-    return announce() if announce is not None else None
 
 
 class RequestContextMiddleware:
@@ -68,7 +53,7 @@ class RequestContextMiddleware:
         state["started"] = time.perf_counter()
         extra: dict[str, str] = {}
         state["response_headers"] = extra
-        notice = state["engine_notice"] = announce_generation(scope)
+        state["engine_notice"] = None
         started = False
 
         async def send_with_context(message: Message) -> None:
@@ -99,6 +84,7 @@ class RequestContextMiddleware:
             ]})
             await send({"type": "http.response.body", "body": body})
         finally:
+            notice = state.get("engine_notice")
             if notice is not None:
                 notice.close()  # a no-op once the engine took the request
 

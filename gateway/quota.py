@@ -123,6 +123,7 @@ class _Ask:
     price: Price
     prompt_tokens: int
     max_tokens: int
+    min_tokens: int = 1  # the fewest completion tokens worth admitting (0 when none were asked)
     id: str = ""
 
 
@@ -176,16 +177,20 @@ class QuotaLedger:
                 f"{tag}:q:{period_id}", f"{tag}:res", f"{tag}:resdl", f"{tag}:tpm:")
         return keys
 
-    async def reserve(self, principal: Principal, *, model: str, prompt_tokens: int, max_tokens: int) -> Reservation:
+    async def reserve(self, principal: Principal, *, model: str, prompt_tokens: int, max_tokens: int,
+                      min_tokens: int = 1) -> Reservation:
+        """``min_tokens``: below this many completion tokens the request is refused rather than
+        clamped (``n`` choices need ``n``; an embedding asks for none)."""
         if prompt_tokens < 0 or max_tokens < 0:
             raise ValueError("token counts must be >= 0")
+        min_tokens = min(max(1, min_tokens), max_tokens)
         try:
             price = await self._prices.get(model)
         except Exception as exc:  # prices never loaded and the database is unreachable
             raise store_unavailable("price") from exc
         group = (principal.tenant_id, principal.budget_period, principal.budget_tokens, principal.budget_usd,
                  principal.tpm_limit)
-        return await self._batches.submit(group, _Ask(principal, model, price, prompt_tokens, max_tokens))
+        return await self._batches.submit(group, _Ask(principal, model, price, prompt_tokens, max_tokens, min_tokens))
 
     async def _reserve_batch(self, group: tuple, asks: list[_Ask]) -> list[Reservation | ApiError]:
         """One script call for the reservations of one tenant made in one event-loop iteration
@@ -210,7 +215,7 @@ class QuotaLedger:
             if units is None:
                 units = prices[ask.price] = tuple(map(repr, ask.price.units_per_token))
             ask.id = new_hex_id()
-            args += (ask.prompt_tokens, ask.max_tokens, *units, ask.id, 1 if ask.max_tokens > 0 else 0)
+            args += (ask.prompt_tokens, ask.max_tokens, *units, ask.id, ask.min_tokens)
         try:
             result = await self._lane.run(self._reserve, keys=keys, args=args)
             if result[0] == -1:
@@ -243,7 +248,7 @@ class QuotaLedger:
                     retry_after_s=max(1.0, period_end.timestamp() - now)))
             elif code == -3:
                 out.append(_tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,
-                                        ask.prompt_tokens + (1 if ask.max_tokens else 0)))
+                                        ask.prompt_tokens + ask.min_tokens))
             else:
                 headers = _tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
                 out.append(Reservation(
@@ -339,30 +344,34 @@ async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], t
 
 def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float:
     """Seconds until ``need`` more tokens fit the sliding TPM window, if nothing else is charged
-    meanwhile: the window counts ``prev * (1 - frac) + cur`` (``frac``: the elapsed fraction of this
-    minute), so the previous minute's tokens drain linearly until the minute ends, then this
-    minute's become the previous ones and drain in turn. ``need`` over ``limit`` never fits: the
-    time until the window is empty."""
+    meanwhile. The window counts ``floor(prev * (1 - frac) + cur)`` (``frac``: the elapsed fraction
+    of this minute; ``quota_reserve.lua``), so ``need`` fits once that sum is below
+    ``limit - need + 1``: the previous minute's tokens drain linearly until the minute ends, then
+    this minute's become the previous ones and drain in turn. ``need`` over ``limit`` never fits:
+    the time until the window is empty."""
     left_s = 60.0 * (1.0 - frac)
     if need > limit:
         return left_s + 60.0
+    room = limit - need + 1  # the sum must end below this
     if cur + need <= limit:  # before this minute ends, as the previous minute's tokens drain
-        return 0.0 if prev <= 0 else max(0.0, 60.0 * (1.0 - frac - (limit - need - cur) / prev))
-    return left_s + 60.0 * (1.0 - (limit - need) / cur)  # in the next minute, as this one's drain
+        return 0.0 if prev <= 0 else max(0.0, 60.0 * (1.0 - frac - (room - cur) / prev))
+    return left_s + 60.0 * max(0.0, 1.0 - room / cur)  # in the next minute, as this one's drain
 
 
 def _tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int) -> ApiError:
     """429 for a request that does not fit the TPM window: its ``retry-after`` and
     ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first)."""
-    wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # the window's count is floored
+    wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
     reset = format_reset(wait_s)
+    headers = _tpm_headers(limit, used, reset)
     if requested > limit:
+        headers["x-should-retry"] = "false"  # the openai SDKs would retry a 429: this one never fits
         message = (f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
                    f"Send fewer tokens.")
     else:
         message = (f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
                    f"{requested}. Please try again in {reset}.")
-    return rate_limited(message, retry_after_s=wait_s, headers=_tpm_headers(limit, used, reset))
+    return rate_limited(message, retry_after_s=wait_s, headers=headers)
 
 
 def _tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:

@@ -11,7 +11,8 @@
 --         counter cannot be rebuilt: nothing to enforce, the spend is counted by the next rebuild)
 --       then per request, 6 values: prompt tokens, requested max completion tokens,
 --       prompt price (units/token), completion price (units/token), reservation id,
---       min completion tokens that must fit (1, or 0 when 0 were asked)
+--       min completion tokens that must fit (below that: refused, not clamped; n choices need n,
+--       an embedding 0)
 -- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else the
 -- counter's epoch ('' without a counter; settlements are matched against it), then per request
 -- 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after

@@ -311,7 +311,7 @@ def test_a_client_that_leaves_while_its_request_is_queued_aborts_it_at_once(api,
 
 def test_generation_requests_announce_themselves_and_no_notice_outlives_its_request(api, api_engine,  # noqa: ANN001
                                                                                     monkeypatch) -> None:
-    """Each /v1 generation request announces itself to the engine as it arrives (the idle engine
+    """Each /v1 generation request with a valid key announces itself to the engine (the idle engine
     waits for announced requests instead of a gap of silence); whatever the outcome (answered,
     streamed, refused by validation, by the model check, by the quota, or left by its client), its
     notice is consumed or closed, not left for the garbage collector's safety net."""
@@ -346,6 +346,8 @@ def test_generation_requests_announce_themselves_and_no_notice_outlives_its_requ
         for line in resp.iter_lines():
             if line.startswith("data: ") and '"content":"' in line:
                 break  # leave mid-stream
+    with pytest.raises(openai.AuthenticationError):  # no valid key: never announced
+        api.openai("pg-" + "x" * 43).chat.completions.create(**chat_body(api))
     client.models.list()  # not a generation: no notice
     httpx.post(api.base_url + "/v1/embeddings", headers=headers(api), timeout=120,
                json={"model": "all-minilm-l6-v2", "input": "hi"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -373,30 +374,31 @@ async def test_a_settled_reservation_is_not_charged_again_in_the_same_epoch(tena
 
 
 def _window_after(limit, prev, cur, frac, t):  # noqa: ANN001, ANN202
-    """What the sliding TPM window counts ``t`` seconds from now, nothing else charged."""
+    """What the sliding TPM window counts ``t`` seconds from now, nothing else charged, floored as
+    ``quota_reserve.lua`` counts it."""
     f = frac + t / 60.0
     if f < 1.0:
-        return prev * (1.0 - f) + cur
+        return math.floor(prev * (1.0 - f) + cur)
     f -= 1.0  # the next minute: this minute's tokens are the previous ones
-    return cur * (1.0 - f) if f < 1.0 else 0.0
+    return math.floor(cur * (1.0 - f)) if f < 1.0 else 0
 
 
 def test_tpm_wait_is_when_the_request_fits_again():
     """``tpm_wait_s``: the request fits at the time it gives and not a second before it, before and
-    after the minute's boundary (the window drains linearly)."""
+    after the minute's boundary (the window drains linearly; the script floors its count)."""
     from gateway.quota import tpm_wait_s
 
     cases = 0
     for limit in (100, 1000):
         for prev in (0, limit // 3, limit):
-            for cur in (0, limit // 2, limit - 5, limit):
-                for frac in (0.0, 0.25, 0.9):
-                    for need in (1, 32, limit // 2):
-                        if prev * (1 - frac) + cur + need <= limit:
+            for cur in (0, 2, limit // 2, 64, limit - 5, limit):
+                for frac in (0.0, 0.25, 0.9, 0.999):
+                    for need in (1, 32, 35, limit // 2):
+                        if _window_after(limit, prev, cur, frac, 0) + need <= limit:
                             continue  # fits now: never refused
                         wait = tpm_wait_s(limit, prev, cur, frac, need)
-                        assert 0 < wait <= 120
-                        assert _window_after(limit, prev, cur, frac, wait + 1e-6) + need <= limit + 1e-6
+                        assert 0 <= wait <= 120  # (0: it fits the moment the count drops)
+                        assert _window_after(limit, prev, cur, frac, wait + 1e-6) + need <= limit
                         if wait >= 1:
                             assert _window_after(limit, prev, cur, frac, wait - 1) + need > limit
                         cases += 1
@@ -405,10 +407,12 @@ def test_tpm_wait_is_when_the_request_fits_again():
 
 
 async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
-    """The whole window charged this minute: a 32-token request fits once ~32 of this minute's 100
-    tokens have drained in the next one, ~19 s after the boundary, not at the boundary."""
+    """The whole window charged this minute: a 32-token request fits once the count of this
+    minute's 100 tokens drains below 69 in the next one, ~18.6 s after the boundary, not at it."""
     import time
 
+    if time.time() % 60 > 57:  # all of it inside one minute
+        await asyncio.sleep(60 - time.time() % 60 + 0.1)
     p = await _principal(tenancy, make_tenant, tpm=100)
     await tenancy.quota.reserve(p, model="m", prompt_tokens=30, max_tokens=70)
     before = time.time()
@@ -417,13 +421,14 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
     after = time.time()
     wait_ms = int(e.value.headers["retry-after-ms"])
     boundary_ms = [(60 - t % 60) * 1000 for t in (after, before)]  # from the call's end and start
-    assert boundary_ms[0] + 19_200 - 50 <= wait_ms <= boundary_ms[1] + 19_200 + 50
+    assert boundary_ms[0] + 18_600 - 50 <= wait_ms <= boundary_ms[1] + 18_600 + 50
     assert int(e.value.headers["retry-after"]) == -(-wait_ms // 1000)
     assert e.value.headers["x-ratelimit-remaining-tokens"] == "0"
     assert "Please try again in" in e.value.message
     with pytest.raises(ApiError) as big:
         await tenancy.quota.reserve(p, model="m", prompt_tokens=150, max_tokens=5)
     assert big.value.message.startswith("Request too large for tokens per minute: limit 100, requested 151")
+    assert big.value.headers["x-should-retry"] == "false"  # the SDKs would retry a 429 otherwise
 
 
 def test_money_is_shown_to_the_cent_or_to_two_significant_digits():
@@ -433,3 +438,15 @@ def test_money_is_shown_to_the_cent_or_to_two_significant_digits():
                                                   "0.00000001")}
     assert shown == {"0": "$0.00", "12.5": "$12.50", "1234.5": "$1,234.50", "0.5": "$0.50", "0.0042": "$0.0042",
                      "0.00002": "$0.00002", "0.000123456": "$0.00012", "0.00000001": "$0.00000001"}
+
+
+async def test_n_choices_are_refused_rather_than_clamped_below_n(tenancy, make_tenant):
+    """A request for n choices needs n completion tokens at least: below that it is refused by the
+    limit that binds (TPM here), not admitted with fewer tokens than choices."""
+    p = await _principal(tenancy, make_tenant, tpm=100)
+    await tenancy.quota.reserve(p, model="m", prompt_tokens=20, max_tokens=77)  # 97 of 100
+    with pytest.raises(ApiError) as e:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=0, max_tokens=40, min_tokens=4)
+    assert e.value.code == "rate_limit_exceeded" and "requested 4" in e.value.message
+    ok = await tenancy.quota.reserve(p, model="m", prompt_tokens=0, max_tokens=40, min_tokens=3)
+    assert ok.max_tokens == 3
