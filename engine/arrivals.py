@@ -6,9 +6,10 @@ step would hold a few of them and the rest would wait a whole step. So, woken fr
 thread waits for the burst, in one of two ways:
 
 - **announced arrivals** (the gateway): a caller takes an ``ArrivalNotice`` while a request is
-  still in its admission (the gateway: once its key is known) and hands it to ``generate`` (or closes it when the request will not come). While
-  notices are open the thread waits for them; when the last one is in, it waits only
-  ``notice_gap`` more (for a request whose admission is only starting) and steps;
+  still in its admission (the gateway: once its key is known) and hands it to ``generate`` (or
+  closes it when the request will not come). While notices are open the thread waits for them;
+  when the last one is in, it waits only ``notice_gap`` more (for a request whose admission is
+  only starting) and steps;
 - **unannounced arrivals** (direct callers): it waits while commands keep coming within ``gap`` of
   each other, counted in whole gaps from the first (the end of a burst guessed from silence).
 

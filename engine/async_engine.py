@@ -5,13 +5,13 @@
     per-request asyncio.Queue ◄── loop.call_soon_threadsafe(put) ── RequestOutput deltas
 
 The step loop never runs on the event loop; it sleeps on a condition while idle and is woken
-by new commands. Woken from idle, it waits for the rest of the burst (``engine.arrivals``): for the
-requests announced with ``announce()`` (the gateway announces each request once its key is
-known, before its rate limit and quota), or, for unannounced ones, while they keep arriving within ``admission_gap_ms`` of each
-other; at most ``admission_max_wait_ms`` in all. So a wave that reaches it spread over a few
-milliseconds (50 clients through the gateway) starts as one step. Closing or cancelling a
-``generate`` stream aborts its request (blocks freed before the next step). If the loop dies,
-every pending stream gets ``EngineDeadError``.
+by new commands. Woken from idle, it waits for the rest of the burst (``engine.arrivals``): for
+the requests announced with ``announce()`` (the gateway announces each request once its key is
+known, before its rate limit and quota), or, for unannounced ones, while they keep arriving
+within ``admission_gap_ms`` of each other; at most ``admission_max_wait_ms`` in all. So a wave
+that reaches it spread over a few milliseconds (50 clients through the gateway) starts as one
+step. Closing or cancelling a ``generate`` stream aborts its request (blocks freed before the
+next step). If the loop dies, every pending stream gets ``EngineDeadError``.
 """
 
 from __future__ import annotations

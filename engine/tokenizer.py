@@ -8,6 +8,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 
 def load_tokenizer(model_dir: str | Path):
     """The directory's tokenizer, or None when it has no tokenizer files (token-id-only use)."""
@@ -149,11 +151,12 @@ class ChatTemplate:
             agree = all(template.render(p) == tokenizer.apply_chat_template(p, add_generation_prompt=True,
                                                                             tokenize=False) for p in cls.PROBES)
         except Exception as exc:  # no template, another transformers, a template refusing a probe
-            logging.getLogger(__name__).debug("chat template rendered through apply_chat_template: %r", exc)
+            log.debug("chat template rendered through apply_chat_template: %r", exc)
             return None
         if not agree:
-            logging.getLogger(__name__).debug("chat template rendered through apply_chat_template: probes differ")
-        return template if agree else None
+            log.debug("chat template rendered through apply_chat_template: the probes differ")
+            return None
+        return template
 
     def render(self, msgs: list[dict]) -> str:
         return self._compiled.render(messages=msgs, tools=None, documents=None, add_generation_prompt=True,

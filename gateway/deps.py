@@ -62,7 +62,7 @@ class Caller:
     receive: Receive
     cache_control: str | None
     started: float
-    notice: Any = None  # engine.arrivals.ArrivalNotice from the request context, for generate()
+    notice: Any = None  # engine.arrivals.ArrivalNotice (announce_generation), for generate()
 
 
 def get_state(request: Request) -> AppState:
