@@ -3,7 +3,7 @@
 concurrent clients; optionally against a baseline source tree in the same run.
 
     python bench/gateway_http.py [--clients 50] [--requests 10] [--single 200] [--rounds 3]
-        [--baseline-root DIR] [--path /v1/chat/completions|/health] [--system-prompt-tokens N]
+        [--baseline-root DIR | --workers N,M] [--path /v1/chat/completions|/health] [--system-prompt-tokens N]
 
 Each server runs in its own process with the settings ``bench/gateway_overhead.py --http`` uses
 (SmolLM2-135M, ``max_tokens=1``, Redis DB 2 under a unique prefix, a SQLite database in a temporary
@@ -70,7 +70,8 @@ async def make_tenant(database_url: str) -> str:
 class Server(GatewayProcess):
     """``python -m gateway.serve`` from ``root`` in its own process."""
 
-    def __init__(self, name: str, root: Path, tmp: Path, redis_url: str, prefix: str, key_db: str) -> None:
+    def __init__(self, name: str, root: Path, tmp: Path, redis_url: str, prefix: str, key_db: str,
+                 workers: int | None = None) -> None:
         self.name = name
         env = {**os.environ, "PAGEGATE_DATABASE_URL": key_db, "PAGEGATE_REDIS_URL": redis_url,
                "PAGEGATE_REDIS_PREFIX": prefix, "PAGEGATE_DATA_DIR": str(tmp / name),
@@ -78,7 +79,8 @@ class Server(GatewayProcess):
                "PAGEGATE_IP_RPM": "1000000000", "PAGEGATE_DEFAULT_RPM": "0", "PAGEGATE_DEFAULT_TPM": "0",
                "PAGEGATE_MODEL": MODEL, "PAGEGATE_NUM_BLOCKS": "1024", "PAGEGATE_MAX_MODEL_LEN": "2048",
                "PAGEGATE_MAX_NUM_SEQS": "64", "PAGEGATE_MAX_NUM_BATCHED_TOKENS": "2048",
-               "PAGEGATE_LOG_LEVEL": "warning", "PAGEGATE_WEIGHTS_CACHE_DIR": str(ROOT / "data" / "weights")}
+               "PAGEGATE_LOG_LEVEL": "warning", "PAGEGATE_WEIGHTS_CACHE_DIR": str(ROOT / "data" / "weights"),
+               **({"PAGEGATE_WORKERS": str(workers)} if workers else {})}
         super().__init__(free_port(), env, tmp / f"{name}.log", cwd=root, wait=False)
 
     def steps(self) -> int:
@@ -140,11 +142,13 @@ async def phase(server: Server, request: bytes, n_clients: int, n_requests: int)
             lat.append((time.perf_counter() - t0) * 1000)
 
     await asyncio.gather(*(c.call() for c in clients))  # connect (not measured)
+    await asyncio.sleep(0.3)  # that request's engine step in the figures (a worker's arrive every 0.2 s)
     steps0, (cpu0, loop0) = server.steps(), server.cpu_s()
     t0 = time.perf_counter()
     await asyncio.gather(*(run(c) for c in clients))
     wall = time.perf_counter() - t0
     cpu1, loop1 = server.cpu_s()
+    await asyncio.sleep(0.3)  # a worker's engine figures arrive every 0.2 s (engine.ipc.STATS_INTERVAL_S)
     steps = server.steps() - steps0
     for c in clients:
         c.close()
@@ -162,20 +166,23 @@ async def main(args: argparse.Namespace) -> None:
     redis_url = os.environ.get("PAGEGATE_REDIS_URL", "redis://127.0.0.1:6379/2")
     from gateway.ids import new_hex_id
 
-    roots = [("this", ROOT)] + ([("baseline", Path(args.baseline_root).resolve())] if args.baseline_root else [])
+    roots = [("this", ROOT, None)] + ([("baseline", Path(args.baseline_root).resolve(), None)]
+                                      if args.baseline_root else [])
+    if args.workers:  # the same tree with each number of worker processes
+        roots = [(f"w{n}", ROOT, n) for n in args.workers]
     servers: list[Server] = []
     keys: dict[str, str] = {}
     prefixes: list[str] = []
     try:
-        for name, root in roots:
+        for name, root, workers in roots:
             db_url = f"sqlite+aiosqlite:///{tmp / (name + '.db')}"
             keys[name] = await make_tenant(db_url)
             prefixes.append(f"pghttp:{new_hex_id()[:8]}:")
-            servers.append(Server(name, root, tmp, redis_url, prefixes[-1], db_url))
+            servers.append(Server(name, root, tmp, redis_url, prefixes[-1], db_url, workers))
         for s in servers:  # both load at once; serving starts when both are ready
             s.wait_ready()
         print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; {args.path}; servers: "
-              + ", ".join(f"{s.name} ({r})" for s, (_, r) in zip(servers, roots, strict=True)), flush=True)
+              + ", ".join(f"{s.name} ({r})" for s, (_, r, _) in zip(servers, roots, strict=True)), flush=True)
         requests = {s.name: build_request(s.port, keys[s.name], args.path, system_tokens=args.system_prompt_tokens)
                     for s in servers}
         for s in servers:  # warm-up: compiles, connection pools, the key cache, prices
@@ -199,9 +206,10 @@ async def main(args: argparse.Namespace) -> None:
             print(f"{label:<14}{name:<10}{n:>6}{pct(r['lat'], 50):>9.2f}{pct(r['lat'], 99):>9.2f}"
                   f"{n / r['wall']:>8.1f}{r['cpu'] * 1000 / n:>11.3f}{r['loop_cpu'] * 1000 / n:>12.3f}{per_step:>9}")
         if len(servers) == 2:
-            print("\nthis / baseline:")
+            first, second = servers[0].name, servers[1].name
+            print(f"\n{first} / {second}:")
             for label in dict.fromkeys(k[0] for k in results):
-                a, b = results[(label, "this")], results[(label, "baseline")]
+                a, b = results[(label, first)], results[(label, second)]
                 na, nb = len(a["lat"]), len(b["lat"])
                 print(f"  {label}: p50 {pct(a['lat'], 50) / pct(b['lat'], 50):.2f}x, "
                       f"p99 {pct(a['lat'], 99) / pct(b['lat'], 99):.2f}x, "
@@ -233,6 +241,8 @@ if __name__ == "__main__":
     ap.add_argument("--single", type=int, default=200, help="one-client requests in all (0: skip)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline-root", default=None, help="also run a server from this source tree")
+    ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="N,M",
+                    help="compare this tree served with N and with M worker processes (pagegate serve --workers)")
     ap.add_argument("--path", default="/v1/chat/completions", choices=("/v1/chat/completions", "/health"))
     ap.add_argument("--system-prompt-tokens", type=int, default=0, metavar="N",
                     help="put a system prompt of ~N tokens, the same in every request, before the user's message")

@@ -51,15 +51,33 @@ class GatewayProcess:
             return json.loads(r.read())
 
     def cpu_s(self) -> tuple[float, float]:
-        """(all threads, the main = event-loop thread) user + system CPU seconds so far."""
+        """(all threads, the main = event-loop threads) user + system CPU seconds so far, of the
+        server process and its children (``--workers``: the engine process and the workers)."""
         tck = os.sysconf("SC_CLK_TCK")
 
-        def read(path: str) -> float:
-            fields = Path(path).read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / tck
+        def fields(path: str) -> list[str]:
+            return Path(path).read_text().rsplit(")", 1)[1].split()
 
-        pid = self.proc.pid
-        return read(f"/proc/{pid}/stat"), read(f"/proc/{pid}/task/{pid}/stat")
+        def cpu(f: list[str]) -> float:
+            return (int(f[11]) + int(f[12])) / tck
+
+        pids, parents = [self.proc.pid], {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    parents[int(entry.name)] = int(fields(f"/proc/{entry.name}/stat")[1])
+                except (OSError, IndexError, ValueError):
+                    pass
+        for pid in pids:  # breadth-first over the tree
+            pids += [child for child, parent in parents.items() if parent == pid]
+        total = loop = 0.0
+        for pid in pids:
+            try:
+                total += cpu(fields(f"/proc/{pid}/stat"))
+                loop += cpu(fields(f"/proc/{pid}/task/{pid}/stat"))
+            except OSError:  # exited meanwhile
+                pass
+        return total, loop
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -190,7 +190,30 @@ class AsyncEngine:
             if not finished:
                 self._send(_Abort(request_id))
 
-    def _register(self, prompt: str | list[int], params: SamplingParams, request_id: str) -> tuple[list[int], _Stream]:
+    def submit(
+        self, prompt: str | list[int], params: SamplingParams, *, request_id: str, sink,  # noqa: ANN001
+        salt: str | None = None, priority_class: str | None = None, notice: ArrivalNotice | None = None,
+    ) -> None:
+        """``generate`` for a consumer that is not a coroutine (``engine.ipc``'s server: no task per
+        request). Each ``RequestOutput``, or the exception that ends the request, goes to
+        ``sink.put_nowait`` on this event loop. After the finished output or an exception the
+        consumer calls ``release(request_id)``; ``release(request_id, abort=True)`` stops it early.
+        Raises what ``generate`` raises before its first yield."""
+        try:
+            ids, _stream = self._register(prompt, params, request_id, sink)
+        except BaseException:
+            if notice is not None:
+                notice.close()
+            raise
+        self._send(_Add(request_id, ids, params, salt, priority_class), notice)
+
+    def release(self, request_id: str, *, abort: bool = False) -> None:
+        """Forget a ``submit``-ted request; with ``abort`` (it has not finished) stop it in the engine."""
+        if self._streams.pop(request_id, None) is not None and abort:
+            self._send(_Abort(request_id))
+
+    def _register(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                  queue=None) -> tuple[list[int], _Stream]:  # noqa: ANN001
         """Check a new request and open its stream (raises what ``generate`` documents)."""
         engine = self._require()
         if self._dead is not None:
@@ -206,7 +229,7 @@ class AsyncEngine:
         stats = self._stats
         if stats is not None and stats.waiting + len(self._cmds) >= self.config.max_waiting:
             raise EngineOverloadedError("the engine's waiting queue is full; retry later")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue() if queue is None else queue)
         self._streams[request_id] = stream
         if self._dead is not None:  # died between the check above and the registration
             self._streams.pop(request_id, None)

@@ -3,7 +3,8 @@ lifespan and tears it down in reverse order:
 
     Redis url (PAGEGATE_REDIS_URL, else an embedded Redis server)
     → tenancy services (database, Redis client, auth, limits, quota, usage writer, prices)
-    → engine (in-process AsyncEngine, unless handed one or ``load_engine=False``)
+    → engine (in-process AsyncEngine, or ``engine.ipc.RemoteEngine`` when ``engine_socket`` names an
+      engine process; none when handed one or ``load_engine=False``)
     → semantic cache (when ``cache_enabled``)
     → per-client-IP limit on /v1 (slowapi, when ``ip_rpm`` > 0)
     → the event loop's lag, watched (``gateway.loop_lag``: /metrics, a warning in the log)
@@ -44,6 +45,12 @@ CORS_EXPOSED_HEADERS = [
 
 
 async def _build_engine(settings: Settings) -> EngineClient:
+    if settings.engine_socket:  # a worker of `pagegate serve --workers N`: the engine has its own process
+        from engine.ipc import RemoteEngine
+
+        remote = RemoteEngine(settings.engine_socket)
+        await remote.start()  # waits for the engine process to listen; loads the tokenizer here
+        return remote
     from engine.async_engine import AsyncEngine
 
     engine = AsyncEngine(settings.engine_config())

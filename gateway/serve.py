@@ -1,4 +1,5 @@
-"""``pagegate serve [--host H] [--port P] [--dev]``: the gateway under uvicorn.
+"""``pagegate serve [--host H] [--port P] [--dev] [--workers N]``: the gateway under uvicorn (with
+``--workers`` above 1, N worker processes in front of one engine process: ``gateway.workers``).
 
 Before serving: start an embedded Redis when ``PAGEGATE_REDIS_URL`` is unset, upgrade the
 database schema (``alembic upgrade head``), and in dev mode (``make run``) on an empty database
@@ -27,6 +28,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, help="port (default: PAGEGATE_PORT, else 8000)")
     p.add_argument("--dev", action="store_true",
                    help="development mode: on an empty database create a 'default' tenant and print a key")
+    p.add_argument("--workers", type=int,
+                   help="HTTP worker processes in front of one engine process (default: PAGEGATE_WORKERS, else 1: "
+                        "one process serves everything)")
     p.set_defaults(func=run)
 
 
@@ -122,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
         updates["port"] = args.port
     if args.dev:
         updates["dev_mode"] = True
+    if getattr(args, "workers", None) is not None:
+        if not 1 <= args.workers <= 64:
+            print("error: --workers must be between 1 and 64", file=sys.stderr, flush=True)
+            return 2
+        updates["workers"] = args.workers
     settings = settings.model_copy(update=updates)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -150,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print("pagegate dev mode: the database already has tenants; create a key with "
                       "`pagegate admin keys create --tenant default`.", flush=True)
+        if settings.workers > 1:
+            from gateway.workers import run_workers
+
+            return run_workers(settings)
         uvicorn.run(create_app(settings), **uvicorn_options(settings))
     finally:
         if embedded is not None:

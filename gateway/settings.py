@@ -25,6 +25,13 @@ class Settings(BaseSettings):
     # browsers may call the API from these origins (comma-separated, "*" for any; empty: no CORS,
     # preflights get 405): the API keys then live in those pages, so list only your own apps
     cors_allow_origins: str = ""
+    # HTTP worker processes. Above 1, `pagegate serve` runs the engine in a process of its own and
+    # this many workers in front of it on one port, each admitting its share of the requests on
+    # its own core (README, Workers); 1: one process serves everything
+    workers: int = Field(default=1, ge=1, le=64)
+    # a worker's engine: the Unix socket of an engine process (`pagegate serve --workers` sets it);
+    # unset: the engine runs in this process
+    engine_socket: str | None = None
 
     # storage
     database_url: str = "sqlite+aiosqlite:///./data/pagegate.db"

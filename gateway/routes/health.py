@@ -2,6 +2,7 @@
 the event loop's lag: ``gateway.loop_lag``)."""
 
 import dataclasses
+import os
 import time
 
 from fastapi import APIRouter
@@ -38,5 +39,6 @@ async def metrics(state: StateDep) -> JSONResponse:
     except Exception:
         stats = None
     loop_lag = state.loop_lag.snapshot() if state.loop_lag is not None else None
+    # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
-                         "event_loop": loop_lag})
+                         "event_loop": loop_lag, "pid": os.getpid()})

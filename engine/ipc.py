@@ -1,0 +1,544 @@
+"""The engine in its own process, reached over a Unix socket by several front processes.
+
+    front process (gateway worker)             engine process
+    RemoteEngine.generate ── "add" ────────►   EngineServer ─► AsyncEngine.submit ─► step thread
+    async iterator        ◄─ "out" (a step's outputs for this front, one frame) ──┘
+
+One event loop runs a front's HTTP, auth, limits and quota; with one process it also feeds the
+engine, so a wave of 50 requests is admitted one after the other on one core. With the engine
+here, each front process admits its share of the wave on its own core and hands the requests
+over; the engine's own process does nothing else (vLLM's split between its API servers and its
+engine core).
+
+``RemoteEngine`` fills ``engine.protocol.EngineClient`` like ``AsyncEngine`` does: the same
+errors before the first output (``PromptTooLongError``, ``EngineOverloadedError``,
+``EngineDeadError``, ``ValueError``), closing the stream aborts the request, ``announce()``
+notices reach the engine's burst gate. It tokenizes in its own process (the engine sends where
+its tokenizer lies), so prompts are rendered on the fronts' cores too.
+
+Wire: frames of a 4-byte big-endian length and a pickled list of messages (tuples); each side
+sends at most one frame per event-loop turn (a step's outputs for one front go in one frame).
+Unpickling admits only the engine's own data classes and builtins. The socket is created
+owner-only (0600) in a directory the caller owns: only the same user's processes connect.
+If the engine process goes away, every open stream of a front gets ``EngineDeadError`` and
+``is_dead`` turns true (the gateway answers 503); the supervisor (``pagegate serve --workers``)
+stops the whole service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import itertools
+import logging
+import os
+import pickle
+import struct
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from engine.outputs import (
+    CompletionDelta,
+    EngineDeadError,
+    EngineError,
+    EngineOverloadedError,
+    EngineStats,
+    PromptTooLongError,
+    RequestOutput,
+)
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+MAX_FRAME = 256 * 1024 * 1024  # a longer length is a broken or hostile peer: the connection is dropped
+STATS_INTERVAL_S = 0.2  # how often the engine process pushes its figures to the fronts
+# a front handed finished requests is expected back this long (its clients' next requests): see
+# ``_ServerConn.expect_return``
+RETURN_WAIT_S = 0.02
+
+_ALLOWED = {
+    ("engine.outputs", "RequestOutput"): RequestOutput,
+    ("engine.outputs", "CompletionDelta"): CompletionDelta,
+    ("engine.outputs", "EngineStats"): EngineStats,
+    ("engine.sampling_params", "SamplingParams"): SamplingParams,
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        cls = _ALLOWED.get((module, name))
+        if cls is None:
+            raise pickle.UnpicklingError(f"engine ipc: {module}.{name} is not allowed on the wire")
+        return cls
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _frame(messages: list) -> bytes:
+    body = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+class _Framed(asyncio.Protocol):
+    """Frames in, frames out; outgoing messages of one event-loop turn go in one frame."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._outbox: list = []
+        self._flush_scheduled = False
+        self._loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, message: tuple) -> None:
+        self._outbox.append(message)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        box, self._outbox = self._outbox, []
+        if box and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_frame(box))
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos = 0
+        while len(buf) - pos >= 4:
+            (size,) = _HEADER.unpack_from(buf, pos)
+            if size > MAX_FRAME:
+                log.error("engine ipc: a frame of %d bytes; dropping the connection", size)
+                self.transport.close()
+                return
+            if len(buf) - pos - 4 < size:
+                break
+            try:
+                messages = _loads(bytes(buf[pos + 4:pos + 4 + size]))
+            except Exception:  # noqa: BLE001 - a broken peer: drop it, never the process
+                log.exception("engine ipc: an unreadable frame; dropping the connection")
+                self.transport.close()
+                return
+            pos += 4 + size
+            for message in messages:
+                self.received(message)
+        if pos:
+            del buf[:pos]
+
+    def received(self, message: tuple) -> None:
+        raise NotImplementedError
+
+
+# ---- errors on the wire -----------------------------------------------------------------------
+
+def _encode_error(exc: BaseException) -> tuple:
+    if isinstance(exc, PromptTooLongError):
+        return ("too_long", exc.prompt_tokens, exc.max_model_len)
+    if isinstance(exc, EngineOverloadedError):
+        return ("overloaded", str(exc))
+    if isinstance(exc, EngineDeadError):
+        return ("dead", str(exc))
+    if isinstance(exc, ValueError):
+        return ("value", str(exc))
+    return ("engine", f"{type(exc).__name__}: {exc}")
+
+
+def _decode_error(code: tuple) -> BaseException:
+    kind = code[0]
+    if kind == "too_long":
+        return PromptTooLongError(code[1], code[2])
+    if kind == "overloaded":
+        return EngineOverloadedError(code[1])
+    if kind == "dead":
+        return EngineDeadError(code[1])
+    if kind == "value":
+        return ValueError(code[1])
+    return EngineError(code[1])
+
+
+# ---- the engine process's side ----------------------------------------------------------------
+
+class EngineServer:
+    """Serves an ``AsyncEngine`` (started by the caller) on a Unix socket at ``path``."""
+
+    def __init__(self, engine: Any, path: str | Path) -> None:
+        self.engine = engine
+        self.path = str(path)
+        self._server: asyncio.AbstractServer | None = None
+        self._conns: set[_ServerConn] = set()
+        self._ids = itertools.count(1)
+        self._stats_task: asyncio.Task | None = None
+
+    def info(self) -> dict:
+        eng = self.engine
+        return {"model_id": eng.model_id, "max_model_len": eng.max_model_len, "vocab_size": eng.vocab_size,
+                "max_prompt_chars": eng.max_prompt_chars, "model_dir": str(eng.engine.model_dir),
+                "stats": eng.stats(), "pid": os.getpid()}
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        old = os.umask(0o177)  # the socket is born owner-only
+        try:
+            self._server = await asyncio.get_running_loop().create_unix_server(
+                lambda: _ServerConn(self, next(self._ids)), self.path)
+        finally:
+            os.umask(old)
+        self._stats_task = asyncio.create_task(self._push_stats())
+
+    async def close(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._conns):
+                conn.transport.close()
+            await self._server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    async def _push_stats(self) -> None:
+        last = None
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            stats = self.engine.stats()
+            dead = self.engine.is_dead
+            if (stats, dead) != last:
+                last = (stats, dead)
+                for conn in self._conns:
+                    conn.send(("stats", stats, dead))
+
+
+class _Sink:
+    """Where ``AsyncEngine.submit`` puts one request's outputs: into its front's next frame."""
+
+    __slots__ = ("conn", "rid", "key")
+
+    def __init__(self, conn: _ServerConn, rid: str, key: str) -> None:
+        self.conn, self.rid, self.key = conn, rid, key
+
+    def put_nowait(self, item: RequestOutput | BaseException) -> None:
+        conn = self.conn
+        if isinstance(item, BaseException):
+            conn.finish(self.key)
+            conn.send(("error", self.rid, _encode_error(item)))
+            return
+        if item.finished:
+            conn.finish(self.key)
+            conn.expect_return()
+        # the front reads no metrics; they would grow the frame with every token
+        conn.send(("out", self.rid, RequestOutput(self.rid, item.deltas, item.prompt_tokens,
+                                                 item.cached_prompt_tokens, item.finished)))
+
+
+class _ServerConn(_Framed):
+    def __init__(self, server: EngineServer, conn_id: int) -> None:
+        super().__init__()
+        self.server = server
+        self.engine = server.engine
+        self.prefix = f"f{conn_id}:"  # two fronts may use the same request id
+        self.active: set[str] = set()  # engine request ids still running
+        self.notices: dict[int, Any] = {}
+        self.return_notice: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.server._conns.add(self)
+        self.send(("info", self.server.info()))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._conns.discard(self)
+        for key in list(self.active):  # the front went away: its requests stop, their blocks free
+            self.engine.release(key, abort=True)
+        self.active.clear()
+        for notice in self.notices.values():
+            notice.close()
+        self.notices.clear()
+        self._returned()
+
+    def expect_return(self) -> None:
+        """This front was just handed a finished request: its client's next request is likely on
+        its way, but the front has not read it yet (it is still writing the responses, or waiting
+        for a core). With one front, its own notices cover the wave (each request is announced
+        once its key is known, and one event loop reads the whole wave before any of it is
+        admitted); with several, the fronts run unsynchronised, and a step started on the first
+        front's wave would leave the second's a whole step behind. So the engine, woken from
+        idle, also waits for each such front's first message (a notice or a request), at most
+        ``RETURN_WAIT_S`` after the hand-over and the burst gate's ``max_wait`` in all."""
+        if self.return_notice is None:
+            self.return_notice = self.engine.announce()
+            self._loop.call_later(RETURN_WAIT_S, self._returned, self.return_notice)
+
+    def _returned(self, notice: Any = None) -> None:
+        current = self.return_notice
+        if current is not None and (notice is None or notice is current):
+            self.return_notice = None
+            current.close()
+
+    def finish(self, key: str) -> None:
+        self.active.discard(key)
+        self.engine.release(key)
+
+    def received(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "add":
+            _, rid, prompt, params, salt, priority_class, nid = message
+            notice = self.notices.pop(nid, None) if nid is not None else None
+            key = self.prefix + rid
+            try:
+                self.engine.submit(prompt, params, request_id=key, sink=_Sink(self, rid, key), salt=salt,
+                                   priority_class=priority_class, notice=notice)
+            except Exception as exc:  # noqa: BLE001 - refused: only this request fails
+                self.send(("error", rid, _encode_error(exc)))
+                return
+            self.active.add(key)
+        elif kind == "abort":
+            key = self.prefix + message[1]
+            if key in self.active:
+                self.active.discard(key)
+                self.engine.release(key, abort=True)
+        elif kind == "announce":
+            self.notices[message[1]] = self.engine.announce()
+        elif kind == "withdraw":
+            notice = self.notices.pop(message[1], None)
+            if notice is not None:
+                notice.close()
+        else:
+            log.warning("engine ipc: unknown message %r", kind)
+            return
+        if kind != "abort" and self.return_notice is not None:  # the front is back: its notices take over
+            self._returned()
+
+
+# ---- the front's side -------------------------------------------------------------------------
+
+class RemoteNotice:
+    """``AsyncEngine.announce()``'s notice, held by the engine process: ``close()`` withdraws it."""
+
+    __slots__ = ("_client", "nid", "open")
+
+    def __init__(self, client: _ClientConn, nid: int) -> None:
+        self._client, self.nid, self.open = client, nid, True
+
+    def close(self) -> None:
+        if self.open:
+            self.open = False
+            self._client.send(("withdraw", self.nid))
+
+    def __enter__(self) -> RemoteNotice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if self.open:
+            with contextlib.suppress(Exception):
+                self.close()
+
+
+class _ClientConn(_Framed):
+    def __init__(self, owner: RemoteEngine) -> None:
+        super().__init__()
+        self.owner = owner
+        self.info: asyncio.Future = self._loop.create_future()
+
+    def received(self, message: tuple) -> None:
+        kind = message[0]
+        owner = self.owner
+        if kind == "out":
+            queue = owner._streams.get(message[1])
+            if queue is not None:
+                queue.put_nowait(message[2])
+        elif kind == "error":
+            queue = owner._streams.get(message[1])
+            if queue is not None:
+                queue.put_nowait(_decode_error(message[2]))
+        elif kind == "stats":
+            owner._stats, owner._engine_dead = message[1], message[2]
+        elif kind == "info":
+            if not self.info.done():
+                self.info.set_result(message[1])
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if not self.info.done():
+            self.info.set_exception(EngineDeadError(f"the engine process closed the connection ({exc!r})"))
+        self.owner._lost(exc)
+
+
+class RemoteEngine:
+    """An ``EngineClient`` for an engine served by ``EngineServer`` at ``path``."""
+
+    def __init__(self, path: str | Path, *, connect_timeout_s: float = 600.0) -> None:
+        self.path = str(path)
+        self.connect_timeout_s = connect_timeout_s
+        self.model_id = ""
+        self.max_model_len = 0
+        self.vocab_size: int | None = None
+        self.max_prompt_chars: int | None = None
+        self.engine_pid: int | None = None
+        self._conn: _ClientConn | None = None
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._stats: EngineStats | None = None
+        self._engine_dead = False
+        self._lost_reason: str | None = None
+        self._renderer = None
+        self._notice_ids = itertools.count(1)
+        self._closing = False
+
+    async def start(self) -> None:
+        """Connect (waiting for the engine process to be listening, up to ``connect_timeout_s``),
+        read what the engine serves and load its tokenizer (off the event loop)."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                _, conn = await loop.create_unix_connection(lambda: _ClientConn(self), self.path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise EngineDeadError(f"no engine is listening at {self.path}") from None
+                await asyncio.sleep(0.1)
+        self._conn = conn
+        info = await asyncio.wait_for(conn.info, timeout=max(1.0, deadline - time.monotonic()))
+        self.model_id = info["model_id"]
+        self.max_model_len = info["max_model_len"]
+        self.vocab_size = info["vocab_size"]
+        self.max_prompt_chars = info["max_prompt_chars"]
+        self.engine_pid = info["pid"]
+        self._stats = info["stats"]
+        self._renderer = await asyncio.to_thread(_load_renderer, info["model_dir"])
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
+        self._lost(None)
+
+    @property
+    def is_dead(self) -> bool:
+        return self._lost_reason is not None or self._engine_dead
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self._lost_reason is None:
+            self._lost_reason = "the front is shutting down" if self._closing else \
+                f"the engine process went away ({exc!r})" if exc else "the engine process closed the connection"
+            if not self._closing:
+                log.error("engine ipc: %s", self._lost_reason)
+        dead = EngineDeadError(f"the engine stopped: {self._lost_reason}")
+        for queue in list(self._streams.values()):
+            queue.put_nowait(dead)
+
+    # ---- tokenization (in this process) -----------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self._renderer is None:
+            raise ValueError("this model has no tokenizer; send token ids")
+        return self._renderer.encode(text)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        if self._renderer is None:
+            raise ValueError("this model has no tokenizer; send token ids")
+        return self._renderer.render(messages)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def announce(self) -> RemoteNotice:
+        conn = self._require()
+        notice = RemoteNotice(conn, next(self._notice_ids))
+        conn.send(("announce", notice.nid))
+        return notice
+
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, *, request_id: str,
+        salt: str | None = None, priority_class: str | None = None, notice: RemoteNotice | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        try:
+            conn = self._require()
+            ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if len(ids) + 1 > self.max_model_len:
+                raise PromptTooLongError(len(ids), self.max_model_len)
+            vocab = self.vocab_size
+            if vocab is not None and (not ids or min(ids) < 0 or max(ids) >= vocab
+                                      or any(not 0 <= t < vocab for t in params.stop_token_ids)):
+                raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+        except BaseException:
+            if notice is not None:
+                notice.close()
+            raise
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        nid = None
+        if notice is not None and notice.open:
+            notice.open = False  # consumed by the engine process with the request
+            nid = notice.nid
+        conn.send(("add", request_id, ids, params, salt, priority_class, nid))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and self._conn is not None and self._conn.transport is not None:
+                self._conn.send(("abort", request_id))
+
+    async def abort(self, request_id: str) -> None:
+        if self._conn is not None:
+            self._conn.send(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        """The engine's figures as last pushed (every ``STATS_INTERVAL_S`` while they change)."""
+        if self._stats is None:
+            raise RuntimeError("RemoteEngine.start() has not been awaited")
+        return self._stats
+
+    def _require(self) -> _ClientConn:
+        if self._conn is None:
+            raise RuntimeError("RemoteEngine.start() has not been awaited")
+        if self.is_dead:
+            raise EngineDeadError(f"the engine stopped: {self._lost_reason or 'its step loop crashed'}")
+        return self._conn
+
+
+def _load_renderer(model_dir: str):  # noqa: ANN202
+    from engine.tokenizer import ChatRenderer, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    return None if tokenizer is None else ChatRenderer(tokenizer)
+
+
+async def serve_engine(config: Any, path: str | Path, *, ready: Any = None) -> None:
+    """Run an ``AsyncEngine`` for ``config`` behind an ``EngineServer`` at ``path`` until cancelled.
+    ``ready()`` is called once the socket listens."""
+    from engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine(config)
+    await engine.start()
+    server = EngineServer(engine, path)
+    await server.start()
+    try:
+        if ready is not None:
+            ready()
+        await asyncio.Event().wait()
+    finally:
+        await server.close()
+        await engine.shutdown()

@@ -1,0 +1,261 @@
+"""``pagegate serve --workers N`` (N > 1): one engine process, N HTTP workers in front of it.
+
+    pagegate serve (supervisor: Redis, schema, dev key; starts, watches and stops the others)
+      ├─ engine process   AsyncEngine + engine.ipc.EngineServer on <private dir>/engine.sock
+      ├─ worker 1         uvicorn + the app; RemoteEngine → engine.sock; its own listening socket
+      └─ worker N         (every worker's socket is bound to the same host:port with SO_REUSEPORT:
+                           the kernel spreads the connections over them)
+
+One event loop admits requests one after the other (the key, the limits, the quota, the usage
+row, HTTP and JSON); with N workers a wave of requests is admitted on N cores, and the engine's
+process does nothing else. Redis, the database and the usage spool are shared already (they are
+how several gateway processes behave as one).
+
+Faults: a worker that dies is started again (its socket is held here, so connections wait in
+its queue meanwhile); more than ``MAX_RESTARTS`` in ``RESTART_WINDOW_S`` stops the service. The
+engine process dying stops the service with exit status 1 (its workers answer 503 meanwhile):
+the process manager restarts the whole. SIGTERM or SIGINT stops the workers first (each finishes
+its requests, up to uvicorn's graceful timeout), then the engine. The children are in sessions of
+their own (a terminal's Ctrl+C reaches only the supervisor, which stops them in that order) and
+get SIGTERM if the supervisor itself is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gateway.settings import Settings
+
+log = logging.getLogger("pagegate.workers")
+
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+ENGINE_START_TIMEOUT_S = 900.0  # loading (the first start converts the weights)
+STOP_TIMEOUT_S = 20.0
+
+
+def _die_with_parent() -> None:  # preexec_fn: runs in the child before exec
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def listeners(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` listening sockets on one address (SO_REUSEPORT). Raises OSError if the port is taken."""
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(addr)
+            addr = sock.getsockname()  # port 0: the others join the port the first one got
+            sock.listen(2048)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.run_dir = Path(tempfile.mkdtemp(prefix="pagegate-"))  # 0700: only this user reaches the socket
+        self.socket_path = str(self.run_dir / "engine.sock")
+        self.env = {**os.environ, "PAGEGATE_REDIS_URL": settings.redis_url or "",
+                    "PAGEGATE_ENGINE_SOCKET": self.socket_path, "PAGEGATE_DEV_MODE": "false"}
+        self.engine: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen | None] = []
+        self.socks: list[socket.socket] = []
+        self.restarts: list[float] = []
+        self.stopping = False
+
+    def _spawn(self, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "gateway.workers", *args], env=self.env,
+                                pass_fds=pass_fds, start_new_session=True, preexec_fn=_die_with_parent)
+
+    def _start_worker(self, i: int) -> None:
+        fd = self.socks[i].fileno()
+        self.workers[i] = self._spawn(["worker", "--fd", str(fd), "--index", str(i + 1)], pass_fds=(fd,))
+
+    def _engine_listening(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(self.socket_path)
+                return True
+            except OSError:
+                return False
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            log.info("pagegate: %s: stopping the workers, then the engine", signal.Signals(signum).name)
+        self.stopping = True
+
+    def run(self) -> int:
+        s = self.settings
+        try:
+            self.socks = listeners(s.host, s.port, s.workers)
+        except OSError as exc:
+            print(f"error: cannot listen on {s.host}:{s.port}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return 1
+        old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return self._run()
+        finally:
+            self._stop_all()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            for sock in self.socks:
+                sock.close()
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _run(self) -> int:
+        s = self.settings
+        self.engine = self._spawn(["engine", "--socket", self.socket_path])
+        deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
+        while not self._engine_listening():
+            if self.stopping:
+                return 0
+            if self.engine.poll() is not None:
+                log.error("pagegate: the engine process exited with %s while starting", self.engine.returncode)
+                return 1
+            if time.monotonic() > deadline:
+                log.error("pagegate: the engine process did not listen within %.0f s", ENGINE_START_TIMEOUT_S)
+                return 1
+            time.sleep(0.1)
+        self.workers = [None] * s.workers
+        for i in range(s.workers):
+            self._start_worker(i)
+        port = self.socks[0].getsockname()[1]
+        log.info("pagegate: %d workers on http://%s:%d, the engine in process %d", s.workers, s.host, port,
+                 self.engine.pid)
+        while not self.stopping:
+            time.sleep(0.2)
+            if self.engine.poll() is not None:
+                log.error("pagegate: the engine process exited with %s; stopping the service", self.engine.returncode)
+                return 1
+            for i, proc in enumerate(self.workers):
+                if proc is not None and proc.poll() is not None and not self.stopping:
+                    now = time.monotonic()
+                    self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
+                    if len(self.restarts) > MAX_RESTARTS:
+                        log.error("pagegate: workers exited %d times within %.0f s; stopping the service",
+                                  len(self.restarts), RESTART_WINDOW_S)
+                        return 1
+                    log.error("pagegate: worker %d (process %d) exited with %s; starting it again",
+                              i + 1, proc.pid, proc.returncode)
+                    self._start_worker(i)
+        return 0
+
+    def _stop_all(self) -> None:
+        self._stop([p for p in self.workers if p is not None])
+        if self.engine is not None:
+            self._stop([self.engine])
+
+    @staticmethod
+    def _stop(procs: list[subprocess.Popen]) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for proc in procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("pagegate: process %d did not stop within %.0f s; killing it", proc.pid, STOP_TIMEOUT_S)
+                proc.kill()
+                proc.wait()
+
+
+def run_workers(settings: Settings) -> int:
+    """Serve with ``settings.workers`` workers (``gateway.serve.run`` has prepared Redis and the schema)."""
+    return Supervisor(settings).run()
+
+
+# ---- the children ----------------------------------------------------------------------------
+
+def _engine_main(socket_path: str) -> int:
+    from engine.ipc import serve_engine
+    from gateway.app import apply_gil_switch_interval
+    from gateway.heap import tune_gc
+
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    apply_gil_switch_interval(settings)
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+
+        def ready() -> None:
+            tune_gc(settings)  # the model's objects out of the collector's sight, as in one process
+            log.info("pagegate: the engine serves on %s", socket_path)
+
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve_engine(settings.engine_config(), socket_path, ready=ready)
+
+    _run_loop(main())
+    return 0
+
+
+def _worker_main(fd: int, index: int) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.serve import uvicorn_options
+
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
+    sock = socket.socket(fileno=fd)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))
+    server.run(sockets=[sock])
+    return 0
+
+
+def _run_loop(coro) -> None:  # noqa: ANN001
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.workers", description="pagegate's child processes")
+    sub = parser.add_subparsers(dest="role", required=True)
+    engine = sub.add_parser("engine")
+    engine.add_argument("--socket", required=True)
+    worker = sub.add_parser("worker")
+    worker.add_argument("--fd", type=int, required=True)
+    worker.add_argument("--index", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.role == "engine":
+        return _engine_main(args.socket)
+    return _worker_main(args.fd, args.index)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

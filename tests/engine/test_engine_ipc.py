@@ -1,0 +1,221 @@
+"""The engine behind a Unix socket (``engine.ipc``): a ``RemoteEngine`` streams the same tokens as
+the engine in-process, aborts what it closes, carries the engine's errors and notices, and fails
+its streams (never hangs them) when the engine's side goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+
+import pytest
+
+from engine.async_engine import AsyncEngine
+from engine.ipc import RETURN_WAIT_S, EngineServer, RemoteEngine, _frame, _loads
+from engine.llm_engine import LLMEngine
+from engine.outputs import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from engine.sampling_params import SamplingParams
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+async def served(tiny_model_dir, engine_config, tmp_path):
+    """An AsyncEngine served at a socket, and a factory of RemoteEngines connected to it."""
+    made: list = []
+
+    async def make(**kw):
+        cfg = engine_config(tiny_model_dir, **kw)
+        eng = AsyncEngine(cfg, engine=LLMEngine(cfg), model_id="tiny")
+        await eng.start()
+        server = EngineServer(eng, tmp_path / f"engine{len(made)}.sock")
+        await server.start()
+        made.append((eng, server))
+        return eng, server
+
+    clients: list = []
+
+    async def connect(server):
+        client = RemoteEngine(server.path, connect_timeout_s=5)
+        await client.start()
+        clients.append(client)
+        return client
+
+    yield make, connect
+    for client in clients:
+        await client.shutdown()
+    for eng, server in made:
+        await server.close()
+        await eng.shutdown()
+
+
+async def collect(engine, prompt, params, rid, **kw):
+    tokens, outs = [], []
+    async for out in engine.generate(prompt, params, request_id=rid, **kw):
+        outs.append(out)
+        for d in out.deltas:
+            tokens += d.token_ids
+    return tokens, outs
+
+
+async def test_two_fronts_stream_what_the_engine_makes(served, tiny_model_dir, engine_config):
+    make, connect = served
+    eng, server = await make()
+    a, b = await connect(server), await connect(server)
+    assert (a.model_id, a.max_model_len, a.vocab_size) == ("tiny", eng.max_model_len, eng.vocab_size)
+    prompts = [list(range(i, i + 5 + 7 * i)) for i in range(6)]
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    # the same request id from both fronts: each front has its own namespace in the engine
+    results = await asyncio.gather(*(collect(a if i % 2 else b, p, params, f"r{i // 2}")
+                                     for i, p in enumerate(prompts)))
+    expected = LLMEngine(engine_config(tiny_model_dir)).generate(prompts, params)
+    assert [r[0] for r in results] == expected
+    for _, outs in results:
+        assert outs[-1].finished and len(outs) >= 2 and all(not o.finished for o in outs[:-1])
+    assert eng.stats().kv_blocks_used == 0 and not eng._streams
+
+
+async def test_tokenizes_in_the_front_like_the_engine(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi <|im_end|> there"}]
+    assert client.encode_chat(messages) == eng.encode_chat(messages)
+    assert client.encode("héllo") == eng.encode("héllo")
+    tokens, _ = await collect(client, "hello", SamplingParams(max_tokens=3, **GREEDY), "s")
+    direct, _ = await collect(eng, "hello", SamplingParams(max_tokens=3, **GREEDY), "d")
+    assert tokens == direct
+
+
+async def test_closing_the_stream_aborts_and_frees_blocks(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    agen = client.generate(list(range(1, 40)), SamplingParams(max_tokens=500, **GREEDY), request_id="long")
+    first = await agen.__anext__()
+    assert first.deltas
+    await agen.aclose()
+    for _ in range(200):
+        if eng.stats().kv_blocks_used == 0 and not eng._streams:
+            break
+        await asyncio.sleep(0.01)
+    assert eng.stats().kv_blocks_used == 0 and not eng._streams
+
+
+async def test_a_front_that_goes_away_has_its_requests_stopped(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    agen = client.generate(list(range(1, 40)), SamplingParams(max_tokens=500, **GREEDY), request_id="long")
+    await agen.__anext__()
+    client._conn.transport.abort()  # the front process dies with a request running
+    with pytest.raises(EngineDeadError):
+        await agen.__anext__()
+    for _ in range(200):
+        if not eng._streams and eng.stats().kv_blocks_used == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert not eng._streams and eng.stats().kv_blocks_used == 0
+
+
+async def test_errors_cross_the_socket_as_the_engines_own(served):
+    make, connect = served
+    eng, server = await make(max_waiting=1)
+    client = await connect(server)
+    with pytest.raises(PromptTooLongError) as too_long:
+        await collect(client, list(range(1, 255)) * 5, SamplingParams(max_tokens=2), "x")
+    assert too_long.value.max_model_len == eng.max_model_len
+    with pytest.raises(ValueError, match="token ids"):
+        await collect(client, [1, 10_000], SamplingParams(max_tokens=2), "y")
+    # the engine's own refusal (its queue is full) comes back as the same class
+    eng._stats = dataclasses.replace(eng._stats, waiting=5)  # as if 5 were waiting (idle: nothing overwrites it)
+    with pytest.raises(EngineOverloadedError):
+        await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "z")
+
+
+async def test_notices_reach_the_engines_burst_gate(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    gate = eng._burst
+    kept, dropped = client.announce(), client.announce()
+    for _ in range(100):
+        if gate.open_notices == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert gate.open_notices == 2
+    dropped.close()
+    tokens, _ = await collect(client, [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), "n", notice=kept)
+    assert len(tokens) == 2
+    # the front was handed a finished request: its client's next one is expected, briefly
+    assert gate.open_notices == 1
+    await asyncio.sleep(RETURN_WAIT_S * 3)
+    assert gate.open_notices == 0
+    # a notice left open by a front that goes away is withdrawn with it
+    left_open = client.announce()  # noqa: F841 - held: a dropped notice withdraws itself
+    await asyncio.sleep(0.05)
+    assert gate.open_notices == 1
+    client._conn.transport.abort()
+    for _ in range(100):
+        if gate.open_notices == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert gate.open_notices == 0
+
+
+async def test_streams_fail_when_the_engine_side_goes_away(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    agen = client.generate(list(range(1, 40)), SamplingParams(max_tokens=500, **GREEDY), request_id="long")
+    await agen.__anext__()
+    await server.close()
+    with pytest.raises(EngineDeadError):
+        async for _ in agen:
+            pass
+    assert client.is_dead
+    with pytest.raises(EngineDeadError):
+        await collect(client, [1, 2], SamplingParams(max_tokens=2), "after")
+
+
+async def test_stats_reach_the_front(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    await collect(client, [1, 2, 3], SamplingParams(max_tokens=4, **GREEDY), "a")
+    for _ in range(100):
+        if client.stats().steps == eng.stats().steps:
+            break
+        await asyncio.sleep(0.05)
+    assert client.stats().steps == eng.stats().steps >= 4
+
+
+def test_the_wire_refuses_foreign_classes():
+    import os
+
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        _loads(pickle.dumps([("x", os.system)]))
+    params = SamplingParams(max_tokens=3, stop=["a"])
+    assert _loads(_frame([("add", params)])[4:]) == [("add", params)]
+
+
+async def test_a_front_handed_finished_requests_is_waited_for_until_it_speaks(served):
+    """With several fronts, the engine woken by one front's wave also waits (briefly) for a front
+    that was just handed finished requests: its next message ends the wait, or RETURN_WAIT_S."""
+    make, connect = served
+    eng, server = await make()
+    a, b = await connect(server), await connect(server)
+    gate = eng._burst
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    await asyncio.gather(collect(a, [1, 2, 3], params, "a1"), collect(b, [4, 5, 6], params, "b1"))
+    assert gate.open_notices == 2  # one per front, however many requests it was handed
+    notice = b.announce()  # front b speaks: its own notice replaces the expectation
+    for _ in range(100):
+        if any(c.notices for c in server._conns):
+            break
+        await asyncio.sleep(0.001)
+    assert gate.open_notices == 2  # a's expectation and b's notice
+    assert [c.return_notice is None for c in sorted(server._conns, key=lambda c: c.prefix)] == [False, True]
+    notice.close()
+    await asyncio.sleep(RETURN_WAIT_S * 3)
+    assert gate.open_notices == 0

@@ -1,0 +1,246 @@
+"""``pagegate serve --workers 2`` as an operator runs it: one engine process, two HTTP workers on
+one port. Through HTTP with the official ``openai`` client: both workers answer, streams and usage
+rows are whole, a worker that dies is started again, a SIGTERM stops every process, and an engine
+process that dies stops the service (its workers answer 503 meanwhile, never hang)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway import tenancy as svc
+from gateway.db.session import Database
+
+pytestmark = pytest.mark.slow
+
+REDIS_URL = os.environ.get("PAGEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Service:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.db_url = f"sqlite+aiosqlite:///{tmp / 'w.db'}"
+        self.prefix = f"pgw:{uuid.uuid4().hex[:8]}:"
+        self.key = asyncio.run(self._tenant())
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEGATE_")}
+        env.update(PAGEGATE_DATABASE_URL=self.db_url, PAGEGATE_REDIS_URL=REDIS_URL, PAGEGATE_REDIS_PREFIX=self.prefix,
+                   PAGEGATE_DATA_DIR=str(tmp / "data"), PAGEGATE_USAGE_SPOOL_DIR=str(tmp / "spool"),
+                   PAGEGATE_USAGE_FLUSH_INTERVAL_S="0.05", PAGEGATE_USAGE_DB_INTERVAL_S="0.1",
+                   PAGEGATE_CACHE_ENABLED="false", PAGEGATE_LOG_LEVEL="warning", PAGEGATE_MODEL=MODEL,
+                   PAGEGATE_WEIGHTS_CACHE_DIR=str(ROOT / "data" / "weights"), PAGEGATE_NUM_BLOCKS="256",
+                   PAGEGATE_MAX_MODEL_LEN="1024", PAGEGATE_MAX_NUM_SEQS="16", PAGEGATE_DEVICE="cpu",
+                   PAGEGATE_NUM_THREADS="1")
+        self.log = open(tmp / "serve.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "gateway.serve", "--workers", "2",
+                                      "--port", str(self.port)], env=env, cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+
+    async def _tenant(self) -> str:
+        db = Database(self.db_url)
+        await db.upgrade()
+        async with db.sessionmaker() as s:
+            tenant = await svc.create_tenant(s, name="w", rpm=100_000, tpm=10**8)
+            _, new = await svc.create_api_key(s, tenant_id=tenant.id)
+            await s.commit()
+        await db.dispose()
+        return new.key
+
+    def logs(self) -> str:
+        return (self.tmp / "serve.log").read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.logs()
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError("not healthy in time:\n" + self.logs())
+
+    def pids_serving(self, n: int = 24) -> set[int]:
+        pids = set()
+        for _ in range(n):  # a new connection each: the kernel spreads them over the workers' sockets
+            with httpx.Client() as c:
+                pids.add(c.get(self.url + "/metrics", timeout=10).json()["pid"])
+        return pids
+
+    def roles(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {"engine": [], "worker": []}
+        for pid in _children(self.proc.pid):
+            cmd = _cmdline(pid)
+            for role in out:
+                if f"gateway.workers {role}" in cmd:
+                    out[role].append(pid)
+        return out
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.key, max_retries=0, timeout=120)
+
+    def usage_rows(self) -> list:
+        from sqlalchemy import select
+
+        from gateway.db.models import UsageRecord
+
+        async def rows() -> list:
+            db = Database(self.db_url)
+            try:
+                async with db.sessionmaker() as s:
+                    return list((await s.execute(select(UsageRecord))).scalars())
+            finally:
+                await db.dispose()
+
+        return asyncio.run(rows())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def service(tmp_path):
+    s = Service(tmp_path)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+        from redis import Redis
+
+        r = Redis.from_url(REDIS_URL)
+        keys = list(r.scan_iter(match=s.prefix + "*"))
+        if keys:
+            r.delete(*keys)
+        r.close()
+
+
+def test_two_workers_serve_one_engine(service: Service) -> None:
+    roles = service.roles()
+    assert len(roles["engine"]) == 1 and len(roles["worker"]) == 2, roles
+    assert service.pids_serving() == set(roles["worker"])  # both workers take connections
+    client = service.client()
+    ids = []
+    for i in range(4):  # new connections: both workers hand requests to the one engine
+        with service.client() as c:
+            reply = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": f"Say {i}."}],
+                                              max_tokens=5, temperature=0)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 5
+        ids.append(reply._request_id)  # x-request-id: the usage row's request id
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to three."}], max_tokens=6, temperature=0,
+        stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    # the same greedy request through either worker gives the same text
+    texts = set()
+    for _ in range(4):
+        with service.client() as c:
+            texts.add(c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
+                                           temperature=0).choices[0].text)
+    assert len(texts) == 1
+    with pytest.raises(openai.BadRequestError) as too_long:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 1200}],
+                                       max_tokens=4)
+    assert too_long.value.code == "context_length_exceeded"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        rows = service.usage_rows()
+        if len(rows) >= 9:
+            break
+        time.sleep(0.2)
+    assert {r.request_id for r in rows} >= set(ids)
+    assert sum(r.completion_tokens for r in rows if r.status == "ok") == 5 * 4 + 6 + 4 * 4
+
+
+def test_a_dead_worker_is_started_again_and_sigterm_stops_all(service: Service) -> None:
+    workers = service.roles()["worker"]
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = service.roles()["worker"]
+        if len(now) == 2 and workers[0] not in now:
+            try:
+                if service.pids_serving(12) == set(now):
+                    break
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"worker not replaced: {service.roles()}\n{service.logs()}")
+    reply = service.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                     max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+    children = _children(service.proc.pid)
+    assert service.stop() == 0, service.logs()
+    assert not [p for p in children if _alive(p)]
+    assert "exited with -9; starting it again" in service.logs()
+
+
+def test_engine_death_fails_requests_and_stops_the_service(service: Service) -> None:
+    children = _children(service.proc.pid)
+    (engine,) = service.roles()["engine"]
+    client = service.client()
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell a story."}],
+                                            max_tokens=500, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    os.kill(engine, signal.SIGKILL)
+    with pytest.raises(openai.APIError):  # the stream ends in an error event or a broken connection
+        for _ in stream:
+            pass
+    assert service.proc.wait(60) == 1, service.logs()
+    deadline = time.monotonic() + 30
+    while [p for p in children if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in children if _alive(p)]
+    assert "the engine process exited" in service.logs()
