@@ -79,8 +79,9 @@ class Supervisor:
         self.settings = settings
         self.run_dir = Path(tempfile.mkdtemp(prefix="pagegate-"))  # 0700: only this user reaches the socket
         self.socket_path = str(self.run_dir / "engine.sock")
-        self.env = {**os.environ, "PAGEGATE_REDIS_URL": settings.redis_url or "",
-                    "PAGEGATE_ENGINE_SOCKET": self.socket_path, "PAGEGATE_DEV_MODE": "false"}
+        self.env = {**os.environ, "PAGEGATE_REDIS_URL": settings.redis_url or "", "PAGEGATE_DEV_MODE": "false"}
+        if settings.load_engine:  # PAGEGATE_LOAD_ENGINE=false: workers without an engine (admin, embeddings)
+            self.env["PAGEGATE_ENGINE_SOCKET"] = self.socket_path
         self.engine: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen | None] = []
         self.socks: list[socket.socket] = []
@@ -129,9 +130,10 @@ class Supervisor:
 
     def _run(self) -> int:
         s = self.settings
-        self.engine = self._spawn(["engine", "--socket", self.socket_path])
+        if s.load_engine:
+            self.engine = self._spawn(["engine", "--socket", self.socket_path])
         deadline = time.monotonic() + ENGINE_START_TIMEOUT_S
-        while not self._engine_listening():
+        while self.engine is not None and not self._engine_listening():
             if self.stopping:
                 return 0
             if self.engine.poll() is not None:
@@ -145,11 +147,11 @@ class Supervisor:
         for i in range(s.workers):
             self._start_worker(i)
         port = self.socks[0].getsockname()[1]
-        log.info("pagegate: %d workers on http://%s:%d, the engine in process %d", s.workers, s.host, port,
-                 self.engine.pid)
+        log.info("pagegate: %d workers on http://%s:%d, %s", s.workers, s.host, port,
+                 f"the engine in process {self.engine.pid}" if self.engine is not None else "no engine")
         while not self.stopping:
             time.sleep(0.2)
-            if self.engine.poll() is not None:
+            if self.engine is not None and self.engine.poll() is not None:
                 log.error("pagegate: the engine process exited with %s; stopping the service", self.engine.returncode)
                 return 1
             for i, proc in enumerate(self.workers):

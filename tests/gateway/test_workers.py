@@ -56,7 +56,7 @@ def _alive(pid: int) -> bool:
 
 
 class Service:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **env_extra: str) -> None:
         self.tmp = tmp
         self.db_url = f"sqlite+aiosqlite:///{tmp / 'w.db'}"
         self.prefix = f"pgw:{uuid.uuid4().hex[:8]}:"
@@ -70,7 +70,7 @@ class Service:
                    PAGEGATE_CACHE_ENABLED="false", PAGEGATE_LOG_LEVEL="warning", PAGEGATE_MODEL=MODEL,
                    PAGEGATE_WEIGHTS_CACHE_DIR=str(ROOT / "data" / "weights"), PAGEGATE_NUM_BLOCKS="256",
                    PAGEGATE_MAX_MODEL_LEN="1024", PAGEGATE_MAX_NUM_SEQS="16", PAGEGATE_DEVICE="cpu",
-                   PAGEGATE_NUM_THREADS="1")
+                   PAGEGATE_NUM_THREADS="1", **env_extra)
         self.log = open(tmp / "serve.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "gateway.serve", "--workers", "2",
                                       "--port", str(self.port)], env=env, cwd=ROOT, stdout=self.log,
@@ -244,3 +244,18 @@ def test_engine_death_fails_requests_and_stops_the_service(service: Service) -> 
         time.sleep(0.2)
     assert not [p for p in children if _alive(p)]
     assert "the engine process exited" in service.logs()
+
+
+def test_workers_without_an_engine(tmp_path) -> None:
+    """PAGEGATE_LOAD_ENGINE=false: the workers serve the admin and key paths, no engine process."""
+    service = Service(tmp_path, PAGEGATE_LOAD_ENGINE="false")
+    try:
+        service.wait_ready()
+        roles = service.roles()
+        assert roles["engine"] == [] and len(roles["worker"]) == 2, roles
+        assert httpx.get(service.url + "/health", timeout=10).json()["model"] is None
+        with pytest.raises(openai.NotFoundError):
+            service.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        assert service.stop() == 0, service.logs()
+    finally:
+        service.stop()
