@@ -56,9 +56,10 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024  # a longer length is a broken or hostile peer: the connection is dropped
 STATS_INTERVAL_S = 0.2  # how often the engine process pushes its figures to the fronts
-# a front handed finished requests is expected back this long (its clients' next requests): see
-# ``_ServerConn.expect_return``
+# a front handed at least RETURN_MIN_FINISHED finished requests by one step (a wave) is expected back
+# for this long (its clients' next requests): see ``_ServerConn.expect_return``
 RETURN_WAIT_S = 0.02
+RETURN_MIN_FINISHED = 4
 
 _ALLOWED = {
     ("engine.outputs", "RequestOutput"): RequestOutput,
@@ -231,12 +232,14 @@ class _Sink:
     def put_nowait(self, item: RequestOutput | BaseException) -> None:
         conn = self.conn
         if isinstance(item, BaseException):
-            conn.finish(self.key)
+            conn.finish(self.key, self)
             conn.send(("error", self.rid, _encode_error(item)))
             return
         if item.finished:
-            conn.finish(self.key)
-            conn.expect_return()
+            conn.finish(self.key, self)
+            conn.finished_in_step += 1
+            if conn.finished_in_step == 1:  # once the step's outputs are all handed over
+                conn._loop.call_soon(conn.expect_return)
         # the front reads no metrics; they would grow the frame with every token
         conn.send(("out", self.rid, RequestOutput(self.rid, item.deltas, item.prompt_tokens,
                                                  item.cached_prompt_tokens, item.finished)))
@@ -248,9 +251,10 @@ class _ServerConn(_Framed):
         self.server = server
         self.engine = server.engine
         self.prefix = f"f{conn_id}:"  # two fronts may use the same request id
-        self.active: set[str] = set()  # engine request ids still running
+        self.active: dict[str, _Sink] = {}  # engine request ids still running, and their sinks
         self.notices: dict[int, Any] = {}
         self.return_notice: Any = None
+        self.finished_in_step = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -262,20 +266,27 @@ class _ServerConn(_Framed):
         for key in list(self.active):  # the front went away: its requests stop, their blocks free
             self.engine.release(key, abort=True)
         self.active.clear()
+        self.finished_in_step = 0
         for notice in self.notices.values():
             notice.close()
         self.notices.clear()
         self._returned()
 
     def expect_return(self) -> None:
-        """This front was just handed a finished request: its client's next request is likely on
-        its way, but the front has not read it yet (it is still writing the responses, or waiting
+        """(After a step's outputs are handed over.) This front was just handed a wave of finished
+        requests (``RETURN_MIN_FINISHED`` or more): its clients' next requests are likely on their
+        way, but the front has not read them yet (it is still writing the responses, or waiting
         for a core). With one front, its own notices cover the wave (each request is announced
         once its key is known, and one event loop reads the whole wave before any of it is
         admitted); with several, the fronts run unsynchronised, and a step started on the first
         front's wave would leave the second's a whole step behind. So the engine, woken from
         idle, also waits for each such front's first message (a notice or a request), at most
-        ``RETURN_WAIT_S`` after the hand-over and the burst gate's ``max_wait`` in all."""
+        ``RETURN_WAIT_S`` after the hand-over and the burst gate's ``max_wait`` in all. Fewer
+        finished requests (one client's, say) set no expectation: its next request may come
+        through another worker, or never, and nobody else should wait for it."""
+        finished, self.finished_in_step = self.finished_in_step, 0
+        if finished < RETURN_MIN_FINISHED or self.transport is None or self.transport.is_closing():
+            return
         if self.return_notice is None:
             self.return_notice = self.engine.announce()
             self._loop.call_later(RETURN_WAIT_S, self._returned, self.return_notice)
@@ -286,9 +297,10 @@ class _ServerConn(_Framed):
             self.return_notice = None
             current.close()
 
-    def finish(self, key: str) -> None:
-        self.active.discard(key)
-        self.engine.release(key)
+    def finish(self, key: str, sink: _Sink) -> None:
+        if self.active.get(key) is sink:  # not a newer request that reuses an aborted one's id
+            del self.active[key]
+            self.engine.release(key)
 
     def received(self, message: tuple) -> None:
         kind = message[0]
@@ -296,18 +308,22 @@ class _ServerConn(_Framed):
             _, rid, prompt, params, salt, priority_class, nid = message
             notice = self.notices.pop(nid, None) if nid is not None else None
             key = self.prefix + rid
+            sink = _Sink(self, rid, key)
             try:
-                self.engine.submit(prompt, params, request_id=key, sink=_Sink(self, rid, key), salt=salt,
+                self.engine.submit(prompt, params, request_id=key, sink=sink, salt=salt,
                                    priority_class=priority_class, notice=notice)
             except Exception as exc:  # noqa: BLE001 - refused: only this request fails
                 self.send(("error", rid, _encode_error(exc)))
                 return
-            self.active.add(key)
-        elif kind == "abort":
+            self.active[key] = sink
+        elif kind == "abort":  # the front closed the stream: nobody reads the rest
+            key = self.prefix + message[1]
+            if self.active.pop(key, None) is not None:
+                self.engine.release(key, abort=True)
+        elif kind == "stop":  # RemoteEngine.abort(): the stream ends with finish reason "abort"
             key = self.prefix + message[1]
             if key in self.active:
-                self.active.discard(key)
-                self.engine.release(key, abort=True)
+                self._loop.create_task(self.engine.abort(key))
         elif kind == "announce":
             self.notices[message[1]] = self.engine.announce()
         elif kind == "withdraw":
@@ -317,7 +333,7 @@ class _ServerConn(_Framed):
         else:
             log.warning("engine ipc: unknown message %r", kind)
             return
-        if kind != "abort" and self.return_notice is not None:  # the front is back: its notices take over
+        if kind in ("add", "announce") and self.return_notice is not None:  # the front is back
             self._returned()
 
 
@@ -342,10 +358,10 @@ class RemoteNotice:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
+    def __del__(self) -> None:  # a notice dropped open must not hold the engine's bursts
         if self.open:
-            with contextlib.suppress(Exception):
-                self.close()
+            with contextlib.suppress(Exception):  # the collector may run this on any thread
+                self._client._loop.call_soon_threadsafe(self.close)
 
 
 class _ClientConn(_Framed):
@@ -397,6 +413,9 @@ class RemoteEngine:
         self._renderer = None
         self._notice_ids = itertools.count(1)
         self._closing = False
+        # called once if the connection to the engine is lost while this front is not shutting
+        # down (``gateway.app``: the worker stops, and its supervisor starts it again or stops all)
+        self.on_lost: Any = None
 
     async def start(self) -> None:
         """Connect (waiting for the engine process to be listening, up to ``connect_timeout_s``),
@@ -437,6 +456,8 @@ class RemoteEngine:
                 f"the engine process went away ({exc!r})" if exc else "the engine process closed the connection"
             if not self._closing:
                 log.error("engine ipc: %s", self._lost_reason)
+                if self.on_lost is not None:
+                    self.on_lost()
         dead = EngineDeadError(f"the engine stopped: {self._lost_reason}")
         for queue in list(self._streams.values()):
             queue.put_nowait(dead)
@@ -453,8 +474,12 @@ class RemoteEngine:
         return self._renderer.render(messages)
 
     # ---- requests ---------------------------------------------------------------------------
-    def announce(self) -> RemoteNotice:
-        conn = self._require()
+    def announce(self) -> RemoteNotice | None:
+        """Never raises (as ``AsyncEngine.announce``): without a live engine there is nothing to
+        announce to (None), and ``generate`` says why."""
+        conn = self._conn
+        if conn is None or self.is_dead:
+            return None
         notice = RemoteNotice(conn, next(self._notice_ids))
         conn.send(("announce", notice.nid))
         return notice
@@ -502,8 +527,9 @@ class RemoteEngine:
                 self._conn.send(("abort", request_id))
 
     async def abort(self, request_id: str) -> None:
-        if self._conn is not None:
-            self._conn.send(("abort", request_id))
+        """Stop a request; its stream ends with finish reason "abort"."""
+        if self._conn is not None and request_id in self._streams:
+            self._conn.send(("stop", request_id))
 
     def stats(self) -> EngineStats:
         """The engine's figures as last pushed (every ``STATS_INTERVAL_S`` while they change)."""
@@ -527,8 +553,8 @@ def _load_renderer(model_dir: str):  # noqa: ANN202
 
 
 async def serve_engine(config: Any, path: str | Path, *, ready: Any = None) -> None:
-    """Run an ``AsyncEngine`` for ``config`` behind an ``EngineServer`` at ``path`` until cancelled.
-    ``ready()`` is called once the socket listens."""
+    """Run an ``AsyncEngine`` for ``config`` behind an ``EngineServer`` at ``path`` until cancelled;
+    raises ``EngineDeadError`` if its step loop dies. ``ready()`` is called once the socket listens."""
     from engine.async_engine import AsyncEngine
 
     engine = AsyncEngine(config)
@@ -538,7 +564,9 @@ async def serve_engine(config: Any, path: str | Path, *, ready: Any = None) -> N
     try:
         if ready is not None:
             ready()
-        await asyncio.Event().wait()
+        while not engine.is_dead:  # a crashed step loop ends the process: its supervisor acts on that
+            await asyncio.sleep(0.2)
+        raise EngineDeadError("the engine's step loop stopped")
     finally:
         await server.close()
         await engine.shutdown()

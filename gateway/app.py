@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -50,6 +52,9 @@ async def _build_engine(settings: Settings) -> EngineClient:
 
         remote = RemoteEngine(settings.engine_socket)
         await remote.start()  # waits for the engine process to listen; loads the tokenizer here
+        # the engine's connection lost for good: this worker stops (gracefully) and its supervisor
+        # starts it again, or stops the service if the engine process is gone
+        remote.on_lost = lambda: os.kill(os.getpid(), signal.SIGTERM)
         return remote
     from engine.async_engine import AsyncEngine
 

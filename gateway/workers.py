@@ -109,14 +109,24 @@ class Supervisor:
             log.info("pagegate: %s: stopping the workers, then the engine", signal.Signals(signum).name)
         self.stopping = True
 
-    def run(self) -> int:
+    def _listen(self) -> bool:
         s = self.settings
         try:
             self.socks = listeners(s.host, s.port, s.workers)
+            return True
         except OSError as exc:
             print(f"error: cannot listen on {s.host}:{s.port}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+            return False
+
+    def run(self) -> int:
+        # the port is checked now, but bound once the engine listens: until then a client is
+        # refused at once instead of waiting in a queue nobody accepts from
+        if not self._listen():
             shutil.rmtree(self.run_dir, ignore_errors=True)
             return 1
+        for sock in self.socks:
+            sock.close()
+        self.socks = []
         old = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             return self._run()
@@ -143,6 +153,8 @@ class Supervisor:
                 log.error("pagegate: the engine process did not listen within %.0f s", ENGINE_START_TIMEOUT_S)
                 return 1
             time.sleep(0.1)
+        if not self._listen():  # taken meanwhile
+            return 1
         self.workers = [None] * s.workers
         for i in range(s.workers):
             self._start_worker(i)
@@ -168,6 +180,9 @@ class Supervisor:
         return 0
 
     def _stop_all(self) -> None:
+        for sock in self.socks:  # no new connections wait in a queue while the workers drain
+            sock.close()
+        self.socks = []
         self._stop([p for p in self.workers if p is not None])
         if self.engine is not None:
             self._stop([self.engine])
@@ -197,6 +212,7 @@ def run_workers(settings: Settings) -> int:
 
 def _engine_main(socket_path: str) -> int:
     from engine.ipc import serve_engine
+    from engine.outputs import EngineDeadError
     from gateway.app import apply_gil_switch_interval
     from gateway.heap import tune_gc
 
@@ -214,11 +230,16 @@ def _engine_main(socket_path: str) -> int:
             tune_gc(settings)  # the model's objects out of the collector's sight, as in one process
             log.info("pagegate: the engine serves on %s", socket_path)
 
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await serve_engine(settings.engine_config(), socket_path, ready=ready)
+        except asyncio.CancelledError:
+            return 0
+        except EngineDeadError:
+            log.error("pagegate: the engine's step loop stopped; the engine process exits")
+            return 1
+        return 0
 
-    _run_loop(main())
-    return 0
+    return _run_loop(main())
 
 
 def _worker_main(fd: int, index: int) -> int:
@@ -236,13 +257,12 @@ def _worker_main(fd: int, index: int) -> int:
     return 0
 
 
-def _run_loop(coro) -> None:  # noqa: ANN001
+def _run_loop(coro):  # noqa: ANN001, ANN202
     try:
         import uvloop
-
-        uvloop.run(coro)
     except ImportError:
-        asyncio.run(coro)
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def main(argv: list[str] | None = None) -> int:

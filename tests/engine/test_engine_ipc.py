@@ -10,8 +10,9 @@ import pickle
 
 import pytest
 
+from engine import ipc
 from engine.async_engine import AsyncEngine
-from engine.ipc import RETURN_WAIT_S, EngineServer, RemoteEngine, _frame, _loads
+from engine.ipc import EngineServer, RemoteEngine, _frame, _loads
 from engine.llm_engine import LLMEngine
 from engine.outputs import EngineDeadError, EngineOverloadedError, PromptTooLongError
 from engine.sampling_params import SamplingParams
@@ -147,10 +148,8 @@ async def test_notices_reach_the_engines_burst_gate(served):
     dropped.close()
     tokens, _ = await collect(client, [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), "n", notice=kept)
     assert len(tokens) == 2
-    # the front was handed a finished request: its client's next one is expected, briefly
-    assert gate.open_notices == 1
-    await asyncio.sleep(RETURN_WAIT_S * 3)
-    assert gate.open_notices == 0
+    await asyncio.sleep(0.01)
+    assert gate.open_notices == 0  # one finished request sets no expectation (see the next test)
     # a notice left open by a front that goes away is withdrawn with it
     left_open = client.announce()  # noqa: F841 - held: a dropped notice withdraws itself
     await asyncio.sleep(0.05)
@@ -174,6 +173,7 @@ async def test_streams_fail_when_the_engine_side_goes_away(served):
         async for _ in agen:
             pass
     assert client.is_dead
+    assert client.announce() is None  # never raises: generate says why
     with pytest.raises(EngineDeadError):
         await collect(client, [1, 2], SamplingParams(max_tokens=2), "after")
 
@@ -199,15 +199,22 @@ def test_the_wire_refuses_foreign_classes():
     assert _loads(_frame([("add", params)])[4:]) == [("add", params)]
 
 
-async def test_a_front_handed_finished_requests_is_waited_for_until_it_speaks(served):
+async def test_a_front_handed_a_wave_is_waited_for_until_it_speaks(served, monkeypatch):
     """With several fronts, the engine woken by one front's wave also waits (briefly) for a front
-    that was just handed finished requests: its next message ends the wait, or RETURN_WAIT_S."""
+    that was just handed a wave of finished requests: its next message ends the wait, or
+    RETURN_WAIT_S does."""
+    monkeypatch.setattr(ipc, "RETURN_WAIT_S", 0.5)  # long enough to look at, whatever the machine's load
     make, connect = served
     eng, server = await make()
     a, b = await connect(server), await connect(server)
     gate = eng._burst
     params = SamplingParams(max_tokens=2, **GREEDY)
-    await asyncio.gather(collect(a, [1, 2, 3], params, "a1"), collect(b, [4, 5, 6], params, "b1"))
+    n = ipc.RETURN_MIN_FINISHED
+    steps = eng.stats().steps
+    await asyncio.gather(*(collect(a, [1, 2, i], params, f"a{i}") for i in range(n)),
+                         *(collect(b, [4, 5, i], params, f"b{i}") for i in range(n)))
+    await asyncio.sleep(0.01)  # the expectation is taken once the step's outputs are all handed over
+    assert eng.stats().steps - steps == 2  # one wave: both fronts' requests finished in the same step
     assert gate.open_notices == 2  # one per front, however many requests it was handed
     notice = b.announce()  # front b speaks: its own notice replaces the expectation
     for _ in range(100):
@@ -217,5 +224,26 @@ async def test_a_front_handed_finished_requests_is_waited_for_until_it_speaks(se
     assert gate.open_notices == 2  # a's expectation and b's notice
     assert [c.return_notice is None for c in sorted(server._conns, key=lambda c: c.prefix)] == [False, True]
     notice.close()
-    await asyncio.sleep(RETURN_WAIT_S * 3)
-    assert gate.open_notices == 0
+    for _ in range(200):
+        if gate.open_notices == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert gate.open_notices == 0  # a's expired
+
+
+async def test_abort_by_id_ends_the_stream_with_abort(served):
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    agen = client.generate(list(range(1, 40)), SamplingParams(max_tokens=500, **GREEDY), request_id="long")
+    await agen.__anext__()
+    await client.abort("long")
+    last = None
+    async for out in agen:
+        last = out
+    assert last.finished and [d.finish_reason for d in last.deltas] == ["abort"]
+    for _ in range(200):
+        if eng.stats().kv_blocks_used == 0 and not eng._streams:
+            break
+        await asyncio.sleep(0.01)
+    assert eng.stats().kv_blocks_used == 0 and not eng._streams

@@ -259,3 +259,38 @@ def test_workers_without_an_engine(tmp_path) -> None:
         assert service.stop() == 0, service.logs()
     finally:
         service.stop()
+
+
+def test_a_worker_whose_engine_is_gone_answers_503(api, api_engine, tmp_path) -> None:  # noqa: ANN001
+    """The gateway on a RemoteEngine whose engine process went away: 503 engine_unavailable (the
+    notice is not taken, generate says why), never a 500; /health 503."""
+    from engine.ipc import EngineServer, RemoteEngine
+
+    async def dead_remote() -> RemoteEngine:
+        server = EngineServer(api_engine, tmp_path / "engine.sock")
+        await server.start()
+        remote = RemoteEngine(server.path, connect_timeout_s=5)
+        await remote.start()
+        lost: list = []
+        remote.on_lost = lambda: lost.append(True)
+        await server.close()  # the engine process's side goes away
+        for _ in range(100):
+            if lost:
+                break
+            await asyncio.sleep(0.01)
+        assert lost and remote.is_dead and remote.announce() is None
+        return remote
+
+    remote = api.loop.run(dead_remote())
+    state = api.app.state.pagegate
+    saved = state.engine
+    state.engine = remote
+    try:
+        with pytest.raises(openai.InternalServerError) as err:
+            api.openai().chat.completions.create(model=api.model, max_tokens=1,
+                                                 messages=[{"role": "user", "content": "Hi"}])
+        assert err.value.status_code == 503 and err.value.code == "engine_unavailable"
+        assert httpx.get(api.base_url + "/health", timeout=10).status_code == 503
+    finally:
+        state.engine = saved
+        api.loop.run(remote.shutdown())
