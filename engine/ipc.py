@@ -18,7 +18,8 @@ its tokenizer lies), so prompts are rendered on the fronts' cores too.
 
 Wire: frames of a 4-byte big-endian length and a pickled list of messages (tuples); each side
 sends at most one frame per event-loop turn (a step's outputs for one front go in one frame).
-Unpickling admits only the engine's own data classes and builtins. The socket is created
+Requests' parameters and outputs travel as tuples of their fields; unpickling admits builtins
+and the engine's figures (``EngineStats``) only. The socket is created
 owner-only (0600) in a directory the caller owns: only the same user's processes connect.
 If the engine process goes away, every open stream of a front gets ``EngineDeadError`` and
 ``is_dead`` turns true (the gateway answers 503); the supervisor (``pagegate serve --workers``)
@@ -29,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import itertools
 import logging
+import operator
 import os
 import pickle
 import struct
@@ -61,12 +64,16 @@ STATS_INTERVAL_S = 0.2  # how often the engine process pushes its figures to the
 RETURN_WAIT_S = 0.02
 RETURN_MIN_FINISHED = 4
 
-_ALLOWED = {
-    ("engine.outputs", "RequestOutput"): RequestOutput,
-    ("engine.outputs", "CompletionDelta"): CompletionDelta,
-    ("engine.outputs", "EngineStats"): EngineStats,
-    ("engine.sampling_params", "SamplingParams"): SamplingParams,
-}
+# The wire carries builtins (tuples, lists, str, int, float, None) and the engine's figures; a
+# request's sampling parameters and its outputs go as tuples of their fields (unpickling a slots
+# dataclass runs Python code per object: 4-6x the cost of its tuple, on every step's outputs).
+_ALLOWED = {("engine.outputs", "EngineStats"): EngineStats}
+_PARAMS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_params_fields = operator.attrgetter(*_PARAMS)
+
+
+def _deltas_fields(deltas: list[CompletionDelta]) -> list[tuple]:
+    return [(d.index, d.text, d.token_ids, d.finish_reason, d.num_tokens) for d in deltas]
 
 
 class _Unpickler(pickle.Unpickler):
@@ -241,8 +248,8 @@ class _Sink:
             if conn.finished_in_step == 1:  # once the step's outputs are all handed over
                 conn._loop.call_soon(conn.expect_return)
         # the front reads no metrics; they would grow the frame with every token
-        conn.send(("out", self.rid, RequestOutput(self.rid, item.deltas, item.prompt_tokens,
-                                                 item.cached_prompt_tokens, item.finished)))
+        conn.send(("out", self.rid, _deltas_fields(item.deltas), item.prompt_tokens, item.cached_prompt_tokens,
+                   item.finished))
 
 
 class _ServerConn(_Framed):
@@ -305,14 +312,17 @@ class _ServerConn(_Framed):
     def received(self, message: tuple) -> None:
         kind = message[0]
         if kind == "add":
-            _, rid, prompt, params, salt, priority_class, nid = message
+            _, rid, prompt, fields, salt, priority_class, nid = message
             notice = self.notices.pop(nid, None) if nid is not None else None
             key = self.prefix + rid
             sink = _Sink(self, rid, key)
             try:
+                params = SamplingParams(*fields)  # checks itself again
                 self.engine.submit(prompt, params, request_id=key, sink=sink, salt=salt,
                                    priority_class=priority_class, notice=notice)
             except Exception as exc:  # noqa: BLE001 - refused: only this request fails
+                if notice is not None:
+                    notice.close()
                 self.send(("error", rid, _encode_error(exc)))
                 return
             self.active[key] = sink
@@ -374,9 +384,11 @@ class _ClientConn(_Framed):
         kind = message[0]
         owner = self.owner
         if kind == "out":
-            queue = owner._streams.get(message[1])
+            _, rid, deltas, prompt_tokens, cached, finished = message
+            queue = owner._streams.get(rid)
             if queue is not None:
-                queue.put_nowait(message[2])
+                queue.put_nowait(RequestOutput(rid, [CompletionDelta(*d) for d in deltas], prompt_tokens, cached,
+                                               finished))
         elif kind == "error":
             queue = owner._streams.get(message[1])
             if queue is not None:
@@ -509,7 +521,7 @@ class RemoteEngine:
         if notice is not None and notice.open:
             notice.open = False  # consumed by the engine process with the request
             nid = notice.nid
-        conn.send(("add", request_id, ids, params, salt, priority_class, nid))
+        conn.send(("add", request_id, ids, _params_fields(params), salt, priority_class, nid))
         finished = False
         try:
             while True:

@@ -14,7 +14,7 @@ from engine import ipc
 from engine.async_engine import AsyncEngine
 from engine.ipc import EngineServer, RemoteEngine, _frame, _loads
 from engine.llm_engine import LLMEngine
-from engine.outputs import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from engine.outputs import EngineDeadError, EngineOverloadedError, EngineStats, PromptTooLongError
 from engine.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -195,8 +195,10 @@ def test_the_wire_refuses_foreign_classes():
 
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
         _loads(pickle.dumps([("x", os.system)]))
-    params = SamplingParams(max_tokens=3, stop=["a"])
-    assert _loads(_frame([("add", params)])[4:]) == [("add", params)]
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):  # requests travel as tuples
+        _loads(pickle.dumps([SamplingParams(max_tokens=3)]))
+    stats = EngineStats(1, 2, 3, 4, 0.5, 0.5, 0.1, 0, 9, 9)
+    assert _loads(_frame([("stats", stats, False)])[4:]) == [("stats", stats, False)]
 
 
 async def test_a_front_handed_a_wave_is_waited_for_until_it_speaks(served, monkeypatch):
@@ -247,3 +249,24 @@ async def test_abort_by_id_ends_the_stream_with_abort(served):
             break
         await asyncio.sleep(0.01)
     assert eng.stats().kv_blocks_used == 0 and not eng._streams
+
+
+async def test_every_sampling_field_crosses_the_socket(served):
+    """Parameters travel as a tuple of their fields: n, seed, stop strings, penalties and the rest
+    give what the same request gives in-process."""
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    params = SamplingParams(n=2, temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=8, min_tokens=2,
+                            stop=["zz"], stop_token_ids=[3], repetition_penalty=1.2, presence_penalty=0.5,
+                            frequency_penalty=0.3, ignore_eos=True)
+
+    async def texts(engine, rid):  # noqa: ANN001, ANN202
+        by_choice: dict = {}
+        async for out in engine.generate([5, 6, 7, 8], params, request_id=rid):
+            for d in out.deltas:
+                by_choice.setdefault(d.index, []).extend(d.token_ids)
+        return by_choice
+
+    remote, local = await texts(client, "r"), await texts(eng, "l")
+    assert set(remote) == {0, 1} and remote == local
