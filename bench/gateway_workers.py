@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gateway_http import make_tenant  # noqa: E402
 from bench.gateway_overhead import MESSAGES, Bench, StepClock, clients, pct  # noqa: E402
 from gateway.ids import new_hex_id  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
@@ -129,7 +130,6 @@ async def main(args: argparse.Namespace) -> None:
     from engine.async_engine import AsyncEngine
     from engine.config import EngineConfig
     from engine.ipc import EngineServer
-    from gateway import tenancy as svc
     from gateway.app import apply_gil_switch_interval
 
     tmp = Path(tempfile.mkdtemp(prefix="pagegate-workers-bench-"))
@@ -139,20 +139,11 @@ async def main(args: argparse.Namespace) -> None:
     engine = AsyncEngine(EngineConfig(device=args.device, **ENGINE))
     await engine.start()
     clock = StepClock(engine)
-    from gateway.db.session import Database
-
-    db = Database(settings.database_url)
-    await db.upgrade()
-    async with db.sessionmaker() as s:
-        tenant = await svc.create_tenant(s, name="bench", rpm=1_000_000, tpm=10**9, budget_tokens=10**12)
-        _, new = await svc.create_api_key(s, tenant_id=tenant.id)
-        await svc.set_price(s, model=engine.model_id, prompt_usd_per_1m="0.1", completion_usd_per_1m="0.2")
-        await s.commit()
-    await db.dispose()
+    key = await make_tenant(settings.database_url)  # the tenant and prices of the HTTP bench
     server = EngineServer(engine, tmp / "engine.sock")
     await server.start()
-    local, local_services, local_ip = await make_bench(settings, engine, new.key)
-    fronts = [Front(args, tmp, server.path, new.key, prefix) for _ in range(args.workers)]
+    local, local_services, local_ip = await make_bench(settings, engine, key)
+    fronts = [Front(args, tmp, server.path, key, prefix) for _ in range(args.workers)]
     try:
         for f in fronts:
             assert (await f.read())["ready"]

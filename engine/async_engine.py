@@ -17,6 +17,7 @@ next step). If the loop dies, every pending stream gets ``EngineDeadError``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import threading
@@ -32,6 +33,7 @@ from engine.outputs import (
     EngineStats,
     PromptTooLongError,
     RequestOutput,
+    stream_outputs,
 )
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import ChatRenderer
@@ -174,21 +176,17 @@ class AsyncEngine:
                 notice.close()
             raise
         self._send(_Add(request_id, ids, params, salt, priority_class), notice)
-        finished = False
+
+        def stop() -> None:
+            self._streams.pop(request_id, None)
+            self._send(_Abort(request_id))
+
         try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+            async with contextlib.aclosing(stream_outputs(stream.queue, stop)) as outputs:
+                async for item in outputs:
+                    yield item
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
-                self._send(_Abort(request_id))
 
     def submit(
         self, prompt: str | list[int], params: SamplingParams, *, request_id: str, sink,  # noqa: ANN001

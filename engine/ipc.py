@@ -51,6 +51,7 @@ from engine.outputs import (
     EngineStats,
     PromptTooLongError,
     RequestOutput,
+    stream_outputs,
 )
 from engine.sampling_params import SamplingParams
 
@@ -522,21 +523,18 @@ class RemoteEngine:
             notice.open = False  # consumed by the engine process with the request
             nid = notice.nid
         conn.send(("add", request_id, ids, _params_fields(params), salt, priority_class, nid))
-        finished = False
+
+        def stop() -> None:
+            self._streams.pop(request_id, None)
+            if self._conn is not None and self._conn.transport is not None:
+                self._conn.send(("abort", request_id))
+
         try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+            async with contextlib.aclosing(stream_outputs(queue, stop)) as outputs:
+                async for item in outputs:
+                    yield item
         finally:
             self._streams.pop(request_id, None)
-            if not finished and self._conn is not None and self._conn.transport is not None:
-                self._conn.send(("abort", request_id))
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish reason "abort"."""

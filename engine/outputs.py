@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 
@@ -69,3 +71,24 @@ class EngineOverloadedError(EngineError):
 
 class EngineDeadError(EngineError):
     """The engine's step loop stopped on an unexpected error."""
+
+
+async def stream_outputs(queue: asyncio.Queue, stop: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+    """A request's ``RequestOutput``s from its queue until the finished one; an exception put in
+    the queue ends the stream with it. Left early (closed, cancelled), it calls ``stop()`` (the
+    request is aborted). ``engine.async_engine.AsyncEngine`` and ``engine.ipc.RemoteEngine`` both
+    stream this way."""
+    finished = False
+    try:
+        while True:
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                finished = True
+                raise item
+            finished = item.finished
+            yield item
+            if finished:
+                return
+    finally:
+        if not finished:
+            stop()

@@ -20,6 +20,13 @@ from engine.sampling_params import SamplingParams
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
+async def until(condition, timeout: float = 2.0) -> None:  # noqa: ANN001
+    """Wait (polling) until ``condition()`` holds, at most ``timeout`` seconds; the caller asserts."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.005)
+
+
 @pytest.fixture
 async def served(tiny_model_dir, engine_config, tmp_path):
     """An AsyncEngine served at a socket, and a factory of RemoteEngines connected to it."""
@@ -96,10 +103,7 @@ async def test_closing_the_stream_aborts_and_frees_blocks(served):
     first = await agen.__anext__()
     assert first.deltas
     await agen.aclose()
-    for _ in range(200):
-        if eng.stats().kv_blocks_used == 0 and not eng._streams:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
     assert eng.stats().kv_blocks_used == 0 and not eng._streams
 
 
@@ -112,10 +116,7 @@ async def test_a_front_that_goes_away_has_its_requests_stopped(served):
     client._conn.transport.abort()  # the front process dies with a request running
     with pytest.raises(EngineDeadError):
         await agen.__anext__()
-    for _ in range(200):
-        if not eng._streams and eng.stats().kv_blocks_used == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: not eng._streams and eng.stats().kv_blocks_used == 0, timeout=2)
     assert not eng._streams and eng.stats().kv_blocks_used == 0
 
 
@@ -140,10 +141,7 @@ async def test_notices_reach_the_engines_burst_gate(served):
     client = await connect(server)
     gate = eng._burst
     kept, dropped = client.announce(), client.announce()
-    for _ in range(100):
-        if gate.open_notices == 2:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: gate.open_notices == 2, timeout=2)
     assert gate.open_notices == 2
     dropped.close()
     tokens, _ = await collect(client, [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), "n", notice=kept)
@@ -155,10 +153,7 @@ async def test_notices_reach_the_engines_burst_gate(served):
     await asyncio.sleep(0.05)
     assert gate.open_notices == 1
     client._conn.transport.abort()
-    for _ in range(100):
-        if gate.open_notices == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: gate.open_notices == 0, timeout=2)
     assert gate.open_notices == 0
 
 
@@ -183,10 +178,7 @@ async def test_stats_reach_the_front(served):
     eng, server = await make()
     client = await connect(server)
     await collect(client, [1, 2, 3], SamplingParams(max_tokens=4, **GREEDY), "a")
-    for _ in range(100):
-        if client.stats().steps == eng.stats().steps:
-            break
-        await asyncio.sleep(0.05)
+    await until(lambda: client.stats().steps == eng.stats().steps, timeout=5)
     assert client.stats().steps == eng.stats().steps >= 4
 
 
@@ -219,17 +211,11 @@ async def test_a_front_handed_a_wave_is_waited_for_until_it_speaks(served, monke
     assert eng.stats().steps - steps == 2  # one wave: both fronts' requests finished in the same step
     assert gate.open_notices == 2  # one per front, however many requests it was handed
     notice = b.announce()  # front b speaks: its own notice replaces the expectation
-    for _ in range(100):
-        if any(c.notices for c in server._conns):
-            break
-        await asyncio.sleep(0.001)
+    await until(lambda: any(c.notices for c in server._conns), timeout=2)
     assert gate.open_notices == 2  # a's expectation and b's notice
     assert [c.return_notice is None for c in sorted(server._conns, key=lambda c: c.prefix)] == [False, True]
     notice.close()
-    for _ in range(200):
-        if gate.open_notices == 0:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: gate.open_notices == 0, timeout=2)
     assert gate.open_notices == 0  # a's expired
 
 
@@ -244,10 +230,7 @@ async def test_abort_by_id_ends_the_stream_with_abort(served):
     async for out in agen:
         last = out
     assert last.finished and [d.finish_reason for d in last.deltas] == ["abort"]
-    for _ in range(200):
-        if eng.stats().kv_blocks_used == 0 and not eng._streams:
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
     assert eng.stats().kv_blocks_used == 0 and not eng._streams
 
 
