@@ -31,8 +31,8 @@ from engine.outputs import (
     EngineDeadError,
     EngineOverloadedError,
     EngineStats,
-    PromptTooLongError,
     RequestOutput,
+    check_prompt,
     stream_outputs,
 )
 from engine.sampling_params import SamplingParams
@@ -217,11 +217,7 @@ class AsyncEngine:
         if self._dead is not None:
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if len(ids) + 1 > engine.max_model_len:
-            raise PromptTooLongError(len(ids), engine.max_model_len)
-        vocab = engine.model.arch.vocab_size
-        if not ids or min(ids) < 0 or max(ids) >= vocab or any(not 0 <= t < vocab for t in params.stop_token_ids):
-            raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
+        check_prompt(ids, params.stop_token_ids, engine.max_model_len, engine.model.arch.vocab_size)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats

@@ -51,6 +51,7 @@ from engine.outputs import (
     EngineStats,
     PromptTooLongError,
     RequestOutput,
+    check_prompt,
     stream_outputs,
 )
 from engine.sampling_params import SamplingParams
@@ -504,12 +505,7 @@ class RemoteEngine:
         try:
             conn = self._require()
             ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            if len(ids) + 1 > self.max_model_len:
-                raise PromptTooLongError(len(ids), self.max_model_len)
-            vocab = self.vocab_size
-            if vocab is not None and (not ids or min(ids) < 0 or max(ids) >= vocab
-                                      or any(not 0 <= t < vocab for t in params.stop_token_ids)):
-                raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
+            check_prompt(ids, params.stop_token_ids, self.max_model_len, self.vocab_size)  # at once, no round trip
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
         except BaseException:

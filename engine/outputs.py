@@ -73,6 +73,17 @@ class EngineDeadError(EngineError):
     """The engine's step loop stopped on an unexpected error."""
 
 
+def check_prompt(ids: list[int], stop_token_ids: list[int], max_model_len: int, vocab: int | None) -> None:
+    """Raise what an engine raises for a prompt it cannot take: ``PromptTooLongError`` when it
+    leaves no room for one token, ``ValueError`` for an empty prompt or ids outside the vocabulary
+    (``vocab`` None: not checked)."""
+    if len(ids) + 1 > max_model_len:
+        raise PromptTooLongError(len(ids), max_model_len)
+    if vocab is not None and (not ids or min(ids) < 0 or max(ids) >= vocab
+                              or any(not 0 <= t < vocab for t in stop_token_ids)):
+        raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
+
+
 async def stream_outputs(queue: asyncio.Queue, stop: Callable[[], None]) -> AsyncIterator[RequestOutput]:
     """A request's ``RequestOutput``s from its queue until the finished one; an exception put in
     the queue ends the stream with it. Left early (closed, cancelled), it calls ``stop()`` (the

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         updates["port"] = args.port
     if args.dev:
         updates["dev_mode"] = True
-    if getattr(args, "workers", None) is not None:
+    if args.workers is not None:
         if not 1 <= args.workers <= 64:
             print("error: --workers must be between 1 and 64", file=sys.stderr, flush=True)
             return 2

@@ -20,11 +20,13 @@ from engine.sampling_params import SamplingParams
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
-async def until(condition, timeout: float = 2.0) -> None:  # noqa: ANN001
-    """Wait (polling) until ``condition()`` holds, at most ``timeout`` seconds; the caller asserts."""
+async def until(condition, timeout: float = 2.0) -> bool:  # noqa: ANN001
+    """Wait (polling) until ``condition()`` holds, at most ``timeout`` seconds; its last value
+    (the caller asserts it)."""
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition() and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.005)
+    return bool(condition())
 
 
 @pytest.fixture
@@ -103,8 +105,7 @@ async def test_closing_the_stream_aborts_and_frees_blocks(served):
     first = await agen.__anext__()
     assert first.deltas
     await agen.aclose()
-    await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
-    assert eng.stats().kv_blocks_used == 0 and not eng._streams
+    assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
 
 
 async def test_a_front_that_goes_away_has_its_requests_stopped(served):
@@ -116,8 +117,7 @@ async def test_a_front_that_goes_away_has_its_requests_stopped(served):
     client._conn.transport.abort()  # the front process dies with a request running
     with pytest.raises(EngineDeadError):
         await agen.__anext__()
-    await until(lambda: not eng._streams and eng.stats().kv_blocks_used == 0, timeout=2)
-    assert not eng._streams and eng.stats().kv_blocks_used == 0
+    assert await until(lambda: not eng._streams and eng.stats().kv_blocks_used == 0, timeout=2)
 
 
 async def test_errors_cross_the_socket_as_the_engines_own(served):
@@ -141,8 +141,7 @@ async def test_notices_reach_the_engines_burst_gate(served):
     client = await connect(server)
     gate = eng._burst
     kept, dropped = client.announce(), client.announce()
-    await until(lambda: gate.open_notices == 2, timeout=2)
-    assert gate.open_notices == 2
+    assert await until(lambda: gate.open_notices == 2, timeout=2)
     dropped.close()
     tokens, _ = await collect(client, [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY), "n", notice=kept)
     assert len(tokens) == 2
@@ -153,8 +152,7 @@ async def test_notices_reach_the_engines_burst_gate(served):
     await asyncio.sleep(0.05)
     assert gate.open_notices == 1
     client._conn.transport.abort()
-    await until(lambda: gate.open_notices == 0, timeout=2)
-    assert gate.open_notices == 0
+    assert await until(lambda: gate.open_notices == 0, timeout=2)
 
 
 async def test_streams_fail_when_the_engine_side_goes_away(served):
@@ -215,8 +213,7 @@ async def test_a_front_handed_a_wave_is_waited_for_until_it_speaks(served, monke
     assert gate.open_notices == 2  # a's expectation and b's notice
     assert [c.return_notice is None for c in sorted(server._conns, key=lambda c: c.prefix)] == [False, True]
     notice.close()
-    await until(lambda: gate.open_notices == 0, timeout=2)
-    assert gate.open_notices == 0  # a's expired
+    assert await until(lambda: gate.open_notices == 0, timeout=2)  # a's expired
 
 
 async def test_abort_by_id_ends_the_stream_with_abort(served):
@@ -230,8 +227,7 @@ async def test_abort_by_id_ends_the_stream_with_abort(served):
     async for out in agen:
         last = out
     assert last.finished and [d.finish_reason for d in last.deltas] == ["abort"]
-    await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
-    assert eng.stats().kv_blocks_used == 0 and not eng._streams
+    assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
 
 
 async def test_every_sampling_field_crosses_the_socket(served):
