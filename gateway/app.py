@@ -31,10 +31,9 @@ from engine.protocol import EngineClient
 from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
 from gateway.heap import tune_gc
-from gateway.ip_limit import ClientIPLimitMiddleware
 from gateway.loop_lag import LoopLagMonitor
-from gateway.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from gateway.routes import ROUTERS
+from gateway.middleware import GatewayMiddleware
+from gateway.routes import DIRECT, ROUTERS
 from gateway.settings import Settings
 
 log = logging.getLogger("pagegate.app")
@@ -138,9 +137,7 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
     app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan, redirect_slashes=False,
                   description="OpenAI-compatible multi-tenant LLM gateway")
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(ClientIPLimitMiddleware)  # inside the request context: 429s carry x-request-id
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(GatewayMiddleware, max_bytes=settings.max_request_bytes, direct=DIRECT)
     origins = [o.strip().rstrip("/") for o in settings.cors_allow_origins.split(",") if o.strip()]
     if origins:  # outermost: a preflight is answered before any limit or key check
         from starlette.middleware.cors import CORSMiddleware

@@ -9,16 +9,21 @@ puts the ``x-ratelimit-*`` headers on whatever response the request ends with.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from pydantic import BaseModel, ValidationError
 from starlette.types import Receive
 
 from engine.protocol import EngineClient
+from gateway.error_handlers import validation_error
 from gateway.errors import ApiError
 from gateway.settings import Settings
+
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(slots=True)
@@ -98,11 +103,44 @@ def announce_generation(request: Request, engine: EngineClient | None) -> Any:
     After the key check, so neither a body still uploading nor a request without a valid key holds
     the engine. The notice goes to ``generate`` (``Caller.notice``); the request context withdraws
     it if the request ends first. None for other routes or an engine that takes no notices."""
-    route = request.scope.get("route")
-    if request.method != "POST" or getattr(route, "path", None) not in GENERATION_ROUTES:
+    if request.scope["method"] != "POST" or request.scope["path"] not in GENERATION_ROUTES:
         return None
     announce = getattr(engine, "announce", None)
     return announce() if announce is not None else None
+
+
+async def json_body(request: Request, model: type[M]) -> M:
+    """The request body as ``model``, read as FastAPI reads a JSON body parameter (a JSON content
+    type, else 400 ``invalid_json``; an empty body is a missing one). A valid body is parsed and
+    validated in one pass by pydantic's own JSON parser; one it refuses is read again as FastAPI
+    reads it (``json.loads``, then validation of the value), so that every refusal is the 400 the
+    app's handlers give FastAPI's routes (pydantic's parser refuses a lone surrogate as bad JSON,
+    where the value's validation names the field that holds it)."""
+    body = await request.body()
+    if not body:
+        raise validation_error([{"type": "missing", "loc": ("body",)}])
+    if not _is_json(request.headers.get("content-type")):
+        raise validation_error([{"type": "json_invalid", "loc": ("body",)}])
+    try:
+        return model.model_validate_json(body)
+    except ValidationError:
+        pass
+    try:
+        value = json.loads(body)
+    except Exception:  # not JSON, not UTF-8, nested too deep, an integer too long
+        raise validation_error([{"type": "json_invalid", "loc": ("body",)}]) from None
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+def _is_json(content_type: str | None) -> bool:
+    """``application/json`` or ``application/<anything>+json``, parameters ignored (FastAPI's test)."""
+    if not content_type:
+        return False
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -78,6 +78,13 @@ _HTTP_ERRORS = {  # Starlette's and FastAPI's own refusals, in OpenAI's words
 }
 
 
+def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's and FastAPI's own refusals (404, 405, 413, ...) as OpenAI errors."""
+    code, message = _HTTP_ERRORS.get(exc.status_code, (None, None))
+    return error_response(ApiError(exc.status_code, message or str(exc.detail), "invalid_request_error",
+                                   code, None, dict(exc.headers or {})))
+
+
 async def _authenticate_first(request: Request) -> ApiError | None:
     """The refusal a ``/v1`` request without a valid key gets: FastAPI parses and validates the
     body before the route's authentication runs, but a caller without a key learns nothing about
@@ -103,13 +110,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(await _authenticate_first(request) or validation_error(list(exc.errors())))
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code, message = _HTTP_ERRORS.get(exc.status_code, (None, None))
         if exc.status_code == 400:
             refused = await _authenticate_first(request)
             if refused is not None:
                 return error_response(refused)
-        return error_response(ApiError(exc.status_code, message or str(exc.detail), "invalid_request_error",
-                                       code, None, dict(exc.headers or {})))
+        return http_error_response(exc)
 
     app.add_exception_handler(ApiError, on_api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]

@@ -38,11 +38,10 @@ from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from redis.asyncio import Redis
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from gateway.coalesce import Coalescer
-from gateway.error_handlers import error_response
-from gateway.errors import ApiError, rate_limited
+from gateway.errors import rate_limited
 from gateway.limits import format_reset, storage_uri, store_unavailable
 from gateway.log_throttle import LogThrottle
 from gateway.redis_lane import ScriptLane
@@ -168,21 +167,3 @@ class ClientIPLimiter:
             await self._redis.aclose()
             await self._redis.connection_pool.disconnect()
 
-
-class ClientIPLimitMiddleware:
-    """Pure ASGI: ``/v1/*`` requests pass ``app.state.pagegate.ip_limiter`` (when set) first."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            state = getattr(scope["app"].state, "pagegate", None)
-            limiter = getattr(state, "ip_limiter", None)
-            if limiter is not None:
-                try:
-                    await limiter.check_scope(scope)
-                except ApiError as err:
-                    await error_response(err)(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)

@@ -1,13 +1,22 @@
-"""Request context as a pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streams).
+"""The gateway's one ASGI middleware, pure ASGI (no BaseHTTPMiddleware: it would buffer streams).
+In this order, on every HTTP request:
 
-- gives every request an id (``request.state.request_id``) and every response ``x-request-id``;
+- gives the request an id (``request.state.request_id``) and every response ``x-request-id``;
 - adds ``request.state.response_headers`` (rate-limit, quota, cache headers set while the request
   is handled) to whatever response goes out, streams included;
-- ``BodyLimitMiddleware`` (inside it) refuses bodies over ``PAGEGATE_MAX_REQUEST_BYTES`` with 413;
+- on ``/v1/*``, the per-client-address limit (``gateway.ip_limit``, when ``ip_rpm`` > 0): its
+  429s carry the request id;
+- refuses bodies over ``PAGEGATE_MAX_REQUEST_BYTES`` with 413 ``request_too_large``: at once when
+  ``content-length`` says so, else as soon as that much has arrived;
+- serves ``direct`` routes itself (``POST /v1/chat/completions`` and ``/v1/completions``: see
+  ``gateway.routes``); everything else goes on to FastAPI;
 - withdraws the request's engine notice (``request.state.engine_notice``, taken once its key is
   known: ``gateway.deps``) when the request ends without reaching the engine (refused, failed);
 - the catch-all: an exception nothing else handled becomes a 500 OpenAI error without traceback
   (logged with the request id). Bad input never gets here: it is a 400 from the handlers.
+
+One layer instead of three: every layer of an ASGI stack is a coroutine call per request and a
+``send`` wrapper per response message, on the event loop that admits every request.
 """
 
 from __future__ import annotations
@@ -15,11 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.error_handlers import error_response
+from gateway.error_handlers import error_response, http_error_response
 from gateway.errors import ApiError
 from gateway.ids import new_hex_id
 
@@ -34,14 +46,27 @@ INTERNAL_ERROR = {
     }
 }
 
+DirectRoute = Callable[[Request], Awaitable[Response]]
+
 
 def new_request_id() -> str:
     return "req_" + new_hex_id()
 
 
-class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+def too_large(max_bytes: int, size: int | None) -> HTTPException:
+    said = f"{size:,} bytes" if size is not None else f"more than {max_bytes:,} bytes"
+    return HTTPException(413, f"The request body is too large ({said}); the limit is {max_bytes:,} bytes.")
+
+
+class GatewayMiddleware:
+    """``direct``: path → handler for POST requests the middleware serves itself; the handler
+    raises ``ApiError`` (or a 413 ``HTTPException`` from reading the body) to refuse."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int = 1 << 62,
+                 direct: dict[str, DirectRoute] | None = None) -> None:
         self.app = app
+        self.max_bytes = max_bytes
+        self.direct = dict(direct or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -61,17 +86,33 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
                 headers.append((b"x-request-id", request_id.encode()))
-                for name, value in extra.items():
-                    raw = name.lower().encode("latin-1")
-                    if raw not in present:
-                        headers.append((raw, str(value).encode("latin-1")))
+                if extra:
+                    present = {name.lower() for name, _ in headers}
+                    for name, value in extra.items():
+                        raw = name.lower().encode("latin-1")
+                        if raw not in present:
+                            headers.append((raw, str(value).encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_context)
+            refusal = await self._admit(scope)
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send_with_context)
+                return
+            receive = self._limited(scope, receive)
+            handler = self.direct.get(scope["path"]) if scope["method"] == "POST" else None
+            if handler is None:
+                await self.app(scope, receive, send_with_context)
+                return
+            try:
+                response = await handler(Request(scope, receive))
+            except ApiError as err:
+                response = error_response(err)
+            except HTTPException as exc:  # the body outgrew the limit while it was read
+                response = http_error_response(exc)
+            await response(scope, receive, send_with_context)
         except Exception:
             log.exception("unhandled error in request %s", request_id)
             if started:
@@ -88,40 +129,39 @@ class RequestContextMiddleware:
             if notice is not None:
                 notice.close()  # a no-op once the engine took the request
 
-
-class BodyLimitMiddleware:
-    """Pure ASGI: a request body over ``max_bytes`` is refused with 413 ``request_too_large``:
-    at once when its ``content-length`` says so, else as soon as that much has arrived. Without a
-    limit a 100 MB body was parsed whole (the process grew by 5 GB) before any check ran."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def _too_large(self, size: int | None) -> HTTPException:
-        said = f"{size:,} bytes" if size is not None else f"more than {self.max_bytes:,} bytes"
-        return HTTPException(413, f"The request body is too large ({said}); the limit is {self.max_bytes:,} bytes.")
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def _admit(self, scope: Scope) -> ApiError | None:
+        """The per-address limit, then a body whose ``content-length`` is over the limit."""
+        if scope["path"].startswith("/v1/"):
+            limiter = getattr(getattr(scope["app"].state, "pagegate", None), "ip_limiter", None)
+            if limiter is not None:
+                try:
+                    await limiter.check_scope(scope)
+                except ApiError as err:
+                    return err
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.max_bytes:
-                    err = self._too_large(int(value))
-                    await error_response(ApiError(413, err.detail, code="request_too_large"))(scope, receive, send)
-                    return
+                    return ApiError(413, too_large(self.max_bytes, int(value)).detail, code="request_too_large")
                 break
+        return None
+
+    def _limited(self, scope: Scope, receive: Receive) -> Receive:
+        """``receive`` that refuses a body (one without a length given) that keeps coming past the
+        limit. A body with a ``content-length`` under the limit cannot outgrow it: the server
+        delivers exactly that many bytes."""
+        for name, _ in scope.get("headers", ()):
+            if name == b"content-length":
+                return receive
         seen = 0
+        max_bytes = self.max_bytes
 
         async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:  # a chunked body (no length given) that keeps coming
-                    raise self._too_large(None)
+                if seen > max_bytes:
+                    raise too_large(max_bytes, None)
             return message
 
-        await self.app(scope, limited_receive, send)
+        return limited_receive

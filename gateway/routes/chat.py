@@ -1,10 +1,10 @@
 """POST /v1/chat/completions"""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.chat_service import create_chat_completion
-from gateway.deps import CallerDep
+from gateway.deps import CallerDep, authenticate_and_limit, json_body
 from gateway.schemas import ChatCompletion, ChatCompletionRequest
 
 router = APIRouter(tags=["chat"])
@@ -15,3 +15,9 @@ router = APIRouter(tags=["chat"])
 async def chat_completions(body: ChatCompletionRequest, caller: CallerDep) -> Response:
     """OpenAI chat completions; ``stream: true`` answers with ``chat.completion.chunk`` events."""
     return await create_chat_completion(body, caller)
+
+
+async def serve(request: Request) -> Response:
+    """The same route as the gateway's middleware serves it (``gateway.routes.DIRECT``)."""
+    caller = await authenticate_and_limit(request)
+    return await create_chat_completion(await json_body(request, ChatCompletionRequest), caller)

@@ -10,14 +10,14 @@ from fastapi import FastAPI
 
 from gateway.error_handlers import install_error_handlers, param_from_loc
 from gateway.errors import ApiError, rate_limited
-from gateway.middleware import RequestContextMiddleware
+from gateway.middleware import GatewayMiddleware
 from gateway.sse import SSEResponse, encode_stream
 
 
 def _app(closed: list) -> FastAPI:
     app = FastAPI()
     install_error_handlers(app)
-    app.add_middleware(RequestContextMiddleware)
+    app.add_middleware(GatewayMiddleware)
 
     @app.get("/boom")
     async def boom() -> dict:

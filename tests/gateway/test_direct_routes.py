@@ -1,0 +1,130 @@
+"""The two generation routes are served by the gateway's middleware (``gateway.routes.DIRECT``),
+not by FastAPI's route machinery: they must answer every request exactly as FastAPI's declared
+routes do. Each request below goes to the running gateway over HTTP and, in the same process, to
+the same app with the direct routes switched off (FastAPI serving them); status and body must agree."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import httpx
+import pytest
+
+from gateway.middleware import GatewayMiddleware
+from tests.gateway.test_api_hostile import BASE, CHAT_CASES
+
+pytestmark = pytest.mark.slow  # the session's gateway holds the real engine
+
+BROKEN = [
+    b"", b"null", b"[]", b"42", b'"a string"', b"\xff\xfe\x00{not utf-8", b'{"model": "m", "messages": [',
+    b"[" * 50_000, b'{"model": "m", "temperature": NaN, "messages": [{"role": "user", "content": "x"}]}',
+    b'{"model": "m", "seed": ' + b"9" * 5000 + b', "messages": [{"role": "user", "content": "x"}]}',
+    b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+]
+CONTENT_TYPES = ["application/json", "application/json; charset=utf-8", "application/vnd.api+json", "text/plain",
+                 "application/x-www-form-urlencoded", None]
+COMPLETIONS = [{"prompt": "x"}, {"prompt": [1, 2]}, {"prompt": [10**12]}, {"prompt": None}, {"prompt": "x", "n": 0},
+               {"prompt": "x", "echo": "yes"}, {"prompt": "x", "max_tokens": 10**9}, {}]
+
+
+def _gateway_layer(app) -> GatewayMiddleware:  # noqa: ANN001
+    layer = app.middleware_stack
+    while not isinstance(layer, GatewayMiddleware):
+        layer = layer.app
+    return layer
+
+
+def _fastapi_served(app):  # noqa: ANN001, ANN202
+    """The app as it would be without direct routes (below Starlette's outermost error layer)."""
+    plain = copy.copy(_gateway_layer(app))
+    plain.direct = {}
+
+    async def asgi(scope, receive, send):  # noqa: ANN001, ANN202
+        scope["app"] = app
+        await plain(scope, receive, send)
+
+    return asgi
+
+
+def _both(api, path: str, content: bytes, content_type: str | None, *, key: str | None = None):  # noqa: ANN001, ANN202
+    headers = {"authorization": f"Bearer {key or api.key}"}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    direct = httpx.post(api.base_url + path, content=content, headers=headers, timeout=60)
+
+    async def via_fastapi() -> httpx.Response:
+        transport = httpx.ASGITransport(app=_fastapi_served(api.app), client=("127.0.0.1", 1))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as client:
+            return await client.post(path, content=content, headers=headers)
+
+    return direct, api.loop.run(via_fastapi())
+
+
+def _same(direct: httpx.Response, fastapi: httpx.Response) -> None:
+    assert direct.status_code == fastapi.status_code, (direct.text, fastapi.text)
+    if direct.status_code != 200:
+        assert direct.json() == fastapi.json()
+    else:
+        assert direct.json()["object"] == fastapi.json()["object"]
+    assert direct.headers["content-type"] == fastapi.headers["content-type"]
+
+
+@pytest.mark.parametrize(("fields", "status", "param"), CHAT_CASES[::3])
+def test_chat_fields_answered_as_fastapi_answers(api, fields, status, param) -> None:  # noqa: ANN001
+    content = json.dumps({"model": api.model, **BASE, **fields}).encode()
+    direct, fastapi = _both(api, "/v1/chat/completions", content, "application/json")
+    _same(direct, fastapi)
+    assert direct.status_code == status and direct.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("content", BROKEN)
+def test_broken_bodies_answered_as_fastapi_answers(api, content) -> None:  # noqa: ANN001
+    _same(*_both(api, "/v1/chat/completions", content, "application/json"))
+
+
+@pytest.mark.parametrize("content_type", CONTENT_TYPES)
+def test_content_types_answered_as_fastapi_answers(api, content_type) -> None:  # noqa: ANN001
+    content = json.dumps({"model": api.model, **BASE}).encode()
+    _same(*_both(api, "/v1/chat/completions", content, content_type))
+
+
+@pytest.mark.parametrize("fields", COMPLETIONS)
+def test_completions_answered_as_fastapi_answers(api, fields) -> None:  # noqa: ANN001
+    content = json.dumps({"model": api.model, "max_tokens": 1, **fields}).encode()
+    _same(*_both(api, "/v1/completions", content, "application/json"))
+
+
+def test_a_bad_key_is_refused_before_the_body_is_read(api) -> None:  # noqa: ANN001
+    for content in (b"{not json", b"[]", json.dumps({"model": api.model, **BASE}).encode()):
+        direct, fastapi = _both(api, "/v1/chat/completions", content, "application/json", key="pg-wrong")
+        _same(direct, fastapi)
+        assert direct.status_code == 401
+
+
+def test_the_middleware_serves_both_routes(api) -> None:  # noqa: ANN001
+    """Not FastAPI: the direct handlers are what answer (counted), with the gateway's headers."""
+    layer = _gateway_layer(api.app)
+    served: list[str] = []
+    original = dict(layer.direct)
+
+    def counted(path: str):  # noqa: ANN202
+        async def handler(request):  # noqa: ANN001, ANN202
+            served.append(path)
+            return await original[path](request)
+        return handler
+
+    layer.direct = {path: counted(path) for path in original}
+    try:
+        client = api.openai()
+        client.chat.completions.create(model=api.model, messages=BASE["messages"], max_tokens=1)
+        client.completions.create(model=api.model, prompt="x", max_tokens=1)
+        resp = httpx.post(api.base_url + "/v1/chat/completions", json={"model": api.model, **BASE},
+                          headers={"authorization": f"Bearer {api.key}"}, timeout=60)
+    finally:
+        layer.direct = original
+    assert served == ["/v1/chat/completions", "/v1/completions", "/v1/chat/completions"]
+    assert resp.headers["x-request-id"].startswith("req_")
+    assert "x-ratelimit-remaining-tokens" in resp.headers or "x-ratelimit-limit-requests" in resp.headers \
+        or resp.status_code == 200
+    assert set(original) == {"/v1/chat/completions", "/v1/completions"}
