@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -71,7 +70,6 @@ class RequestAccount:
 
             services.usage.record(UsageEvent(
                 request_id=self.request_id,
-                created_at=datetime.now(UTC),
                 tenant_id=self.principal.tenant_id,
                 api_key_id=self.principal.key_id,
                 model=self.model,

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class UsageEvent:
     tenant_id: int
     model: str
     status: str  # ok | error | aborted | ...
-    created_at: datetime | None = None  # request start, UTC; None: now
+    created_at: datetime | None = None  # None: when the row is written
     api_key_id: int | None = None
     endpoint: str = "chat.completions"
     prompt_tokens: int = 0
@@ -82,21 +82,23 @@ class UsageEvent:
     cache: str = "miss"  # hit | semantic-hit | miss | bypass
 
     def to_json(self) -> str:
-        """One JSON object on one line, written field by field (``json.dumps`` of a dict costs
-        ~3x as much on the request path; ``asdict`` deep-copies every value, ~0.1 ms a row)."""
-        created = self.created_at or datetime.now(UTC)
-        if created.tzinfo is not UTC:
-            created = created.astimezone(UTC)
-        return (f'{{"request_id":{_str(self.request_id)},"tenant_id":{int(self.tenant_id)},'
-                f'"model":{_str(self.model)},"status":{_str(self.status)},"created_at":"{created.isoformat()}",'
-                f'"api_key_id":{_opt_int(self.api_key_id)},"endpoint":{_str(self.endpoint)},'
-                f'"prompt_tokens":{int(self.prompt_tokens)},"cached_prompt_tokens":{int(self.cached_prompt_tokens)},'
-                f'"completion_tokens":{int(self.completion_tokens)},"cost_usd":"{self.cost_usd}",'
-                f'"saved_usd":"{self.saved_usd}","latency_ms":{_float(self.latency_ms)},'
-                f'"ttft_ms":{_opt_float(self.ttft_ms)},"finish_reason":{_opt_str(self.finish_reason)},'
-                f'"cache":{_str(self.cache)}}}')
+        """One JSON object on one line, by one ``%`` format (``json.dumps`` of a dict costs ~3x as
+        much on the request path; ``asdict`` deep-copies every value, ~0.1 ms a row). The time is
+        integer microseconds since the epoch, UTC (``created_us``; ``isoformat`` alone cost a third
+        of the row); ``_row_from_json`` also reads the ISO ``created_at`` of older journals."""
+        created = self.created_at
+        us = time.time_ns() // 1000 if created is None else (created.astimezone(UTC) - EPOCH) // MICROSECOND
+        return _ROW % (_str(self.request_id), self.tenant_id, _str(self.model), _str(self.status), us,
+                       _opt_int(self.api_key_id), _str(self.endpoint), self.prompt_tokens, self.cached_prompt_tokens,
+                       self.completion_tokens, self.cost_usd, self.saved_usd, _float(self.latency_ms),
+                       _opt_float(self.ttft_ms), _opt_str(self.finish_reason), _str(self.cache))
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+_ROW = ('{"request_id":%s,"tenant_id":%d,"model":%s,"status":%s,"created_us":%d,"api_key_id":%s,"endpoint":%s,'
+        '"prompt_tokens":%d,"cached_prompt_tokens":%d,"completion_tokens":%d,"cost_usd":"%s","saved_usd":"%s",'
+        '"latency_ms":%s,"ttft_ms":%s,"finish_reason":%s,"cache":%s}')
 _str = json.encoder.encode_basestring_ascii  # the C escaper json.dumps uses
 
 
@@ -125,7 +127,9 @@ _COLUMNS = {f.name for f in fields(UsageEvent)}
 def _row_from_json(line: str) -> dict:
     d = json.loads(line)
     row = {k: v for k, v in d.items() if k in _COLUMNS}
-    row["created_at"] = datetime.fromisoformat(row["created_at"]).astimezone(UTC)
+    us = d.get("created_us")
+    row["created_at"] = (EPOCH + us * MICROSECOND if us is not None
+                         else datetime.fromisoformat(d["created_at"]).astimezone(UTC))
     row["cost_usd"], row["saved_usd"] = Decimal(row["cost_usd"]), Decimal(row["saved_usd"])
     return row
 
@@ -192,8 +196,6 @@ class UsageWriter:
     def record(self, event: UsageEvent) -> None:
         """Append one row to the journal (page cache: survives a process crash). Never raises:
         if the disk refuses the write the line is kept in memory for the next flush."""
-        if event.created_at is None:
-            event.created_at = datetime.now(UTC)
         line = event.to_json() + "\n"
         with self._jlock:
             try:

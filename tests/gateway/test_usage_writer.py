@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 
 from gateway.db.models import ApiKey, Tenant, UsageRecord
 from gateway.db.session import Database
-from gateway.usage import UsageEvent, UsageWriter
+from gateway.usage import UsageEvent, UsageWriter, _row_from_json
 
 
 def _events(tenant_id: int, n: int, tag: str = "") -> list[UsageEvent]:
@@ -39,9 +39,35 @@ def test_a_row_is_one_json_line_with_every_field():
         line = event.to_json()
         assert "\n" not in line
         expected = {f.name: getattr(event, f.name) for f in fields(UsageEvent)}
-        expected["created_at"] = event.created_at.astimezone(UTC).isoformat()
+        del expected["created_at"]
+        expected["created_us"] = 1795978800123456  # 2026-11-29T19:00:00.123456Z
         expected["cost_usd"], expected["saved_usd"] = str(event.cost_usd), str(event.saved_usd)
         assert json.loads(line) == expected
+        row = _row_from_json(line)
+        assert row["created_at"] == created and row["created_at"].tzinfo is UTC
+        assert {k: v for k, v in row.items() if k != "created_at"} == {
+            k: Decimal(v) if k.endswith("_usd") else v for k, v in expected.items() if k != "created_us"}
+
+
+def test_a_row_without_a_time_gets_the_time_it_is_written():
+    from datetime import UTC, datetime
+
+    before = datetime.now(UTC)
+    row = _row_from_json(UsageEvent(request_id="x", tenant_id=1, model="m", status="ok").to_json())
+    assert before <= row["created_at"] <= datetime.now(UTC)
+
+
+def test_rows_of_older_journals_with_an_iso_time_are_read():
+    """Journals written before ``created_us`` carry ``created_at`` in ISO 8601 (any offset)."""
+    from datetime import UTC, datetime
+
+    line = ('{"request_id":"r","tenant_id":1,"model":"m","status":"ok","created_at":"2026-11-29T21:00:00.5+02:00",'
+            '"api_key_id":null,"endpoint":"completions","prompt_tokens":1,"cached_prompt_tokens":0,'
+            '"completion_tokens":2,"cost_usd":"0.00000001","saved_usd":"0","latency_ms":1.0,"ttft_ms":null,'
+            '"finish_reason":"stop","cache":"miss"}')
+    row = _row_from_json(line)
+    assert row["created_at"] == datetime(2026, 11, 29, 19, 0, 0, 500000, tzinfo=UTC)
+    assert row["cost_usd"] == Decimal("0.00000001") and row["completion_tokens"] == 2
 
 
 async def _count(db: Database) -> tuple[int, int]:

@@ -1,0 +1,58 @@
+"""``Price.cost``: integer arithmetic in 1e-8 USD units where the prices allow it, the Decimal
+formula otherwise; both must give the same Decimal (value and 8-decimal form)."""
+
+from __future__ import annotations
+
+import random
+from decimal import ROUND_HALF_UP, Decimal
+
+import pytest
+
+from gateway.pricing import MILLION, USD_QUANTUM, Price
+
+
+def _decimal_cost(price: Price, prompt: int, completion: int) -> Decimal:
+    raw = (price.prompt_usd_per_1m * prompt + price.completion_usd_per_1m * completion) / MILLION
+    return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
+
+
+def test_integer_costs_equal_the_decimal_formula() -> None:
+    rng = random.Random(7)
+    for _ in range(20_000):
+        price = Price(Decimal(rng.randint(0, 10**11)).scaleb(-8), Decimal(rng.randint(0, 10**6)).scaleb(-rng.choice((0, 2, 8))))
+        assert price._units_e8 is not None
+        prompt, completion = rng.randint(0, 10**6), rng.randint(0, 10**5)
+        got, want = price.cost(prompt, completion), _decimal_cost(price, prompt, completion)
+        assert got == want and str(got) == str(want), (price, prompt, completion)
+
+
+@pytest.mark.parametrize(("prompt", "completion", "want"), [
+    (0, 0, "0E-8"),
+    (1, 0, "0.00000015"),  # 0.15 USD per 1M prompt tokens: 1.5e-7, exactly
+    (1, 1, "0.00000075"),  # + 0.6 USD per 1M completion tokens
+    (3, 0, "0.00000045"),
+    (1_000_000, 1_000_000, "0.75000000"),
+])
+def test_known_costs(prompt: int, completion: int, want: str) -> None:
+    got = Price(Decimal("0.15"), Decimal("0.6")).cost(prompt, completion)
+    assert got == Decimal(want) and got.as_tuple().exponent == -8  # the MONEY column's scale
+
+
+def test_half_a_unit_rounds_up() -> None:
+    price = Price(Decimal("0.005"), Decimal(0))  # 5e-9 USD a token: half of the smallest unit
+    assert price.cost(1, 0) == Decimal("0.00000001")
+    assert price.cost(1, 0) == _decimal_cost(price, 1, 0)
+
+
+@pytest.mark.parametrize("price", [
+    Price(Decimal("0.000000001"), Decimal(1)),  # finer than the table's scale
+    Price(Decimal(-1), Decimal(1)),
+])
+def test_other_prices_take_the_decimal_formula(price: Price) -> None:
+    assert price._units_e8 is None
+    assert price.cost(12_345, 678) == _decimal_cost(price, 12_345, 678)
+
+
+def test_prices_compare_by_their_values() -> None:
+    assert Price(Decimal("1.5"), Decimal(2)) == Price(Decimal("1.50"), Decimal("2.0"))
+    assert len({Price(Decimal("1.5"), Decimal(2)), Price(Decimal("1.50"), Decimal("2.0"))}) == 1
