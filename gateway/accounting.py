@@ -12,6 +12,8 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from gateway.usage import UsageEvent
+
 log = logging.getLogger("pagegate.accounting")
 
 
@@ -40,12 +42,27 @@ class RequestAccount:
     def headers(self) -> dict[str, str]:
         return dict(getattr(self.reservation, "headers", None) or {})
 
+    @property
+    def closes_now(self) -> bool:
+        """``close_now`` may be used: nothing of the bookkeeping waits (the prices are loaded, the
+        settlement goes to the aftercare). Then nothing can interrupt it either: a task is only
+        cancelled where it waits, so ``close_now`` needs no shield from cancellation (~6-15 µs
+        an ``anyio.CancelScope``)."""
+        if self._closed:
+            return True
+        aftercare = getattr(self._services, "aftercare", None)
+        settles_later = self.reservation is None or (aftercare is not None and not aftercare.inline)
+        return settles_later and getattr(self._services.prices, "loaded", False)
+
     async def close(self, *, status: str, finish_reason: str | None = None, prompt_tokens: int = 0,
                     cached_prompt_tokens: int = 0, completion_tokens: int = 0, ttft_ms: float | None = None,
                     cache_hit: bool = False) -> None:
         """Settle and record. On a cache hit nothing is charged; the usage row keeps the tokens the
         stored answer cost and the money it saved."""
-        if self._closed:
+        if self.closes_now:
+            self.close_now(status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                           cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
+                           ttft_ms=ttft_ms, cache_hit=cache_hit)
             return
         self._closed = True
         services = self._services
@@ -56,19 +73,45 @@ class RequestAccount:
                 await self._settle(reservation, prompt_tokens, completion_tokens)
             else:
                 aftercare.submit(lambda: self._settle(reservation, prompt_tokens, completion_tokens))
-        cost = saved = Decimal(0)
         try:
-            value = await services.prices.cost(self.model, prompt_tokens, completion_tokens)
+            value: Decimal | None = await services.prices.cost(self.model, prompt_tokens, completion_tokens)
+        except Exception:
+            log.exception("pricing failed for %s", self.request_id)
+            value = None
+        self._record(value, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                     cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
+                     ttft_ms=ttft_ms, cache_hit=cache_hit)
+
+    def close_now(self, *, status: str, finish_reason: str | None = None, prompt_tokens: int = 0,
+                  cached_prompt_tokens: int = 0, completion_tokens: int = 0, ttft_ms: float | None = None,
+                  cache_hit: bool = False) -> None:
+        """``close`` without waiting for anything; only when ``closes_now``."""
+        if self._closed:
+            return
+        self._closed = True
+        reservation = self.reservation
+        if reservation is not None:
+            self._services.aftercare.submit(lambda: self._settle(reservation, prompt_tokens, completion_tokens))
+        try:
+            value: Decimal | None = self._services.prices.cost_now(self.model, prompt_tokens, completion_tokens)
+        except Exception:
+            log.exception("pricing failed for %s", self.request_id)
+            value = None
+        self._record(value, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                     cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
+                     ttft_ms=ttft_ms, cache_hit=cache_hit)
+
+    def _record(self, value: Decimal | None, *, status: str, finish_reason: str | None, prompt_tokens: int,
+                cached_prompt_tokens: int, completion_tokens: int, ttft_ms: float | None, cache_hit: bool) -> None:
+        """The usage row; ``value``: the request's price (None: pricing failed, recorded as 0)."""
+        cost = saved = Decimal(0)
+        if value is not None:
             if cache_hit:
                 saved = value
             else:
                 cost = value
-        except Exception:
-            log.exception("pricing failed for %s", self.request_id)
         try:
-            from gateway.usage import UsageEvent
-
-            services.usage.record(UsageEvent(
+            self._services.usage.record(UsageEvent(
                 request_id=self.request_id,
                 tenant_id=self.principal.tenant_id,
                 api_key_id=self.principal.key_id,

@@ -75,6 +75,7 @@ class Generation:
         self.started = started  # perf_counter() when the HTTP request arrived
         self.first_token_at: float | None = None
         self.finished = False
+        self.exhausted = False  # the engine's stream has ended: closing it has nothing left to do
 
     @classmethod
     def open(cls, engine: EngineClient, prompt: list[int], params: SamplingParams, *, request_id: str,
@@ -92,7 +93,7 @@ class Generation:
         try:
             self._pending = await anext(self._agen)
         except StopAsyncIteration:
-            self.finished = True
+            self.finished = self.exhausted = True
         except EngineError as err:
             raise engine_error(err) from err
         except ValueError as err:  # the engine refused the request's values (e.g. token ids)
@@ -103,13 +104,16 @@ class Generation:
         if self._pending is not None:
             out, self._pending = self._pending, None
             yield self._fold(out)
-        if self.finished:
-            return
         try:
-            async for out in self._agen:
-                yield self._fold(out)
+            if self.finished:  # the stream ends right after its finished output: let it
+                async for _ in self._agen:
+                    pass
+            else:
+                async for out in self._agen:
+                    yield self._fold(out)
         except EngineError as err:
             raise engine_error(err) from err
+        self.exhausted = True
 
     async def run_to_end(self) -> None:
         async for _ in self.deltas():
@@ -151,5 +155,5 @@ class Generation:
 
     async def aclose(self) -> None:
         aclose = getattr(self._agen, "aclose", None)
-        if aclose is not None:
+        if aclose is not None and not self.exhausted:
             await aclose()

@@ -73,12 +73,24 @@ class PriceBook:
         self._refresh: asyncio.Task | None = None
 
     async def get(self, model: str) -> Price:
-        if time.monotonic() - self._loaded_at > self._ttl_s:
-            if self._loaded_at < 0:  # never loaded, or invalidated: wait for the table
-                await self._reload()
-            elif self._refresh is None or self._refresh.done():
-                self._refresh = asyncio.ensure_future(self._reload())
+        if self._loaded_at < 0:  # never loaded, or invalidated: wait for the table
+            await self._reload()
+        return self.get_now(model)
+
+    @property
+    def loaded(self) -> bool:
+        """``get_now`` and ``cost_now`` may be used: the table has been read (and not invalidated)."""
+        return self._loaded_at >= 0
+
+    def get_now(self, model: str) -> Price:
+        """The price as last read; a table older than ``ttl_s`` is re-read in the background."""
+        if time.monotonic() - self._loaded_at > self._ttl_s and (self._refresh is None or self._refresh.done()):
+            self._refresh = asyncio.ensure_future(self._reload())
         return self._prices.get(model, FREE)
+
+    def cost_now(self, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
+        """``cost`` without waiting: only once ``loaded``."""
+        return self.get_now(model).cost(prompt_tokens, completion_tokens)
 
     async def aclose(self) -> None:
         if self._refresh is not None and not self._refresh.done():

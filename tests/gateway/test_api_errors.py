@@ -101,3 +101,46 @@ def test_param_names() -> None:
     assert param_from_loc(("body", "stream_options", "include_usage")) == "stream_options.include_usage"
     assert param_from_loc(("body", "model")) == "model"
     assert param_from_loc(("body",)) is None
+
+
+def test_until_done_or_disconnect() -> None:
+    """The work runs in the caller's task; a disconnect cancels it and leaves the caller uncancelled."""
+    from gateway.chat_service import until_done_or_disconnect
+
+    async def scenario() -> list:
+        out: list = []
+        gone = asyncio.Event()
+
+        async def receive() -> dict:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def work(seconds: float) -> None:
+            try:
+                await asyncio.sleep(seconds)
+                out.append("done")
+            except asyncio.CancelledError:
+                out.append("cancelled")
+                raise
+
+        out.append(await until_done_or_disconnect(work(0), receive))  # finished first
+        gone.set()  # a disconnect after the work ended must not cancel the caller later
+        await asyncio.sleep(0.01)
+        gone.clear()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.02, gone.set)
+        out.append(await until_done_or_disconnect(work(10), receive))  # the client leaves first
+        out.append(asyncio.current_task().cancelling())
+        await asyncio.sleep(0)  # the caller goes on (settles) unhindered
+
+        async def fails() -> None:
+            raise ApiError(503, "engine went away", "server_error", "engine_unavailable")
+
+        gone.clear()
+        try:
+            await until_done_or_disconnect(fails(), receive)
+        except ApiError as err:
+            out.append(err.code)
+        return out
+
+    assert asyncio.run(scenario()) == ["done", True, "cancelled", False, 0, "engine_unavailable"]
