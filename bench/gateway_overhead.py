@@ -253,7 +253,9 @@ class Bench:
             care.submit(lambda: self._settle(res, completion))
         if "usage" in self.leave_out:
             return
-        cost = await s.prices.cost(model, len(self.prompt), completion)
+        prices = s.prices  # as ``RequestAccount.close_now``: the loaded prices, nothing awaited
+        cost = (prices.cost_now(model, len(self.prompt), completion) if prices.loaded
+                else await prices.cost(model, len(self.prompt), completion))
         s.usage.record(UsageEvent(request_id=new_hex_id(), tenant_id=principal.tenant_id,
                                   api_key_id=principal.key_id, model=model, status="ok",
                                   prompt_tokens=len(self.prompt), completion_tokens=completion, cost_usd=cost,
