@@ -4,16 +4,42 @@ from /proc, stopped with SIGTERM (then SIGKILL)."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+_running: list[GatewayProcess] = []  # started and not yet stopped
+
+
+def _stop_all() -> None:
+    for server in list(_running):
+        server.stop()
+
+
+def _exit_on_sigterm(signum: int, _frame) -> None:  # noqa: ANN001
+    raise SystemExit(128 + signum)
+
+
+def _watch_exit() -> None:
+    """Once per process, from the main thread: stop the servers at exit, SIGTERM included."""
+    if _watch_exit.done or threading.current_thread() is not threading.main_thread():
+        return
+    _watch_exit.done = True
+    atexit.register(_stop_all)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+_watch_exit.done = False
 
 
 class GatewayProcess:
@@ -22,8 +48,10 @@ class GatewayProcess:
         self.port, self.log_path, self.timeout_s = port, Path(log_path), timeout_s
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         cmd = cmd or [sys.executable, "-m", "gateway.serve"]
+        _watch_exit()
         self.proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=cwd, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        _running.append(self)
         if wait:
             self.wait_ready()
 
@@ -80,6 +108,8 @@ class GatewayProcess:
         return total, loop
 
     def stop(self) -> None:
+        if self in _running:
+            _running.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
