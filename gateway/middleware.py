@@ -7,7 +7,8 @@ In this order, on every HTTP request:
 - on ``/v1/*``, the per-client-address limit (``gateway.ip_limit``, when ``ip_rpm`` > 0): its
   429s carry the request id;
 - refuses bodies over ``PAGEGATE_MAX_REQUEST_BYTES`` with 413 ``request_too_large``: at once when
-  ``content-length`` says so, else as soon as that much has arrived;
+  ``content-length`` says so, else as soon as that much has arrived (without a limit a 100 MB
+  body was parsed whole, and the process grew by 5 GB, before any check ran);
 - serves ``direct`` routes itself (``POST /v1/chat/completions`` and ``/v1/completions``: see
   ``gateway.routes``); everything else goes on to FastAPI;
 - withdraws the request's engine notice (``request.state.engine_notice``, taken once its key is

@@ -124,7 +124,5 @@ def test_the_middleware_serves_both_routes(api) -> None:  # noqa: ANN001
     finally:
         layer.direct = original
     assert served == ["/v1/chat/completions", "/v1/completions", "/v1/chat/completions"]
-    assert resp.headers["x-request-id"].startswith("req_")
-    assert "x-ratelimit-remaining-tokens" in resp.headers or "x-ratelimit-limit-requests" in resp.headers \
-        or resp.status_code == 200
+    assert resp.status_code == 200 and resp.headers["x-request-id"].startswith("req_")
     assert set(original) == {"/v1/chat/completions", "/v1/completions"}
