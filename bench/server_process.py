@@ -108,13 +108,13 @@ class GatewayProcess:
         return total, loop
 
     def stop(self) -> None:
-        if self in _running:
-            _running.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: the server and its children
                 self.proc.wait()
+        if self in _running:  # only now: a SIGTERM while it stops leaves it to the atexit
+            _running.remove(self)
         self.log.close()

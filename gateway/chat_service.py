@@ -368,17 +368,19 @@ async def until_done_or_disconnect(work: Coroutine[Any, Any, None], receive: Rec
             left = True
             this.cancel()
 
+    cancels_before = this.cancelling()
     watch = asyncio.ensure_future(_wait_disconnect(receive))
     watch.add_done_callback(on_watch_done)
     try:
         await work
     except asyncio.CancelledError:
-        if not left:
+        if not left or this.uncancel() > cancels_before:  # (a cancellation from outside as well)
             raise
+        return False
     finally:
         running = False
         watch.cancel()
-    if left:
+    if left:  # the work finished after all (it kept the cancellation to itself)
         this.uncancel()
         return False
     return True

@@ -16,10 +16,11 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from engine.protocol import EngineClient
-from gateway.error_handlers import validation_error
+from gateway.error_handlers import key_refusal, validation_error
 from gateway.errors import ApiError
 from gateway.settings import Settings
 
@@ -109,30 +110,44 @@ def announce_generation(request: Request, engine: EngineClient | None) -> Any:
     return announce() if announce is not None else None
 
 
-async def json_body(request: Request, model: type[M]) -> M:
-    """The request body as ``model``, read as FastAPI reads a JSON body parameter (a JSON content
-    type, else 400 ``invalid_json``; an empty body is a missing one). A valid body is parsed and
-    validated in one pass by pydantic's own JSON parser; one it refuses is read again as FastAPI
-    reads it (``json.loads``, then validation of the value), so that every refusal is the 400 the
-    app's handlers give FastAPI's routes (pydantic's parser refuses a lone surrogate as bad JSON,
-    where the value's validation names the field that holds it)."""
-    body = await request.body()
+async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
+    """A JSON body parameter and ``authenticate_and_limit``, in FastAPI's order and with its
+    answers: the body is read whole and decoded first (a body that is not JSON is refused before
+    any rate-limit slot or engine notice is taken; a caller without a valid key learns nothing
+    about its body: 401 before 400), then the key and the rate limit, then the value is validated.
+    A valid body is parsed and validated in one pass by pydantic's own JSON parser; one it refuses
+    is read again as FastAPI reads it (``json.loads``, then validation of the value), so that every
+    refusal is the one the app's handlers give FastAPI's routes (pydantic's parser refuses a lone
+    surrogate as bad JSON, where the value's validation names the field that holds it)."""
+    try:
+        body = await request.body()
+    except ClientDisconnect:  # gone mid-upload: FastAPI's answer, to nobody
+        raise validation_error([{"type": "json_invalid", "loc": ("body",)}]) from None
+    parsed: M | None = None
+    value: Any = _NOT_JSON
+    if body and _is_json(request.headers.get("content-type")):
+        try:
+            parsed = model.model_validate_json(body)
+        except ValidationError:
+            try:
+                value = json.loads(body)
+            except Exception:  # not JSON, not UTF-8, nested too deep, an integer too long
+                raise await key_refusal(request) or validation_error(
+                    [{"type": "json_invalid", "loc": ("body",)}]) from None
+    caller = await authenticate_and_limit(request)
+    if parsed is not None:
+        return parsed, caller
     if not body:
         raise validation_error([{"type": "missing", "loc": ("body",)}])
-    if not _is_json(request.headers.get("content-type")):
+    if value is _NOT_JSON:
         raise validation_error([{"type": "json_invalid", "loc": ("body",)}])
     try:
-        return model.model_validate_json(body)
-    except ValidationError:
-        pass
-    try:
-        value = json.loads(body)
-    except Exception:  # not JSON, not UTF-8, nested too deep, an integer too long
-        raise validation_error([{"type": "json_invalid", "loc": ("body",)}]) from None
-    try:
-        return model.model_validate(value)
+        return model.model_validate(value), caller
     except ValidationError as exc:
         raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
+_NOT_JSON = object()
 
 
 def _is_json(content_type: str | None) -> bool:

@@ -85,7 +85,7 @@ def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
                                    code, None, dict(exc.headers or {})))
 
 
-async def _authenticate_first(request: Request) -> ApiError | None:
+async def key_refusal(request: Request) -> ApiError | None:
     """The refusal a ``/v1`` request without a valid key gets: FastAPI parses and validates the
     body before the route's authentication runs, but a caller without a key learns nothing about
     its body (401 before 400, as OpenAI answers)."""
@@ -107,11 +107,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(await _authenticate_first(request) or validation_error(list(exc.errors())))
+        return error_response(await key_refusal(request) or validation_error(list(exc.errors())))
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:
-            refused = await _authenticate_first(request)
+            refused = await key_refusal(request)
             if refused is not None:
                 return error_response(refused)
         return http_error_response(exc)

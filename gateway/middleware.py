@@ -102,7 +102,7 @@ class GatewayMiddleware:
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send_with_context)
                 return
-            receive = self._limited(scope, receive)
+            receive = self._limited(receive)
             handler = self.direct.get(scope["path"]) if scope["method"] == "POST" else None
             if handler is None:
                 await self.app(scope, receive, send_with_context)
@@ -146,13 +146,10 @@ class GatewayMiddleware:
                 break
         return None
 
-    def _limited(self, scope: Scope, receive: Receive) -> Receive:
-        """``receive`` that refuses a body (one without a length given) that keeps coming past the
-        limit. A body with a ``content-length`` under the limit cannot outgrow it: the server
-        delivers exactly that many bytes."""
-        for name, _ in scope.get("headers", ()):
-            if name == b"content-length":
-                return receive
+    def _limited(self, receive: Receive) -> Receive:
+        """``receive`` that refuses a body that keeps coming past the limit: a chunked one, and
+        one whose ``content-length`` is not what frames it (h11 accepts a ``content-length`` next
+        to ``transfer-encoding: chunked`` and reads the body as chunked)."""
         seen = 0
         max_bytes = self.max_bytes
 

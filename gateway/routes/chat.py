@@ -4,7 +4,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from gateway.chat_service import create_chat_completion
-from gateway.deps import CallerDep, authenticate_and_limit, json_body
+from gateway.deps import CallerDep, read_and_admit
 from gateway.schemas import ChatCompletion, ChatCompletionRequest
 
 router = APIRouter(tags=["chat"])
@@ -19,5 +19,4 @@ async def chat_completions(body: ChatCompletionRequest, caller: CallerDep) -> Re
 
 async def serve(request: Request) -> Response:
     """The same route as the gateway's middleware serves it (``gateway.routes.DIRECT``)."""
-    caller = await authenticate_and_limit(request)
-    return await create_chat_completion(await json_body(request, ChatCompletionRequest), caller)
+    return await create_chat_completion(*await read_and_admit(request, ChatCompletionRequest))

@@ -144,3 +144,30 @@ def test_until_done_or_disconnect() -> None:
         return out
 
     assert asyncio.run(scenario()) == ["done", True, "cancelled", False, 0, "engine_unavailable"]
+
+
+def test_a_cancellation_from_outside_is_not_swallowed_by_a_disconnect() -> None:
+    from gateway.chat_service import until_done_or_disconnect
+
+    async def scenario() -> str:
+        gone = asyncio.Event()
+
+        async def receive() -> dict:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def request() -> None:
+            await until_done_or_disconnect(asyncio.sleep(10), receive)
+
+        task = asyncio.ensure_future(request())
+        await asyncio.sleep(0.01)
+        gone.set()  # the client leaves and, before the request runs again, the server cancels it
+        await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "swallowed"
+
+    assert asyncio.run(scenario()) == "cancelled"

@@ -126,3 +126,50 @@ def test_the_middleware_serves_both_routes(api) -> None:  # noqa: ANN001
     assert served == ["/v1/chat/completions", "/v1/completions", "/v1/chat/completions"]
     assert resp.status_code == 200 and resp.headers["x-request-id"].startswith("req_")
     assert set(original) == {"/v1/chat/completions", "/v1/completions"}
+
+
+def test_the_body_is_read_before_the_key_and_the_limits(api) -> None:  # noqa: ANN001
+    """As FastAPI did: an oversized chunked body is a 413 even without a valid key, and a body that
+    is not JSON is refused before it takes a request from the key's per-minute window."""
+    def chunks():  # noqa: ANN202 - no content-length: the limit counts what arrives
+        for _ in range(3):
+            yield b"x" * (api.settings.max_request_bytes // 2 + 1)
+
+    resp = httpx.post(api.base_url + "/v1/chat/completions", content=chunks(), timeout=60,
+                      headers={"authorization": "Bearer pg-wrong", "content-type": "application/json"})
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
+    _, key = api.make_tenant(rpm=2)
+    for _ in range(3):
+        bad = httpx.post(api.base_url + "/v1/chat/completions", content=b"{not json", timeout=60,
+                         headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    for _ in range(2):  # both requests of the window are still there
+        ok = httpx.post(api.base_url + "/v1/chat/completions", json={"model": api.model, **BASE}, timeout=60,
+                        headers={"authorization": f"Bearer {key}"})
+        assert ok.status_code == 200, ok.text
+
+
+def test_a_client_gone_mid_upload_is_no_server_error(api, caplog) -> None:  # noqa: ANN001
+    layer = _gateway_layer(api.app)
+    sent: list[dict] = []
+
+    async def call() -> None:
+        messages = [{"type": "http.request", "body": b'{"model": "m", "mess', "more_body": True},
+                    {"type": "http.disconnect"}]
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "app": api.app,
+                 "headers": [(b"authorization", f"Bearer {api.key}".encode()), (b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "query_string": b"", "root_path": "", "scheme": "http",
+                 "server": ("127.0.0.1", 80), "http_version": "1.1"}
+        await layer(scope, receive, send)
+
+    with caplog.at_level("ERROR"):
+        api.loop.run(call())
+    assert sent[0]["status"] == 400
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
