@@ -52,33 +52,27 @@ class RequestAccount:
             return True
         aftercare = getattr(self._services, "aftercare", None)
         settles_later = self.reservation is None or (aftercare is not None and not aftercare.inline)
-        return settles_later and getattr(self._services.prices, "loaded", False)
+        return settles_later and self._services.prices.loaded
 
     async def close(self, *, status: str, finish_reason: str | None = None, prompt_tokens: int = 0,
                     cached_prompt_tokens: int = 0, completion_tokens: int = 0, ttft_ms: float | None = None,
                     cache_hit: bool = False) -> None:
         """Settle and record. On a cache hit nothing is charged; the usage row keeps the tokens the
         stored answer cost and the money it saved."""
-        if self.closes_now:
-            self.close_now(status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
-                           cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
-                           ttft_ms=ttft_ms, cache_hit=cache_hit)
+        if self._closed:
             return
         self._closed = True
         services = self._services
-        reservation = self.reservation
         aftercare = getattr(services, "aftercare", None)
-        if reservation is not None:
-            if aftercare is None or aftercare.inline:
-                await self._settle(reservation, prompt_tokens, completion_tokens)
-            else:
-                aftercare.submit(lambda: self._settle(reservation, prompt_tokens, completion_tokens))
-        try:
-            value: Decimal | None = await services.prices.cost(self.model, prompt_tokens, completion_tokens)
-        except Exception:
-            log.exception("pricing failed for %s", self.request_id)
-            value = None
-        self._record(value, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+        if self.reservation is not None and (aftercare is None or aftercare.inline):
+            reservation, self.reservation = self.reservation, None
+            await self._settle(reservation, prompt_tokens, completion_tokens)
+        if not services.prices.loaded:
+            try:
+                await services.prices.get(self.model)
+            except Exception:  # recorded at no cost
+                log.exception("pricing failed for %s", self.request_id)
+        self._finish(status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
                      cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
                      ttft_ms=ttft_ms, cache_hit=cache_hit)
 
@@ -89,14 +83,22 @@ class RequestAccount:
         if self._closed:
             return
         self._closed = True
+        self._finish(status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                     cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
+                     ttft_ms=ttft_ms, cache_hit=cache_hit)
+
+    def _finish(self, *, status: str, finish_reason: str | None, prompt_tokens: int, cached_prompt_tokens: int,
+                completion_tokens: int, ttft_ms: float | None, cache_hit: bool) -> None:
+        """The settlement handed to the aftercare (unless done already) and the usage row."""
         reservation = self.reservation
         if reservation is not None:
             self._services.aftercare.submit(lambda: self._settle(reservation, prompt_tokens, completion_tokens))
-        try:
-            value: Decimal | None = self._services.prices.cost_now(self.model, prompt_tokens, completion_tokens)
-        except Exception:
-            log.exception("pricing failed for %s", self.request_id)
-            value = None
+        value: Decimal | None = None
+        if self._services.prices.loaded:
+            try:
+                value = self._services.prices.cost_now(self.model, prompt_tokens, completion_tokens)
+            except Exception:
+                log.exception("pricing failed for %s", self.request_id)
         self._record(value, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
                      cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
                      ttft_ms=ttft_ms, cache_hit=cache_hit)
