@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -46,11 +47,16 @@ ENGINE_START_TIMEOUT_S = 900.0  # loading (the first start converts the weights)
 STOP_TIMEOUT_S = 20.0
 
 
-def _die_with_parent() -> None:  # preexec_fn: runs in the child before exec
+def _die_with_parent(parent: int) -> None:
+    """preexec_fn (in the child, before exec): SIGTERM when the supervisor dies. A supervisor that
+    died between the fork and the ``prctl`` sends nothing: then the child has been handed to
+    another parent already, and it exits at once instead of serving as an orphan."""
     with contextlib.suppress(Exception):
         import ctypes
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def listeners(host: str, port: int, n: int) -> list[socket.socket]:
@@ -90,7 +96,8 @@ class Supervisor:
 
     def _spawn(self, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "gateway.workers", *args], env=self.env,
-                                pass_fds=pass_fds, start_new_session=True, preexec_fn=_die_with_parent)
+                                pass_fds=pass_fds, start_new_session=True,
+                                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
 
     def _start_worker(self, i: int) -> None:
         fd = self.socks[i].fileno()
