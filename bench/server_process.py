@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 _running: list[GatewayProcess] = []  # started and not yet stopped
+_watching = False  # _watch_exit has run
 
 
 def _stop_all() -> None:
@@ -31,15 +32,13 @@ def _exit_on_sigterm(signum: int, _frame) -> None:  # noqa: ANN001
 
 def _watch_exit() -> None:
     """Once per process, from the main thread: stop the servers at exit, SIGTERM included."""
-    if _watch_exit.done or threading.current_thread() is not threading.main_thread():
+    global _watching
+    if _watching or threading.current_thread() is not threading.main_thread():
         return
-    _watch_exit.done = True
+    _watching = True
     atexit.register(_stop_all)
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
-
-_watch_exit.done = False
 
 
 class GatewayProcess:

@@ -122,7 +122,7 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
     try:
         body = await request.body()
     except ClientDisconnect:  # gone mid-upload: FastAPI's answer, to nobody
-        raise validation_error([{"type": "json_invalid", "loc": ("body",)}]) from None
+        raise _not_json() from None
     parsed: M | None = None
     value: Any = _NOT_JSON
     if body and _is_json(request.headers.get("content-type")):
@@ -132,15 +132,14 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
             try:
                 value = json.loads(body)
             except Exception:  # not JSON, not UTF-8, nested too deep, an integer too long
-                raise await key_refusal(request) or validation_error(
-                    [{"type": "json_invalid", "loc": ("body",)}]) from None
+                raise await key_refusal(request) or _not_json() from None
     caller = await authenticate_and_limit(request)
     if parsed is not None:
         return parsed, caller
     if not body:
         raise validation_error([{"type": "missing", "loc": ("body",)}])
     if value is _NOT_JSON:
-        raise validation_error([{"type": "json_invalid", "loc": ("body",)}])
+        raise _not_json()
     try:
         return model.model_validate(value), caller
     except ValidationError as exc:
@@ -148,6 +147,10 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
 
 
 _NOT_JSON = object()
+
+
+def _not_json() -> ApiError:
+    return validation_error([{"type": "json_invalid", "loc": ("body",)}])
 
 
 def _is_json(content_type: str | None) -> bool:

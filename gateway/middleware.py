@@ -54,9 +54,9 @@ def new_request_id() -> str:
     return "req_" + new_hex_id()
 
 
-def too_large(max_bytes: int, size: int | None) -> HTTPException:
+def too_large(max_bytes: int, size: int | None) -> str:
     said = f"{size:,} bytes" if size is not None else f"more than {max_bytes:,} bytes"
-    return HTTPException(413, f"The request body is too large ({said}); the limit is {max_bytes:,} bytes.")
+    return f"The request body is too large ({said}); the limit is {max_bytes:,} bytes."
 
 
 class GatewayMiddleware:
@@ -142,7 +142,7 @@ class GatewayMiddleware:
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.max_bytes:
-                    return ApiError(413, too_large(self.max_bytes, int(value)).detail, code="request_too_large")
+                    return ApiError(413, too_large(self.max_bytes, int(value)), code="request_too_large")
                 break
         return None
 
@@ -159,7 +159,7 @@ class GatewayMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > max_bytes:
-                    raise too_large(max_bytes, None)
+                    raise HTTPException(413, too_large(max_bytes, None))
             return message
 
         return limited_receive
