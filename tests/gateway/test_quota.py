@@ -165,11 +165,12 @@ async def test_keys_share_the_tenant_hash_tag(tenancy, make_tenant):
 async def test_unsettled_reservation_of_a_crashed_gateway_is_refunded(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
     crashed = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices,
-                          prefix=tenancy.settings.redis_prefix, reservation_ttl_s=1)
+                          prefix=tenancy.settings.redis_prefix, reservation_ttl_s=2)
     await crashed.reserve(p, model="m", prompt_tokens=10, max_tokens=90)  # never settled
+    # (deadlines are whole seconds, int(now) + TTL: a TTL of 1 s could lapse at once)
     with pytest.raises(ApiError):
         await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
-    await asyncio.sleep(2.1)
+    await asyncio.sleep(3.1)
     r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
     assert r.max_tokens == 90  # the stale reservation was refunded
     assert await tenancy.quota.open_reservations(p.tenant_id) == 1
