@@ -1,10 +1,14 @@
 """A gateway server in its own process, for the HTTP benchmarks: started with ``python -m
 gateway.serve`` (or another command), ready once ``GET /health`` answers 200, its CPU read
-from /proc, stopped with SIGTERM (then SIGKILL)."""
+from /proc, stopped with SIGTERM (then SIGKILL). A benchmark that exits, or is stopped by SIGTERM
+(``timeout``), stops its servers; one killed outright (SIGKILL, the OOM killer) takes them with
+it too: each is started with the kernel's parent-death signal (``gateway.workers.die_with_parent``),
+so start servers from the thread that lives as long as the benchmark (its main thread)."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import signal
@@ -16,6 +20,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gateway.workers import die_with_parent  # noqa: E402
 
 _running: list[GatewayProcess] = []  # started and not yet stopped
 _watching = False  # _watch_exit has run
@@ -49,7 +56,8 @@ class GatewayProcess:
         cmd = cmd or [sys.executable, "-m", "gateway.serve"]
         _watch_exit()
         self.proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=cwd, env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
         _running.append(self)
         if wait:
             self.wait_ready()

@@ -47,7 +47,7 @@ ENGINE_START_TIMEOUT_S = 900.0  # loading (the first start converts the weights)
 STOP_TIMEOUT_S = 20.0
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """preexec_fn (in the child, before exec): SIGTERM when the supervisor dies. A supervisor that
     died between the fork and the ``prctl`` sends nothing: then the child has been handed to
     another parent already, and it exits at once instead of serving as an orphan."""
@@ -97,7 +97,7 @@ class Supervisor:
     def _spawn(self, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "gateway.workers", *args], env=self.env,
                                 pass_fds=pass_fds, start_new_session=True,
-                                preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
 
     def _start_worker(self, i: int) -> None:
         fd = self.socks[i].fileno()

@@ -22,6 +22,7 @@ def _engine_stats(state) -> dict | None:  # noqa: ANN001 - AppState
 
 
 @router.get("/health")
+@router.head("/health", include_in_schema=False)  # load balancers' HEAD checks: the status alone
 async def health(state: StateDep) -> JSONResponse:
     try:
         stats = _engine_stats(state)

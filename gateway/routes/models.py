@@ -23,11 +23,13 @@ def _cards(caller: Caller) -> list[ModelCard]:
 
 
 @router.get("/v1/models", response_model=ModelList)
+@router.head("/v1/models", include_in_schema=False)  # HEAD: the same answer without its body
 async def list_models(caller: CallerDep) -> ModelList:
     return ModelList(data=_cards(caller))
 
 
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard)
+@router.head("/v1/models/{model_id:path}", include_in_schema=False)
 async def get_model(model_id: str, caller: CallerDep) -> ModelCard:
     for card in _cards(caller):
         if card.id == model_id:

@@ -136,6 +136,12 @@ def test_models_endpoints(api) -> None:  # noqa: ANN001
     _tid, key = api.make_tenant(allowed_models=["all-MiniLM-L6-v2"])
     limited = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30).json()
     assert [m["id"] for m in limited["data"]] == ["all-MiniLM-L6-v2"]
+    head = httpx.head(api.base_url + "/v1/models", headers=h, timeout=30)  # GET's status and headers, no body
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == "application/json"
+    assert httpx.head(api.base_url + "/v1/models", timeout=30).status_code == 401
+    assert httpx.head(f"{api.base_url}/v1/models/{api.model}", headers=h, timeout=30).status_code == 200
+    assert httpx.head(api.base_url + "/v1/models/nope", headers=h, timeout=30).status_code == 404
 
 
 def test_health_and_metrics(api) -> None:  # noqa: ANN001
@@ -143,6 +149,8 @@ def test_health_and_metrics(api) -> None:  # noqa: ANN001
     assert health.status_code == 200 and health.headers["x-request-id"]
     body = health.json()
     assert body["status"] == "ok" and body["model"] == api.model
+    head = httpx.head(api.base_url + "/health", timeout=30)  # load balancers' checks
+    assert head.status_code == 200 and head.content == b"" and head.headers["x-request-id"]
     assert body["engine"]["kv_blocks_total"] == 512
     metrics = httpx.get(api.base_url + "/metrics", timeout=30).json()
     assert metrics["uptime_s"] >= 0 and "prefix_hit_rate" in metrics["engine"]

@@ -297,15 +297,15 @@ def test_a_worker_whose_engine_is_gone_answers_503(api, api_engine, tmp_path) ->
 
 
 def test_a_child_whose_supervisor_died_before_its_prctl_exits() -> None:
-    """``_die_with_parent``: the supervisor's death signal is armed, and a child that was already
+    """``die_with_parent``: the supervisor's death signal is armed, and a child that was already
     handed to another parent (its supervisor gone between fork and ``prctl``) exits at once."""
     import functools
 
-    from gateway.workers import _die_with_parent
+    from gateway.workers import die_with_parent
 
-    orphan = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(_die_with_parent, os.getpid() + 10**6))
+    orphan = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(die_with_parent, os.getpid() + 10**6))
     assert orphan.wait(timeout=10) == 1
-    child = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(die_with_parent, os.getpid()))
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             child.wait(timeout=0.5)  # its parent is alive: it runs
