@@ -250,7 +250,8 @@ class Bench:
         elif care.inline:
             await self._settle(res, completion)
         else:
-            care.submit(lambda: self._settle(res, completion))
+            quota = s.quota  # as ``RequestAccount._finish``: submitted when the batch runs, no task per request
+            care.submit(lambda: quota.settle_soon(res, prompt_tokens=len(self.prompt), completion_tokens=completion))
         if "usage" in self.leave_out:
             return
         prices = s.prices  # as ``RequestAccount.close_now``: the loaded prices, nothing awaited

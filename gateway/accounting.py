@@ -92,7 +92,9 @@ class RequestAccount:
         """The settlement handed to the aftercare (unless done already) and the usage row."""
         reservation = self.reservation
         if reservation is not None:
-            self._services.aftercare.submit(lambda: self._settle(reservation, prompt_tokens, completion_tokens))
+            quota = self._services.quota  # submitted when the aftercare's batch runs: no task per request
+            self._services.aftercare.submit(lambda: quota.settle_soon(reservation, prompt_tokens=prompt_tokens,
+                                                                      completion_tokens=completion_tokens))
         value: Decimal | None = None
         if self._services.prices.loaded:
             try:

@@ -25,12 +25,15 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("pagegate.aftercare")
 
-Job = Callable[[], Awaitable[None]]
+Job = Callable[[], Awaitable[object] | None]  # a coroutine, or a future (no task for it), or None
 
 
 class Aftercare:
     """``submit(job)``: run ``await job()`` about ``delay_s`` from now, with the other jobs due then;
-    ``await drain()``: run everything pending now. A job that raises is logged, never propagated."""
+    ``await drain()``: run everything pending now. A job that raises is logged, never propagated.
+    A job may return a future (a call already submitted, ``QuotaLedger.settle_soon``) or None
+    instead of a coroutine: a batch is then one task, not one per job (50 settlements of a wave
+    cost 50 tasks, run while the engine steps)."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = max(0.0, float(delay_s))
@@ -62,7 +65,16 @@ class Aftercare:
 
     @staticmethod
     async def _run(batch: list[Job]) -> None:
-        results = await asyncio.gather(*(job() for job in batch), return_exceptions=True)
+        waits = []
+        for job in batch:
+            try:
+                started = job()
+            except Exception:
+                log.exception("request bookkeeping failed")
+                continue
+            if started is not None:
+                waits.append(started)
+        results = await asyncio.gather(*waits, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 log.error("request bookkeeping failed", exc_info=result)

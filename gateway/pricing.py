@@ -53,6 +53,15 @@ class Price:
         return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
 
 
+    def cost_units(self, prompt_tokens: int, completion_tokens: int) -> int:
+        """``cost`` in integer 1e-8 USD units (what the quota ledger counts), without a Decimal when
+        the prices allow."""
+        units = self._units_e8
+        if units is not None and prompt_tokens >= 0 and completion_tokens >= 0:
+            return (units[0] * int(prompt_tokens) + units[1] * int(completion_tokens) + 500_000) // 1_000_000
+        return int(self.cost(prompt_tokens, completion_tokens).scaleb(8).to_integral_value())
+
+
 _UNITS: dict[Price, tuple[float, float]] = {}  # Price.units_per_token, computed once per price
 
 FREE = Price(Decimal(0), Decimal(0))

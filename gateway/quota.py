@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from importlib import resources
 
 from redis.asyncio import Redis
@@ -266,13 +267,21 @@ class QuotaLedger:
     async def settle(self, reservation: Reservation, *, prompt_tokens: int, completion_tokens: int) -> bool:
         """Replace the reservation by the real counts. Returns True when this call settled it,
         False when it had been settled before (by this or another call)."""
+        submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        return False if submitted is None else await submitted
+
+    def settle_soon(self, reservation: Reservation, *, prompt_tokens: int,
+                    completion_tokens: int) -> asyncio.Future | None:
+        """``settle``, submitted now (with the other settlements of this event-loop iteration):
+        the future of its result, or None when it had been settled before. No coroutine, so the
+        aftercare settles a wave without a task per request."""
         if reservation.settled:
-            return False
+            return None
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
-        units = usd_to_units(reservation.price.cost(max(0, prompt_tokens), max(0, completion_tokens)))
-        done = await self._settlements.submit((reservation.tenant_id, reservation.counter_key, reservation.tpm_key),
-                                              (reservation.id, tokens, units, reservation.epoch))
-        reservation.settled = True
+        units = reservation.price.cost_units(max(0, prompt_tokens), max(0, completion_tokens))
+        done = self._settlements.submit((reservation.tenant_id, reservation.counter_key, reservation.tpm_key),
+                                        (reservation.id, tokens, units, reservation.epoch))
+        done.add_done_callback(partial(_mark_settled, reservation))
         return done
 
     async def _settle_batch(self, group: tuple[int, str, str], items: list[tuple[str, int, int, str]]) -> list[bool]:
@@ -328,6 +337,11 @@ class QuotaLedger:
                                    headers={"retry-after": "1"}) from exc
         ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
         await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
+
+
+def _mark_settled(reservation: Reservation, done: asyncio.Future) -> None:
+    if not done.cancelled() and done.exception() is None:
+        reservation.settled = True
 
 
 async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], tenant_id: int,

@@ -1,4 +1,4 @@
-"""``Price.cost``: integer arithmetic in 1e-8 USD units where the prices allow it, the Decimal
+"""``Price.cost`` (and ``cost_units``, the same in 1e-8 USD units): integer arithmetic in 1e-8 USD units where the prices allow it, the Decimal
 formula otherwise; both must give the same Decimal (value and 8-decimal form)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 
 from gateway.pricing import MILLION, USD_QUANTUM, Price
+from gateway.quota import usd_to_units
 
 
 def _decimal_cost(price: Price, prompt: int, completion: int) -> Decimal:
@@ -24,6 +25,7 @@ def test_integer_costs_equal_the_decimal_formula() -> None:
         prompt, completion = rng.randint(0, 10**6), rng.randint(0, 10**5)
         got, want = price.cost(prompt, completion), _decimal_cost(price, prompt, completion)
         assert got == want and str(got) == str(want), (price, prompt, completion)
+        assert price.cost_units(prompt, completion) == usd_to_units(want)  # what the quota ledger counts
 
 
 @pytest.mark.parametrize(("prompt", "completion", "want"), [
@@ -51,6 +53,7 @@ def test_half_a_unit_rounds_up() -> None:
 def test_other_prices_take_the_decimal_formula(price: Price) -> None:
     assert price._units_e8 is None
     assert price.cost(12_345, 678) == _decimal_cost(price, 12_345, 678)
+    assert price.cost_units(12_345, 678) == usd_to_units(_decimal_cost(price, 12_345, 678))
 
 
 def test_prices_compare_by_their_values() -> None:
