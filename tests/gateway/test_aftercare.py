@@ -54,3 +54,39 @@ async def test_drain_runs_pending_jobs_now_and_survives_failures(caplog):
 
 async def test_zero_delay_means_inline():
     assert Aftercare(0).inline and not Aftercare(0.005).inline
+
+
+async def test_jobs_that_return_futures_run_in_one_task(caplog):
+    """A job may submit its work and return its future (``QuotaLedger.settle_soon``), or None:
+    the batch is one task however many jobs it holds, and ``drain`` waits for the futures."""
+    loop = asyncio.get_running_loop()
+    care = Aftercare(60)
+    futures: list[asyncio.Future] = []
+
+    def submitted() -> asyncio.Future:
+        fut = loop.create_future()
+        loop.call_later(0.02, fut.set_result, True)
+        futures.append(fut)
+        return fut
+
+    def failed_later() -> asyncio.Future:
+        fut = loop.create_future()
+        loop.call_later(0.01, fut.set_exception, RuntimeError("settle failed later"))
+        return fut
+
+    def refused_at_once() -> None:
+        raise RuntimeError("settle failed at once")
+
+    for _ in range(50):
+        care.submit(submitted)
+    care.submit(lambda: None)  # nothing to wait for (settled before)
+    care.submit(failed_later)
+    care.submit(refused_at_once)
+    before = len(asyncio.all_tasks())
+    drained = asyncio.ensure_future(care.drain())
+    await asyncio.sleep(0.005)
+    assert len(asyncio.all_tasks()) == before + 2  # the drain and the batch: no task per job
+    assert len(futures) == 50 and not any(f.done() for f in futures)
+    await asyncio.wait_for(drained, 5)
+    assert all(f.done() for f in futures) and care.pending == 0
+    assert "settle failed later" in caplog.text and "settle failed at once" in caplog.text
