@@ -251,7 +251,8 @@ class Bench:
             await self._settle(res, completion)
         else:
             quota = s.quota  # as ``RequestAccount._finish``: submitted when the batch runs, no task per request
-            care.submit(lambda: quota.settle_soon(res, prompt_tokens=len(self.prompt), completion_tokens=completion))
+            care.submit(lambda: quota.settle_soon(res, prompt_tokens=len(self.prompt), completion_tokens=completion),
+                        f"(quota settlement of {res.id})")
         if "usage" in self.leave_out:
             return
         prices = s.prices  # as ``RequestAccount.close_now``: the loaded prices, nothing awaited

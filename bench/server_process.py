@@ -2,13 +2,12 @@
 gateway.serve`` (or another command), ready once ``GET /health`` answers 200, its CPU read
 from /proc, stopped with SIGTERM (then SIGKILL). A benchmark that exits, or is stopped by SIGTERM
 (``timeout``), stops its servers; one killed outright (SIGKILL, the OOM killer) takes them with
-it too: each is started with the kernel's parent-death signal (``gateway.workers.die_with_parent``),
+it too: each is started with the kernel's parent-death signal (``gateway.workers.with_parent_death``),
 so start servers from the thread that lives as long as the benchmark (its main thread)."""
 
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
 import signal
@@ -19,10 +18,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from gateway.workers import with_parent_death
 
-from gateway.workers import die_with_parent  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 _running: list[GatewayProcess] = []  # started and not yet stopped
 _watching = False  # _watch_exit has run
@@ -57,7 +55,7 @@ class GatewayProcess:
         _watch_exit()
         self.proc = subprocess.Popen([*cmd, "--port", str(port)], cwd=cwd, env=env, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                                     preexec_fn=with_parent_death())
         _running.append(self)
         if wait:
             self.wait_ready()

@@ -71,7 +71,8 @@ async def main(args: argparse.Namespace) -> None:
 
         def hand_over_this(reservations: list) -> None:
             for r in reservations:  # as RequestAccount._finish does it now
-                this_care.submit(lambda r=r: this_quota.settle_soon(r, prompt_tokens=33, completion_tokens=1))
+                this_care.submit(lambda r=r: this_quota.settle_soon(r, prompt_tokens=33, completion_tokens=1),
+                                 f"(quota settlement of {r.id})")
 
         sides = {"this": (this_quota, this_care, hand_over_this), "baseline": (base_quota, base_care, hand_over_base)}
         figures: dict[str, list[float]] = {name: [] for name in sides}

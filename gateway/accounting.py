@@ -94,7 +94,8 @@ class RequestAccount:
         if reservation is not None:
             quota = self._services.quota  # submitted when the aftercare's batch runs: no task per request
             self._services.aftercare.submit(lambda: quota.settle_soon(reservation, prompt_tokens=prompt_tokens,
-                                                                      completion_tokens=completion_tokens))
+                                                                      completion_tokens=completion_tokens),
+                                            f"(quota settlement of {self.request_id})")
         value: Decimal | None = None
         if self._services.prices.loaded:
             try:

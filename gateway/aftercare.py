@@ -29,15 +29,15 @@ Job = Callable[[], Awaitable[object] | None]  # a coroutine, or a future (no tas
 
 
 class Aftercare:
-    """``submit(job)``: run ``await job()`` about ``delay_s`` from now, with the other jobs due then;
-    ``await drain()``: run everything pending now. A job that raises is logged, never propagated.
-    A job may return a future (a call already submitted, ``QuotaLedger.settle_soon``) or None
-    instead of a coroutine: a batch is then one task, not one per job (50 settlements of a wave
-    cost 50 tasks, run while the engine steps)."""
+    """``submit(job, label)``: call ``job()`` about ``delay_s`` from now, with the other jobs due
+    then, and wait for what it returns: a coroutine, or a future (a call it submitted,
+    ``QuotaLedger.settle_soon``: no task per job, where coroutines cost one each), or None;
+    ``await drain()``: run everything pending now. A job that fails is logged with its ``label``
+    (a request id), never propagated."""
 
     def __init__(self, delay_s: float) -> None:
         self.delay_s = max(0.0, float(delay_s))
-        self._pending: list[Job] = []
+        self._pending: list[tuple[Job, str]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task] = set()
 
@@ -50,8 +50,8 @@ class Aftercare:
     def pending(self) -> int:
         return len(self._pending) + len(self._running)
 
-    def submit(self, job: Job) -> None:
-        self._pending.append(job)
+    def submit(self, job: Job, label: str = "") -> None:
+        self._pending.append((job, label))
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.delay_s, self._start_batch)
 
@@ -64,20 +64,21 @@ class Aftercare:
             task.add_done_callback(self._running.discard)
 
     @staticmethod
-    async def _run(batch: list[Job]) -> None:
-        waits = []
-        for job in batch:
+    async def _run(batch: list[tuple[Job, str]]) -> None:
+        waits, labels = [], []
+        for job, label in batch:
             try:
                 started = job()
             except Exception:
-                log.exception("request bookkeeping failed")
+                log.exception("request bookkeeping failed %s", label)
                 continue
             if started is not None:
                 waits.append(started)
+                labels.append(label)
         results = await asyncio.gather(*waits, return_exceptions=True)
-        for result in results:
+        for result, label in zip(results, labels, strict=True):
             if isinstance(result, BaseException):
-                log.error("request bookkeeping failed", exc_info=result)
+                log.error("request bookkeeping failed %s", label, exc_info=result)
 
     async def drain(self) -> None:
         """Run every pending job now and wait for the batches already running."""

@@ -52,7 +52,6 @@ class Price:
         raw = (self.prompt_usd_per_1m * prompt_tokens + self.completion_usd_per_1m * completion_tokens) / MILLION
         return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
 
-
     def cost_units(self, prompt_tokens: int, completion_tokens: int) -> int:
         """``cost`` in integer 1e-8 USD units (what the quota ledger counts), without a Decimal when
         the prices allow."""

@@ -130,7 +130,8 @@ class _Ask:
 
 class QuotaLedger:
     """``await reserve(principal, model=, prompt_tokens=, max_tokens=)`` → Reservation;
-    ``await settle(reservation, prompt_tokens=, completion_tokens=)`` (idempotent);
+    ``await settle(reservation, prompt_tokens=, completion_tokens=)`` (idempotent; ``settle_soon``:
+    the same, submitted at once, its future returned);
     ``await release(reservation)`` = settle with zero (cache hits, failures before the engine)."""
 
     def __init__(self, redis: Redis, sessionmaker: async_sessionmaker[AsyncSession], prices: PriceBook, *,
@@ -271,10 +272,11 @@ class QuotaLedger:
         return False if submitted is None else await submitted
 
     def settle_soon(self, reservation: Reservation, *, prompt_tokens: int,
-                    completion_tokens: int) -> asyncio.Future | None:
+                    completion_tokens: int) -> asyncio.Future[bool] | None:
         """``settle``, submitted now (with the other settlements of this event-loop iteration):
         the future of its result, or None when it had been settled before. No coroutine, so the
-        aftercare settles a wave without a task per request."""
+        aftercare settles a wave without a task per request. Await the future (or hand it to the
+        aftercare): a failure is raised there and nowhere else."""
         if reservation.settled:
             return None
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gateway.settings import Settings
@@ -47,16 +48,28 @@ ENGINE_START_TIMEOUT_S = 900.0  # loading (the first start converts the weights)
 STOP_TIMEOUT_S = 20.0
 
 
-def die_with_parent(parent: int) -> None:
-    """preexec_fn (in the child, before exec): SIGTERM when the supervisor dies. A supervisor that
-    died between the fork and the ``prctl`` sends nothing: then the child has been handed to
-    another parent already, and it exits at once instead of serving as an orphan."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def die_with_parent(parent: int, prctl: Callable[..., int] | None) -> None:
+    """preexec_fn (in the child, before exec): SIGTERM when the parent dies (``prctl``: libc's,
+    looked up in the parent by ``with_parent_death``: no ``dlopen`` between fork and exec). A
+    parent that died between the fork and the ``prctl`` sends nothing: then the child has been
+    handed to another parent already, and it exits at once instead of running as an orphan."""
+    if prctl is not None:
+        with contextlib.suppress(Exception):
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:
         os._exit(1)
+
+
+def with_parent_death() -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that must not outlive this process (``die_with_parent``). Call
+    it from the thread that lives as long as the process: the kernel's signal follows the thread
+    that forked."""
+    prctl = None
+    with contextlib.suppress(Exception):  # not Linux, or no libc to be found: only the orphan check
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return functools.partial(die_with_parent, os.getpid(), prctl)
 
 
 def listeners(host: str, port: int, n: int) -> list[socket.socket]:
@@ -97,7 +110,7 @@ class Supervisor:
     def _spawn(self, args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "gateway.workers", *args], env=self.env,
                                 pass_fds=pass_fds, start_new_session=True,
-                                preexec_fn=functools.partial(die_with_parent, os.getpid()))
+                                preexec_fn=with_parent_death())
 
     def _start_worker(self, i: int) -> None:
         fd = self.socks[i].fileno()

@@ -1,4 +1,4 @@
-"""GET /health (liveness + engine stats, no auth) and GET /metrics (the same, as JSON numbers, with
+"""GET /health (liveness + engine stats, no auth; HEAD as well, for load balancers) and GET /metrics (the same, as JSON numbers, with
 the event loop's lag: ``gateway.loop_lag``)."""
 
 import dataclasses

@@ -58,21 +58,15 @@ async def test_zero_delay_means_inline():
 
 async def test_jobs_that_return_futures_run_in_one_task(caplog):
     """A job may submit its work and return its future (``QuotaLedger.settle_soon``), or None:
-    the batch is one task however many jobs it holds, and ``drain`` waits for the futures."""
+    the batch is one task however many jobs it holds, ``drain`` waits for the futures, and a
+    failure is logged with the job's label."""
     loop = asyncio.get_running_loop()
     care = Aftercare(60)
     futures: list[asyncio.Future] = []
 
     def submitted() -> asyncio.Future:
-        fut = loop.create_future()
-        loop.call_later(0.02, fut.set_result, True)
-        futures.append(fut)
-        return fut
-
-    def failed_later() -> asyncio.Future:
-        fut = loop.create_future()
-        loop.call_later(0.01, fut.set_exception, RuntimeError("settle failed later"))
-        return fut
+        futures.append(loop.create_future())
+        return futures[-1]
 
     def refused_at_once() -> None:
         raise RuntimeError("settle failed at once")
@@ -80,13 +74,18 @@ async def test_jobs_that_return_futures_run_in_one_task(caplog):
     for _ in range(50):
         care.submit(submitted)
     care.submit(lambda: None)  # nothing to wait for (settled before)
-    care.submit(failed_later)
-    care.submit(refused_at_once)
+    care.submit(submitted, "req_late")
+    care.submit(refused_at_once, "req_early")
     before = len(asyncio.all_tasks())
     drained = asyncio.ensure_future(care.drain())
-    await asyncio.sleep(0.005)
+    for _ in range(5):
+        await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) == before + 2  # the drain and the batch: no task per job
-    assert len(futures) == 50 and not any(f.done() for f in futures)
+    assert len(futures) == 51 and not drained.done()
+    for fut in futures[:50]:
+        fut.set_result(True)
+    futures[50].set_exception(RuntimeError("settle failed later"))
     await asyncio.wait_for(drained, 5)
-    assert all(f.done() for f in futures) and care.pending == 0
-    assert "settle failed later" in caplog.text and "settle failed at once" in caplog.text
+    assert care.pending == 0
+    assert "settle failed later" in caplog.text and "req_late" in caplog.text
+    assert "settle failed at once" in caplog.text and "req_early" in caplog.text

@@ -1,5 +1,5 @@
-"""``Price.cost`` (and ``cost_units``, the same in 1e-8 USD units): integer arithmetic in 1e-8 USD units where the prices allow it, the Decimal
-formula otherwise; both must give the same Decimal (value and 8-decimal form)."""
+"""``Price.cost`` (and ``cost_units``, the same in 1e-8 USD units): integer arithmetic where the
+prices allow it, the Decimal formula otherwise; both must give the same value (and 8-decimal form)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,13 @@ def test_other_prices_take_the_decimal_formula(price: Price) -> None:
     assert price._units_e8 is None
     assert price.cost(12_345, 678) == _decimal_cost(price, 12_345, 678)
     assert price.cost_units(12_345, 678) == usd_to_units(_decimal_cost(price, 12_345, 678))
+
+
+@pytest.mark.parametrize(("prompt", "completion"), [(-5, 10), (10, -5), (-1, -1)])
+def test_negative_counts_take_the_decimal_formula(prompt: int, completion: int) -> None:
+    price = Price(Decimal("0.15"), Decimal("0.6"))
+    assert price.cost(prompt, completion) == _decimal_cost(price, prompt, completion)
+    assert price.cost_units(prompt, completion) == usd_to_units(_decimal_cost(price, prompt, completion))
 
 
 def test_prices_compare_by_their_values() -> None:

@@ -301,11 +301,11 @@ def test_a_child_whose_supervisor_died_before_its_prctl_exits() -> None:
     handed to another parent (its supervisor gone between fork and ``prctl``) exits at once."""
     import functools
 
-    from gateway.workers import die_with_parent
+    from gateway.workers import die_with_parent, with_parent_death
 
-    orphan = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(die_with_parent, os.getpid() + 10**6))
+    orphan = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(die_with_parent, os.getpid() + 10**6, None))
     assert orphan.wait(timeout=10) == 1
-    child = subprocess.Popen(["sleep", "30"], preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    child = subprocess.Popen(["sleep", "30"], preexec_fn=with_parent_death())
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             child.wait(timeout=0.5)  # its parent is alive: it runs
