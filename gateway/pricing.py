@@ -17,6 +17,15 @@ from gateway.db.models import ModelPrice
 MILLION = Decimal(1_000_000)
 USD_QUANTUM = Decimal("0.00000001")  # the MONEY column's scale
 UNITS_PER_1M_USD = Decimal(100)  # 1e-8 USD units per token for a price of 1 USD per 1M tokens
+UNITS_PER_USD = Decimal(100_000_000)  # the MONEY column's scale: the quota ledger counts 1e-8 USD
+
+
+def usd_to_units(usd: Decimal) -> int:
+    return int((Decimal(usd) * UNITS_PER_USD).to_integral_value())
+
+
+def units_to_usd(units: int) -> Decimal:
+    return Decimal(units) / UNITS_PER_USD
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,27 +52,19 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth import Principal
 from gateway.coalesce import Coalescer
 from gateway.db.models import UsageRecord
-from gateway.errors import ApiError, insufficient_quota, rate_limited
+from gateway.errors import ApiError, insufficient_quota
 from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
-from gateway.pricing import Price, PriceBook
+from gateway.pricing import Price, PriceBook, units_to_usd, usd_to_units
+from gateway.quota_refusals import describe_budget, tpm_headers, tpm_refusal
 from gateway.redis_lane import ScriptLane
 
-UNITS_PER_USD = Decimal(100_000_000)  # the MONEY column's scale: 1e-8 USD
 RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
 CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
 
 
 def _script(name: str) -> str:
     return resources.files("gateway.lua").joinpath(name).read_text()
-
-
-def usd_to_units(usd: Decimal) -> int:
-    return int((Decimal(usd) * UNITS_PER_USD).to_integral_value())
-
-
-def units_to_usd(units: int) -> Decimal:
-    return Decimal(units) / UNITS_PER_USD
 
 
 def period_bounds(period: str, now: datetime) -> tuple[str, datetime, datetime]:
@@ -246,13 +238,13 @@ class QuotaLedger:
             if code == -2:
                 out.append(insufficient_quota(
                     f"You exceeded your current quota for this {principal.budget_period}: "
-                    f"{_describe_budget(principal, a, b)}. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
+                    f"{describe_budget(principal, a, b)}. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
                     retry_after_s=max(1.0, period_end.timestamp() - now)))
             elif code == -3:
-                out.append(_tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,
+                out.append(tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,
                                         ask.prompt_tokens + ask.min_tokens))
             else:
-                headers = _tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
+                headers = tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
                 out.append(Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
@@ -356,63 +348,3 @@ async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], t
     async with sessionmaker() as session:
         tokens, usd = (await session.execute(stmt)).one()
     return int(tokens or 0), Decimal(str(usd or 0))
-
-
-def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float:
-    """Seconds until ``need`` more tokens fit the sliding TPM window, if nothing else is charged
-    meanwhile. The window counts ``floor(prev * (1 - frac) + cur)`` (``frac``: the elapsed fraction
-    of this minute; ``quota_reserve.lua``), so ``need`` fits once that sum is below
-    ``limit - need + 1``: the previous minute's tokens drain linearly until the minute ends, then
-    this minute's become the previous ones and drain in turn. ``need`` over ``limit`` never fits:
-    the time until the window is empty."""
-    left_s = 60.0 * (1.0 - frac)
-    if need > limit:
-        return left_s + 60.0
-    room = limit - need + 1  # the sum must end below this
-    if cur + need <= limit:  # before this minute ends, as the previous minute's tokens drain
-        return 0.0 if prev <= 0 else max(0.0, 60.0 * (1.0 - frac - (room - cur) / prev))
-    return left_s + 60.0 * max(0.0, 1.0 - room / cur)  # in the next minute, as this one's drain
-
-
-def _tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int) -> ApiError:
-    """429 for a request that does not fit the TPM window: its ``retry-after`` and
-    ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first)."""
-    wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
-    reset = format_reset(wait_s)
-    headers = _tpm_headers(limit, used, reset)
-    if requested > limit:
-        headers["x-should-retry"] = "false"  # the openai SDKs would retry a 429: this one never fits
-        message = (f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
-                   f"Send fewer tokens.")
-    else:
-        message = (f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
-                   f"{requested}. Please try again in {reset}.")
-    return rate_limited(message, retry_after_s=wait_s, headers=headers)
-
-
-def _tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
-    """``reset``: already formatted (``format_reset``), once per batch."""
-    return {
-        "x-ratelimit-limit-tokens": str(limit),
-        "x-ratelimit-remaining-tokens": str(max(0, limit - used)),
-        "x-ratelimit-reset-tokens": reset,
-    }
-
-
-def _describe_budget(p: Principal, tok_used: int, usd_units: int) -> str:
-    parts = []
-    if p.budget_tokens is not None:
-        parts.append(f"{tok_used} of {p.budget_tokens} tokens used")
-    if p.budget_usd is not None:
-        parts.append(f"{format_usd(units_to_usd(usd_units))} of {format_usd(Decimal(p.budget_usd))} used")
-    return ", ".join(parts) or "budget exhausted"
-
-
-def format_usd(value: Decimal) -> str:
-    """Dollars to the cent, or to two significant digits for an amount under a dollar (down to the
-    ledger's 1e-8): $12.35, $0.50, $0.0042, $0.00002."""
-    if value == 0 or abs(value) >= 1:
-        return f"${value:,.2f}"
-    places = max(2, min(8, -value.copy_abs().adjusted() + 1))
-    whole, _, frac = f"{value:.{places}f}".partition(".")
-    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"

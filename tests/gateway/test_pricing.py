@@ -8,8 +8,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 
-from gateway.pricing import MILLION, USD_QUANTUM, Price
-from gateway.quota import usd_to_units
+from gateway.pricing import MILLION, USD_QUANTUM, Price, usd_to_units
 
 
 def _decimal_cost(price: Price, prompt: int, completion: int) -> Decimal:

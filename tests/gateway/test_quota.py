@@ -387,7 +387,7 @@ def _window_after(limit, prev, cur, frac, t):  # noqa: ANN001, ANN202
 def test_tpm_wait_is_when_the_request_fits_again():
     """``tpm_wait_s``: the request fits at the time it gives and not a second before it, before and
     after the minute's boundary (the window drains linearly; the script floors its count)."""
-    from gateway.quota import tpm_wait_s
+    from gateway.quota_refusals import tpm_wait_s
 
     cases = 0
     for limit in (100, 1000):
@@ -433,7 +433,7 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
 
 
 def test_money_is_shown_to_the_cent_or_to_two_significant_digits():
-    from gateway.quota import format_usd
+    from gateway.quota_refusals import format_usd
 
     shown = {v: format_usd(Decimal(v)) for v in ("0", "12.5", "1234.5", "0.5", "0.0042", "0.00002", "0.000123456",
                                                   "0.00000001")}

@@ -1,0 +1,72 @@
+"""What a tenant is told when its quota or token-rate window refuses or limits a request (for
+``gateway.quota``): the messages, when a request would fit again, the ``x-ratelimit-*-tokens``
+headers, and dollar amounts as the messages write them."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from gateway.auth import Principal
+from gateway.errors import ApiError, rate_limited
+from gateway.limits import format_reset
+from gateway.pricing import units_to_usd
+
+
+def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float:
+    """Seconds until ``need`` more tokens fit the sliding TPM window, if nothing else is charged
+    meanwhile. The window counts ``floor(prev * (1 - frac) + cur)`` (``frac``: the elapsed fraction
+    of this minute; ``quota_reserve.lua``), so ``need`` fits once that sum is below
+    ``limit - need + 1``: the previous minute's tokens drain linearly until the minute ends, then
+    this minute's become the previous ones and drain in turn. ``need`` over ``limit`` never fits:
+    the time until the window is empty."""
+    left_s = 60.0 * (1.0 - frac)
+    if need > limit:
+        return left_s + 60.0
+    room = limit - need + 1  # the sum must end below this
+    if cur + need <= limit:  # before this minute ends, as the previous minute's tokens drain
+        return 0.0 if prev <= 0 else max(0.0, 60.0 * (1.0 - frac - (room - cur) / prev))
+    return left_s + 60.0 * max(0.0, 1.0 - room / cur)  # in the next minute, as this one's drain
+
+
+def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int) -> ApiError:
+    """429 for a request that does not fit the TPM window: its ``retry-after`` and
+    ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first)."""
+    wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
+    reset = format_reset(wait_s)
+    headers = tpm_headers(limit, used, reset)
+    if requested > limit:
+        headers["x-should-retry"] = "false"  # the openai SDKs would retry a 429: this one never fits
+        message = (f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
+                   f"Send fewer tokens.")
+    else:
+        message = (f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
+                   f"{requested}. Please try again in {reset}.")
+    return rate_limited(message, retry_after_s=wait_s, headers=headers)
+
+
+def tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
+    """``reset``: already formatted (``format_reset``), once per batch."""
+    return {
+        "x-ratelimit-limit-tokens": str(limit),
+        "x-ratelimit-remaining-tokens": str(max(0, limit - used)),
+        "x-ratelimit-reset-tokens": reset,
+    }
+
+
+def describe_budget(p: Principal, tok_used: int, usd_units: int) -> str:
+    parts = []
+    if p.budget_tokens is not None:
+        parts.append(f"{tok_used} of {p.budget_tokens} tokens used")
+    if p.budget_usd is not None:
+        parts.append(f"{format_usd(units_to_usd(usd_units))} of {format_usd(Decimal(p.budget_usd))} used")
+    return ", ".join(parts) or "budget exhausted"
+
+
+def format_usd(value: Decimal) -> str:
+    """Dollars to the cent, or to two significant digits for an amount under a dollar (down to the
+    ledger's 1e-8): $12.35, $0.50, $0.0042, $0.00002."""
+    if value == 0 or abs(value) >= 1:
+        return f"${value:,.2f}"
+    places = max(2, min(8, -value.copy_abs().adjusted() + 1))
+    whole, _, frac = f"{value:.{places}f}".partition(".")
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
