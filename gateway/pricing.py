@@ -54,20 +54,25 @@ class Price:
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
         """USD, rounded half up to the MONEY column's 8 decimals."""
-        units = self._units_e8
-        if units is not None and prompt_tokens >= 0 and completion_tokens >= 0:
-            e8_per_1m = units[0] * int(prompt_tokens) + units[1] * int(completion_tokens)
-            return Decimal((e8_per_1m + 500_000) // 1_000_000).scaleb(-8)
+        units = self._integer_units(prompt_tokens, completion_tokens)
+        if units is not None:
+            return Decimal(units).scaleb(-8)
         raw = (self.prompt_usd_per_1m * prompt_tokens + self.completion_usd_per_1m * completion_tokens) / MILLION
         return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
 
     def cost_units(self, prompt_tokens: int, completion_tokens: int) -> int:
         """``cost`` in integer 1e-8 USD units (what the quota ledger counts), without a Decimal when
         the prices allow."""
+        units = self._integer_units(prompt_tokens, completion_tokens)
+        return units if units is not None else usd_to_units(self.cost(prompt_tokens, completion_tokens))
+
+    def _integer_units(self, prompt_tokens: int, completion_tokens: int) -> int | None:
+        """The cost in 1e-8 USD units, rounded half up, by integer arithmetic; None when the prices
+        or counts need the Decimal formula."""
         units = self._units_e8
-        if units is not None and prompt_tokens >= 0 and completion_tokens >= 0:
-            return (units[0] * int(prompt_tokens) + units[1] * int(completion_tokens) + 500_000) // 1_000_000
-        return int(self.cost(prompt_tokens, completion_tokens).scaleb(8).to_integral_value())
+        if units is None or prompt_tokens < 0 or completion_tokens < 0:
+            return None
+        return (units[0] * int(prompt_tokens) + units[1] * int(completion_tokens) + 500_000) // 1_000_000
 
 
 _UNITS: dict[Price, tuple[float, float]] = {}  # Price.units_per_token, computed once per price

@@ -1,5 +1,5 @@
-"""GET /health (liveness + engine stats, no auth; HEAD as well, for load balancers) and GET /metrics (the same, as JSON numbers, with
-the event loop's lag: ``gateway.loop_lag``)."""
+"""GET /health (liveness + engine stats, no auth; HEAD as well, for load balancers) and GET
+/metrics (the same, as JSON numbers, with the event loop's lag: ``gateway.loop_lag``)."""
 
 import dataclasses
 import os
