@@ -376,6 +376,7 @@ async def main(args: argparse.Namespace) -> None:
         for coalescer, name in ((ip_limiter._batches, "per-address"), (services.limiter._batches, "key/tenant RPM"),
                                 (services.quota._batches, "reservation")):
             timeline.watch(coalescer, name)
+        timeline.watch_engine(engine)
     bench = Bench(engine, services, ip_limiter, client_request, new.key, prompt, args.max_tokens,
                   timeline=timeline, leave_out=leave_out)
     if leave_out:

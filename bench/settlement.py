@@ -5,13 +5,16 @@ engine steps), against an earlier revision's code in the same process: that revi
 default 288739f: a coroutine per settlement, so a task per request in the aftercare's batch, and
 the cost in 1e-8 USD units through a ``Decimal``). Both settle the same kind of reservations
 (made by their own ledger just before, not timed) on real Redis, alternately, wave after wave;
-the figure is the event loop's CPU (``time.thread_time``) from the first hand-over to the end of
-the batch, per settlement.
+the figures are the event loop's CPU (``time.thread_time``) from the first hand-over to the end of
+the batch, per settlement, and Redis's own time per settlement (``INFO commandstats``: the growth
+of ``EVALSHA``'s time over the batch; the baseline runs that revision's ``quota_settle.lua``, so
+nothing else may use this Redis server during the run). Redis's time matters while the engine
+steps: on a machine whose cores also run the model, the settlement script competes with it.
 
     python bench/settlement.py [--waves 300] [--wave 50] [--baseline-rev REV]
 
 Needs Redis (PAGEGATE_REDIS_URL, default redis://127.0.0.1:6379/2; a unique key prefix is used
-and deleted). Prints µs per settlement (median of the waves) for each and the ratio."""
+and deleted). Prints µs per settlement (medians of the waves) for each and the ratios."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +61,12 @@ async def main(args: argparse.Namespace) -> None:
         this_quota = services.quota
         base_quota = old_quota.QuotaLedger(services.redis, services.db.sessionmaker, services.prices,
                                            prefix=settings.redis_prefix)
+        base_quota._settle = services.redis.register_script(subprocess.run(  # that revision's script too
+            ["git", "show", f"{args.baseline_rev}:gateway/lua/quota_settle.lua"], cwd=ROOT, check=True,
+            capture_output=True, text=True).stdout)
+
+        async def evalsha_usec() -> int:
+            return int((await services.redis.info("commandstats"))["cmdstat_evalsha"]["usec"])
         this_care, base_care = Aftercare(0.02), old_aftercare.Aftercare(0.02)
 
         async def base_settle(reservation) -> None:  # noqa: ANN001 - as that revision's RequestAccount._settle
@@ -76,19 +86,27 @@ async def main(args: argparse.Namespace) -> None:
 
         sides = {"this": (this_quota, this_care, hand_over_this), "baseline": (base_quota, base_care, hand_over_base)}
         figures: dict[str, list[float]] = {name: [] for name in sides}
+        in_redis: dict[str, list[float]] = {name: [] for name in sides}
         for _ in range(args.waves):
             for name, (quota, care, hand_over) in sides.items():
                 wave = await asyncio.gather(*(quota.reserve(principal, model=MODEL, prompt_tokens=33, max_tokens=1)
                                               for _ in range(args.wave)))
                 await asyncio.sleep(0)
+                r0 = await evalsha_usec()
                 t0 = time.thread_time()
                 hand_over(wave)
                 await care.drain()
                 figures[name].append((time.thread_time() - t0) * 1e6 / args.wave)
+                in_redis[name].append((await evalsha_usec() - r0) / args.wave)
                 if not all(r.settled for r in wave):
                     raise SystemExit(f"{name}: a settlement did not happen")
         this, base = statistics.median(figures["this"]), statistics.median(figures["baseline"])
         print(f"{args.waves} waves of {args.wave} settlements, alternated; event-loop CPU per settlement, median:")
+        print(f"  this code                 {this:6.2f} µs")
+        print(f"  baseline {args.baseline_rev:<16} {base:6.2f} µs")
+        print(f"  ratio baseline / this     {base / this:6.2f}x")
+        this, base = statistics.median(in_redis["this"]), statistics.median(in_redis["baseline"])
+        print("Redis's time per settlement (its script's share of the batch), median:")
         print(f"  this code                 {this:6.2f} µs")
         print(f"  baseline {args.baseline_rev:<16} {base:6.2f} µs")
         print(f"  ratio baseline / this     {base / this:6.2f}x")

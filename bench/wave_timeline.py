@@ -30,6 +30,9 @@ LABELS = {
     "out": "outputs reach the clients",
     "start": "requests start (after the previous one's row)",
     "admitted": "requests reach the engine",
+    "gather": "step thread gathers the burst (from idle)",
+    "gathered": "step thread stops gathering",
+    "added": "step thread adds the requests",
 }
 
 
@@ -53,6 +56,26 @@ class WaveTimeline:
                 self.mark(f"{name} back")
 
         coalescer._run = timed
+
+    def watch_engine(self, engine) -> None:  # noqa: ANN001 - engine.async_engine.AsyncEngine
+        """Mark, on the step thread, when it starts and stops gathering a burst and when it adds
+        each request to the scheduler (the part of the wave after the requests are handed over)."""
+        burst, llm = engine._burst, engine.engine
+        gather, add = burst.gather, llm.add_request
+
+        def timed_gather(stopping):  # noqa: ANN001, ANN202
+            self.mark("gather")
+            try:
+                return gather(stopping)
+            finally:
+                self.mark("gathered")
+
+        def timed_add(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            self.mark("added")
+            return add(*args, **kwargs)
+
+        burst.gather = timed_gather
+        llm.add_request = timed_add
 
     def end_phase(self, mode: str) -> None:
         self.phase_events[mode] += self.events

@@ -11,14 +11,25 @@
 -- the request ran): the rebuilt counter never saw it, so its real amounts are added too; with the
 -- same epoch a missing entry means settled already (or refunded as stale): nothing is added.
 -- Returns per reservation 1 when settled now, 0 when it had already been settled (or refunded as stale).
+-- The batch's entries are read with one HMGET and removed with one HDEL and one ZREM: Redis's time
+-- per settlement is a third of one lookup and two removals per reservation (bench/settlement.py).
 local counter_epoch = redis.call('HGET', KEYS[3], 'epoch')
-local d_tok, d_usd, d_tpm, any_tpm = 0, 0, 0, false
-local out = {}
+local ids, n = {}, 0
 for i = 1, #ARGV, 4 do
-  local id = ARGV[i]
-  local v = redis.call('HGET', KEYS[1], id)
+  n = n + 1
+  ids[n] = ARGV[i]
+end
+if n == 0 then return {} end
+local entries = redis.call('HMGET', KEYS[1], unpack(ids))  -- one lookup for the batch
+local d_tok, d_usd, d_tpm, any_tpm = 0, 0, 0, false
+local out, done, gone, n_gone = {}, {}, {}, 0
+for j = 1, n do
+  local id, i = ids[j], 4 * j - 3
+  local v = entries[j]
+  if done[id] then v = 'settled' end  -- the same reservation twice in one batch: settled once
+  done[id] = true
   if v == 'settled' then  -- a lost reservation settled before (below): once only
-    table.insert(out, 0)
+    out[j] = 0
   elseif not v then
     local made_in = ARGV[i + 3]
     if counter_epoch and made_in ~= '' and made_in ~= counter_epoch then
@@ -26,13 +37,13 @@ for i = 1, #ARGV, 4 do
       -- remembered until the stale sweep of quota_reserve.lua drops it, so a second settle is a no-op
       redis.call('HSET', KEYS[1], id, 'settled')
       redis.call('ZADD', KEYS[2], tonumber(redis.call('TIME')[1]) + 7200, id)
-      table.insert(out, 1)
+      out[j] = 1
     else
-      table.insert(out, 0)
+      out[j] = 0
     end
   else
-    redis.call('HDEL', KEYS[1], id)
-    redis.call('ZREM', KEYS[2], id)
+    n_gone = n_gone + 1
+    gone[n_gone] = id
     local rtok, rusd, rtpm, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
     local tok, usd = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
     if counter_epoch then
@@ -46,8 +57,12 @@ for i = 1, #ARGV, 4 do
     if tpm_tok > 0 then
       d_tpm, any_tpm = d_tpm + tok - tpm_tok, true
     end
-    table.insert(out, 1)
+    out[j] = 1
   end
+end
+if n_gone > 0 then  -- the settled entries leave in one call each (not one per reservation)
+  redis.call('HDEL', KEYS[1], unpack(gone))
+  redis.call('ZREM', KEYS[2], unpack(gone))
 end
 if counter_epoch and (d_tok ~= 0 or d_usd ~= 0) then
   redis.call('HINCRBY', KEYS[3], 'tok', d_tok)

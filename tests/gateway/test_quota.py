@@ -365,6 +365,18 @@ async def test_a_request_running_while_redis_is_lost_is_charged_when_it_settles(
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 90
 
 
+async def test_a_lost_reservation_settled_twice_in_one_batch_is_charged_once(tenancy, make_tenant):
+    """Both settlements of it go to Redis in one script call (the same event-loop iteration): the
+    first adds its real amounts, the second sees it settled."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    running = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
+    await _lose_redis(tenancy, p.tenant_id)
+    await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # rebuilds the counter: 50
+    twice = [tenancy.quota.settle_soon(running, prompt_tokens=10, completion_tokens=30) for _ in range(2)]
+    assert sorted(await asyncio.gather(*twice)) == [False, True]
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 50 + 40
+
+
 async def test_a_settled_reservation_is_not_charged_again_in_the_same_epoch(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
     r = await tenancy.quota.reserve(p, model="m", prompt_tokens=5, max_tokens=5)
