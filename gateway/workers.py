@@ -73,8 +73,14 @@ def with_parent_death() -> Callable[[], None]:
 
 
 def listeners(host: str, port: int, n: int) -> list[socket.socket]:
-    """``n`` listening sockets on one address (SO_REUSEPORT). Raises OSError if the port is taken."""
+    """``n`` listening sockets on one address (SO_REUSEPORT). Raises OSError if the port is taken,
+    also by another process's SO_REUSEPORT listeners (another ``pagegate serve --workers`` of the
+    same user would otherwise share the port and take part of the traffic)."""
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:  # without SO_REUSEPORT: fails on any listener
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(addr)
+        addr = probe.getsockname()  # port 0: the one the probe got
     socks: list[socket.socket] = []
     try:
         for _ in range(n):

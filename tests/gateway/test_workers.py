@@ -312,3 +312,23 @@ def test_a_child_whose_supervisor_died_before_its_prctl_exits() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("other_reuses_port", [True, False])
+def test_listeners_refuse_a_port_another_process_listens_on(other_reuses_port: bool) -> None:
+    """Another ``--workers`` service (SO_REUSEPORT listeners, same user) must not share the port."""
+    from gateway.workers import listeners
+
+    with socket.socket() as other:
+        if other_reuses_port:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        with pytest.raises(OSError):
+            listeners("127.0.0.1", other.getsockname()[1], 2)
+    socks = listeners("127.0.0.1", 0, 2)  # a free port: both sockets share it
+    try:
+        assert len({s.getsockname()[1] for s in socks}) == 1
+    finally:
+        for s in socks:
+            s.close()
