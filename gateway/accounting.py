@@ -27,6 +27,7 @@ class RequestAccount:
         self.endpoint = endpoint
         self.started = started  # time.perf_counter() at arrival
         self.reservation: Any = None
+        self.price: Any = None  # the price the reservation was made at: the row and the settlement use it
         self.cache = "miss"  # hit | semantic-hit | miss | bypass
         self._closed = False
 
@@ -36,6 +37,7 @@ class RequestAccount:
         self.reservation = await self._services.quota.reserve(
             self.principal, model=self.model, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             min_tokens=min_tokens)
+        self.price = self.reservation.price
         return int(self.reservation.max_tokens)
 
     @property
@@ -97,7 +99,12 @@ class RequestAccount:
                                                                       completion_tokens=completion_tokens),
                                             f"(quota settlement of {self.request_id})")
         value: Decimal | None = None
-        if self._services.prices.loaded:
+        if self.price is not None:  # as the settlement counts it: the budget and the bill agree
+            try:
+                value = self.price.cost(prompt_tokens, completion_tokens)
+            except Exception:
+                log.exception("pricing failed for %s", self.request_id)
+        elif self._services.prices.loaded:
             try:
                 value = self._services.prices.cost_now(self.model, prompt_tokens, completion_tokens)
             except Exception:

@@ -294,6 +294,9 @@ async def _settle(gen: Generation, account: RequestAccount, status: str) -> None
 
 
 def _outcome(gen: Generation, status: str) -> dict:
+    if status == "error" and not gen.taken:  # refused by the engine (overloaded, stopped, bad ids): nothing
+        return dict(status=status, finish_reason=None, prompt_tokens=0, cached_prompt_tokens=0,  # to charge
+                    completion_tokens=0, ttft_ms=None)
     return dict(status=status, finish_reason=gen.finish_reason if gen.finished else None,
                 prompt_tokens=gen.prompt_tokens, cached_prompt_tokens=gen.cached_tokens,
                 completion_tokens=gen.completion_tokens, ttft_ms=gen.ttft_ms)

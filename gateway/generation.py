@@ -76,6 +76,7 @@ class Generation:
         self.first_token_at: float | None = None
         self.finished = False
         self.exhausted = False  # the engine's stream has ended: closing it has nothing left to do
+        self.taken = False  # the engine has sent an output: it took the request (its prompt is computed)
 
     @classmethod
     def open(cls, engine: EngineClient, prompt: list[int], params: SamplingParams, *, request_id: str,
@@ -120,6 +121,7 @@ class Generation:
             pass
 
     def _fold(self, out: RequestOutput) -> list[CompletionDelta]:
+        self.taken = True
         self.prompt_tokens = out.prompt_tokens
         self.cached_tokens = out.cached_prompt_tokens
         for d in out.deltas:

@@ -258,6 +258,8 @@ def test_overloaded_engine_is_503_with_retry_after(api, api_engine) -> None:  # 
     assert int(err.value.response.headers["retry-after"]) >= 1
     rows = api.usage_rows(err.value.response.headers["x-request-id"])
     assert len(rows) == 1 and rows[0].status == "error" and rows[0].completion_tokens == 0
+    # the engine never took it: nothing charged (it used to bill and count the prompt's tokens)
+    assert rows[0].prompt_tokens == 0 and rows[0].cost_usd == 0
 
 
 @pytest.mark.parametrize("stream", [True, False])

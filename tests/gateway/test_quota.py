@@ -213,6 +213,40 @@ async def test_settlement_runs_after_the_response_and_is_drained(tenancy, make_t
         tenancy.aftercare = original
 
 
+async def test_a_price_change_during_a_request_bills_it_as_its_budget_counts_it(tenancy, make_tenant):
+    """The usage row and the quota settlement price a request alike: at the price its reservation
+    was made at, even when the table changed (and was re-read) while it ran. Before, the row took
+    the new price and the settlement the old one, so the budget and the bill disagreed."""
+    import time
+    from decimal import Decimal
+
+    from sqlalchemy import select
+
+    from gateway.accounting import RequestAccount
+    from gateway.db.models import UsageRecord
+
+    p = await _principal(tenancy, make_tenant, budget_usd="1", tpm=0)
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="repriced", prompt_usd_per_1m="1", completion_usd_per_1m="2")
+        await s.commit()
+    tenancy.prices.invalidate()
+    request_id = uuid.uuid4().hex
+    account = RequestAccount(tenancy, p, request_id=request_id, model="repriced", endpoint="chat.completions",
+                             started=time.perf_counter())
+    await account.reserve(prompt_tokens=10, max_tokens=90)
+    async with tenancy.db.sessionmaker() as s:  # the admin raises the price while it runs
+        await svc.set_price(s, model="repriced", prompt_usd_per_1m="100", completion_usd_per_1m="200")
+        await s.commit()
+    tenancy.prices.invalidate()
+    await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+    await tenancy.aftercare.drain()
+    assert await tenancy.usage.flush()
+    async with tenancy.db.sessionmaker() as s:
+        row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
+    assert row.cost_usd == Decimal("0.00002")  # 10 x $1/1M + 5 x $2/1M
+    assert (await tenancy.quota.usage(p.tenant_id))[1] == row.cost_usd
+
+
 async def test_a_batch_of_reservations_ends_exactly_as_one_by_one(tenancy, make_tenant):
     """Reservations made in one event-loop iteration go to Redis in one script call; each must
     come out as it would have one after the other: the same clamps, refusals and totals."""
