@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from gateway.errors import ApiError
 
@@ -78,6 +79,12 @@ _HTTP_ERRORS = {  # Starlette's and FastAPI's own refusals, in OpenAI's words
 }
 
 
+def unknown_url() -> ApiError:
+    """What an unknown URL gets (Starlette's 404, in OpenAI's words), for a route that matched it."""
+    code, message = _HTTP_ERRORS[404]
+    return ApiError(404, message, "invalid_request_error", code)
+
+
 def http_error_response(exc: StarletteHTTPException) -> JSONResponse:
     """Starlette's and FastAPI's own refusals (404, 405, 413, ...) as OpenAI errors."""
     code, message = _HTTP_ERRORS.get(exc.status_code, (None, None))
@@ -102,6 +109,22 @@ async def key_refusal(request: Request) -> ApiError | None:
     return None
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route of the app answers at this path (each asked of the router as it
+    routes, included routers too). Starlette's 405 names those of the first route whose path
+    matched: GET and HEAD of one path declared apart gave ``Allow: HEAD``."""
+    routes = request.app.router.routes
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in routes):
+            allowed.append(method)
+    return ", ".join(allowed)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc)
@@ -114,6 +137,10 @@ def install_error_handlers(app: FastAPI) -> None:
             refused = await key_refusal(request)
             if refused is not None:
                 return error_response(refused)
+        if exc.status_code == 405:
+            allow = allowed_methods(request)
+            if allow:
+                exc = StarletteHTTPException(405, exc.detail, {**(exc.headers or {}), "Allow": allow})
         return http_error_response(exc)
 
     app.add_exception_handler(ApiError, on_api_error)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from fastapi import APIRouter
 
 from gateway.deps import Caller, CallerDep
 from gateway.embedding_service import embedding_model_id
+from gateway.error_handlers import unknown_url
 from gateway.errors import model_not_found
 from gateway.schemas import ModelCard, ModelList
 
@@ -31,6 +32,8 @@ async def list_models(caller: CallerDep) -> ModelList:
 @router.get("/v1/models/{model_id:path}", response_model=ModelCard)
 @router.head("/v1/models/{model_id:path}", include_in_schema=False)
 async def get_model(model_id: str, caller: CallerDep) -> ModelCard:
+    if not model_id:  # "/v1/models/": an unknown URL (a trailing slash), not a model named ""
+        raise unknown_url()
     for card in _cards(caller):
         if card.id == model_id:
             return card

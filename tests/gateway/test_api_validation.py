@@ -114,6 +114,28 @@ def test_auth_and_model_errors(api) -> None:  # noqa: ANN001
     assert_error(httpx.delete(api.base_url + "/v1/models", timeout=30), 405)
 
 
+def test_a_trailing_slash_on_models_is_an_unknown_url(api) -> None:  # noqa: ANN001
+    """``/v1/models/`` is not the model named "" (``model_not_found``) but an unknown URL, as
+    ``/v1/chat/completions/`` is."""
+    for path in ("/v1/models/", "/v1/chat/completions/"):
+        resp = httpx.request("GET" if "models" in path else "POST", api.base_url + path,
+                             headers={"authorization": f"Bearer {api.key}"}, json={}, timeout=30)
+        assert_error(resp, 404, code="not_found")
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("PUT", "/v1/models", "GET, HEAD"),  # GET and HEAD are declared apart: Starlette named only one
+    ("DELETE", "/v1/models/some-model", "GET, HEAD"),
+    ("POST", "/health", "GET, HEAD"),
+    ("GET", "/v1/chat/completions", "POST"),
+    ("DELETE", "/admin/v1/tenants", "GET, POST"),  # list and create: two routes, one path
+])
+def test_405_names_every_method_the_path_answers(api, method, path, allow) -> None:  # noqa: ANN001
+    resp = httpx.request(method, api.base_url + path, headers={"authorization": f"Bearer {api.key}"}, timeout=30)
+    assert_error(resp, 405)
+    assert resp.headers["allow"] == allow
+
+
 def test_unknown_fields_are_ignored_and_headers_present(api) -> None:  # noqa: ANN001
     resp = post(api, "/v1/chat/completions", chat(api, frobnicate={"a": 1}, logit_bias={},
                                                   parallel_tool_calls=False, metadata={"x": "y"}))
