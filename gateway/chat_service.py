@@ -35,7 +35,7 @@ from gateway.errors import (
 )
 from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
 from gateway.generation import Generation, context_length_exceeded, far_too_long
-from gateway.schemas import ChatCompletionRequest, CompletionRequest
+from gateway.schemas import ChatCompletionRequest, CompletionRequest, TextPart
 from gateway.sse import SSEResponse
 
 log = logging.getLogger("pagegate.chat")
@@ -132,8 +132,22 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     """Known OpenAI fields the engine cannot honour are refused, never silently dropped."""
     if body.logit_bias:
         raise unsupported("logit_bias")
+    if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
+        raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                              param="stream_options")
     if isinstance(body, CompletionRequest):
         return
+    if body.response_format is not None and body.response_format.type != "text":
+        raise unsupported("response_format", f"response_format of type '{body.response_format.type}' is not "
+                                             "supported by this model (only 'text').")
+    for i, m in enumerate(body.messages):
+        if m.role in ("tool", "function"):
+            raise unsupported(f"messages[{i}].role", f"'{m.role}' messages are not supported: this model has no "
+                                                     "tools; send the conversation without them.")
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            if not isinstance(part, TextPart):
+                raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{part.type}' are "
+                                                                      "not supported: this model reads text only.")
     if body.tools or body.functions:
         raise unsupported("tools" if body.tools else "functions", "Tools are not supported by this model.")
     for i, m in enumerate(body.messages):  # dropped, the conversation would read differently

@@ -14,12 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
+    Tag,
     model_serializer,
     model_validator,
 )
@@ -39,6 +42,12 @@ def _unicode_text(value: str) -> str:
 Text = Annotated[StrictStr, AfterValidator(_unicode_text)]
 
 
+def _null_is(default: Any) -> BeforeValidator:
+    """``null`` for a field OpenAI types as nullable ("integer or null") means its default (SDKs and
+    proxies send unset optionals as ``null``)."""
+    return BeforeValidator(lambda value: default if value is None else value)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -48,16 +57,32 @@ class TextPart(_Request):
     text: Text
 
 
+class OtherPart(_Request):
+    """A part of another kind (``image_url``, ``input_audio``, ``file``, ...): refused by the service
+    as ``unsupported_parameter`` (this model reads text only)."""
+
+    type: StrictStr
+
+
+def _part_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "part(text)" if kind == "text" or not isinstance(kind, str) else "part(other)"
+
+
+Part = Annotated[Annotated[TextPart, Tag("part(text)")] | Annotated[OtherPart, Tag("part(other)")], Discriminator(_part_kind)]
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # the last two: refused
+    content: Text | Annotated[list[Part], Field(min_length=1)] | None = None
     name: Text | None = None
     tool_calls: Any = None  # an earlier turn's tool calls: refused by the service (no tools here)
     function_call: Any = None
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
-        if self.content is None and self.role != "assistant":  # only an assistant turn may omit it
+        if self.content is None and self.role not in ("assistant", "tool", "function"):  # only an assistant
+            # turn may omit it (tool turns are refused by the service)
             raise ValueError(f"a {self.role} message needs its content")
         return self
 
@@ -66,7 +91,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class StreamOptions(_Request):
@@ -74,7 +99,7 @@ class StreamOptions(_Request):
 
 
 class ResponseFormat(_Request):
-    type: Literal["text"]  # json_object / json_schema need constrained decoding: refused
+    type: StrictStr  # only "text": json_object / json_schema need constrained decoding (refused by the service)
 
 
 class _Sampling(_Request):
@@ -86,8 +111,8 @@ class _Sampling(_Request):
     max_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
     stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
     seed: Annotated[StrictInt | None, Field(ge=-(2**63), le=2**64 - 1)] = None
-    n: Annotated[StrictInt, Field(ge=1, le=16)] = 1
-    stream: StrictBool = False
+    n: Annotated[StrictInt, _null_is(1), Field(ge=1, le=16)] = 1
+    stream: Annotated[StrictBool, _null_is(False)] = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
     presence_penalty: Annotated[Float | None, Field(ge=-2, le=2)] = None  # OpenAI's, over the output
@@ -131,7 +156,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     # One prompt per request: a string or token ids (a one-element list of either is accepted).
     prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
-    echo: StrictBool = False
+    echo: Annotated[StrictBool, _null_is(False)] = False
     suffix: Text | None = None  # not supported: refused by the service
     logprobs: StrictInt | None = None  # not supported: refused by the service
     best_of: StrictInt | None = None  # only 1 (or unset) is supported

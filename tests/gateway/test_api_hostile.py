@@ -59,7 +59,9 @@ CHAT_CASES = [
     ({"stream": 1}, 400, "stream"),
     ({"stream": True, "n": 0}, 400, "n"),
     ({"stream_options": "usage"}, 400, "stream_options"),
-    ({"response_format": {"type": "json_object"}}, 400, "response_format.type"),
+    ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"response_format": {"type": 3}}, 400, "response_format.type"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI
     ({"tools": "x"}, 400, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ({"logprobs": True}, 400, "logprobs"),

@@ -83,8 +83,19 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/chat/completions", chat(api, tools=[{"type": "function", "function": {"name": "f"}}])),
                  400, param="tools")
     assert_error(post(api, "/v1/chat/completions", chat(api, logprobs=True)), 400, param="logprobs")
-    assert_error(post(api, "/v1/chat/completions", chat(api, response_format={"type": "json_object"})),
-                 400, param="response_format.type")
+    unsupported = [  # known OpenAI features this model cannot serve: one code an app can branch on
+        (dict(response_format={"type": "json_object"}), "response_format"),
+        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format"),
+        (dict(messages=[{"role": "user", "content": "Hi"}, {"role": "tool", "content": "r", "tool_call_id": "1"}]),
+         "messages[1].role"),
+        (dict(messages=[{"role": "function", "name": "f", "content": "r"}]), "messages[0].role"),
+        (dict(messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                                     {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]),
+         "messages[0].content[1].type"),
+    ]
+    for fields, param in unsupported:
+        assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
+                     code="unsupported_parameter")
     body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1}
     assert_error(post(api, "/v1/completions", body), 400, param="prompt")
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": [-1, 5]}), 400, param="prompt")
@@ -134,6 +145,18 @@ def test_405_names_every_method_the_path_answers(api, method, path, allow) -> No
     resp = httpx.request(method, api.base_url + path, headers={"authorization": f"Bearer {api.key}"}, timeout=30)
     assert_error(resp, 405)
     assert resp.headers["allow"] == allow
+
+
+def test_null_means_the_default_where_openai_allows_null(api) -> None:  # noqa: ANN001
+    """SDKs and proxies send unset optionals as ``null``: ``n``, ``stream`` and ``echo`` take their
+    defaults, as ``temperature`` or ``max_tokens`` always did."""
+    resp = post(api, "/v1/chat/completions", chat(api, n=None, stream=None, stream_options=None))
+    assert resp.status_code == 200, resp.text
+    assert len(resp.json()["choices"]) == 1
+    resp = post(api, "/v1/completions", {"model": api.model, "prompt": "Zebras hum quietly", "max_tokens": 1, "n": None,
+                                         "stream": None, "echo": None})
+    assert resp.status_code == 200, resp.text
+    assert not resp.json()["choices"][0]["text"].startswith("Zebras hum")  # echo off: one token, not the prompt
 
 
 def test_unknown_fields_are_ignored_and_headers_present(api) -> None:  # noqa: ANN001
