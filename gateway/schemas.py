@@ -22,6 +22,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    StringConstraints,
     Tag,
     model_serializer,
     model_validator,
@@ -102,6 +103,9 @@ class ResponseFormat(_Request):
     type: StrictStr  # only "text": json_object / json_schema need constrained decoding (refused by the service)
 
 
+StopText = Annotated[StrictStr, StringConstraints(min_length=1), AfterValidator(_unicode_text)]  # "" would stop before anything: refused before the quota
+
+
 class _Sampling(_Request):
     """Fields shared by chat and text completions (OpenAI + the vLLM extras ``extra_body`` sends)."""
 
@@ -109,7 +113,7 @@ class _Sampling(_Request):
     temperature: Annotated[Float | None, Field(ge=0, le=2)] = None
     top_p: Annotated[Float | None, Field(gt=0, le=1)] = None
     max_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
-    stop: Text | Annotated[list[Text], Field(max_length=16)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
     seed: Annotated[StrictInt | None, Field(ge=-(2**63), le=2**64 - 1)] = None
     n: Annotated[StrictInt, _null_is(1), Field(ge=1, le=16)] = 1
     stream: Annotated[StrictBool, _null_is(False)] = False

@@ -32,7 +32,7 @@ CHAT_CASES = [
     ({"stop": [f"s{i}" for i in range(100)]}, 400, "stop"),
     ({"stop": [1, 2]}, 400, "stop[0]"),
     ({"stop": {"a": 1}}, 400, "stop"),
-    ({"stop": [""]}, 400, "stop"),
+    ({"stop": [""]}, 400, "stop[0]"),
     ({"stop": ""}, 400, "stop"),
     ({"stop_token_ids": [10**9], "min_tokens": 1}, 400, "stop_token_ids"),
     ({"stop_token_ids": [-5], "min_tokens": 1}, 400, "stop_token_ids"),
@@ -61,6 +61,7 @@ CHAT_CASES = [
     ({"stream_options": "usage"}, 400, "stream_options"),
     ({"response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"response_format": {"type": 3}}, 400, "response_format.type"),
+    ({"stop": ["ok", ""]}, 400, "stop[1]"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI
     ({"tools": "x"}, 400, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
