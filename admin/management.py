@@ -3,7 +3,8 @@
 Each write goes through ``gateway.tenancy``'s service functions, adds an audit row (actor, action,
 target, before → after) in the same transaction, commits, and only then publishes a Redis
 invalidation when the change must reach running gateways (a key revoked or rotated, a tenant
-disabled or its limits changed), so no gateway re-reads the old state after the push.
+disabled or its limits changed), so no gateway re-reads the old state after the push. A write that
+changes nothing adds no audit row and publishes nothing.
 """
 
 from __future__ import annotations
@@ -155,26 +156,30 @@ class Management:
         fields = body.changes()
         name = fields.pop("name")
         self._check_money(fields)
-        if await tenancy.get_tenant(self.session, name=name) is not None:
-            raise Conflict(f"Tenant {name!r} already exists.")
         try:
             tenant = await tenancy.create_tenant(self.session, name=name, **fields)
             await self.session.refresh(tenant)
             audit.record(self.session, actor=self.actor, action="tenant.create", target=f"tenant:{tenant.name}",
                          after=tenant_view(tenant))
             await self.session.commit()
-        except IntegrityError as exc:  # created concurrently by another admin
+        # TenantExists: found by the service's check (perhaps just committed by another admin);
+        # IntegrityError: created concurrently and committed between that check and our insert
+        except (tenancy.TenantExists, IntegrityError) as exc:
             await self.session.rollback()
             raise Conflict(f"Tenant {name!r} already exists.") from exc
         return tenant
 
     async def update_tenant(self, name: str, **changes: object) -> Tenant:
-        """Change the fields given (``None`` clears a limit or budget); one audit row per call."""
+        """Change the fields given (``None`` clears a limit or budget): one audit row per call that
+        changes something. A call that changes nothing (disabling a disabled tenant, the values it
+        already has) writes no audit row and pushes no invalidation."""
         _only(changes, TENANT_FIELDS)
         changes = validated(TenantLimits, changes).changes()
         self._check_money(changes)
         tenant = await self.tenant(name)
         before = tenant_view(tenant)
+        # compared as the views show them: budget_usd 25 equals the stored 25.00000000
+        changes = {k: v for k, v in changes.items() if audit.jsonable(v) != before[k]}
         if not changes:
             return tenant
         await tenancy.update_tenant(self.session, tenant_id=tenant.id, **changes)
@@ -204,13 +209,18 @@ class Management:
         return row, new
 
     async def revoke_key(self, ref: int | str) -> ApiKey:
-        """Revoke a key; revoking a revoked key changes nothing (no audit row, no push)."""
+        """Revoke a key; revoking a revoked key changes nothing (no audit row, no push), also when
+        several admins revoke it at once: one of them revokes it, the others find it revoked."""
         row = await self.key(ref)
         if row.revoked:
             return row
         owner = await self.owner(row)
         before = key_view(row, owner)
-        await tenancy.revoke_key(self.session, key_id=row.id)
+        revoked = await tenancy.revoke_active_key(self.session, key_id=row.id)
+        await self.session.refresh(row)
+        if not revoked:  # revoked by someone else since we read it
+            await self.session.commit()  # ends the (empty) transaction; a rollback would expire ``row``
+            return row
         audit.record(self.session, actor=self.actor, action="key.revoke", target=f"key:{row.prefix}",
                      before=before, after=key_view(row, owner))
         await self.session.commit()
@@ -220,11 +230,14 @@ class Management:
     async def rotate_key(self, ref: int | str) -> tuple[ApiKey, ApiKey, NewKey]:
         """Revoke a key and mint its replacement (same tenant, name, models, rpm) in one commit."""
         old = await self.key(ref)
-        if old.revoked:
-            raise Conflict(f"Key {old.prefix} is already revoked; create a new one instead.")
         owner = await self.owner(old)
         before = key_view(old, owner)
-        await tenancy.revoke_key(self.session, key_id=old.id)
+        # the conditional UPDATE decides between concurrent rotations: one wins, the others get 409
+        if old.revoked or not await tenancy.revoke_active_key(self.session, key_id=old.id):
+            conflict = Conflict(f"Key {old.prefix} is already revoked; create a new one instead.")
+            await self.session.rollback()
+            raise conflict
+        await self.session.refresh(old)
         row, new = await tenancy.create_api_key(self.session, tenant_id=old.tenant_id, name=old.name,
                                                 allowed_models=old.allowed_models, rpm=old.rpm_limit)
         await self.session.refresh(row)
@@ -241,6 +254,9 @@ class Management:
                                      "completion_usd_per_1m": completion_usd_per_1m})
         self._check_money(price.model_dump())
         existing = await self.session.get(ModelPrice, model)
+        if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
+                price.prompt_usd_per_1m, price.completion_usd_per_1m):
+            return existing  # the price it has: nothing to record
         before = price_view(existing) if existing is not None else None
         row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
                                       completion_usd_per_1m=price.completion_usd_per_1m)

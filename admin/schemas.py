@@ -1,22 +1,40 @@
 """What an admin change may contain: the request bodies of the admin API, also used by the CLI and
 the dashboard (through ``Management``) so every surface refuses the same bad values with the same
 message. Unknown fields are refused (a typo must not pass silently). Bounds are the database's:
-32-bit integer columns, 64-bit token budgets, money as NUMERIC(18, 8)."""
+32-bit integer columns, 64-bit token budgets, money as NUMERIC(18, 8). Counts and flags are strict
+(a JSON body's ``true`` is not 1, nor ``"12"`` 12, nor ``"yes"`` true); money may be a number or a
+string."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 Period = Literal["day", "month"]
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Money = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=8)]
+# strict in a JSON body: true, "12" and 12.0 are not counts ("yes" not a flag); ``validated`` still
+# converts the text of the dashboard's form fields
+Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+Positive = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
+TokenCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+Flag = Annotated[bool, Field(strict=True)]
+Money = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=8)]  # a JSON number or a string
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # the whole name (re.fullmatch: "$" would pass "acme\n")
+
+
+def _not_null(value: object) -> object:
+    if value is None:
+        raise ValueError("cannot be null; leave the field out to keep its value")
+    return value
+
+
+# a field that always holds a value: absent keeps it, null is refused (it used to change nothing, silently)
+NotNull = BeforeValidator(_not_null)
 
 
 class InvalidField(ValueError):
@@ -28,9 +46,11 @@ class InvalidField(ValueError):
 
 
 def validated(model: type[BaseModel], data: dict) -> BaseModel:
-    """``model`` built from ``data``; the first problem is raised as ``InvalidField``."""
+    """``model`` built from ``data``; the first problem is raised as ``InvalidField``. Text is
+    converted (``"12"`` to 12: the dashboard's form fields are text); a JSON body is read by the
+    API with the fields' own strictness."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=False)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
@@ -47,22 +67,18 @@ class TenantLimits(_Body):
 
     rpm: Count | None = Field(None, description="requests/minute; null: server default, 0: unlimited")
     tpm: Count | None = Field(None, description="tokens/minute; null: server default, 0: unlimited")
-    budget_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    budget_tokens: TokenCount | None = None
     budget_usd: Money | None = None
-    period: Period | None = None
-    enabled: bool | None = None
-    cache_enabled: bool | None = None
-    cache_threshold: float | None = Field(None, gt=0, le=1)
-    cache_ttl_s: int | None = Field(None, ge=1, le=INT32_MAX)
-    cache_max_entries: int | None = Field(None, ge=1, le=INT32_MAX)
+    period: Annotated[Period | None, NotNull] = None
+    enabled: Annotated[Flag | None, NotNull] = None
+    cache_enabled: Annotated[Flag | None, NotNull] = None
+    cache_threshold: float | None = Field(None, strict=True, gt=0, le=1)
+    cache_ttl_s: Positive | None = None
+    cache_max_entries: Positive | None = None
 
     def changes(self) -> dict:
-        """Fields the client sent (``period``/flags cannot be cleared to null)."""
-        sent = self.model_dump(exclude_unset=True)
-        for flag in ("period", "enabled", "cache_enabled"):
-            if flag in sent and sent[flag] is None:
-                del sent[flag]
-        return sent
+        """The fields the client sent."""
+        return self.model_dump(exclude_unset=True)
 
 
 def _tenant_name(name: str) -> str:
@@ -76,9 +92,9 @@ class TenantCreate(TenantLimits):
 
 
 class BudgetUpdate(_Body):
-    budget_tokens: int | None = Field(None, ge=0, le=INT64_MAX)
+    budget_tokens: TokenCount | None = None
     budget_usd: Money | None = None
-    period: Period | None = None
+    period: Annotated[Period | None, NotNull] = None  # absent: kept
 
 
 MODELS_RULE = "name at least one model and no empty names (null or absent: all models)"
@@ -102,8 +118,15 @@ def split_models(text: str) -> list[str]:
         raise InvalidField(f"allowed_models: {exc}", "allowed_models") from exc
 
 
+def _printable(name: str) -> str:
+    # a newline or other control character would break the CLI's tables and the audit listing
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):
+        raise ValueError("must not contain control characters or line breaks")
+    return name
+
+
 class KeyCreate(_Body):
-    name: str | None = Field(None, max_length=128)
+    name: Annotated[str, Field(max_length=128), AfterValidator(_printable)] | None = None
     allowed_models: ModelNames | None = None  # null: every model
     rpm: Count | None = None
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from redis.asyncio import Redis
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.db.models import ApiKey, ModelPrice, Tenant
@@ -20,6 +20,10 @@ PERIODS = ("day", "month")
 
 class TenancyError(ValueError):
     """A management request that cannot be done (unknown tenant, duplicate name, bad value)."""
+
+
+class TenantExists(TenancyError):
+    """The tenant name is taken (the admin surfaces answer it as a conflict, not a bad value)."""
 
 
 def _check_limits(rpm: int | None, tpm: int | None, budget_tokens: int | None,
@@ -72,7 +76,7 @@ async def create_tenant(
         raise TenancyError("tenant name must not be empty or start or end with whitespace")
     _check_limits(rpm, tpm, budget_tokens, budget_usd, period)
     if await get_tenant(session, name=name) is not None:
-        raise TenancyError(f"tenant {name!r} already exists")
+        raise TenantExists(f"tenant {name!r} already exists")
     tenant = Tenant(
         name=name, enabled=enabled, rpm_limit=rpm, tpm_limit=tpm, budget_tokens=budget_tokens,
         budget_usd=None if budget_usd is None else Decimal(str(budget_usd)), budget_period=period,
@@ -155,10 +159,21 @@ async def revoke_key(session: AsyncSession, *, key_id: int | None = None,
     if row is None:
         raise TenancyError(f"no key {key_id or prefix!r}")
     if not row.revoked:
-        row.revoked = True
-        row.revoked_at = datetime.now(UTC)
-        await session.flush()
+        await revoke_active_key(session, key_id=row.id)
+        await session.refresh(row)
     return row
+
+
+async def revoke_active_key(session: AsyncSession, *, key_id: int) -> bool:
+    """Revoke the key if it is still active, in one conditional UPDATE (not committed). True when
+    this call revoked it, False when it was revoked already. Of several callers at once exactly one
+    gets True: the others wait on the row (PostgreSQL) or the write lock (SQLite) and then find it
+    revoked. Objects in the session are not updated: refresh the key's row to see the change."""
+    result = await session.execute(
+        update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked.is_(False))
+        .values(revoked=True, revoked_at=datetime.now(UTC))
+        .execution_options(synchronize_session=False))
+    return result.rowcount == 1
 
 
 async def list_keys(session: AsyncSession, *, tenant_id: int) -> list[ApiKey]:

@@ -306,3 +306,23 @@ def test_tables_align_and_format_values():
         "b         -                   12.50  -     -",  # an all-empty column stays left-aligned
         "c         0  1,234,567,890.12345678  -     -",  # a Decimal digit for digit (a float: ...672)
     ]
+
+
+def test_changes_that_change_nothing_are_not_audited(env, capsys):
+    name = unique("noop")
+    assert run(capsys, "tenants", "create", name, "--rpm", "60", "--budget-usd", "2.5")[0] == 0
+    for argv in (["tenants", "disable", name], ["tenants", "disable", name],
+                 ["tenants", "update", name, "--rpm", "60", "--budget-usd", "2.50"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 0, err
+    assert _audit_actions(env, f"tenant:{name}") == ["tenant.create", "tenant.disable"]
+    code, _, err = run(capsys, "tenants", "create", name)  # the documented refusal, unchanged
+    assert (code, err) == (1, f"error: Tenant {name!r} already exists.\n")
+
+
+def test_key_names_with_control_characters_are_refused(env, capsys):
+    name = unique("kname")
+    run(capsys, "tenants", "create", name)
+    code, out, err = run(capsys, "keys", "create", "--tenant", name, "--name", "web\nprod")
+    assert (code, out, err) == (1, "", "error: name: must not contain control characters or line breaks\n")
+    assert _db(env, lambda s: s.scalar(select(ApiKey.id).join(Tenant).where(Tenant.name == name))) is None

@@ -9,13 +9,13 @@ from redis.asyncio import Redis
 
 from gateway import tenancy as svc
 from gateway.keys import hash_key
-from gateway.redis_server import EmbeddedRedis
+from gateway.redis_server import EmbeddedRedis, _running
 
 
 async def test_tenant_and_key_lifecycle(tenancy):
     async with tenancy.db.sessionmaker() as s:
         t = await svc.create_tenant(s, name="acme", rpm=60, tpm=1000, budget_usd="12.5", period="day")
-        with pytest.raises(svc.TenancyError):
+        with pytest.raises(svc.TenantExists):  # a TenancyError the admin surfaces answer with 409
             await svc.create_tenant(s, name="acme")
         with pytest.raises(svc.TenancyError):
             await svc.create_tenant(s, name="bad", period="week")
@@ -38,6 +38,21 @@ async def test_tenant_and_key_lifecycle(tenancy):
     async with tenancy.db.sessionmaker() as s:
         got = await svc.get_tenant(s, tenant_id=t.id)
         assert (got.rpm_limit, got.budget_tokens) == (0, 5)
+
+
+async def test_revoke_active_key_revokes_once(make_tenant, tenancy):
+    """The conditional UPDATE behind the admin's revoke and rotate: True only for the call that revoked."""
+    _, _, row = await make_tenant()
+    async with tenancy.db.sessionmaker() as s:
+        assert await svc.revoke_active_key(s, key_id=row.id) is True
+        assert await svc.revoke_active_key(s, key_id=row.id) is False
+        await s.commit()
+    async with tenancy.db.sessionmaker() as s:
+        assert await svc.revoke_active_key(s, key_id=row.id) is False
+        revoked = await svc.revoke_key(s, key_id=row.id)  # the service's revoke of a revoked key: unchanged
+        first_revoked_at = revoked.revoked_at
+        assert revoked.revoked and first_revoked_at is not None
+        assert (await svc.revoke_key(s, key_id=row.id)).revoked_at == first_revoked_at
 
 
 async def test_set_price_upserts(tenancy):
@@ -100,8 +115,6 @@ async def test_embedded_redis_starts_persists_and_stops(tmp_path):
 
 
 def test_embedded_redis_stop_ends_the_server_even_with_clients_connected(tmp_path):
-    import os
-
     import redis
 
     server = EmbeddedRedis(tmp_path)
@@ -110,8 +123,7 @@ def test_embedded_redis_stop_ends_the_server_even_with_clients_connected(tmp_pat
     client = redis.Redis.from_url(url)
     client.ping()  # a client that never disconnects (e.g. a leaked pool)
     server.stop()
-    with pytest.raises(OSError):
-        os.kill(pid, 0)  # the process is gone
+    assert not _running(pid)  # the process has exited (a zombie waiting for init counts as gone)
     client.close()
 
 
