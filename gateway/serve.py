@@ -1,9 +1,11 @@
 """``pagegate serve [--host H] [--port P] [--dev] [--workers N]``: the gateway under uvicorn (with
 ``--workers`` above 1, N worker processes in front of one engine process: ``gateway.workers``).
 
-Before serving: start an embedded Redis when ``PAGEGATE_REDIS_URL`` is unset, upgrade the
-database schema (``alembic upgrade head``), and in dev mode (``make run``) on an empty database
-create a ``default`` tenant and print one API key with a curl and an OpenAI-SDK example.
+Before serving: check the port, the usage spool and Redis (starting an embedded one when
+``PAGEGATE_REDIS_URL`` is unset), upgrade the database schema (``alembic upgrade head``), and in dev
+mode (``make run``) on an empty database create a ``default`` tenant and print one API key with a
+curl and an OpenAI-SDK example. Each of these that fails is one ``error:`` line on stderr and exit
+status 1, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import shlex
 import signal
+import socket
 import sys
+import tempfile
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.redis_server import EmbeddedRedis
 
 log = logging.getLogger("pagegate.serve")
 
@@ -89,18 +99,114 @@ def dev_banner(settings: Settings, key: str) -> str:
     ])
 
 
-async def prestart(settings: Settings) -> str | None:
-    """Upgrade the schema; in dev mode bootstrap an empty database. Returns a new dev key, if any."""
-    from gateway.db.session import Database
+class StartupError(Exception):
+    """A start-up dependency that cannot be used; ``run`` prints it as one line and exits 1."""
 
-    db = Database(settings.database_url)
+
+def _reason(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind-probe the address (as ``gateway.workers.listeners`` does) so a taken port fails now, not
+    after the engine has loaded; uvicorn binds it for good once the app has started."""
+    if not 0 <= port <= 65535:  # getaddrinfo would quietly take it modulo 65536
+        raise StartupError(f"cannot listen on {host}:{port}: a port is between 0 and 65535")
     try:
-        await db.upgrade()
-    finally:
-        await db.dispose()
-    if settings.dev_mode:
-        return await bootstrap_dev(settings)
-    return None
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:  # no SO_REUSEPORT: fails on any listener
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+    except (OSError, OverflowError, UnicodeError) as exc:  # taken, not ours, no such host, port > 65535
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def check_spool_dir(path: str) -> None:
+    """The usage spool must be a directory this process can write (every usage row lands there first)."""
+    folder = os.path.abspath(path)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise StartupError(f"cannot use the usage spool directory {folder}: {exc.strerror or exc}") from None
+
+
+def safe_redis_url(url: str) -> str:
+    """The Redis URL with any password (in the authority or a ``password=`` query) hidden."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # unparsable: show none of it rather than a password
+        return "(an unparsable URL)"
+    in_query = "password" in dict(parse_qsl(parts.query))
+    if password is None and not in_query:
+        return url
+    netloc, query = parts.netloc, parts.query
+    if password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rpartition('@')[2]}"
+    if in_query:
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in parse_qsl(query)], safe="*")
+    # not urlunsplit: it turns unix:///path (an empty host) into unix:/path
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def check_redis(url: str, timeout_s: float) -> None:
+    """PING once, without redis-py's retries, so a wrong or unreachable Redis fails in one line."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+                                      retry=Retry(NoBackoff(), 0))
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        reason = _reason(exc)
+        password = _password(url)
+        if password:
+            reason = reason.replace(password, "***")
+        raise StartupError(f"cannot use Redis at {safe_redis_url(url)}: {reason}") from None
+
+
+def _password(url: str) -> str | None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return parts.password or dict(parse_qsl(parts.query)).get("password")
+
+
+def start_embedded_redis(embedded: EmbeddedRedis) -> str:
+    try:
+        return embedded.start()
+    except Exception as exc:  # data dir unusable, no redis-server binary
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _reason(exc)
+        raise StartupError(f"cannot start the embedded Redis in {embedded.dir}: {reason}") from None
+
+
+async def prestart(settings: Settings) -> str | None:
+    """Upgrade the schema; in dev mode bootstrap an empty database. Returns a new dev key, if any.
+    Raises StartupError when the database cannot be used."""
+    from gateway.db.session import Database, safe_url
+
+    try:
+        db = Database(settings.database_url)
+        try:
+            await db.upgrade()
+        finally:
+            await db.dispose()
+        if settings.dev_mode:
+            return await bootstrap_dev(settings)
+        return None
+    except Exception as exc:  # the database is down or the URL is wrong
+        raise StartupError(f"cannot prepare the database at {safe_url(settings.database_url)}: "
+                           f"{_reason(exc)}") from None
 
 
 def uvicorn_options(settings: Settings) -> dict:
@@ -113,12 +219,14 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def _settings(args: argparse.Namespace) -> Settings:
+    from pydantic import ValidationError
 
-    from gateway.app import create_app
-
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as exc:  # e.g. PAGEGATE_PORT=abc
+        wrong = "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise StartupError(f"invalid settings: {wrong}") from None
     updates: dict = {}
     if args.host:
         updates["host"] = args.host
@@ -127,31 +235,35 @@ def run(args: argparse.Namespace) -> int:
     if args.dev:
         updates["dev_mode"] = True
     if args.workers is not None:
-        if not 1 <= args.workers <= 64:
-            print("error: --workers must be between 1 and 64", file=sys.stderr, flush=True)
-            return 2
         updates["workers"] = args.workers
-    settings = settings.model_copy(update=updates)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    embedded = None
-    if settings.redis_url is None:
-        from gateway.redis_server import EmbeddedRedis
+    return settings.model_copy(update=updates)
 
-        embedded = EmbeddedRedis(settings.data_dir)
-        settings = settings.model_copy(update={"redis_url": embedded.start()})
-        # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the
-        # `finally` below still stops the embedded Redis (tenancy helper's change)
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+def run(args: argparse.Namespace) -> int:
+    if args.workers is not None and not 1 <= args.workers <= 64:
+        print("error: --workers must be between 1 and 64", file=sys.stderr, flush=True)
+        return 2
+    embedded = None
     try:
         try:
-            key = asyncio.run(prestart(settings))
-        except Exception as exc:  # the database is down or the URL is wrong: say so in one line
-            from gateway.db.session import safe_url
+            settings = _settings(args)
+            logging.basicConfig(level=settings.log_level.upper(),
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            # cheapest first, and all before the engine loads (which takes seconds)
+            check_port(settings.host, settings.port)
+            check_spool_dir(settings.usage_spool_dir)
+            if settings.redis_url is None:
+                from gateway.redis_server import EmbeddedRedis
 
-            reason = (str(exc).strip().splitlines() or [""])[0]
-            print(f"error: cannot prepare the database at {safe_url(settings.database_url)}: "
-                  f"{type(exc).__name__}: {reason}", file=sys.stderr, flush=True)
+                embedded = EmbeddedRedis(settings.data_dir)
+                settings = settings.model_copy(update={"redis_url": start_embedded_redis(embedded)})
+                # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the
+                # `finally` below still stops the embedded Redis (tenancy helper's change)
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+            check_redis(settings.redis_url, settings.redis_timeout_s)
+            key = asyncio.run(prestart(settings))
+        except StartupError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
             return 1
         if settings.dev_mode:
             if key is not None:
@@ -163,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
             from gateway.workers import run_workers
 
             return run_workers(settings)
+        import uvicorn
+
+        from gateway.app import create_app
+
         uvicorn.run(create_app(settings), **uvicorn_options(settings))
     finally:
         if embedded is not None:

@@ -199,3 +199,35 @@ async def test_prices_past_their_ttl_are_served_while_the_table_reloads(tenancy)
         assert (await book.get("pm")).completion_usd_per_1m == Decimal(4)
     finally:
         await book.aclose()
+
+
+async def test_redis_away_is_one_warning_line_per_kind_not_a_traceback_per_retry(caplog):
+    """The invalidation listener retries every 0.5 s while Redis is away, and every request reads
+    the version: one WARNING line (no traceback) per kind of failure, throttled; tracebacks at DEBUG."""
+    import logging
+    import socket
+
+    from redis.asyncio import Redis
+
+    from gateway.settings import Settings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    redis = Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=0.5)
+    auth = Authenticator(None, redis, Settings())  # no database needed: only Redis is used here
+    drops = []
+    auth._drop = drops.append  # the listener drops the cache on each failure: counts its retries
+    with caplog.at_level(logging.DEBUG, logger="gateway.auth"):
+        await auth.start()  # gives up waiting for the subscription after 2 s
+        for _ in range(5):
+            await auth._check_version()
+        await auth.close()
+    await redis.aclose()
+    assert len(drops) >= 3  # the listener retried several times...
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 2, [r.getMessage() for r in warnings]  # ...and each failure kind was said once
+    assert "invalidation listener lost Redis" in warnings[0].getMessage()
+    assert "cannot read the invalidation version" in warnings[1].getMessage()
+    assert all("ConnectionError" in r.getMessage() and not r.exc_info for r in warnings)
+    assert [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]

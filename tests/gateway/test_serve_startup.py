@@ -1,0 +1,94 @@
+"""``pagegate serve`` with a start-up dependency it cannot use: one ``error:`` line on stderr naming
+it (passwords hidden), no traceback, exit status 1, and all before the engine loads (the engine is
+left on here: a check that came after it would take seconds and end in uvicorn's exit status 3)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.serve import safe_redis_url
+
+REPO = Path(__file__).resolve().parents[2]
+REDIS = "redis://127.0.0.1:6379/15"  # the test Redis: reachable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(tmp: Path, port: int, **settings: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEGATE_")}
+    env.update(PAGEGATE_DATABASE_URL=f"sqlite+aiosqlite:///{tmp / 'pg.db'}", PAGEGATE_DATA_DIR=str(tmp / "data"),
+               PAGEGATE_USAGE_SPOOL_DIR=str(tmp / "spool"), PAGEGATE_CACHE_ENABLED="false",
+               PAGEGATE_LOG_LEVEL="warning")
+    env.update(settings)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    return proc, time.monotonic() - started
+
+
+def _one_error_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
+                                  "data-dir-under-a-file", "bad-setting"])
+def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None:  # noqa: ANN001
+    (tmp_path / "file").write_text("not a directory")
+    settings, expected = {
+        "redis-unreachable": ({"PAGEGATE_REDIS_URL": f"redis://:hunter2@127.0.0.1:{free_port()}/0"},
+                              "error: cannot use Redis at redis://:***@127.0.0.1:"),
+        "redis-malformed": ({"PAGEGATE_REDIS_URL": "foo://bar"}, "error: cannot use Redis at foo://bar: ValueError"),
+        "spool-under-a-file": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_USAGE_SPOOL_DIR": str(tmp_path / "file/spool")},
+                               f"error: cannot use the usage spool directory {tmp_path / 'file/spool'}: "),
+        "data-dir-under-a-file": ({"PAGEGATE_DATA_DIR": str(tmp_path / "file/data")},  # no Redis URL: embedded
+                                  f"error: cannot start the embedded Redis in {tmp_path / 'file/data/redis'}: "),
+        "bad-setting": ({"PAGEGATE_REDIS_TIMEOUT_S": "soon"}, "error: invalid settings: PAGEGATE_REDIS_TIMEOUT_S: "),
+    }[case]
+    proc, elapsed = _serve(tmp_path, free_port(), **settings)
+    line = _one_error_line(proc)
+    assert line.startswith(expected), line
+    assert "hunter2" not in proc.stderr + proc.stdout
+    assert elapsed < 30  # the engine was not loaded (nor the app built)
+
+
+def test_a_port_in_use_fails_before_the_engine_loads(tmp_path) -> None:  # noqa: ANN001
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, elapsed = _serve(tmp_path, port, PAGEGATE_REDIS_URL=REDIS)
+    assert _one_error_line(proc) == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert elapsed < 30
+    assert not (tmp_path / "pg.db").exists()  # failed before the database was touched
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+    ("redis://app:s3cret@host/0?socket_timeout=1", "redis://app:***@host/0?socket_timeout=1"),
+    ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
+    ("redis://host:6379/0", "redis://host:6379/0"),
+    ("localhost:6379", "localhost:6379"),  # not a URL redis-py takes, shown as given
+    ("redis://:s3cret@[::1:6379/0", "(an unparsable URL)"),
+])
+def test_safe_redis_url_hides_the_password(url: str, shown: str) -> None:
+    assert safe_redis_url(url) == shown
+
+
+def test_a_port_out_of_range_is_refused_not_wrapped(tmp_path) -> None:  # noqa: ANN001
+    proc, _ = _serve(tmp_path, 70000, PAGEGATE_REDIS_URL=REDIS)  # getaddrinfo alone would bind 70000 - 65536
+    assert _one_error_line(proc) == "error: cannot listen on 127.0.0.1:70000: a port is between 0 and 65535"
