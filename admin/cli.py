@@ -211,7 +211,9 @@ async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m admin.cli …`` (same as ``pagegate admin …``)."""
-    parser = argparse.ArgumentParser(prog="pagegate")
+    from gateway.cli import OneLineParser
+
+    parser = OneLineParser(prog="pagegate")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["admin", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)

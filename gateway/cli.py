@@ -8,8 +8,17 @@ import argparse
 import sys
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (``pagegate admin tenants create: error: …``, with where to
+    find the usage) and exit status 2, not argparse's usage block first. Subcommands' parsers are
+    of the same class."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagegate", description="Self-hosted multi-tenant LLM gateway")
+    parser = OneLineParser(prog="pagegate", description="Self-hosted multi-tenant LLM gateway")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from gateway import generate_cmd, serve

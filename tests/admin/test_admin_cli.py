@@ -326,3 +326,14 @@ def test_key_names_with_control_characters_are_refused(env, capsys):
     code, out, err = run(capsys, "keys", "create", "--tenant", name, "--name", "web\nprod")
     assert (code, out, err) == (1, "", "error: name: must not contain control characters or line breaks\n")
     assert _db(env, lambda s: s.scalar(select(ApiKey.id).join(Tenant).where(Tenant.name == name))) is None
+
+
+@pytest.mark.parametrize("argv", [("tenants", "create", "x", "--rpm", "-1"), ("tenants",), ("nonsense",),
+                                  ("tenants", "create", "x", "--budget-tokens", "1", "--budget-usd", "1")])
+def test_usage_errors_are_one_line(capsys, argv):
+    """A bad option is one line on stderr and exit 2 (argparse printed its usage block first)."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(list(argv))
+    _, err = capsys.readouterr()
+    assert done.value.code == 2
+    assert len(err.strip().splitlines()) == 1 and ": error: " in err and "usage:" not in err
