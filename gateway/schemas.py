@@ -22,7 +22,6 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
-    StringConstraints,
     Tag,
     model_serializer,
     model_validator,
@@ -103,7 +102,13 @@ class ResponseFormat(_Request):
     type: StrictStr  # only "text": json_object / json_schema need constrained decoding (refused by the service)
 
 
-StopText = Annotated[StrictStr, StringConstraints(min_length=1), AfterValidator(_unicode_text)]  # "" would stop before anything: refused before the quota
+def _non_empty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+StopText = Annotated[Text, AfterValidator(_non_empty)]  # "" would stop before anything: refused before the quota
 
 
 class _Sampling(_Request):
