@@ -236,6 +236,16 @@ def run_workers(settings: Settings) -> int:
 
 # ---- the children ----------------------------------------------------------------------------
 
+def forget_run_dir_if_orphaned(socket_path: str, parent: int) -> bool:
+    """After the engine process stops: when its supervisor is gone (SIGKILLed, so it could not),
+    remove the private directory of the engine's socket. True when it did."""
+    run_dir = Path(socket_path).parent
+    if os.getppid() == parent or not run_dir.name.startswith("pagegate-"):
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
+
+
 def _engine_main(socket_path: str) -> int:
     from engine.ipc import serve_engine
     from engine.outputs import EngineDeadError
@@ -265,7 +275,11 @@ def _engine_main(socket_path: str) -> int:
             return 1
         return 0
 
-    return _run_loop(main())
+    parent = os.getppid()
+    try:
+        return _run_loop(main())
+    finally:
+        forget_run_dir_if_orphaned(socket_path, parent)
 
 
 def _worker_main(fd: int, index: int) -> int:

@@ -332,3 +332,21 @@ def test_listeners_refuse_a_port_another_process_listens_on(other_reuses_port: b
     finally:
         for s in socks:
             s.close()
+
+
+def test_the_engine_removes_its_socket_dir_only_when_its_supervisor_is_gone(tmp_path) -> None:
+    """A supervisor killed with SIGKILL cannot remove the engine socket's private directory; the
+    engine process, stopped by the death signal, does. With its supervisor alive it leaves it."""
+    from gateway.workers import forget_run_dir_if_orphaned
+
+    run_dir = tmp_path / "pagegate-abc"
+    run_dir.mkdir()
+    socket_path = str(run_dir / "engine.sock")
+    assert not forget_run_dir_if_orphaned(socket_path, os.getppid())  # the supervisor lives: its job
+    assert run_dir.exists()
+    assert forget_run_dir_if_orphaned(socket_path, os.getppid() + 10**6)  # another parent: orphaned
+    assert not run_dir.exists()
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    assert not forget_run_dir_if_orphaned(str(other / "engine.sock"), os.getppid() + 10**6)  # not ours
+    assert other.exists()
