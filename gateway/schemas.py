@@ -23,9 +23,11 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    ValidationInfo,
+    field_validator,
     model_serializer,
-    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 Float = StrictFloat  # accepts JSON integers too; "0.5" (a string) and booleans are refused
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -74,17 +76,21 @@ Part = Annotated[Annotated[TextPart, Tag("part(text)")] | Annotated[OtherPart, T
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # the last two: refused
-    content: Text | Annotated[list[Part], Field(min_length=1)] | None = None
+    content: Annotated[Text | Annotated[list[Part], Field(min_length=1)] | None,
+                       Field(validate_default=True)] = None
     name: Text | None = None
     tool_calls: Any = None  # an earlier turn's tool calls: refused by the service (no tools here)
     function_call: Any = None
 
-    @model_validator(mode="after")
-    def _content_given(self) -> ChatMessage:
-        if self.content is None and self.role not in ("assistant", "tool", "function"):  # only an assistant
-            # turn may omit it (tool turns are refused by the service)
-            raise ValueError(f"a {self.role} message needs its content")
-        return self
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, content: Any, info: ValidationInfo) -> Any:
+        """Only an assistant turn may omit it (tool turns are refused by the service): a missing
+        ``messages[i].content``, as OpenAI names it."""
+        role = info.data.get("role")
+        if content is None and role is not None and role not in ("assistant", "tool", "function"):
+            raise PydanticCustomError("missing", "a {role} message needs its content", {"role": role})
+        return content
 
     def text(self) -> str:
         if self.content is None:

@@ -47,7 +47,8 @@ CHAT_CASES = [
     ({"messages": "hi"}, 400, "messages"),
     ({"messages": [None]}, 400, "messages[0]"),
     ({"messages": [{}]}, 400, "messages[0].role"),
-    ({"messages": [{"role": "user"}]}, 400, "messages[0]"),  # a user turn needs its content
+    ({"messages": [{"role": "user"}]}, 400, "messages[0].content"),  # a user turn needs its content
+    ({"messages": [{"role": "system", "content": None}]}, 400, "messages[0].content"),
     ({"logit_bias": {"abc": 5}}, 400, "logit_bias"),  # known to OpenAI, not honoured here: refused
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0].type"),
