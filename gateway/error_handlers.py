@@ -64,7 +64,10 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    message = f"Invalid value for '{param}': {first.get('msg', 'invalid value')} (got {shown})."
+    reason = first.get("msg", "invalid value")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):  # the JSON and the Python parser
+        reason = "Input should be a JSON object"  # word it apart ("... instance of StreamOptions")
+    message = f"Invalid value for '{param}': {reason} (got {shown})."
     code = "invalid_type" if str(kind).endswith("_type") else "invalid_value"
     return ApiError(400, message, "invalid_request_error", code, param)
 
