@@ -17,7 +17,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import sys
 import tempfile
 from typing import TYPE_CHECKING
@@ -109,15 +108,15 @@ def _reason(exc: BaseException) -> str:
 
 
 def check_port(host: str, port: int) -> None:
-    """Bind-probe the address (as ``gateway.workers.listeners`` does) so a taken port fails now, not
-    after the engine has loaded; uvicorn binds it for good once the app has started."""
+    """Bind-probe the address (``gateway.workers.probe_port``, as the workers' listeners do) so a
+    taken port fails now, not after the engine has loaded; uvicorn binds it for good once the app
+    has started."""
+    from gateway.workers import probe_port
+
     if not 0 <= port <= 65535:  # getaddrinfo would quietly take it modulo 65536
         raise StartupError(f"cannot listen on {host}:{port}: a port is between 0 and 65535")
     try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:  # no SO_REUSEPORT: fails on any listener
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(addr)
+        probe_port(host, port)
     except (OSError, OverflowError, UnicodeError) as exc:  # taken, not ours, no such host, port > 65535
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None

@@ -72,15 +72,22 @@ def with_parent_death() -> Callable[[], None]:
     return functools.partial(die_with_parent, os.getpid(), prctl)
 
 
-def listeners(host: str, port: int, n: int) -> list[socket.socket]:
-    """``n`` listening sockets on one address (SO_REUSEPORT). Raises OSError if the port is taken,
-    also by another process's SO_REUSEPORT listeners (another ``pagegate serve --workers`` of the
-    same user would otherwise share the port and take part of the traffic)."""
+def probe_port(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
+    """Bind the address once without SO_REUSEPORT, so it fails (OSError) on any listener there, also
+    another process's SO_REUSEPORT ones (another ``pagegate serve --workers`` of the same user would
+    otherwise share the port and take part of the traffic). Returns the family and the address
+    (port 0: the port the probe got)."""
     family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:  # without SO_REUSEPORT: fails on any listener
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(addr)
-        addr = probe.getsockname()  # port 0: the one the probe got
+        return family, probe.getsockname()
+
+
+def listeners(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` listening sockets on one address (SO_REUSEPORT). Raises OSError if the port is taken
+    (``probe_port``)."""
+    family, addr = probe_port(host, port)
     socks: list[socket.socket] = []
     try:
         for _ in range(n):
