@@ -49,9 +49,12 @@ ViewerDep = Annotated[Viewer, Depends(_viewer)]
 
 
 def same_origin(request: Request) -> None:
-    """Refuse cross-site form posts (defence in depth next to SameSite=Strict)."""
+    """Refuse cross-site form posts (defence in depth next to SameSite=Strict). ``Origin: null`` is
+    refused too: browsers send it from opaque origins (sandboxed frames, ``data:`` pages), never
+    from the dashboard's own pages, whose referrer policy is ``same-origin``; without the header
+    (scripts, curl) the CSRF token alone decides."""
     origin = request.headers.get("origin") or request.headers.get("referer")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.url.netloc:
+    if origin and (origin == "null" or urlsplit(origin).netloc != request.url.netloc):
         raise ApiError(403, "Cross-site form submission refused.", "permission_error", "csrf")
 
 

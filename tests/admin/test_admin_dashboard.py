@@ -128,6 +128,12 @@ async def test_csrf_and_origin_are_enforced(browser_like, token):
     resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name},
                         headers={"origin": "https://evil.example"})
     assert resp.status_code == 403
+    # an opaque origin (a sandboxed frame, a data: page) is refused even with the right token
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name}, headers={"origin": "null"})
+    assert resp.status_code == 403 and "Cross-site" in resp.text
+    # nor can an opaque origin sign a browser in with its own token (login CSRF)
+    resp = await c.post("/admin/login", data={"token": token()}, headers={"origin": "null"})
+    assert resp.status_code == 403 and "set-cookie" not in resp.headers
     resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name}, headers={"origin": "http://admin.test"})
     assert resp.status_code == 303
 
