@@ -10,7 +10,7 @@ import numpy as np
 
 from gateway.accounting import RequestAccount
 from gateway.deps import Caller
-from gateway.errors import ApiError, invalid_request, model_not_found, permission_denied
+from gateway.errors import ApiError, invalid_request, model_not_found, permission_denied, unsupported
 from gateway.schemas import EmbeddingItem, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from gateway.settings import Settings
 
@@ -39,6 +39,9 @@ def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
 
 async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> EmbeddingList:
     model = _check_model(caller, body.model)
+    if body.token_ids():
+        raise unsupported("input", "Token ids as input are not supported: send the text, as a string or a list of "
+                                   f"strings ({model} reads it with its own tokenizer).")
     texts = body.inputs()
     if any(not t for t in texts):
         raise invalid_request("Input must not contain empty strings.", param="input")

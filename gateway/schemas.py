@@ -188,15 +188,36 @@ class CompletionRequest(_Sampling):
         return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default
 
 
+TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+
+
+def _input_kind(value: Any) -> str:
+    """By the list's first item: token ids (a whole number), lists of token ids (a list), text
+    otherwise; so each shape's errors are that shape's."""
+    first = value[0] if isinstance(value, list) and value else None
+    if isinstance(first, list):
+        return "input(id lists)"
+    return "input(ids)" if isinstance(first, int) and not isinstance(first, bool) else "input(text)"
+
+
 class EmbeddingRequest(_Request):
     model: Text
-    input: Text | Annotated[list[Text], Field(min_length=1, max_length=2048)]
+    # token ids (OpenAI's two other input shapes) are parsed so the service can refuse them by name
+    input: Annotated[
+        Annotated[Text | Annotated[list[Text], Field(min_length=1, max_length=2048)], Tag("input(text)")]
+        | Annotated[TokenIds, Tag("input(ids)")]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=2048), Tag("input(id lists)")],
+        Discriminator(_input_kind)]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[StrictInt | None, Field(ge=1)] = None
     user: Text | None = None
 
+    def token_ids(self) -> bool:
+        """Whether ``input`` is token ids (one list of ints, or a list of them)."""
+        return not isinstance(self.input, str) and not isinstance(self.input[0], str)
+
     def inputs(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else list(self.input)
+        return [self.input] if isinstance(self.input, str) else list(self.input)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------- responses

@@ -4,6 +4,7 @@ must be an OpenAI-format 4xx (never a 500, never a traceback), and the engine mu
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from tests.gateway.test_api_validation import assert_error
@@ -169,8 +170,9 @@ def test_hostile_completions(api, body, param) -> None:  # noqa: ANN001
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": []}, "input"),
     ({"input": ""}, "input"),
-    ({"input": [1, 2, 3]}, "input[0]"),  # token-id input is not supported
-    ({"input": [[1, 2]]}, "input[0]"),
+    ({"input": [1, "a"]}, "input[1]"),
+    ({"input": [[1, 2], []]}, "input[1]"),
+    ({"input": [True]}, "input[0]"),
     ({"input": ["a"] * 3000}, "input"),
     ({"input": "a", "dimensions": 0}, "dimensions"),
     ({"input": "a", "dimensions": 100_000}, "dimensions"),
@@ -180,6 +182,17 @@ def test_hostile_completions(api, body, param) -> None:  # noqa: ANN001
 def test_hostile_embeddings(api, body, param) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/embeddings", json={"model": "all-MiniLM-L6-v2", **body})
     assert_error(resp, 400, param=param)
+
+
+@pytest.mark.parametrize("ids", [[1, 2, 3], [[1, 2], [3]]])
+def test_token_id_input_to_embeddings_is_refused_by_name(api, ids) -> None:  # noqa: ANN001
+    """OpenAI's other two input shapes: refused as unsupported, saying to send text (they were
+    'should be a valid string' at input[0]); through the official client, as apps send them."""
+    with pytest.raises(openai.BadRequestError) as caught:
+        api.openai().embeddings.create(model="all-MiniLM-L6-v2", input=ids)
+    err = caught.value.body
+    assert (err["code"], err["param"]) == ("unsupported_parameter", "input"), err
+    assert "Token ids" in err["message"] and "send the text" in err["message"]
 
 
 def test_wrong_routes_and_methods(api) -> None:  # noqa: ANN001
