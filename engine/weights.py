@@ -87,11 +87,22 @@ def resolve_model_dir(model: str, cache_dir: str | os.PathLike) -> Path:
     Raises:
         ValueError: unknown id, missing/incomplete directory, or a non-Llama-family architecture.
     """
+    source = model_source(model)
+    return source if isinstance(source, Path) else _cached_conversion(source, Path(cache_dir))
+
+
+def model_source(model: str) -> GGUFSource | Path:
+    """What ``model`` names, checked but not converted or loaded (cheap: ``pagegate serve`` asks
+    before it starts anything): a GGUF file to convert, or a Hugging Face directory.
+
+    Raises:
+        ValueError: as ``resolve_model_dir``.
+    """
     if model == BUNDLED_MODEL_ID:
-        return _cached_conversion(GGUFSource(bundled_gguf_path(), BUNDLED_MODEL_ID), Path(cache_dir))
+        return GGUFSource(bundled_gguf_path(), BUNDLED_MODEL_ID)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return _cached_conversion(GGUFSource(path.resolve(), path.stem), Path(cache_dir))
+        return GGUFSource(path.resolve(), path.stem)
     if not path.exists():
         raise ValueError(
             f"unknown model {model!r}: use {BUNDLED_MODEL_ID!r} or the path of a local Hugging Face "

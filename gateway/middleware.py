@@ -16,6 +16,10 @@ In this order, on every HTTP request:
 - the catch-all: an exception nothing else handled becomes a 500 OpenAI error without traceback
   (logged with the request id). Bad input never gets here: it is a 400 from the handlers.
 
+And on start-up, a failure (the engine cannot load its weights: out of memory, a broken file) is
+reported as its exception's line, not the whole traceback Starlette sends uvicorn (that one is
+logged at DEBUG).
+
 One layer instead of three: every layer of an ASGI stack is a coroutine call per request and a
 ``send`` wrapper per response message, on the event loop that admits every request.
 """
@@ -50,6 +54,17 @@ INTERNAL_ERROR = {
 DirectRoute = Callable[[Request], Awaitable[Response]]
 
 
+def _short_startup_failure(send: Send) -> Send:
+    async def send_short(message: Message) -> None:
+        if message["type"] == "lifespan.startup.failed" and message.get("message"):
+            text = str(message["message"]).strip()
+            log.debug("start-up failed:\n%s", text)
+            message = {**message, "message": f"cannot start the gateway: {text.splitlines()[-1]}"}
+        await send(message)
+
+    return send_short
+
+
 def new_request_id() -> str:
     return "req_" + new_hex_id()
 
@@ -71,7 +86,7 @@ class GatewayMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _short_startup_failure(send) if scope["type"] == "lifespan" else send)
             return
         request_id = new_request_id()
         state = scope.setdefault("state", {})

@@ -181,6 +181,20 @@ def _password(url: str) -> str | None:
     return parts.password or dict(parse_qsl(parts.query)).get("password")
 
 
+def check_engine(settings: Settings) -> None:
+    """The engine's settings and the model they name, checked without loading anything (a wrong
+    ``PAGEGATE_MODEL`` would otherwise fail seconds later, inside the app's start-up)."""
+    if not settings.load_engine or settings.engine_socket:
+        return
+    from engine.weights import model_source
+
+    try:
+        settings.engine_config()  # EngineConfig checks its values (block size, backends, ...)
+        model_source(settings.model)
+    except ValueError as exc:
+        raise StartupError(f"cannot use the engine's settings: {exc}") from None
+
+
 def start_embedded_redis(embedded: EmbeddedRedis) -> str:
     try:
         return embedded.start()
@@ -260,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
                 # `finally` below still stops the embedded Redis (tenancy helper's change)
                 signal.signal(signal.SIGTERM, _exit_on_sigterm)
             check_redis(settings.redis_url, settings.redis_timeout_s)
+            check_engine(settings)
             key = asyncio.run(prestart(settings))
         except StartupError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -278,7 +293,12 @@ def run(args: argparse.Namespace) -> int:
 
         from gateway.app import create_app
 
-        uvicorn.run(create_app(settings), **uvicorn_options(settings))
+        try:
+            uvicorn.run(create_app(settings), **uvicorn_options(settings))
+        except SystemExit as exc:
+            if exc.code == 3:  # uvicorn's "startup failed" (it logged why): our start-up failures' status
+                return 1
+            raise
     finally:
         if embedded is not None:
             embedded.stop()

@@ -46,7 +46,7 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
-                                  "data-dir-under-a-file", "bad-setting"])
+                                  "data-dir-under-a-file", "bad-setting", "unknown-model", "bad-engine-setting"])
 def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None:  # noqa: ANN001
     (tmp_path / "file").write_text("not a directory")
     settings, expected = {
@@ -58,6 +58,10 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
         "data-dir-under-a-file": ({"PAGEGATE_DATA_DIR": str(tmp_path / "file/data")},  # no Redis URL: embedded
                                   f"error: cannot start the embedded Redis in {tmp_path / 'file/data/redis'}: "),
         "bad-setting": ({"PAGEGATE_REDIS_TIMEOUT_S": "soon"}, "error: invalid settings: PAGEGATE_REDIS_TIMEOUT_S: "),
+        "unknown-model": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_MODEL": str(tmp_path / "no-such-model")},
+                          f"error: cannot use the engine's settings: unknown model '{tmp_path / 'no-such-model'}'"),
+        "bad-engine-setting": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_BLOCK_SIZE": "7"},
+                               "error: cannot use the engine's settings: block_size must be one of"),
     }[case]
     proc, elapsed = _serve(tmp_path, free_port(), **settings)
     line = _one_error_line(proc)
@@ -92,3 +96,18 @@ def test_safe_redis_url_hides_the_password(url: str, shown: str) -> None:
 def test_a_port_out_of_range_is_refused_not_wrapped(tmp_path) -> None:  # noqa: ANN001
     proc, _ = _serve(tmp_path, 70000, PAGEGATE_REDIS_URL=REDIS)  # getaddrinfo alone would bind 70000 - 65536
     assert _one_error_line(proc) == "error: cannot listen on 127.0.0.1:70000: a port is between 0 and 65535"
+
+
+def test_an_engine_that_cannot_load_is_one_line_and_exit_1(tmp_path) -> None:  # noqa: ANN001
+    """A model that passes the checks before start-up but cannot load (here a weights file that is
+    not safetensors) fails inside the app's start-up: uvicorn reports the exception's line, not
+    Starlette's traceback, and ``pagegate serve`` exits 1 like the checks (uvicorn's own status is 3)."""
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    (model / "model.safetensors").write_text("not safetensors")
+    proc, _ = _serve(tmp_path, free_port(), PAGEGATE_REDIS_URL=REDIS, PAGEGATE_MODEL=str(model))
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and 'File "' not in proc.stderr, proc.stderr
+    failures = [line for line in proc.stderr.splitlines() if "cannot start the gateway: " in line]
+    assert len(failures) == 1, proc.stderr
