@@ -9,7 +9,6 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.db.models import AuditLog
@@ -70,17 +69,6 @@ def record(session: AsyncSession, *, actor: str, action: str, target: str,
                    before=storable(before), after=storable(after), detail=detail)
     session.add(row)
     return row
-
-
-async def list_entries(session: AsyncSession, *, target: str | None = None, action: str | None = None,
-                       limit: int = 100) -> list[dict]:
-    query = select(AuditLog).order_by(AuditLog.id.desc()).limit(limit)
-    if target:
-        query = query.where(AuditLog.target == target)
-    if action:
-        query = query.where(AuditLog.action == action)
-    rows = (await session.execute(query)).scalars().all()
-    return [entry_view(r) for r in rows]
 
 
 def entry_view(row: AuditLog) -> dict:

@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from admin import cli_commands as cmd
 from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound
-from admin.schemas import InvalidField, split_models
+from admin.schemas import INT32_MAX, InvalidField, split_models
 from gateway.db.session import safe_url
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
@@ -49,6 +49,14 @@ def _positive(value: str) -> int:
     n = _count(value) if not value.lstrip().startswith("-") else -1
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a whole number > 0, not {value!r}")
+    return n
+
+
+def _row_id(value: str) -> int:
+    """An id (``--before``) or a row count (``--limit``): at most the id columns' range."""
+    n = _positive(value)
+    if n > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"at most {INT32_MAX}, not {value!r}")
     return n
 
 
@@ -96,10 +104,16 @@ def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--cache-max-entries", type=_positive, help="semantic-cache entries kept for this tenant")
 
 
+def _json_option(p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout, as the admin API sends it")
+
+
 def _range_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", type=cmd.parse_time, help="start (UTC, inclusive; default: 30 days ago)")
     p.add_argument("--until", type=cmd.parse_time, help="end (UTC, exclusive; default: now)")
-    p.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
+    output = p.add_mutually_exclusive_group()
+    output.add_argument("--csv", action="store_true", help="CSV on stdout instead of a table")
+    _json_option(output)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -112,9 +126,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name")
     _limit_options(p, update=False)
     p.set_defaults(run=cmd.tenants_create)
-    tsub.add_parser("list", help="all tenants").set_defaults(run=cmd.tenants_list)
+    p = tsub.add_parser("list", help="all tenants")
+    _json_option(p)
+    p.set_defaults(run=cmd.tenants_list)
     p = tsub.add_parser("show", help="one tenant, its budget use and keys")
     p.add_argument("name")
+    _json_option(p)
     p.set_defaults(run=cmd.tenants_show)
     p = tsub.add_parser("update", help="change limits, budget or cache settings")
     p.add_argument("name")
@@ -137,6 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tenant")
     p.add_argument("--prefix", help="display prefix, e.g. pg-AbC1234")
     p.add_argument("--active", action="store_true", help="hide revoked keys")
+    _json_option(p)
     p.set_defaults(run=cmd.keys_list)
     for verb, fn, text in (("revoke", cmd.keys_revoke, "revoke a key"),
                            ("rotate", cmd.keys_rotate, "revoke a key and print its replacement")):
@@ -151,7 +169,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", type=_usd, required=True, help="USD per 1M prompt tokens")
     p.add_argument("--completion", type=_usd, required=True, help="USD per 1M completion tokens")
     p.set_defaults(run=cmd.prices_set)
-    psub.add_parser("list", help="all prices").set_defaults(run=cmd.prices_list)
+    p = psub.add_parser("list", help="all prices")
+    _json_option(p)
+    p.set_defaults(run=cmd.prices_list)
 
     p = sub.add_parser("report", help="one tenant's usage and cost")
     p.add_argument("--tenant", required=True)
@@ -161,10 +181,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("summary", help="usage and cost of every tenant")
     _range_options(p)
     p.set_defaults(run=cmd.summary)
-    p = sub.add_parser("audit", help="recent admin changes")
+    p = sub.add_parser("audit", help="recent admin changes, newest first")
     p.add_argument("--target", help="e.g. tenant:acme or key:pg-AbC1234")
     p.add_argument("--action", help="e.g. key.revoke")
-    p.add_argument("--limit", type=_positive, default=50, help="newest entries shown (default: 50)")
+    p.add_argument("--limit", type=_row_id, default=50,
+                   help="entries shown (default: 50; unlike the API, past 1000 too)")
+    p.add_argument("--before", type=_row_id, metavar="ID",
+                   help="only entries older than entry ID (the next page: the last id shown)")
+    _json_option(p)
     p.set_defaults(run=cmd.audit)
 
     p = sub.add_parser("token", help="mint an HS256 admin token (PAGEGATE_ADMIN_JWT_SECRET)")
@@ -201,7 +225,7 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
 
 
 async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
-    async with cmd.management(settings) as ops:
+    async with cmd.management(settings, create=args.run not in cmd.READ_ONLY) as ops:
         code = await args.run(ops, args)
         if ops.invalidation_failed:
             cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "

@@ -1,6 +1,7 @@
 """What each ``pagegate admin …`` command does. Every command opens the configured database
 (upgrading the schema first) and, when ``PAGEGATE_REDIS_URL`` is set, Redis for invalidations.
-Results go to stdout (tables, or a bare key/token for scripts); notes and errors go to stderr."""
+Results go to stdout (tables; with ``--json`` one JSON document shaped as the admin API's reply; or a
+bare key/token for scripts); notes and errors go to stderr."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 
 from admin import reports
-from admin.audit import list_entries
+from admin.api.exact_json import dumps
 from admin.auth import ALL_SCOPES, mint_token
 from admin.management import Management, key_view, price_view, tenant_view
 from admin.tables import decimal_text, format_record, format_table
-from gateway.db.session import Database
+from gateway.db.session import Database, safe_url
 from gateway.settings import Settings
 
 
@@ -29,9 +31,21 @@ def note(message: str) -> None:
 
 
 @asynccontextmanager
-async def management(settings: Settings) -> AsyncIterator[Management]:
+async def management(settings: Settings, *, create: bool = True) -> AsyncIterator[Management]:
+    """``create``: a SQLite file that does not exist yet is created (a command that writes, e.g.
+    the first ``tenants create``, with a note saying so); else (a command that only reads) it is
+    an error: a mistyped path must not leave an empty database behind and show nothing."""
+    path = _sqlite_path(settings.database_url)
+    new = path is not None and not Path(path).exists()
+    if new and not create:
+        raise NoDatabase(f"no database at {path} (PAGEGATE_DATABASE_URL={safe_url(settings.database_url)}): "
+                         "nothing to show; check the path, or create a tenant or start `pagegate serve`, "
+                         "which create it")
     db = Database(settings.database_url)
-    _check_sqlite_file(settings.database_url)
+    if path is not None:
+        sqlite3.connect(path).close()  # an unusable path fails here with a plain sqlite3.Error (see below)
+    if new:
+        note(f"note: created a new database at {path}")
     await db.upgrade()
     redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
     try:
@@ -44,13 +58,19 @@ async def management(settings: Settings) -> AsyncIterator[Management]:
         await db.dispose()
 
 
-def _check_sqlite_file(url: str) -> None:
-    """Open a SQLite file once, synchronously, so an unusable path fails here with a plain
-    ``sqlite3.Error`` rather than inside the migration's own event loop (whose driver thread
-    would then print a traceback while the loop closes)."""
+class NoDatabase(ValueError):
+    """A command that only reads, pointed at a SQLite file that does not exist."""
+
+
+def _sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL (None: another database, or in memory). ``management`` opens it
+    once, synchronously, so an unusable path fails there with a plain ``sqlite3.Error`` rather
+    than inside the migration's own event loop (whose driver thread would then print a traceback
+    while the loop closes)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        sqlite3.connect(parsed.database).close()
+        return parsed.database
+    return None
 
 
 def _user() -> str:
@@ -58,6 +78,11 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):
         return "unknown"
+
+
+def _print_json(value: object) -> None:
+    """``value`` as the API writes it: money as exact JSON numbers, one document on one line."""
+    print(dumps(value))
 
 
 def _warn_no_redis(ops: Management) -> None:
@@ -95,6 +120,9 @@ async def tenants_create(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def tenants_list(ops: Management, args: argparse.Namespace) -> int:
+    if args.json:  # GET /tenants with every tenant on one page (by id)
+        _print_json((await ops.tenant_page(limit=None)).as_dict())
+        return 0
     views = [tenant_view(t) for t in await ops.tenants()]
     print(format_table(("id", *TENANT_COLUMNS), [[v["id"], *(v[c] for c in TENANT_COLUMNS)] for v in views]))
     return 0
@@ -104,6 +132,9 @@ async def tenants_show(ops: Management, args: argparse.Namespace) -> int:
     tenant = await ops.tenant(args.name)
     view = tenant_view(tenant)
     budget = await ops.budget(tenant)
+    if args.json:  # GET /tenants/{name}, with /budget and every key of /keys inside
+        _print_json({**view, "budget": budget, "keys": (await ops.key_page(tenant=tenant, limit=None)).as_dict()})
+        return 0
     print(format_record([*view.items(), ("spent_tokens", budget["spent_tokens"]),
                          ("spent_usd", budget["spent_usd"]), ("period_start", budget["period_start"])]))
     keys = [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]
@@ -140,9 +171,11 @@ async def keys_create(ops: Management, args: argparse.Namespace) -> int:
 
 async def keys_list(ops: Management, args: argparse.Namespace) -> int:
     owner = await ops.tenant(args.tenant) if args.tenant else None
-    rows = [key_view(k, n) for k, n in await ops.keys(tenant=owner, prefix=args.prefix,
-                                                       include_revoked=not args.active)]
-    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in rows]))
+    page = await ops.key_page(tenant=owner, prefix=args.prefix, include_revoked=not args.active, limit=None)
+    if args.json:
+        _print_json(page.as_dict())
+        return 0
+    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in page.data]))
     return 0
 
 
@@ -169,14 +202,21 @@ async def prices_set(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def prices_list(ops: Management, args: argparse.Namespace) -> int:
+    views = [price_view(p) for p in await ops.prices()]
+    if args.json:
+        _print_json({"object": "list", "data": views})
+        return 0
     cols = ("model", "prompt_usd_per_1m", "completion_usd_per_1m", "updated_at")
-    print(format_table(cols, [[price_view(p)[c] for c in cols] for p in await ops.prices()]))
+    print(format_table(cols, [[v[c] for c in cols] for v in views]))
     return 0
 
 
-def _print_report(report: reports.Report, as_csv: bool, first: str) -> None:
-    if as_csv:
+def _print_report(report: reports.Report, args: argparse.Namespace, first: str) -> None:
+    if args.csv:
         sys.stdout.write(reports.to_csv(report))
+        return
+    if args.json:
+        _print_json(report.as_dict())
         return
     note(f"{report.since:%Y-%m-%d %H:%M} .. {report.until:%Y-%m-%d %H:%M} UTC")
     rows = [r.as_dict() for r in [*report.rows, report.total]]
@@ -198,7 +238,7 @@ async def report(ops: Management, args: argparse.Namespace) -> int:
     since, until = span
     tenant = await ops.tenant(args.tenant)
     result = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by=args.group_by)
-    _print_report(result, args.csv, args.group_by)
+    _print_report(result, args, args.group_by)
     return 0
 
 
@@ -206,14 +246,19 @@ async def summary(ops: Management, args: argparse.Namespace) -> int:
     if (span := _report_range(args)) is None:
         return 2
     since, until = span
-    _print_report(await reports.summary(ops.session, since=since, until=until), args.csv, "tenant")
+    _print_report(await reports.summary(ops.session, since=since, until=until), args, "tenant")
     return 0
 
 
 async def audit(ops: Management, args: argparse.Namespace) -> int:
-    entries = await list_entries(ops.session, target=args.target, action=args.action, limit=args.limit)
+    page = await ops.audit_page(target=args.target, action=args.action, limit=args.limit, after=args.before)
+    if args.json:  # GET /audit?after=<--before>: has_more and last_id tell a script where to go on
+        _print_json(page.as_dict())
+        return 0
     cols = ("id", "created_at", "actor", "action", "target")
-    print(format_table(cols, [[e[c] for c in cols] for e in entries]))
+    print(format_table(cols, [[e[c] for c in cols] for e in page.data]))
+    if page.has_more:
+        note(f"older entries follow: --before {page.data[-1]['id']}")
     return 0
 
 
@@ -231,3 +276,6 @@ def parse_time(value: str) -> datetime:
         return datetime.fromisoformat(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not an ISO date/time: {value!r}") from exc
+
+
+READ_ONLY = (tenants_list, tenants_show, keys_list, prices_list, report, summary, audit)  # no database made

@@ -16,9 +16,10 @@ from decimal import Decimal
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import case, func, select
+from sqlalchemy import Row, Select, case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import InstrumentedAttribute
 
 from admin import audit
 from admin.reports import CACHE_HIT_VALUES
@@ -33,11 +34,13 @@ from admin.schemas import (
     validated,
 )
 from gateway import tenancy
-from gateway.db.models import ApiKey, ModelPrice, Tenant, UsageRecord
+from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant, UsageRecord
 from gateway.keys import NewKey
 
 log = logging.getLogger("pagegate.admin")
 
+PAGE_SIZE = 100  # a list's page when the caller gives no limit
+MAX_PAGE_SIZE = 1000  # the API's largest page (the CLI, on the database itself, may ask for more)
 TENANT_FIELDS = ("rpm", "tpm", "budget_tokens", "budget_usd", "period", "enabled", "cache_enabled",
                  "cache_threshold", "cache_ttl_s", "cache_max_entries")
 
@@ -72,6 +75,37 @@ def price_view(p: ModelPrice) -> dict:
                            "completion_usd_per_1m": p.completion_usd_per_1m, "updated_at": p.updated_at})
 
 
+@dataclass(slots=True)
+class Page:
+    """One page of a list in id order, as the API sends it (OpenAI's list shape). The next page
+    is the one ``after=last_id``; ``has_more`` says whether it holds anything (as of this read)."""
+
+    data: list[dict]
+    has_more: bool
+
+    def as_dict(self) -> dict:
+        return {"object": "list", "data": self.data, "has_more": self.has_more,
+                "first_id": self.data[0]["id"] if self.data else None,
+                "last_id": self.data[-1]["id"] if self.data else None}
+
+
+async def _keyset_page(session: AsyncSession, query: Select, id_column: InstrumentedAttribute[int], *,
+                       limit: int | None, after: int | None, newest_first: bool = False) -> tuple[list[Row], bool]:
+    """The rows of ``query`` past ``after`` in id order, at most ``limit`` (None: all), and whether
+    more follow (one extra row is read to know). Keyset, not OFFSET: a row added between two pages
+    gets a higher id, so it neither shifts later pages (no skip, no repeat) nor lands on a page
+    already read of a newest-first list."""
+    if after is not None:
+        query = query.where(id_column < after if newest_first else id_column > after)
+    query = query.order_by(id_column.desc() if newest_first else id_column.asc())
+    if limit is not None:
+        query = query.limit(limit + 1)
+    rows = list((await session.execute(query)).all())
+    if limit is not None and len(rows) > limit:
+        return rows[:limit], True
+    return rows, False
+
+
 def period_start(period: str, now: datetime | None = None) -> datetime:
     """Start (UTC) of the budget period containing ``now``: today 00:00 or the 1st of the month."""
     now = (now or datetime.now(UTC)).astimezone(UTC)
@@ -97,7 +131,13 @@ class Management:
         return tenant
 
     async def tenants(self) -> list[Tenant]:
+        """Every tenant, by name (the dashboard's and the CLI's tables)."""
         return list((await self.session.execute(select(Tenant).order_by(Tenant.name))).scalars())
+
+    async def tenant_page(self, *, limit: int | None = PAGE_SIZE, after: int | None = None) -> Page:
+        """Tenants by id, past the tenant id ``after``; ``limit`` None: all of them."""
+        rows, more = await _keyset_page(self.session, select(Tenant), Tenant.id, limit=limit, after=after)
+        return Page([tenant_view(t) for (t,) in rows], more)
 
     async def key(self, ref: int | str) -> ApiKey:
         """A key by numeric id or by display prefix (``pg-…``)."""
@@ -116,18 +156,33 @@ class Management:
 
     async def keys(self, *, tenant: Tenant | None = None, prefix: str | None = None,
                    include_revoked: bool = True) -> list[tuple[ApiKey, str]]:
-        query = select(ApiKey, Tenant.name).join(Tenant, ApiKey.tenant_id == Tenant.id).order_by(ApiKey.id)
-        if tenant is not None:
-            query = query.where(ApiKey.tenant_id == tenant.id)
-        if prefix:
-            query = query.where(ApiKey.prefix.startswith(prefix, autoescape=True))
-        if not include_revoked:
-            query = query.where(ApiKey.revoked.is_(False))
+        """Every matching key by id, with its tenant's name."""
+        query = _key_query(tenant=tenant, prefix=prefix, include_revoked=include_revoked).order_by(ApiKey.id)
         return [(k, n) for k, n in (await self.session.execute(query)).all()]
+
+    async def key_page(self, *, tenant: Tenant | None = None, prefix: str | None = None,
+                       include_revoked: bool = True, limit: int | None = PAGE_SIZE,
+                       after: int | None = None) -> Page:
+        """Matching keys by id, past the key id ``after``; ``limit`` None: all of them."""
+        query = _key_query(tenant=tenant, prefix=prefix, include_revoked=include_revoked)
+        rows, more = await _keyset_page(self.session, query, ApiKey.id, limit=limit, after=after)
+        return Page([key_view(k, n) for k, n in rows], more)
 
     async def owner(self, key: ApiKey) -> str:
         """The name of the key's tenant."""
         return (await self.session.get_one(Tenant, key.tenant_id)).name
+
+    async def audit_page(self, *, target: str | None = None, action: str | None = None,
+                         limit: int | None = PAGE_SIZE, after: int | None = None) -> Page:
+        """Audit entries newest first, older than the entry id ``after``; ``limit`` None: all of them."""
+        query = select(AuditLog)
+        if target:
+            query = query.where(AuditLog.target == target)
+        if action:
+            query = query.where(AuditLog.action == action)
+        rows, more = await _keyset_page(self.session, query, AuditLog.id, limit=limit, after=after,
+                                        newest_first=True)
+        return Page([audit.entry_view(e) for (e,) in rows], more)
 
     async def prices(self) -> list[ModelPrice]:
         return list((await self.session.execute(select(ModelPrice).order_by(ModelPrice.model))).scalars())
@@ -289,6 +344,17 @@ class Management:
             self.invalidation_failed = True
             log.warning("change saved but the Redis invalidation failed (%s); gateways pick it up when "
                         "their key cache expires", exc)
+
+
+def _key_query(*, tenant: Tenant | None, prefix: str | None, include_revoked: bool) -> Select:
+    query = select(ApiKey, Tenant.name).join(Tenant, ApiKey.tenant_id == Tenant.id)
+    if tenant is not None:
+        query = query.where(ApiKey.tenant_id == tenant.id)
+    if prefix:
+        query = query.where(ApiKey.prefix.startswith(prefix, autoescape=True))
+    if not include_revoked:
+        query = query.where(ApiKey.revoked.is_(False))
+    return query
 
 
 def _only(fields: dict, allowed: tuple[str, ...]) -> None:

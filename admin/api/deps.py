@@ -1,18 +1,21 @@
 """Dependencies of the admin API routes (``Annotated`` aliases): the context, the caller's
-verified token with the scope a route needs, a database session, and an audited ``Management``."""
+verified token with the scope a route needs, a database session, an audited ``Management``, and
+a list's page (``limit``, ``after``)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from admin.api.routing import SCOPE_KEY
 from admin.auth import SCOPE_READ, SCOPE_WRITE, AdminPrincipal, bearer_token, require
 from admin.context import AdminContext
-from admin.management import Management
+from admin.management import MAX_PAGE_SIZE, PAGE_SIZE, Management
+from admin.schemas import INT32_MAX
 
 
 def _context(request: Request) -> AdminContext:
@@ -56,3 +59,23 @@ def _writing(who: WriterDep, ctx: ContextDep, session: SessionDep) -> Management
 
 ReadDep = Annotated[Management, Depends(_reading)]
 WriteDep = Annotated[Management, Depends(_writing)]
+
+
+@dataclass(frozen=True, slots=True)
+class PageQuery:
+    """A list's ``limit`` and ``after`` cursor, checked: a bad value is a 400 naming the parameter."""
+
+    limit: int
+    after: int | None
+
+
+def _page(limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE,
+                                      description=f"rows per page, 1..{MAX_PAGE_SIZE}")] = PAGE_SIZE,
+          # bounded by the id columns' range: past it PostgreSQL would refuse the comparison (a 500)
+          after: Annotated[int | None, Query(ge=1, le=INT32_MAX, description=(
+              "the previous page's last_id: the page starts past it (higher ids; in the audit log, "
+              "older entries)"))] = None) -> PageQuery:
+    return PageQuery(limit=limit, after=after)
+
+
+PageDep = Annotated[PageQuery, Depends(_page)]

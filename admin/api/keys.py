@@ -1,21 +1,21 @@
-"""``/admin/v1/keys``: list (by tenant and/or display prefix), get, revoke, rotate. A key is named
+"""``/admin/v1/keys``: list (a page by id; by tenant and/or display prefix), get, revoke, rotate. A key is named
 by its numeric id or its display prefix; the full key is only ever shown in a create/rotate reply."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from admin.api.deps import ReadDep, WriteDep
+from admin.api.deps import PageDep, ReadDep, WriteDep
 from admin.management import key_view
 
 
 def add_routes(router: APIRouter) -> None:
     @router.get("/keys")
-    async def list_keys(ops: ReadDep, prefix: str | None = None, tenant: str | None = None,
+    async def list_keys(ops: ReadDep, page: PageDep, prefix: str | None = None, tenant: str | None = None,
                         include_revoked: bool = True) -> dict:
         owner = await ops.tenant(tenant) if tenant else None
-        rows = await ops.keys(tenant=owner, prefix=prefix, include_revoked=include_revoked)
-        return {"object": "list", "data": [key_view(k, n) for k, n in rows]}
+        return (await ops.key_page(tenant=owner, prefix=prefix, include_revoked=include_revoked,
+                                   limit=page.limit, after=page.after)).as_dict()
 
     @router.get("/keys/{ref}")
     async def get_key(ref: str, ops: ReadDep) -> dict:

@@ -1,19 +1,19 @@
-"""``/admin/v1/tenants``: create, list, get, update limits / budget / cache settings, disable and
-enable, and the tenant's keys."""
+"""``/admin/v1/tenants``: create, list (a page by id), get, update limits / budget / cache settings,
+disable and enable, and the tenant's keys (a page by id)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from admin.api.deps import ReadDep, WriteDep
+from admin.api.deps import PageDep, ReadDep, WriteDep
 from admin.management import key_view, tenant_view
 from admin.schemas import BudgetUpdate, KeyCreate, TenantCreate, TenantLimits
 
 
 def add_routes(router: APIRouter) -> None:
     @router.get("/tenants")
-    async def list_tenants(ops: ReadDep) -> dict:
-        return {"object": "list", "data": [tenant_view(t) for t in await ops.tenants()]}
+    async def list_tenants(ops: ReadDep, page: PageDep) -> dict:
+        return (await ops.tenant_page(limit=page.limit, after=page.after)).as_dict()
 
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, ops: WriteDep) -> dict:
@@ -49,9 +49,9 @@ def add_routes(router: APIRouter) -> None:
         return await ops.budget(await ops.update_tenant(name, **changes))
 
     @router.get("/tenants/{name}/keys")
-    async def list_tenant_keys(name: str, ops: ReadDep) -> dict:
+    async def list_tenant_keys(name: str, ops: ReadDep, page: PageDep) -> dict:
         tenant = await ops.tenant(name)
-        return {"object": "list", "data": [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]}
+        return (await ops.key_page(tenant=tenant, limit=page.limit, after=page.after)).as_dict()
 
     @router.post("/tenants/{name}/keys", status_code=201)
     async def create_key(name: str, body: KeyCreate, ops: WriteDep) -> dict:

@@ -108,3 +108,13 @@ def auth(token):
         return {"authorization": f"Bearer {token(*scopes, sub=sub)}"}
 
     return make
+
+
+@pytest.fixture
+def env(settings, monkeypatch):  # noqa: ANN001, ANN201
+    """The admin CLI's environment: the test settings' database, Redis and admin secret."""
+    monkeypatch.setenv("PAGEGATE_DATABASE_URL", settings.database_url)
+    monkeypatch.setenv("PAGEGATE_REDIS_URL", settings.redis_url)
+    monkeypatch.setenv("PAGEGATE_REDIS_PREFIX", settings.redis_prefix)
+    monkeypatch.setenv("PAGEGATE_ADMIN_JWT_SECRET", SECRET)
+    return settings

@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import pytest
 import redis as redis_sync
-from admin_testlib import SECRET, unique, usage_row
+from admin_testlib import unique, usage_row
 from sqlalchemy import select
 
 from admin import cli
@@ -21,15 +21,6 @@ from admin.auth import AdminTokenVerifier
 from gateway.db.models import ApiKey, AuditLog, Tenant
 from gateway.keys import hash_key, looks_like_key
 from gateway.tenancy import invalidation_channel
-
-
-@pytest.fixture
-def env(settings, monkeypatch):
-    monkeypatch.setenv("PAGEGATE_DATABASE_URL", settings.database_url)
-    monkeypatch.setenv("PAGEGATE_REDIS_URL", settings.redis_url)
-    monkeypatch.setenv("PAGEGATE_REDIS_PREFIX", settings.redis_prefix)
-    monkeypatch.setenv("PAGEGATE_ADMIN_JWT_SECRET", SECRET)
-    return settings
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -231,7 +222,7 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     for url in ("postgresql+asyncpg://postgres:hunter2@127.0.0.1:1/nothing", "sqlite+aiosqlite:////proc/no/x.db",
                 "not a url"):
         monkeypatch.setenv("PAGEGATE_DATABASE_URL", url)
-        code, out, err = run(capsys, "tenants", "list")
+        code, out, err = run(capsys, "tenants", "create", unique("t"))  # a write: a missing SQLite file is made
         assert code == 1 and out == "" and err.startswith("error: cannot use the database at"), err
         assert "hunter2" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     monkeypatch.setenv("PAGEGATE_PORT", "eighty")
@@ -337,3 +328,20 @@ def test_usage_errors_are_one_line(capsys, argv):
     _, err = capsys.readouterr()
     assert done.value.code == 2
     assert len(err.strip().splitlines()) == 1 and ": error: " in err and "usage:" not in err
+
+
+def test_reading_a_missing_sqlite_file_is_an_error_and_creates_nothing(env, capsys, monkeypatch, tmp_path):
+    """A mistyped SQLite path: a command that only reads says there is no database there (it used
+    to create an empty one and list nothing); a command that writes creates it, saying so."""
+    db = tmp_path / "typo" / "pagegat.db"
+    monkeypatch.setenv("PAGEGATE_DATABASE_URL", f"sqlite+aiosqlite:///{db}")
+    for argv in (["tenants", "list"], ["tenants", "show", "acme"], ["keys", "list"], ["prices", "list"],
+                 ["summary"], ["report", "--tenant", "acme"], ["audit"], ["tenants", "list", "--json"]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (1, ""), (argv, err)
+        assert err.startswith(f"error: no database at {db} ") and len(err.strip().splitlines()) == 1, err
+    assert not db.exists() and not db.parent.exists()
+    code, out, err = run(capsys, "tenants", "create", "acme")
+    assert code == 0 and f"note: created a new database at {db}" in err, err
+    code, out, err = run(capsys, "tenants", "list")
+    assert code == 0 and "acme" in out and "created" not in err
