@@ -3,7 +3,8 @@ a per-tenant change log that in-process indexes tail. All keys of one tenant sha
 so every multi-key step is one atomic script on one Redis Cluster slot.
 
     {prefix}cache:{T}:e:<exact_key>   hash  resp (JSON) · text · vec (float32) · ns · exp   PEXPIRE ttl
-    {prefix}cache:{T}:z               zset  exact_key -> expiry time (ms); ZPOPMIN = oldest first
+    {prefix}cache:{T}:z               zset  exact_key -> expiry time (ms): what has expired, and the count
+    {prefix}cache:{T}:t               zset  exact_key -> time stored (ms): the cap evicts the oldest first
     {prefix}cache:{T}:log             stream  s (sequence) · op add|del · id [· ns · text · vec]
     {prefix}cache:{T}:seq             string  last sequence number written to the log
 
@@ -44,24 +45,35 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now + ttl, id)
+redis.call('ZADD', KEYS[5], now, id)
 log('add', id, ns, text, vec)
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)
 for _, eid in ipairs(expired) do
   redis.call('ZREM', KEYS[2], eid)
+  redis.call('ZREM', KEYS[5], eid)
   redis.call('DEL', eprefix .. eid)
   log('del', eid)
 end
 local evicted = 0
 local n = redis.call('ZCARD', KEYS[2])
+if redis.call('ZCARD', KEYS[5]) < n then
+  -- entries from before the store-time set existed (once per tenant): older than any tracked
+  -- one, in the order they expire
+  local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #all, 2 do redis.call('ZADD', KEYS[5], 'NX', tonumber(all[i + 1]) - 1e13, all[i]) end
+end
 if n > cap then
-  local popped = redis.call('ZPOPMIN', KEYS[2], n - cap)
+  -- the oldest stored first (by expiry instead, a tenant whose TTL was lowered would evict each
+  -- new entry at once while its older, longer-lived ones stayed)
+  local popped = redis.call('ZPOPMIN', KEYS[5], n - cap)
   for i = 1, #popped, 2 do
+    redis.call('ZREM', KEYS[2], popped[i])
     redis.call('DEL', eprefix .. popped[i])
     log('del', popped[i])
     evicted = evicted + 1
   end
 end
-for i = 2, 4 do
+for i = 2, 5 do
   if redis.call('PTTL', KEYS[i]) < ttl then redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 return {evicted, #expired}
@@ -92,6 +104,10 @@ class TenantKeys:
     @property
     def zset(self) -> str:
         return self.base + "z"
+
+    @property
+    def stored(self) -> str:
+        return self.base + "t"
 
     @property
     def log(self) -> str:
@@ -142,7 +158,7 @@ class EntryStore:
             vec = b"" if e.vec is None else np.asarray(e.vec, np.float32).tobytes()
             args = [keys.entry_prefix, e.entry_id, e.ns, e.text, vec, json.dumps(e.response),
                     max(1, int(ttl_s * 1000)), max(1, max_entries), LOG_MAXLEN if self.with_log else 0]
-            await self._script(keys=[keys.entry(e.entry_id), keys.zset, keys.log, keys.seq],
+            await self._script(keys=[keys.entry(e.entry_id), keys.zset, keys.log, keys.seq, keys.stored],
                                args=args, client=pipe)
         res = await pipe.execute()
         return [(int(r[0]), int(r[1])) for r in res]

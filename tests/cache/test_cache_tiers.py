@@ -121,6 +121,44 @@ async def test_eviction_at_cap(make_cache, redis_client):
     assert other._local.tenant(keys).size() == 3
 
 
+async def test_the_cap_evicts_the_oldest_stored_when_the_ttl_was_lowered(make_cache, redis_client):
+    """Entries stored under a long TTL, then one under a shorter TTL (the admin lowered it): the
+    cap evicts the oldest stored, not the one that expires first (the new one, evicted at once:
+    a QA find; the tenant's cache then kept nothing new until the old entries expired)."""
+    c = make_cache()
+    long_ttl = CachePolicy(threshold=0.8, ttl_s=3600, max_entries=3)
+    short_ttl = CachePolicy(threshold=0.8, ttl_s=60, max_entries=3)
+    topics = ["volcanoes", "glaciers", "deserts"]
+    for t in topics:
+        await c.store("acme", chat(f"Explain {t} briefly"), answer(t), long_ttl)
+    await c.store("acme", chat("Explain coral reefs briefly"), answer("reefs"), short_ttl)
+    keys = c.store_.keys("acme")
+    assert await redis_client.zcard(keys.zset) == 3 and await redis_client.zcard(keys.stored) == 3
+    assert (await c.lookup("acme", chat("Explain coral reefs briefly"), short_ttl)).outcome == "hit"
+    assert (await c.lookup("acme", chat("Explain volcanoes briefly"), short_ttl)).outcome == "miss"
+    for t in topics[1:]:
+        assert (await c.lookup("acme", chat(f"Explain {t} briefly"), short_ttl)).outcome == "hit"
+
+
+async def test_the_cap_also_evicts_entries_stored_before_the_store_time_set(make_cache, redis_client):
+    """Entries from before the store-time set existed (no member there) still count toward the
+    cap and go, soonest to expire first, once the tracked ones are not enough."""
+    c = make_cache()
+    cap = CachePolicy(threshold=0.8, max_entries=2)
+    for t in ["volcanoes", "glaciers"]:
+        await c.store("acme", chat(f"Explain {t} briefly"), answer(t), cap)
+    keys = c.store_.keys("acme")
+    await redis_client.delete(keys.stored)  # as an older release left them
+    for t in ["deserts", "rainforests"]:
+        await c.store("acme", chat(f"Explain {t} briefly"), answer(t), cap)
+    assert await redis_client.zcard(keys.zset) == 2
+    members = sorted(m.decode() if isinstance(m, bytes) else m for m in await redis_client.zrange(keys.zset, 0, -1))
+    assert members == sorted(m.decode() if isinstance(m, bytes) else m
+                             for m in await redis_client.zrange(keys.stored, 0, -1))
+    for t in ["deserts", "rainforests"]:
+        assert (await c.lookup("acme", chat(f"Explain {t} briefly"), cap)).outcome == "hit"
+
+
 async def test_cross_process_visibility_within_one_second(make_cache, policy):
     import time
 
