@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -425,12 +426,13 @@ async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: 
     texts = [((c.get("message") or {}).get("content") or c.get("text") or "") for c in choices]
     reasons = [c.get("finish_reason") or "stop" for c in choices]
     whole = fmt.response(texts, reasons, make_usage(prompt_tokens, completion_tokens, 0))
+    ttft_ms = (time.perf_counter() - account.started) * 1000  # the whole answer is ready: its first token too
 
     async def close() -> None:
         with anyio.CancelScope(shield=True):
             await account.close(status="ok", finish_reason=reasons[0] if reasons else None,
                                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                ttft_ms=None, cache_hit=True)
+                                ttft_ms=ttft_ms, cache_hit=True)
 
     if not stream:
         try:

@@ -79,6 +79,10 @@ def test_miss_then_hit_json_and_sse(api_cached) -> None:  # noqa: ANN001
     assert miss_row.cache == "miss" and Decimal(miss_row.cost_usd) > 0 and Decimal(miss_row.saved_usd) == 0
     assert hit_row.cache == "hit" and Decimal(hit_row.cost_usd) == 0
     assert Decimal(hit_row.saved_usd) == Decimal(miss_row.cost_usd)  # same tokens, same prices
+    # a hit's time to first token is the time until its answer was ready (it was NULL)
+    assert hit_row.ttft_ms is not None and 0 < hit_row.ttft_ms <= hit_row.latency_ms
+    stream_row = api.usage_rows(resp.headers["x-request-id"])[0]
+    assert stream_row.cache == "hit" and stream_row.ttft_ms is not None and 0 < stream_row.ttft_ms
 
 
 def test_cache_control_and_streamed_misses(api_cached) -> None:  # noqa: ANN001
