@@ -148,6 +148,13 @@ class AsyncEngine:
             raise ValueError("this model has no tokenizer; send token ids")
         return self._renderer.encode(text)
 
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        """What each token stands for on its own (logprobs' ``token`` and ``bytes``)."""
+        self._require()
+        if self._renderer is None:
+            raise ValueError("this model has no tokenizer; token texts are unknown")
+        return self._renderer.token_bytes(ids)
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         self._require()
         if self._renderer is None:

@@ -75,7 +75,7 @@ _params_fields = operator.attrgetter(*_PARAMS)
 
 
 def _deltas_fields(deltas: list[CompletionDelta]) -> list[tuple]:
-    return [(d.index, d.text, d.token_ids, d.finish_reason, d.num_tokens) for d in deltas]
+    return [(d.index, d.text, d.token_ids, d.finish_reason, d.num_tokens, d.logprobs) for d in deltas]
 
 
 class _Unpickler(pickle.Unpickler):
@@ -481,6 +481,12 @@ class RemoteEngine:
         if self._renderer is None:
             raise ValueError("this model has no tokenizer; send token ids")
         return self._renderer.encode(text)
+
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        """What each token stands for on its own (logprobs' ``token`` and ``bytes``)."""
+        if self._renderer is None:
+            raise ValueError("this model has no tokenizer; token texts are unknown")
+        return self._renderer.token_bytes(ids)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         if self._renderer is None:

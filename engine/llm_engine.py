@@ -147,8 +147,9 @@ class LLMEngine:
         self._mark_scheduled(sched)
         logits, sample_idx = self.runner.run(sched, self.kv)
         seqs, rows = self._advance(sched, sample_idx)
-        tokens = self.sampler.sample(logits[rows] if len(rows) != len(sample_idx) else logits, seqs)
-        outputs += self._postprocess(seqs, tokens)
+        logits = logits[rows] if len(rows) != len(sample_idx) else logits
+        tokens = self.sampler.sample(logits, seqs)
+        outputs += self._postprocess(seqs, tokens, self.sampler.logprobs(logits, seqs, tokens))
         self.num_steps += 1
         return outputs
 
@@ -181,10 +182,12 @@ class LLMEngine:
                     rows.append(row)
         return seqs, rows
 
-    def _postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[RequestOutput]:
+    def _postprocess(self, seqs: list[Sequence], tokens: list[int], logprobs: list | None = None,
+                     ) -> list[RequestOutput]:
+        """``logprobs``: ``Sampler.logprobs``' per row (None: no row asked)."""
         now = time.monotonic()
         deltas: dict[RequestId, list[CompletionDelta]] = {}
-        for seq, tok in zip(seqs, tokens, strict=True):
+        for row, (seq, tok) in enumerate(zip(seqs, tokens, strict=True)):
             seq.token_ids.append(tok)
             req, m = seq.request, seq.request.metrics
             if m.ttft is None:
@@ -197,8 +200,9 @@ class LLMEngine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
             text = seq.detok.take_delta(reason is not None)
+            lp = None if logprobs is None or logprobs[row] is None else [logprobs[row]]
             deltas.setdefault(req.request_id, []).append(
-                CompletionDelta(seq.index, text, [tok], reason, seq.num_output_tokens)
+                CompletionDelta(seq.index, text, [tok], reason, seq.num_output_tokens, lp)
             )
         self.num_generated_tokens += len(tokens)
         outputs = []

@@ -16,6 +16,12 @@ class CompletionDelta:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     num_tokens: int = 0  # completion tokens of this choice so far
+    # with ``SamplingParams.logprobs``: per token of ``token_ids``, (its logprob, the most likely
+    # tokens at that position as ((token id, logprob), ...), most likely first)
+    logprobs: list[TokenLogprob] | None = None
+
+
+TokenLogprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 @dataclass(slots=True)

@@ -19,6 +19,10 @@ class EngineClient(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        """What each token stands for on its own (for logprobs; a byte-level token may be part
+        of a UTF-8 character)."""
+
     def generate(
         self,
         prompt: str | list[int],

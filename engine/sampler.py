@@ -80,6 +80,26 @@ class Sampler:
             out[r] = tok
         return out
 
+    @staticmethod
+    def logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list | None:
+        """For the rows whose ``params.logprobs`` is set: (the chosen token's log probability,
+        the ``logprobs`` most likely (token, logprob) pairs), from the model's own distribution
+        (``logits`` as the model gave them: no penalty, temperature, top-k or top-p); None for
+        the other rows. None when no row asks (one Python pass over the params, no tensor work)."""
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
+        if not rows:
+            return None
+        lp = torch.log_softmax(logits[rows].float(), dim=-1)
+        chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device)).squeeze(1).tolist()
+        k = max(seqs[i].params.logprobs for i in rows)
+        top_v, top_i = (lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long()))
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+        out: list = [None] * len(seqs)
+        for j, i in enumerate(rows):
+            n = seqs[i].params.logprobs
+            out[i] = (chosen[j], tuple(zip(top_i[j][:n], top_v[j][:n], strict=True)))
+        return out
+
     def _gen(self, seq: Sequence) -> torch.Generator:
         if seq.generator is None:
             seq.generator = self.generator_for(seq)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's threshold too)
 MIN_REPETITION_PENALTY = 1e-6  # smaller penalties act as this one (below it the logits overflow)
+MAX_LOGPROBS = 20  # most likely tokens reported per position at most (OpenAI's top_logprobs limit)
 
 
 @dataclass(slots=True)
@@ -23,6 +24,10 @@ class SamplingParams:
     ``presence_penalty`` and ``frequency_penalty`` (OpenAI style, in [-2, 2], 0 = off) subtract
     ``frequency_penalty * count + presence_penalty * (count > 0)`` from each token's logit, where
     ``count`` is how often the token occurs in this choice's generated output (never the prompt).
+
+    ``logprobs`` (None: off; 0 to ``MAX_LOGPROBS``): each generated token comes with its log
+    probability and the ``logprobs`` most likely tokens' at that position, from the model's own
+    distribution (the logits before penalties, temperature, top-k and top-p; vLLM's default too).
     """
 
     n: int = 1
@@ -38,6 +43,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -64,6 +70,8 @@ class SamplingParams:
             raise ValueError("frequency_penalty must be in [-2, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}")
 
     @property
     def greedy(self) -> bool:

@@ -61,6 +61,7 @@ class ChatRenderer:
         self._specials = None
         self._pieces = PieceCache.for_backend(self.backend) if self.backend is not None else None
         self._template = ChatTemplate.for_tokenizer(tokenizer)
+        self._token_bytes: TokenBytes | None = None
         if self.backend is not None:
             texts = sorted((t.content for t in self.backend.get_added_tokens_decoder().values() if t.special),
                            key=len, reverse=True)
@@ -73,6 +74,15 @@ class ChatRenderer:
             return None
         longest = max(len(t) for t in self.backend.get_vocab(with_added_tokens=True))
         return longest * (1 if self.backend.normalizer is None else 4)
+
+    def token_bytes(self, ids: list[int]) -> list[bytes]:
+        """The bytes each token stands for on its own (a byte-level token may be part of a UTF-8
+        character), for logprobs' ``token`` and ``bytes``."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer; token texts are unknown")
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self.tokenizer)
+        return self._token_bytes.of(ids)
 
     def encode(self, text: str) -> list[int]:
         """Plain text (no special tokens added; the special-token texts in it are parsed as such)."""
@@ -119,6 +129,53 @@ class ChatRenderer:
             ids += _encode(self._plain, msgs[int(mark.group(1))]["content"])
             pos = mark.end()
         return ids + self._encode(text[pos:])
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-ins (GPT-2's table): character -> the byte it stands for.
+    Printable Latin-1 bytes stand for themselves; the 68 others are shifted past 255."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {chr(b): b for b in keep}
+    shifted = 0
+    for b in range(256):
+        if b not in keep:
+            table[chr(256 + shifted)] = b
+            shifted += 1
+    return table
+
+
+_SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class TokenBytes:
+    """The bytes of single tokens, memoised: byte-level BPE pieces through GPT-2's table,
+    SentencePiece pieces with ``▁`` as a space and ``<0xAB>`` byte fallbacks, added tokens
+    (``<|im_end|>``) as their text."""
+
+    def __init__(self, tokenizer) -> None:  # noqa: ANN001 - a transformers tokenizer
+        self.tokenizer = tokenizer
+        self.added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        self.alphabet = _byte_level_alphabet()
+        self.memo: dict[int, bytes] = {}
+
+    def of(self, ids: list[int]) -> list[bytes]:
+        memo = self.memo
+        missing = [i for i in ids if i not in memo]
+        if missing:
+            for i, piece in zip(missing, self.tokenizer.convert_ids_to_tokens(missing), strict=True):
+                memo[i] = self._bytes(i, piece)
+        return [memo[i] for i in ids]
+
+    def _bytes(self, token_id: int, piece: str | None) -> bytes:
+        if token_id in self.added:
+            return self.added[token_id].encode()
+        if piece is None:
+            return b""
+        if all(c in self.alphabet for c in piece):  # byte-level BPE
+            return bytes(self.alphabet[c] for c in piece)
+        if (m := _SP_BYTE.fullmatch(piece)) is not None:  # SentencePiece byte fallback
+            return bytes([int(m.group(1), 16)])
+        return piece.replace("\u2581", " ").encode()
 
 
 class ChatTemplate:

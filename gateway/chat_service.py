@@ -35,7 +35,7 @@ from gateway.errors import (
     unsupported,
 )
 from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
-from gateway.generation import Generation, context_length_exceeded, far_too_long
+from gateway.generation import Generation, context_length_exceeded, far_too_long, logprob_entries
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, TextPart
 from gateway.sse import SSEResponse
 
@@ -123,10 +123,29 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
             presence_penalty=float(body.presence_penalty or 0.0),
             frequency_penalty=float(body.frequency_penalty or 0.0),
+            logprobs=logprobs_asked(body),
         )
     except ValueError as err:
         message = str(err)
         raise invalid_request(message, param=message.split()[0]) from err
+
+
+def logprobs_asked(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many most likely tokens to show per position (0: only the chosen one's), None: no logprobs."""
+    if isinstance(body, CompletionRequest):
+        return body.logprobs
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def token_bytes_for(body: ChatCompletionRequest | CompletionRequest, engine: EngineClient):  # noqa: ANN201
+    """The engine's ``token_bytes`` when the request asked for logprobs (the formats show them)."""
+    if logprobs_asked(body) is None:
+        return None
+    try:
+        engine.token_bytes([])  # a model without a tokenizer cannot name its tokens
+    except ValueError as err:
+        raise unsupported("logprobs", f"logprobs are not available: {err}.") from err
+    return engine.token_bytes
 
 
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -159,8 +178,8 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
         raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",
                           "Tools are not supported by this model.")
-    if body.logprobs or body.top_logprobs:
-        raise unsupported("logprobs" if body.logprobs else "top_logprobs", "logprobs are not supported.")
+    if body.top_logprobs is not None and not body.logprobs:  # as OpenAI answers it
+        raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
     if body.modalities and set(body.modalities) != {"text"}:
         raise unsupported("modalities", "Only text output is supported.")
     if body.audio is not None:
@@ -180,13 +199,17 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     refuse_unhonoured(body)
     refuse_unsupported(body, engine)
     messages = chat_messages(body)
-    fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage)
+    fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
+                     token_bytes=token_bytes_for(body, engine))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
     size = sum(len(m["content"]) for m in messages)
     refuse_far_too_long(engine, size)
     store: Store | None = None
     cache = caller.state.cache
+    if cache is not None and fmt.token_bytes is not None:  # a stored answer has no logprobs to show
+        account.cache = caller.response_headers["x-cache"] = "bypass"
+        cache = None
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
         policy = cache_policy(caller.principal, caller.cache_control)
         request_body = cache_body(body)
@@ -221,8 +244,9 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
                               param="prompt")
     if body.suffix:
         raise unsupported("suffix")
-    if body.logprobs is not None:
-        raise unsupported("logprobs", "logprobs are not supported.")
+    if body.logprobs is not None and body.echo:
+        raise unsupported("logprobs", "logprobs with echo are not supported: the prompt's tokens get none "
+                                      "(leave echo out, or prepend the prompt yourself).")
     if body.best_of not in (None, 1):
         raise unsupported("best_of", "best_of must be 1 (use n for several completions).")
     prompt_in = prompts[0]
@@ -245,7 +269,8 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
             err.param = "prompt"
         raise
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage,
-                           echo_prefix=prompt_in if body.echo and isinstance(prompt_in, str) else "")
+                           echo_prefix=prompt_in if body.echo and isinstance(prompt_in, str) else "",
+                           token_bytes=token_bytes_for(body, engine))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="completions", started=caller.started)
     return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller)
@@ -293,7 +318,8 @@ def _usage(gen: Generation):  # noqa: ANN202 - schemas.Usage
 
 def _whole(gen: Generation, fmt: Format) -> BaseModel:
     n = len(gen.choices)
-    return fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen))
+    return fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen),
+                        gen.logprobs() if fmt.token_bytes is not None else None)
 
 
 async def _settle(gen: Generation, account: RequestAccount, status: str) -> None:
@@ -334,7 +360,9 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
             yield chunk
         async for deltas in gen.deltas():
             for d in deltas:
-                if d.text:
+                if d.logprobs is not None and fmt.token_bytes is not None:
+                    yield fmt.text_chunk(d.index, d.text, logprob_entries(d))  # its tokens, text or not yet
+                elif d.text:
                     yield fmt.text_chunk(d.index, d.text)
                 if d.finish_reason is not None:
                     yield fmt.finish_chunk(d.index, d.finish_reason)

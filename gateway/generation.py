@@ -62,6 +62,14 @@ class ChoiceState:
     text: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     num_tokens: int = 0
+    logprobs: list[tuple] = field(default_factory=list)  # with logprobs asked: (token id, logprob, top) each
+
+
+def logprob_entries(delta: CompletionDelta) -> list[tuple] | None:
+    """The delta's tokens with their logprobs, as ``gateway.formats`` shows them (None: not asked)."""
+    if delta.logprobs is None:
+        return None
+    return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs, strict=True)]
 
 
 class Generation:
@@ -128,6 +136,8 @@ class Generation:
             choice = self.choices[d.index]
             if d.text:
                 choice.text.append(d.text)
+            if d.logprobs is not None:
+                choice.logprobs += logprob_entries(d)
             choice.num_tokens = max(choice.num_tokens, d.num_tokens)
             if d.finish_reason is not None:
                 choice.finish_reason = d.finish_reason
@@ -154,6 +164,10 @@ class Generation:
 
     def text(self, index: int) -> str:
         return "".join(self.choices[index].text)
+
+    def logprobs(self) -> list[list[tuple]]:
+        """Each choice's tokens with their logprobs (empty lists when none were asked)."""
+        return [c.logprobs for c in self.choices]
 
     async def aclose(self) -> None:
         aclose = getattr(self._agen, "aclose", None)

@@ -29,6 +29,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from engine.sampling_params import MAX_LOGPROBS
+
 Float = StrictFloat  # accepts JSON integers too; "0.5" (a string) and booleans are refused
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -155,8 +157,8 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
     response_format: ResponseFormat | None = None
-    logprobs: StrictBool | None = None  # not supported: true is refused by the service
-    top_logprobs: StrictInt | None = None  # needs logprobs: refused when set
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # needs logprobs: true
     tools: list[dict] | None = None  # not supported: a non-empty list is refused by the service
     tool_choice: Any = None  # only "none" (or unset) without tools
     functions: list[dict] | None = None  # the deprecated tools: refused like them
@@ -173,7 +175,7 @@ class CompletionRequest(_Sampling):
     prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
     echo: Annotated[StrictBool, _null_is(False)] = False
     suffix: Text | None = None  # not supported: refused by the service
-    logprobs: StrictInt | None = None  # not supported: refused by the service
+    logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # OpenAI's go to 5
     best_of: StrictInt | None = None  # only 1 (or unset) is supported
 
     def prompts(self) -> list[str | list[int]]:
@@ -234,6 +236,28 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str  # the token's text; "bytes:\\xe2\\x80" when its bytes are not whole UTF-8 (see ``bytes``)
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+    refusal: None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
@@ -242,7 +266,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None
 
 
@@ -271,7 +295,7 @@ class ChunkDelta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -288,7 +312,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None
 
 

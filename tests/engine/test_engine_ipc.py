@@ -238,14 +238,15 @@ async def test_every_sampling_field_crosses_the_socket(served):
     client = await connect(server)
     params = SamplingParams(n=2, temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=8, min_tokens=2,
                             stop=["zz"], stop_token_ids=[3], repetition_penalty=1.2, presence_penalty=0.5,
-                            frequency_penalty=0.3, ignore_eos=True)
+                            frequency_penalty=0.3, ignore_eos=True, logprobs=3)
 
     async def texts(engine, rid):  # noqa: ANN001, ANN202
         by_choice: dict = {}
         async for out in engine.generate([5, 6, 7, 8], params, request_id=rid):
             for d in out.deltas:
-                by_choice.setdefault(d.index, []).extend(d.token_ids)
+                by_choice.setdefault(d.index, []).extend(zip(d.token_ids, d.logprobs, strict=True))
         return by_choice
 
     remote, local = await texts(client, "r"), await texts(eng, "l")
-    assert set(remote) == {0, 1} and remote == local
+    assert set(remote) == {0, 1} and remote == local  # the logprobs cross too
+    assert all(len(top) == 3 for choice in remote.values() for _, (_, top) in choice)

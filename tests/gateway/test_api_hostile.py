@@ -67,7 +67,9 @@ CHAT_CASES = [
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI
     ({"tools": "x"}, 400, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-    ({"logprobs": True}, 400, "logprobs"),
+    ({"logprobs": "yes"}, 400, "logprobs"),
+    ({"top_logprobs": 3}, 400, "top_logprobs"),  # needs logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"user": 5}, 400, "user"),
 ]
 
@@ -157,7 +159,9 @@ def test_broken_auth_is_401(api, authorization) -> None:  # noqa: ANN001
     ({"prompt": None}, "prompt"),
     ({"prompt": [1, 2], "echo": True}, "echo"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
-    ({"prompt": "x", "logprobs": 1}, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"),
+    ({"prompt": "x", "logprobs": 1, "echo": True}, "logprobs"),
     ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "max_tokens": 10**9}, "prompt"),
     ({"prompt": "x", "presence_penalty": 2.01}, "presence_penalty"),

@@ -1,0 +1,98 @@
+"""Logprobs from the engine (``SamplingParams.logprobs``): the model's own distribution, equal to
+transformers' log-softmax of the same weights' logits at each generated position; computed only
+for the rows that ask, whatever their batch mates do."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> dict[str, list]:
+    """request id -> its deltas in order (every field kept)."""
+    ids = []
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"r{i}", p, sp)
+        ids.append(f"r{i}")
+    deltas: dict[str, list] = {rid: [] for rid in ids}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            deltas[out.request_id] += out.deltas
+    return deltas
+
+
+def _hf_logprobs(model_dir, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """transformers' log-softmax over the vocabulary at each of ``tokens``' positions."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def test_logprobs_match_transformers_and_list_the_most_likely(engine_config, tiny_model_dir) -> None:
+    rng = random.Random(3)
+    prompt = [rng.randrange(256) for _ in range(21)]
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    # greedy with 5 alternatives, and seeded sampling at a high temperature with top-k: the
+    # logprobs are the model's, not the sampling distribution's
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=5),
+              SamplingParams(temperature=1.7, top_k=7, seed=11, max_tokens=12, ignore_eos=True, logprobs=2,
+                             presence_penalty=1.5)]
+    for deltas, sp in zip(_run(engine, [prompt, prompt], params).values(), params, strict=True):
+        tokens = [t for d in deltas for t in d.token_ids]
+        entries = [e for d in deltas for e in d.logprobs]
+        assert len(entries) == len(tokens) == 12
+        ref = _hf_logprobs(tiny_model_dir, prompt, tokens)
+        for pos, (tok, (lp, top)) in enumerate(zip(tokens, entries, strict=True)):
+            assert lp == pytest.approx(ref[pos, tok].item(), abs=2e-4)
+            assert len(top) == sp.logprobs
+            want = torch.topk(ref[pos], sp.logprobs)
+            assert [t for t, _ in top] == want.indices.tolist()
+            assert [v for _, v in top] == pytest.approx(want.values.tolist(), abs=2e-4)
+            assert all(a >= b for (_, a), (_, b) in zip(top, top[1:], strict=False))
+            if sp.greedy:
+                assert top[0][0] == tok and top[0][1] == lp  # the chosen one is the most likely
+        assert sum(math.exp(v) for _, v in entries[0][1]) <= 1.0 + 1e-5
+
+
+def test_only_the_rows_that_ask_get_logprobs_and_mates_change_nothing(engine_config, tiny_model_dir) -> None:
+    rng = random.Random(5)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (9, 30, 4)]
+    asks = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    plain = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    alone = _run(LLMEngine(engine_config(tiny_model_dir)), [prompts[1]], [asks])["r0"]
+    together = _run(LLMEngine(engine_config(tiny_model_dir)), prompts, [plain, asks, plain])
+    assert all(d.logprobs is None for rid in ("r0", "r2") for d in together[rid])
+    got = [e for d in together["r1"] for e in d.logprobs]
+    want = [e for d in alone for e in d.logprobs]
+    assert [t for d in together["r1"] for t in d.token_ids] == [t for d in alone for t in d.token_ids]
+    assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in want], abs=1e-5)
+    assert all(top == () for _, top in got)  # logprobs=0: the chosen token's only
+
+
+def test_each_choice_of_n_gets_its_own(engine_config, tiny_model_dir) -> None:
+    prompt = list(range(10, 30))
+    sp = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True, logprobs=1)
+    deltas = _run(LLMEngine(engine_config(tiny_model_dir)), [prompt], [sp])["r0"]
+    for index in range(3):
+        mine = [d for d in deltas if d.index == index]
+        tokens = [t for d in mine for t in d.token_ids]
+        ref = _hf_logprobs(tiny_model_dir, prompt, tokens)
+        for pos, d in enumerate(mine):
+            (lp, top), = d.logprobs
+            assert lp == pytest.approx(ref[pos, d.token_ids[0]].item(), abs=2e-4)
+            assert top[0][0] == int(ref[pos].argmax())
+
+
+@pytest.mark.parametrize("value", [-1, MAX_LOGPROBS + 1])
+def test_logprobs_out_of_range_are_refused(value: int) -> None:
+    with pytest.raises(ValueError, match="logprobs must be between 0 and 20"):
+        SamplingParams(logprobs=value)
