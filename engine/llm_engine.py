@@ -76,6 +76,11 @@ class LLMEngine:
             attention_backend=backend,
         )
         self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
+        # tokens decoded to no text (EOS, the tokenizer's special tokens): a choice that stops on
+        # one lists no logprobs entry for it, as its text has none
+        specials = getattr(self.tokenizer, "all_special_ids", None) or []
+        self._silent_ids = frozenset(self.eos_token_ids) | frozenset(specials)
+        self._with_logprobs = 0  # requests in ``requests`` that asked for logprobs
         self.requests: dict[RequestId, Request] = {}
         self._abort_outputs: list[RequestOutput] = []
         self._ids = itertools.count()
@@ -113,6 +118,8 @@ class LLMEngine:
                       priority_class=priority_class)
         self._init_seq(req.sequences[0])
         self.requests[req.request_id] = req
+        if params.logprobs is not None:
+            self._with_logprobs += 1
         self.scheduler.add(req.sequences[0])
 
     def _init_seq(self, seq: Sequence) -> None:
@@ -124,6 +131,8 @@ class LLMEngine:
         req = self.requests.pop(RequestId(request_id), None)
         if req is None:
             return False
+        if req.params.logprobs is not None:
+            self._with_logprobs -= 1
         req.aborted = True
         deltas = []
         for seq in req.sequences:
@@ -149,7 +158,9 @@ class LLMEngine:
         seqs, rows = self._advance(sched, sample_idx)
         logits = logits[rows] if len(rows) != len(sample_idx) else logits
         tokens = self.sampler.sample(logits, seqs)
-        outputs += self._postprocess(seqs, tokens, self.sampler.logprobs(logits, seqs, tokens))
+        # logprobs: nothing at all while no request asks (the common case)
+        logprobs = self.sampler.logprobs(logits, seqs, tokens) if self._with_logprobs else None
+        outputs += self._postprocess(seqs, tokens, logprobs)
         self.num_steps += 1
         return outputs
 
@@ -200,7 +211,10 @@ class LLMEngine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
             text = seq.detok.take_delta(reason is not None)
-            lp = None if logprobs is None or logprobs[row] is None else [logprobs[row]]
+            lp = None
+            if logprobs is not None and logprobs[row] is not None:
+                # a closing EOS or special stop token has no text in the output: no entry either
+                lp = [] if reason == "stop" and tok in self._silent_ids else [logprobs[row]]
             deltas.setdefault(req.request_id, []).append(
                 CompletionDelta(seq.index, text, [tok], reason, seq.num_output_tokens, lp)
             )
@@ -211,6 +225,8 @@ class LLMEngine:
             if req.is_finished:
                 req.metrics.finished_time = now
                 del self.requests[rid]
+                if req.params.logprobs is not None:
+                    self._with_logprobs -= 1
             outputs.append(self._output(req, ds))
         return outputs
 

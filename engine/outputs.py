@@ -17,7 +17,8 @@ class CompletionDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     num_tokens: int = 0  # completion tokens of this choice so far
     # with ``SamplingParams.logprobs``: per token of ``token_ids``, (its logprob, the most likely
-    # tokens at that position as ((token id, logprob), ...), most likely first)
+    # tokens at that position as ((token id, logprob), ...), most likely first); a closing EOS
+    # or special stop token, which has no text, has none (the list is one shorter)
     logprobs: list[TokenLogprob] | None = None
 
 

@@ -83,21 +83,32 @@ class Sampler:
     @staticmethod
     def logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list | None:
         """For the rows whose ``params.logprobs`` is set: (the chosen token's log probability,
-        the ``logprobs`` most likely (token, logprob) pairs), from the model's own distribution
-        (``logits`` as the model gave them: no penalty, temperature, top-k or top-p); None for
-        the other rows. None when no row asks (one Python pass over the params, no tensor work)."""
+        the ``logprobs`` most likely (token, logprob) pairs, most likely first), from the model's
+        own distribution (``logits`` as the model gave them: no penalty, temperature, top-k or
+        top-p); None for the other rows. None when no row asks. A greedy row's chosen token comes
+        first among equally likely ones (``topk`` may order ties otherwise, e.g. on a GPU)."""
         rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if not rows:
             return None
-        lp = torch.log_softmax(logits[rows].float(), dim=-1)
-        chosen = lp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=lp.device)).squeeze(1).tolist()
+        x = logits[rows].float()
+        lse = x.logsumexp(dim=-1, keepdim=True)  # log-softmax = x - lse, without a [rows, vocab] copy
+        index = torch.tensor([[tokens[i]] for i in rows], device=x.device)
+        chosen = (x.gather(1, index) - lse).squeeze(1).tolist()
         k = max(seqs[i].params.logprobs for i in rows)
-        top_v, top_i = (lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long()))
-        top_v, top_i = top_v.tolist(), top_i.tolist()
+        if k:
+            top_v, top_i = x.topk(k, dim=-1)
+            top_v, top_i = (top_v - lse).tolist(), top_i.tolist()
         out: list = [None] * len(seqs)
         for j, i in enumerate(rows):
             n = seqs[i].params.logprobs
-            out[i] = (chosen[j], tuple(zip(top_i[j][:n], top_v[j][:n], strict=True)))
+            if not n:
+                out[i] = (chosen[j], ())
+                continue
+            top = tuple(zip(top_i[j][:n], top_v[j][:n], strict=True))
+            tok = tokens[i]
+            if seqs[i].params.greedy and top[0][0] != tok:  # a tie: the chosen one first
+                top = ((tok, chosen[j]), *(t for t in top if t[0] != tok))[:n]
+            out[i] = (chosen[j], top)
         return out
 
     def _gen(self, seq: Sequence) -> torch.Generator:

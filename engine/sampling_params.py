@@ -28,6 +28,7 @@ class SamplingParams:
     ``logprobs`` (None: off; 0 to ``MAX_LOGPROBS``): each generated token comes with its log
     probability and the ``logprobs`` most likely tokens' at that position, from the model's own
     distribution (the logits before penalties, temperature, top-k and top-p; vLLM's default too).
+    A choice that ends on EOS (or another special token) has no entry for it: its text has none.
     """
 
     n: int = 1
@@ -70,7 +71,8 @@ class SamplingParams:
             raise ValueError("frequency_penalty must be in [-2, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}")
 
     @property

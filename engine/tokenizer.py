@@ -147,6 +147,15 @@ def _byte_level_alphabet() -> dict[str, int]:
 _SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
+def _is_byte_level(tokenizer) -> bool:  # noqa: ANN001 - a transformers tokenizer
+    """Whether the tokenizer's pieces are byte-level BPE (GPT-2's table), as its decoder says; a
+    SentencePiece piece such as "é" would otherwise read as the Latin-1 byte it also spells."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is not None:
+        return b'"type":"ByteLevel"' in decoder.__getstate__()
+    return hasattr(tokenizer, "byte_decoder")  # a slow (Python) GPT-2-style tokenizer
+
+
 class TokenBytes:
     """The bytes of single tokens, memoised: byte-level BPE pieces through GPT-2's table,
     SentencePiece pieces with ``▁`` as a space and ``<0xAB>`` byte fallbacks, added tokens
@@ -155,7 +164,7 @@ class TokenBytes:
     def __init__(self, tokenizer) -> None:  # noqa: ANN001 - a transformers tokenizer
         self.tokenizer = tokenizer
         self.added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-        self.alphabet = _byte_level_alphabet()
+        self.alphabet = _byte_level_alphabet() if _is_byte_level(tokenizer) else None
         self.memo: dict[int, bytes] = {}
 
     def of(self, ids: list[int]) -> list[bytes]:
@@ -171,7 +180,7 @@ class TokenBytes:
             return self.added[token_id].encode()
         if piece is None:
             return b""
-        if all(c in self.alphabet for c in piece):  # byte-level BPE
+        if self.alphabet is not None and all(c in self.alphabet for c in piece):  # byte-level BPE
             return bytes(self.alphabet[c] for c in piece)
         if (m := _SP_BYTE.fullmatch(piece)) is not None:  # SentencePiece byte fallback
             return bytes([int(m.group(1), 16)])

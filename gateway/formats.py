@@ -4,7 +4,7 @@ stream chunks. The pipeline (``gateway.chat_service``) is the same for both; onl
 Chat stream, per choice:  {role: assistant, content: ""} → {content: "..."}* → {} + finish_reason
 then, with ``stream_options.include_usage``, one chunk with ``choices: []`` and the full usage.
 
-With ``token_bytes`` (the engine's, when the request asked for logprobs) each text chunk and each
+With ``token_names`` (the engine's, when the request asked for logprobs) each text chunk and each
 whole choice carries its tokens' logprobs, shaped as OpenAI's: chat ``{"content": [{token,
 logprob, bytes, top_logprobs}]}``, text completions ``{tokens, token_logprobs, top_logprobs,
 text_offset}``. A token whose bytes are not whole UTF-8 (part of a character) is shown as
@@ -16,6 +16,7 @@ from __future__ import annotations
 import codecs
 import re
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -27,21 +28,16 @@ from gateway.schemas import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatResponseMessage,
-    ChoiceLogprobs,
     ChunkChoice,
     ChunkDelta,
     Completion,
     CompletionChoice,
-    CompletionLogprobs,
     PromptTokensDetails,
-    TokenLogprob,
-    TopLogprob,
     Usage,
 )
 
 # one generated token's logprobs: (token id, its logprob, ((token id, logprob), ...) most likely first)
 Entry = tuple[int, float, Sequence[tuple[int, float]]]
-TokenBytes = Callable[[list[int]], list[bytes]]
 LOWEST_LOGPROB = -9999.0  # OpenAI's stand-in for "very unlikely" (JSON has no -Infinity)
 
 
@@ -54,24 +50,50 @@ def token_text(raw: bytes) -> str:
 
 
 def _lp(value: float) -> float:
-    return value if value >= LOWEST_LOGPROB else LOWEST_LOGPROB
+    return value if value >= LOWEST_LOGPROB else LOWEST_LOGPROB  # (NaN compares False: shown as the floor)
 
 
-def _texts(entries: list[Entry], token_bytes: TokenBytes) -> tuple[list[bytes], list[list[bytes]]]:
-    """The bytes of each entry's token and of its top tokens (one tokenizer call)."""
-    ids = [e[0] for e in entries] + [t for e in entries for t, _ in e[2]]
-    raw = token_bytes(ids)
-    chosen, rest = raw[:len(entries)], iter(raw[len(entries):])
+class TokenNames:
+    """An engine's tokens as logprobs show them, memoised per token id: (text, bytes as a list of
+    ints, the bytes). One per engine (``for_engine``): a token is named once per process."""
+
+    _by_engine: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __init__(self, token_bytes: Callable[[list[int]], list[bytes]]) -> None:
+        self._token_bytes = token_bytes
+        self._memo: dict[int, tuple[str, list[int], bytes]] = {}
+
+    @classmethod
+    def for_engine(cls, engine: object) -> TokenNames:
+        names = cls._by_engine.get(engine)
+        if names is None:
+            names = cls._by_engine[engine] = cls(engine.token_bytes)  # type: ignore[attr-defined]
+        return names
+
+    def of(self, ids: list[int]) -> list[tuple[str, list[int], bytes]]:
+        memo = self._memo
+        missing = [i for i in dict.fromkeys(ids) if i not in memo]
+        if missing:
+            for i, raw in zip(missing, self._token_bytes(missing), strict=True):
+                memo[i] = (token_text(raw), list(raw), raw)
+        return [memo[i] for i in ids]
+
+
+def _named(entries: list[Entry], names: TokenNames) -> tuple[list, list[list]]:
+    """The names of each entry's token and of its top tokens (one lookup)."""
+    found = names.of([e[0] for e in entries] + [t for e in entries for t, _ in e[2]])
+    chosen, rest = found[:len(entries)], iter(found[len(entries):])
     return chosen, [[next(rest) for _ in e[2]] for e in entries]
 
 
-def chat_logprobs(entries: list[Entry], token_bytes: TokenBytes) -> ChoiceLogprobs:
-    chosen, tops = _texts(entries, token_bytes)
-    return ChoiceLogprobs(content=[
-        TokenLogprob(token=token_text(raw), logprob=_lp(lp), bytes=list(raw), top_logprobs=[
-            TopLogprob(token=token_text(t_raw), logprob=_lp(t_lp), bytes=list(t_raw))
-            for t_raw, (_, t_lp) in zip(top, top_entries, strict=True)])
-        for (_, lp, top_entries), raw, top in zip(entries, chosen, tops, strict=True)])
+def chat_logprobs(entries: list[Entry], names: TokenNames) -> dict:
+    """OpenAI's chat ``logprobs`` (``{"content": [...], "refusal": None}``), as plain dicts."""
+    chosen, tops = _named(entries, names)
+    return {"content": [
+        {"token": name[0], "logprob": _lp(lp), "bytes": name[1], "top_logprobs": [
+            {"token": t_name[0], "logprob": _lp(t_lp), "bytes": t_name[1]}
+            for t_name, (_, t_lp) in zip(top, top_entries, strict=True)]}
+        for (_, lp, top_entries), name, top in zip(entries, chosen, tops, strict=True)], "refusal": None}
 
 
 class TextOffsets:
@@ -91,19 +113,21 @@ class TextOffsets:
         return at
 
 
-def completion_logprobs(entries: list[Entry], token_bytes: TokenBytes, offsets: TextOffsets) -> CompletionLogprobs:
-    """Each position's ``top_logprobs`` holds the chosen token too (as vLLM's)."""
-    chosen, tops = _texts(entries, token_bytes)
+def completion_logprobs(entries: list[Entry], names: TokenNames, offsets: TextOffsets) -> dict:
+    """Each position's ``top_logprobs`` maps token texts to logprobs, the chosen token's included
+    (as vLLM's); two tokens of one text keep the likelier value, the chosen token its own."""
+    chosen, tops = _named(entries, names)
     tokens, at, top_maps = [], [], []
-    for (_, lp, top_entries), raw, top in zip(entries, chosen, tops, strict=True):
-        text = token_text(raw)
-        tokens.append(text)
-        at.append(offsets.advance(raw))
-        top_map = {token_text(t_raw): _lp(t_lp) for t_raw, (_, t_lp) in zip(top, top_entries, strict=True)}
-        top_map.setdefault(text, _lp(lp))
+    for (_, lp, top_entries), name, top in zip(entries, chosen, tops, strict=True):
+        tokens.append(name[0])
+        at.append(offsets.advance(name[2]))
+        top_map: dict[str, float] = {}
+        for t_name, (_, t_lp) in zip(top, top_entries, strict=True):
+            top_map.setdefault(t_name[0], _lp(t_lp))  # most likely first: the first of a text wins
+        top_map[name[0]] = max(top_map.get(name[0], LOWEST_LOGPROB), _lp(lp))
         top_maps.append(top_map)
-    return CompletionLogprobs(tokens=tokens, token_logprobs=[_lp(e[1]) for e in entries], top_logprobs=top_maps,
-                              text_offset=at)
+    return {"tokens": tokens, "token_logprobs": [_lp(e[1]) for e in entries], "top_logprobs": top_maps,
+            "text_offset": at}
 
 
 def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
@@ -125,7 +149,7 @@ def natural_pieces(text: str) -> Iterator[str]:
 class ChatFormat:
     model: str
     include_usage: bool = False
-    token_bytes: TokenBytes | None = None  # set: the request asked for logprobs
+    token_names: TokenNames | None = None  # set: the request asked for logprobs
     id: str = field(default_factory=lambda: "chatcmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -138,7 +162,7 @@ class ChatFormat:
                 for i in range(n)]
 
     def text_chunk(self, index: int, text: str, logprobs: list[Entry] | None = None) -> BaseModel:
-        shown = None if logprobs is None or self.token_bytes is None else chat_logprobs(logprobs, self.token_bytes)
+        shown = None if logprobs is None or self.token_names is None else chat_logprobs(logprobs, self.token_names)
         return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(content=text), logprobs=shown)])
 
     def finish_chunk(self, index: int, finish_reason: str) -> BaseModel:
@@ -149,9 +173,9 @@ class ChatFormat:
 
     def response(self, texts: list[str], finish_reasons: list[str | None], usage: Usage,
                  logprobs: list[list[Entry]] | None = None) -> ChatCompletion:
-        shown: list[ChoiceLogprobs | None] = [None] * len(texts)
-        if logprobs is not None and self.token_bytes is not None:
-            shown = [chat_logprobs(entries, self.token_bytes) for entries in logprobs]
+        shown: list[dict | None] = [None] * len(texts)
+        if logprobs is not None and self.token_names is not None:
+            shown = [chat_logprobs(entries, self.token_names) for entries in logprobs]
         return ChatCompletion(
             id=self.id, created=self.created, model=self.model, usage=usage,
             choices=[ChatChoice(index=i, message=ChatResponseMessage(content=t), finish_reason=f, logprobs=lp)
@@ -164,7 +188,7 @@ class CompletionFormat:
     model: str
     include_usage: bool = False
     echo_prefix: str = ""  # echo=True: the prompt text, shown before each choice's text
-    token_bytes: TokenBytes | None = None  # set: the request asked for logprobs
+    token_names: TokenNames | None = None  # set: the request asked for logprobs
     id: str = field(default_factory=lambda: "cmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: dict[int, TextOffsets] = field(default_factory=dict)  # a streamed choice's, so far
@@ -180,11 +204,11 @@ class CompletionFormat:
 
     def text_chunk(self, index: int, text: str, logprobs: list[Entry] | None = None) -> BaseModel:
         shown = None
-        if logprobs is not None and self.token_bytes is not None:
+        if logprobs is not None and self.token_names is not None:
             offsets = self.offsets.get(index)
             if offsets is None:
                 offsets = self.offsets[index] = TextOffsets(len(self.echo_prefix))
-            shown = completion_logprobs(logprobs, self.token_bytes, offsets)
+            shown = completion_logprobs(logprobs, self.token_names, offsets)
         return self._chunk([CompletionChoice(index=index, text=text, finish_reason=None, logprobs=shown)])
 
     def finish_chunk(self, index: int, finish_reason: str) -> BaseModel:
@@ -195,9 +219,9 @@ class CompletionFormat:
 
     def response(self, texts: list[str], finish_reasons: list[str | None], usage: Usage,
                  logprobs: list[list[Entry]] | None = None) -> Completion:
-        shown: list[CompletionLogprobs | None] = [None] * len(texts)
-        if logprobs is not None and self.token_bytes is not None:
-            shown = [completion_logprobs(entries, self.token_bytes, TextOffsets(len(self.echo_prefix)))
+        shown: list[dict | None] = [None] * len(texts)
+        if logprobs is not None and self.token_names is not None:
+            shown = [completion_logprobs(entries, self.token_names, TextOffsets(len(self.echo_prefix)))
                      for entries in logprobs]
         return self._chunk([CompletionChoice(index=i, text=self.echo_prefix + t, finish_reason=f, logprobs=lp)
                             for i, (t, f, lp) in enumerate(zip(texts, finish_reasons, shown, strict=True))], usage)

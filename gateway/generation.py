@@ -69,7 +69,8 @@ def logprob_entries(delta: CompletionDelta) -> list[tuple] | None:
     """The delta's tokens with their logprobs, as ``gateway.formats`` shows them (None: not asked)."""
     if delta.logprobs is None:
         return None
-    return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs, strict=True)]
+    # (a closing EOS has no entry: the shorter list ends the pairs)
+    return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs, strict=False)]
 
 
 class Generation:
@@ -85,6 +86,7 @@ class Generation:
         self.finished = False
         self.exhausted = False  # the engine's stream has ended: closing it has nothing left to do
         self.taken = False  # the engine has sent an output: it took the request (its prompt is computed)
+        self.keep_logprobs = True  # False: a stream shows each delta's as it goes, none are kept
 
     @classmethod
     def open(cls, engine: EngineClient, prompt: list[int], params: SamplingParams, *, request_id: str,
@@ -136,7 +138,7 @@ class Generation:
             choice = self.choices[d.index]
             if d.text:
                 choice.text.append(d.text)
-            if d.logprobs is not None:
+            if d.logprobs is not None and self.keep_logprobs:
                 choice.logprobs += logprob_entries(d)
             choice.num_tokens = max(choice.num_tokens, d.num_tokens)
             if d.finish_reason is not None:
@@ -164,6 +166,10 @@ class Generation:
 
     def text(self, index: int) -> str:
         return "".join(self.choices[index].text)
+
+    def logprob_values(self) -> int:
+        """How many logprobs the kept entries hold (each token's and its alternatives')."""
+        return sum(1 + len(e[2]) for c in self.choices for e in c.logprobs)
 
     def logprobs(self) -> list[list[tuple]]:
         """Each choice's tokens with their logprobs (empty lists when none were asked)."""

@@ -236,26 +236,13 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class TopLogprob(BaseModel):
-    token: str  # the token's text; "bytes:\\xe2\\x80" when its bytes are not whole UTF-8 (see ``bytes``)
-    logprob: float
-    bytes: list[int] | None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[TokenLogprob] | None
-    refusal: None = None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
+# logprobs, as OpenAI shapes them (``gateway.formats`` builds them as plain dicts: a long answer has
+# thousands of entries, and a model per entry cost ~7 µs):
+#   chat choice / chunk choice:  {"content": [{"token", "logprob", "bytes", "top_logprobs":
+#                                 [{"token", "logprob", "bytes"}, ...]}, ...], "refusal": null}
+#   text completion choice:      {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
+#                                 "text_offset"}
+Logprobs = dict[str, Any]
 
 
 class ChatResponseMessage(BaseModel):
@@ -266,7 +253,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: ChatResponseMessage
-    logprobs: ChoiceLogprobs | None = None
+    logprobs: Logprobs | None = None
     finish_reason: str | None
 
 
@@ -295,7 +282,7 @@ class ChunkDelta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
-    logprobs: ChoiceLogprobs | None = None
+    logprobs: Logprobs | None = None
     finish_reason: str | None = None
 
 
@@ -312,7 +299,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: CompletionLogprobs | None = None
+    logprobs: Logprobs | None = None
     finish_reason: str | None
 
 

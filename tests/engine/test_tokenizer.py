@@ -178,3 +178,38 @@ def test_a_template_that_disagrees_on_the_probes_is_not_used(tok, monkeypatch):
     renderer = ChatRenderer(tok)
     assert renderer._template is None
     assert renderer.render(CASES[0]) == _expected(tok, CASES[0])
+
+
+def test_token_bytes_of_byte_level_pieces(tok):
+    """SmolLM2's byte-level BPE: each token's bytes, a character split over tokens included, join
+    to the text; an added token is its text."""
+    renderer = ChatRenderer(tok)
+    text = "Héllo 😊 wörld<|im_end|>"
+    ids = renderer.encode(text)
+    raw = renderer.token_bytes(ids)
+    assert b"".join(raw).decode() == text
+    assert any(not _decodes(r) for r in raw)  # the emoji is split over tokens
+    assert renderer.token_bytes([tok.convert_tokens_to_ids("<|im_end|>")]) == [b"<|im_end|>"]
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_token_bytes_of_sentencepiece_pieces():
+    """A SentencePiece vocabulary (``▁`` for spaces, ``<0xNN>`` byte fallbacks): "é" is the UTF-8
+    of the character, not the Latin-1 byte GPT-2's table would read in it."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.tokenizer import TokenBytes
+
+    vocab = {"<unk>": 0, "▁caf": 1, "é": 2, "<0xF0>": 3, "<0x9F>": 4, "▁": 5, "ł": 6}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    sp = PreTrainedTokenizerFast(tokenizer_object=backend)
+    assert TokenBytes(sp).of([1, 2, 3, 4, 5, 6]) == [b" caf", "é".encode(), b"\xf0", b"\x9f", b" ", "ł".encode()]

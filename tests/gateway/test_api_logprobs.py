@@ -71,41 +71,72 @@ def test_completions_logprobs(api) -> None:  # noqa: ANN001
     chunks = [c.choices[0].logprobs for c in stream if c.choices and c.choices[0].logprobs is not None]
     assert [t for c in chunks for t in c.tokens] == lp.tokens
     assert [o for c in chunks for o in c.text_offset] == lp.text_offset
+    # two streamed choices keep their own offsets
+    stream = client.completions.create(model=api.model, prompt="The capital of France is", max_tokens=5,
+                                       temperature=0, n=2, logprobs=0, stream=True)
+    offsets: dict[int, list[int]] = {0: [], 1: []}
+    texts = {0: "", 1: ""}
+    for chunk in stream:
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                offsets[c.index] += c.logprobs.text_offset
+                assert c.logprobs.text_offset[0] == len(texts[c.index])
+            texts[c.index] += c.text
+    assert all(len(o) == 5 and o[0] == 0 for o in offsets.values())
 
 
 def test_a_split_character_shows_its_bytes(api) -> None:  # noqa: ANN001
     """An emoji is several byte-level tokens: each is shown as ``bytes:\\x..`` with its real bytes,
     which join to the character (vLLM shows U+FFFD and its bytes, losing them)."""
-    from gateway.formats import chat_logprobs
+    from gateway.formats import TokenNames, chat_logprobs
 
     engine = api.app.state.pagegate.engine
     ids = engine.encode("😊")
     assert len(ids) > 1
-    shown = chat_logprobs([(t, -1.0, ((t, -1.0),)) for t in ids], engine.token_bytes).content
-    assert b"".join(bytes(e.bytes) for e in shown) == "😊".encode()
-    assert all(e.token.startswith("bytes:\\x") for e in shown)
-    assert bytes.fromhex("".join(e.token[len("bytes:"):].replace("\\x", "") for e in shown)).decode() == "😊"
-    assert [t.token for e in shown for t in e.top_logprobs] == [e.token for e in shown]
+    shown = chat_logprobs([(t, -1.0, ((t, -1.0),)) for t in ids], TokenNames.for_engine(engine))["content"]
+    assert b"".join(bytes(e["bytes"]) for e in shown) == "😊".encode()
+    assert all(e["token"].startswith("bytes:\\x") for e in shown)
+    assert bytes.fromhex("".join(e["token"][len("bytes:"):].replace("\\x", "") for e in shown)).decode() == "😊"
+    assert [t["token"] for e in shown for t in e["top_logprobs"]] == [e["token"] for e in shown]
+
+
+def test_an_answer_that_stops_on_eos_lists_no_entry_for_it(api) -> None:  # noqa: ANN001
+    """The closing <|im_end|> has no text, so no entry (OpenAI's answers end with the last text
+    token): the entries' bytes spell the answer, streamed the same."""
+    client = api.openai()
+    kw = dict(model=api.model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=60, temperature=0,
+              logprobs=True)
+    whole = client.chat.completions.create(**kw)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "stop"
+    assert len(choice.logprobs.content) == whole.usage.completion_tokens - 1
+    assert b"".join(bytes(e.bytes) for e in choice.logprobs.content).decode() == choice.message.content
+    streamed = [e.token for chunk in client.chat.completions.create(**kw, stream=True) for c in chunk.choices
+                if c.logprobs is not None for e in c.logprobs.content]
+    assert streamed == [e.token for e in choice.logprobs.content]
 
 
 def test_logprobs_bypass_the_semantic_cache(api_cached) -> None:  # noqa: ANN001
     api = api_cached
-    _tid, key = api.make_tenant()
+    tid, key = api.make_tenant()
     client = api.openai(key)
+    cache = api.app.state.pagegate.cache
+    stored = lambda: api.loop.run(cache.store_.count(cache.store_.keys(str(tid))))  # noqa: E731
     for _ in range(2):
         raw = client.chat.completions.with_raw_response.create(
             model=api.model, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True)
         assert raw.headers["x-cache"] == "bypass"
         assert len(raw.parse().choices[0].logprobs.content) == 3
-    # the same question without logprobs is cached as usual (nothing was stored by the above)
+    assert stored() == 0  # nothing stored for them
     first = client.chat.completions.with_raw_response.create(model=api.model, messages=MESSAGES, max_tokens=3,
                                                               temperature=0)
-    assert first.headers["x-cache"] == "miss"
+    assert first.headers["x-cache"] == "miss"  # the same question without logprobs is cached as usual
+    assert stored() == 1
 
 
 def test_a_model_without_a_tokenizer_refuses_logprobs_by_name() -> None:
     """Token ids in, but no tokenizer to name the tokens: a 400 naming logprobs, not a failed stream."""
-    from gateway.chat_service import token_bytes_for
+    from gateway.chat_service import token_names_for
     from gateway.errors import ApiError
     from gateway.schemas import CompletionRequest
 
@@ -115,7 +146,25 @@ def test_a_model_without_a_tokenizer_refuses_logprobs_by_name() -> None:
 
     body = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2], "logprobs": 1})
     with pytest.raises(ApiError) as caught:
-        token_bytes_for(body, NoTokenizer())
+        token_names_for(body, NoTokenizer())
     assert (caught.value.status, caught.value.code, caught.value.param) == (400, "unsupported_parameter", "logprobs")
     plain = CompletionRequest.model_validate({"model": "m", "prompt": [1, 2]})
-    assert token_bytes_for(plain, NoTokenizer()) is None
+    assert token_names_for(plain, NoTokenizer()) is None
+
+
+def test_a_large_answer_is_built_off_the_event_loop_alike(api, monkeypatch) -> None:  # noqa: ANN001
+    """Past ``LOGPROBS_ON_A_THREAD`` values the whole answer is built on a worker thread: the same
+    answer as on the event loop."""
+    from gateway import chat_service
+
+    client = api.openai()
+    kw = dict(model=api.model, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=4)
+    on_loop = client.chat.completions.create(**kw)
+    threads = []
+    real = chat_service.asyncio.to_thread
+    monkeypatch.setattr(chat_service, "LOGPROBS_ON_A_THREAD", 0)
+    monkeypatch.setattr(chat_service.asyncio, "to_thread", lambda *a, **k: threads.append(1) or real(*a, **k))
+    on_thread = client.chat.completions.create(**kw)
+    assert threads  # it took the thread
+    assert on_thread.choices[0].logprobs.model_dump() == on_loop.choices[0].logprobs.model_dump()
+    assert on_thread.choices[0].message.content == on_loop.choices[0].message.content
