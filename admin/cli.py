@@ -141,6 +141,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p = tsub.add_parser(verb, help=f"{verb} a tenant (every gateway within 1 s with Redis)")
         p.add_argument("name")
         p.set_defaults(run=cmd.tenants_enable)
+    p = tsub.add_parser("delete", help="revoke a tenant's keys and delete it (its usage history stays)")
+    p.add_argument("name")
+    p.add_argument("--yes", action="store_true", required=True, help="required: deleting cannot be undone")
+    p.set_defaults(run=cmd.tenants_delete)
 
     keys = sub.add_parser("keys", help="create, list, revoke, rotate API keys")
     ksub = keys.add_subparsers(dest="keys_cmd", required=True)

@@ -162,6 +162,13 @@ async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:
     return 0
 
 
+async def tenants_delete(ops: Management, args: argparse.Namespace) -> int:
+    tenant, revoked = await ops.delete_tenant(args.name)
+    note(f"deleted tenant {tenant.name} ({revoked} key(s) revoked; its usage stays in reports)")
+    _warn_no_redis(ops)
+    return 0
+
+
 async def keys_create(ops: Management, args: argparse.Namespace) -> int:
     row, new = await ops.create_key(tenant=args.tenant, name=args.name, allowed_models=args.models, rpm=args.rpm)
     note(f"created key {row.prefix}… (id {row.id}) for tenant {args.tenant}; it is shown only once:")

@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import Row, Select, case, func, select
+from sqlalchemy import Row, Select, case, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
@@ -59,6 +59,7 @@ def tenant_view(t: Tenant) -> dict:
         "budget_tokens": t.budget_tokens, "budget_usd": t.budget_usd, "period": t.budget_period,
         "cache_enabled": t.cache_enabled, "cache_threshold": t.cache_threshold, "cache_ttl_s": t.cache_ttl_s,
         "cache_max_entries": t.cache_max_entries, "created_at": t.created_at, "updated_at": t.updated_at,
+        "deleted_at": t.deleted_at,
     })
 
 
@@ -125,19 +126,46 @@ class Management:
 
     # --- reads ---------------------------------------------------------------------------------
     async def tenant(self, name: str) -> Tenant:
+        """A tenant that exists (a deleted one is not found)."""
         tenant = await tenancy.get_tenant(self.session, name=name)
-        if tenant is None:
+        if tenant is None or tenant.deleted_at is not None:
             raise NotFound(f"No tenant named {name!r}.")
         return tenant
 
     async def tenants(self) -> list[Tenant]:
-        """Every tenant, by name (the dashboard's and the CLI's tables)."""
-        return list((await self.session.execute(select(Tenant).order_by(Tenant.name))).scalars())
+        """Every tenant but the deleted ones, by name (the dashboard's and the CLI's tables)."""
+        return list((await self.session.execute(
+            select(Tenant).where(Tenant.deleted_at.is_(None)).order_by(Tenant.name))).scalars())
 
     async def tenant_page(self, *, limit: int | None = PAGE_SIZE, after: int | None = None) -> Page:
-        """Tenants by id, past the tenant id ``after``; ``limit`` None: all of them."""
-        rows, more = await _keyset_page(self.session, select(Tenant), Tenant.id, limit=limit, after=after)
+        """Tenants but the deleted ones by id, past the tenant id ``after``; ``limit`` None: all."""
+        rows, more = await _keyset_page(self.session, select(Tenant).where(Tenant.deleted_at.is_(None)), Tenant.id,
+                                        limit=limit, after=after)
         return Page([tenant_view(t) for (t,) in rows], more)
+
+    async def delete_tenant(self, name: str) -> tuple[Tenant, int]:
+        """Delete a tenant: its keys revoked (gateways refuse them within 1 s), the tenant disabled
+        and marked deleted, one audit row. Its row, name and usage rows stay, so reports and bills
+        keep it; admin lists and lookups leave it out and its name is not free again. Returns the
+        tenant and how many keys this revoked. Two deletes at once: one deletes, the other 404s."""
+        tenant = await self.tenant(name)
+        before = tenant_view(tenant)
+        now = datetime.now(UTC)
+        marked = await self.session.execute(
+            update(Tenant).where(Tenant.id == tenant.id, Tenant.deleted_at.is_(None))
+            .values(deleted_at=now, enabled=False).execution_options(synchronize_session=False))
+        if marked.rowcount != 1:  # deleted by someone else since we read it
+            await self.session.rollback()
+            raise NotFound(f"No tenant named {name!r}.")
+        revoked = await self.session.execute(
+            update(ApiKey).where(ApiKey.tenant_id == tenant.id, ApiKey.revoked.is_(False))
+            .values(revoked=True, revoked_at=now).execution_options(synchronize_session=False))
+        await self.session.refresh(tenant)
+        audit.record(self.session, actor=self.actor, action="tenant.delete", target=f"tenant:{tenant.name}",
+                     before=before, after=tenant_view(tenant), detail=f"{revoked.rowcount} key(s) revoked")
+        await self.session.commit()
+        await self._invalidate(tenant_id=tenant.id)
+        return tenant, int(revoked.rowcount)
 
     async def key(self, ref: int | str) -> ApiKey:
         """A key by numeric id or by display prefix (``pg-…``)."""
@@ -221,6 +249,10 @@ class Management:
         # IntegrityError: created concurrently and committed between that check and our insert
         except (tenancy.TenantExists, IntegrityError) as exc:
             await self.session.rollback()
+            held = await tenancy.get_tenant(self.session, name=name)
+            if held is not None and held.deleted_at is not None:
+                raise Conflict(f"Tenant {name!r} was deleted; its name stays with its usage history. "
+                               "Choose another name.") from exc
             raise Conflict(f"Tenant {name!r} already exists.") from exc
         return tenant
 

@@ -29,6 +29,11 @@ def add_routes(router: APIRouter) -> None:
     async def update_tenant(name: str, body: TenantLimits, ops: WriteDep) -> dict:
         return tenant_view(await ops.update_tenant(name, **body.changes()))
 
+    @router.delete("/tenants/{name}")
+    async def delete_tenant(name: str, ops: WriteDep) -> dict:
+        tenant, revoked = await ops.delete_tenant(name)
+        return {**tenant_view(tenant), "deleted": True, "keys_revoked": revoked}
+
     @router.post("/tenants/{name}/disable")
     async def disable_tenant(name: str, ops: WriteDep) -> dict:
         return tenant_view(await ops.set_enabled(name, False))

@@ -47,6 +47,8 @@ class Tenant(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
+    # set when an admin deletes the tenant: its keys are revoked, the row and usage kept (migration 0002)
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     keys: Mapped[list[ApiKey]] = relationship(back_populates="tenant")
 

@@ -1,0 +1,86 @@
+"""Deleting a tenant (``DELETE /admin/v1/tenants/{name}``, ``pagegate admin tenants delete``) on
+SQLite and PostgreSQL: its keys revoked and pushed to the gateways, the tenant gone from lists and
+lookups, its row and usage history kept for reports, its name not free again, one audit row."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from admin_testlib import unique, usage_row
+from redis.asyncio import Redis
+from sqlalchemy import select
+
+from admin import cli
+from gateway.db.models import ApiKey, AuditLog, Tenant
+from gateway.tenancy import invalidation_channel
+
+
+async def _rows(app, model, *where):  # noqa: ANN001, ANN202
+    async with app.state.admin_context.database.sessionmaker() as s:
+        return list((await s.execute(select(model).where(*where))).scalars())
+
+
+async def test_delete_revokes_keys_hides_the_tenant_and_keeps_its_history(client, app, auth, settings):
+    name = unique("gone")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).json()["id"]
+    for _ in range(2):
+        assert (await client.post(f"/admin/v1/tenants/{name}/keys", json={}, headers=auth())).status_code == 201
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add(usage_row(tenant_id=tid, key_id=None, model="m", when=datetime.now(UTC), prompt=10, cached=0,
+                        completion=5, cost="0.25", latency=12.0))
+        await s.commit()
+    redis = Redis.from_url(settings.redis_url)
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(invalidation_channel(settings.redis_prefix))
+    await pubsub.get_message(timeout=1.0)
+
+    assert (await client.delete(f"/admin/v1/tenants/{name}", headers=auth("admin:read"))).status_code == 403
+    resp = await client.delete(f"/admin/v1/tenants/{name}", headers=auth(sub="erin"))
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert (body["deleted"], body["keys_revoked"], body["enabled"]) == (True, 2, False) and body["deleted_at"]
+    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
+    assert msg is not None and msg["data"] == f"tenant:{tid}".encode()  # gateways drop its keys at once
+    await pubsub.aclose()
+    await redis.aclose()
+
+    assert all(k.revoked for k in await _rows(app, ApiKey, ApiKey.tenant_id == tid))
+    assert (await client.get(f"/admin/v1/tenants/{name}", headers=auth())).status_code == 404
+    listed = (await client.get("/admin/v1/tenants", params={"after": tid - 1} if tid > 1 else {},
+                               headers=auth())).json()["data"]
+    assert name not in [t["name"] for t in listed]
+    assert (await client.post(f"/admin/v1/tenants/{name}/keys", json={}, headers=auth())).status_code == 404
+    assert (await client.delete(f"/admin/v1/tenants/{name}", headers=auth())).status_code == 404  # once
+    again = await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+    assert again.status_code == 409 and "deleted" in again.json()["error"]["message"]
+    # the row and its usage stay: the summary still bills it
+    (row,) = await _rows(app, Tenant, Tenant.id == tid)
+    assert row.deleted_at is not None and row.name == name
+    summary = (await client.get("/admin/v1/summary", headers=auth())).json()
+    assert [r["cost_usd"] for r in summary["rows"] if r["group"] == name] == [0.25]
+    (entry,) = await _rows(app, AuditLog, AuditLog.action == "tenant.delete", AuditLog.target == f"tenant:{name}")
+    assert entry.actor == "erin" and entry.detail == "2 key(s) revoked"
+
+
+async def test_two_deletes_at_once_delete_once(client, app, auth):
+    name = unique("race")
+    await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+    codes = sorted(r.status_code for r in await asyncio.gather(
+        *(client.delete(f"/admin/v1/tenants/{name}", headers=auth()) for _ in range(4))))
+    assert codes[0] == 200 and set(codes[1:]) == {404}, codes
+    assert len(await _rows(app, AuditLog, AuditLog.action == "tenant.delete",
+                           AuditLog.target == f"tenant:{name}")) == 1
+
+
+def test_cli_delete_needs_yes(env, capsys):  # noqa: ANN001
+    name = unique("clidel")
+    assert cli.main(["tenants", "create", name]) == 0
+    with pytest.raises(SystemExit) as info:
+        cli.main(["tenants", "delete", name])
+    assert info.value.code == 2 and "--yes" in capsys.readouterr().err
+    assert cli.main(["tenants", "delete", name, "--yes"]) == 0
+    assert f"deleted tenant {name}" in capsys.readouterr().err
+    assert cli.main(["tenants", "list"]) == 0 and name not in capsys.readouterr().out
+    assert cli.main(["tenants", "show", name]) == 1 and "No tenant" in capsys.readouterr().err
