@@ -229,7 +229,7 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
 
 
 async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
-    async with cmd.management(settings, create=args.run not in cmd.READ_ONLY) as ops:
+    async with cmd.management(settings, create=args.run in cmd.CREATES_DATABASE) as ops:
         code = await args.run(ops, args)
         if ops.invalidation_failed:
             cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "

@@ -32,15 +32,14 @@ def note(message: str) -> None:
 
 @asynccontextmanager
 async def management(settings: Settings, *, create: bool = True) -> AsyncIterator[Management]:
-    """``create``: a SQLite file that does not exist yet is created (a command that writes, e.g.
-    the first ``tenants create``, with a note saying so); else (a command that only reads) it is
-    an error: a mistyped path must not leave an empty database behind and show nothing."""
+    """``create``: a SQLite file that does not exist yet is created (``tenants create`` before the
+    first ``pagegate serve``, with a note saying so); else (every other command: it could only
+    find nothing there) it is an error: a mistyped path must not leave an empty database behind."""
     path = _sqlite_path(settings.database_url)
     new = path is not None and not Path(path).exists()
     if new and not create:
         raise NoDatabase(f"no database at {path} (PAGEGATE_DATABASE_URL={safe_url(settings.database_url)}): "
-                         "nothing to show; check the path, or create a tenant or start `pagegate serve`, "
-                         "which create it")
+                         "check the path, or create a tenant or start `pagegate serve`, which create it")
     db = Database(settings.database_url)
     if path is not None:
         sqlite3.connect(path).close()  # an unusable path fails here with a plain sqlite3.Error (see below)
@@ -59,7 +58,7 @@ async def management(settings: Settings, *, create: bool = True) -> AsyncIterato
 
 
 class NoDatabase(ValueError):
-    """A command that only reads, pointed at a SQLite file that does not exist."""
+    """A command other than ``CREATES_DATABASE``'s, pointed at a SQLite file that does not exist."""
 
 
 def _sqlite_path(url: str) -> str | None:
@@ -285,4 +284,5 @@ def parse_time(value: str) -> datetime:
         raise argparse.ArgumentTypeError(f"not an ISO date/time: {value!r}") from exc
 
 
-READ_ONLY = (tenants_list, tenants_show, keys_list, prices_list, report, summary, audit)  # no database made
+# the commands that can succeed on a new, empty database: only they create a missing SQLite file
+CREATES_DATABASE = (tenants_create, prices_set)

@@ -16,6 +16,22 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201
+        """As argparse's, noting the innermost (sub)command that parsed (it returns first)."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, "_command_prog"):
+            namespace._command_prog = self.prog
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201
+        """An unknown option is reported by the subcommand it was given to (argparse reports it
+        by the top parser: ``pagegate: error: unrecognized arguments``)."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            prog = getattr(namespace, "_command_prog", self.prog)
+            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extras)} (see: {prog} --help)\n")
+        return namespace
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="pagegate", description="Self-hosted multi-tenant LLM gateway")

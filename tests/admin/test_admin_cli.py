@@ -330,13 +330,29 @@ def test_usage_errors_are_one_line(capsys, argv):
     assert len(err.strip().splitlines()) == 1 and ": error: " in err and "usage:" not in err
 
 
+@pytest.mark.parametrize(("argv", "extras"), [(("tenants", "create", "zz", "--bogus", "1"), "--bogus 1"),
+                                              (("tenants", "list", "--csv"), "--csv")])
+def test_an_unknown_option_is_named_by_its_subcommand(capsys, argv, extras):
+    """argparse reports unrecognized arguments from the top parser ("pagegate: error: ..."); the
+    subcommand they were given to is the one to name, as for every other usage error."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    prog = "pagegate admin " + " ".join(argv[:2])
+    assert done.value.code == 2
+    assert err == f"{prog}: error: unrecognized arguments: {extras} (see: {prog} --help)\n"
+
+
 def test_reading_a_missing_sqlite_file_is_an_error_and_creates_nothing(env, capsys, monkeypatch, tmp_path):
     """A mistyped SQLite path: a command that only reads says there is no database there (it used
     to create an empty one and list nothing); a command that writes creates it, saying so."""
     db = tmp_path / "typo" / "pagegat.db"
     monkeypatch.setenv("PAGEGATE_DATABASE_URL", f"sqlite+aiosqlite:///{db}")
     for argv in (["tenants", "list"], ["tenants", "show", "acme"], ["keys", "list"], ["prices", "list"],
-                 ["summary"], ["report", "--tenant", "acme"], ["audit"], ["tenants", "list", "--json"]):
+                 ["summary"], ["report", "--tenant", "acme"], ["audit"], ["tenants", "list", "--json"],
+                 # changes that could only find nothing there: no database made either
+                 ["tenants", "update", "acme", "--rpm", "3"], ["tenants", "delete", "acme", "--yes"],
+                 ["keys", "create", "--tenant", "acme"], ["keys", "revoke", "3"]):
         code, out, err = run(capsys, *argv)
         assert (code, out) == (1, ""), (argv, err)
         assert err.startswith(f"error: no database at {db} ") and len(err.strip().splitlines()) == 1, err

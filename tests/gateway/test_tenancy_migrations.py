@@ -55,3 +55,18 @@ def test_upgrade_logs_its_migrations_without_plugin_noise(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Running upgrade" in done.stderr
     assert "alembic.runtime.plugins" not in done.stderr, done.stderr
+
+
+def test_upgrading_leaves_sys_path_alone(tmp_path, monkeypatch):
+    """The upgrade runs inside `pagegate serve` and `pagegate admin`: it must not put the working
+    directory on sys.path (alembic's prepend_sys_path did: a cache.py where the server was started
+    then replaced pagegate's own `cache` package, a QA find)."""
+    import sys
+
+    from gateway.db.session import upgrade_sync
+
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    upgrade_sync(f"sqlite+aiosqlite:///{tmp_path / 'path.db'}")
+    assert sys.path == before
+
