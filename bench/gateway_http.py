@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -232,6 +233,7 @@ async def main(args: argparse.Namespace) -> None:
             if keys_left:
                 await r.delete(*keys_left)
         await r.aclose()
+    shutil.rmtree(tmp, ignore_errors=True)  # kept, with the servers' logs, when the run failed
 
 
 if __name__ == "__main__":

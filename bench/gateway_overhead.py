@@ -46,6 +46,7 @@ import asyncio
 import collections
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -527,6 +528,7 @@ async def main(args: argparse.Namespace) -> None:
     await ip_limiter.aclose()
     await services.close()
     await engine.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)  # kept, with the server's log, when the run failed
 
 
 def _describe(lengths: tuple[int, int]) -> str:

@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -211,6 +212,7 @@ async def main(args: argparse.Namespace) -> None:
         if keys:
             await r.delete(*keys)
         await r.aclose()
+    shutil.rmtree(tmp, ignore_errors=True)  # kept when the run failed
 
 
 if __name__ == "__main__":

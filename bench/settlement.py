@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -115,6 +116,7 @@ async def main(args: argparse.Namespace) -> None:
         if keys:
             await services.redis.delete(*keys)
         await services.close()
+    shutil.rmtree(tmp, ignore_errors=True)  # kept when the run failed
 
 
 if __name__ == "__main__":
