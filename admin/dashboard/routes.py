@@ -209,6 +209,15 @@ def add_routes(router: APIRouter) -> None:
         router.add_api_route(f"/tenants/{{name}}/{verb}", make(verb == "enable"), methods=["POST"],
                              include_in_schema=False, name=f"dashboard_{verb}")
 
+    @router.post("/tenants/{name}/delete", include_in_schema=False)
+    async def delete_tenant(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
+                            confirm: Annotated[str, Form()] = "") -> RedirectResponse:
+        if confirm != name:  # no JavaScript confirm(): the name typed is the confirmation
+            raise ApiError(400, "Type the tenant's name to delete it.", "invalid_request_error", "invalid_value",
+                           "confirm")
+        await _ops(ctx, session, viewer).delete_tenant(name)
+        return RedirectResponse(f"{ROOT}/tenants", status_code=303)
+
     @router.post("/tenants/{name}/keys", include_in_schema=False)
     async def create_key(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
                          key_name: Annotated[str, Form()] = "", models: Annotated[str, Form()] = "") -> HTMLResponse:

@@ -172,3 +172,21 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
     assert 'href="http://admin.test/admin/tenants"' in resp.text
     resp = await c.post("/admin/keys/99999999999999/revoke", data={"csrf": csrf})
     assert resp.status_code == 404 and "No API key" in resp.text
+
+
+async def test_delete_a_tenant_by_typing_its_name(browser_like, app, token):
+    c = browser_like
+    await _sign_in(c, token(sub="dash-user"))
+    csrf = _csrf((await c.get("/admin/tenants")).text)
+    name = unique("dashdel")
+    assert (await c.post("/admin/tenants", data={"csrf": csrf, "name": name})).status_code == 303
+    page = await c.get(f"/admin/tenants/{name}")
+    assert 'id="delete-tenant"' in page.text
+    wrong = await c.post(f"/admin/tenants/{name}/delete", data={"csrf": csrf, "confirm": name.upper()})
+    assert wrong.status_code == 400 and "Type the tenant" in wrong.text
+    done = await c.post(f"/admin/tenants/{name}/delete", data={"csrf": csrf, "confirm": name})
+    assert done.status_code == 303 and done.headers["location"] == "/admin/tenants"
+    assert name not in (await c.get("/admin/tenants")).text
+    assert (await c.get(f"/admin/tenants/{name}")).status_code == 404
+    async with app.state.admin_context.database.sessionmaker() as s:
+        assert (await s.scalar(select(Tenant).where(Tenant.name == name))).deleted_at is not None
