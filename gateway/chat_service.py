@@ -362,7 +362,7 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
             yield chunk
         async for deltas in gen.deltas():
             for d in deltas:
-                if d.logprobs is not None and fmt.token_names is not None:
+                if d.logprobs and fmt.token_names is not None:  # (a closing EOS's delta has none: [])
                     yield fmt.text_chunk(d.index, d.text, logprob_entries(d))  # its tokens, text or not yet
                 elif d.text:
                     yield fmt.text_chunk(d.index, d.text)

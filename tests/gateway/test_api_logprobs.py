@@ -111,9 +111,10 @@ def test_an_answer_that_stops_on_eos_lists_no_entry_for_it(api) -> None:  # noqa
     assert choice.finish_reason == "stop"
     assert len(choice.logprobs.content) == whole.usage.completion_tokens - 1
     assert b"".join(bytes(e.bytes) for e in choice.logprobs.content).decode() == choice.message.content
-    streamed = [e.token for chunk in client.chat.completions.create(**kw, stream=True) for c in chunk.choices
-                if c.logprobs is not None for e in c.logprobs.content]
+    chunks = [c for chunk in client.chat.completions.create(**kw, stream=True) for c in chunk.choices]
+    streamed = [e.token for c in chunks if c.logprobs is not None for e in c.logprobs.content]
     assert streamed == [e.token for e in choice.logprobs.content]
+    assert all(c.logprobs is None or c.logprobs.content for c in chunks)  # no empty chunk for the EOS
 
 
 def test_logprobs_bypass_the_semantic_cache(api_cached) -> None:  # noqa: ANN001
