@@ -270,6 +270,7 @@ class Management:
         if not changes:
             return tenant
         await tenancy.update_tenant(self.session, tenant_id=tenant.id, **changes)
+        await self._refuse_if_deleted(tenant.id, name)  # (an enable racing a delete must not revive it)
         await self.session.refresh(tenant)
         action = "tenant.update"
         if set(changes) == {"enabled"}:
@@ -289,6 +290,7 @@ class Management:
         owner = await self.tenant(tenant)
         row, new = await tenancy.create_api_key(self.session, tenant_id=owner.id, name=body.name,
                                                 allowed_models=body.allowed_models, rpm=body.rpm)
+        await self._refuse_if_deleted(owner.id, tenant)  # no live key for a tenant deleted meanwhile
         await self.session.refresh(row)
         audit.record(self.session, actor=self.actor, action="key.create", target=f"key:{row.prefix}",
                      after=key_view(row, owner.name))
@@ -327,6 +329,7 @@ class Management:
         await self.session.refresh(old)
         row, new = await tenancy.create_api_key(self.session, tenant_id=old.tenant_id, name=old.name,
                                                 allowed_models=old.allowed_models, rpm=old.rpm_limit)
+        await self._refuse_if_deleted(old.tenant_id, owner)
         await self.session.refresh(row)
         audit.record(self.session, actor=self.actor, action="key.rotate", target=f"key:{old.prefix}",
                      before=before, after={"revoked": key_view(old, owner), "replacement": key_view(row, owner)})
@@ -363,6 +366,17 @@ class Management:
             if isinstance(value, Decimal) and (stored := Decimal(f"{float(value):.8f}")) != value:
                 raise InvalidField(f"{name}: SQLite keeps money as a 64-bit float and would store {value} as "
                                    f"{stored}; use fewer digits, or PostgreSQL", name)
+
+    async def _refuse_if_deleted(self, tenant_id: int, name: str) -> None:
+        """After a change's writes, before its commit: undo it (404) if the tenant was deleted
+        meanwhile. Read after our own write, so a delete either committed first (and is seen
+        here: SQLite's write lock, PostgreSQL's row lock taken by FOR SHARE, which waits for a
+        delete in flight) or waits for this change to commit (and then revokes its key)."""
+        deleted = await self.session.scalar(
+            select(Tenant.deleted_at).where(Tenant.id == tenant_id).with_for_update(read=True))
+        if deleted is not None:
+            await self.session.rollback()
+            raise NotFound(f"No tenant named {name!r}.")
 
     async def _invalidate(self, *, key_hash: str | None = None, tenant_id: int | None = None) -> None:
         """Push the change to running gateways. The change is already committed: if Redis is down

@@ -3,7 +3,10 @@ build it; the engine reads nothing from the environment."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass(slots=True)
@@ -44,6 +47,14 @@ class EngineConfig:
             raise ValueError("admission_gap_ms, admission_notice_gap_ms and admission_max_wait_ms must be >= 0")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:  # a prompt token and one to generate
+            raise ValueError("max_model_len must be >= 2 (or unset: the model's context length)")
+        if self.max_waiting < 1:
+            raise ValueError("max_waiting must be >= 1")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError("num_threads must be >= 1 (or unset: torch's default)")
+        if self.device != "auto" and not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         if self.attention_backend not in ("auto", "native", "torch", "triton"):
             raise ValueError("attention_backend must be auto, native, torch or triton")
         if self.linear_backend not in ("auto", "onednn", "torch"):

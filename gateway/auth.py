@@ -205,7 +205,7 @@ class Authenticator:
                 select(ApiKey, Tenant).join(Tenant, ApiKey.tenant_id == Tenant.id)
                 .where(ApiKey.key_hash == key_hash))).first()
         now = time.monotonic()
-        if row is None or row[0].revoked:
+        if row is None or row[0].revoked or row[1].deleted_at is not None:  # a deleted tenant's keys: unknown
             entry = _Entry(None, False, now + self.NEGATIVE_TTL_S)
         else:
             key, tenant = row

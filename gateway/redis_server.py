@@ -78,9 +78,17 @@ class EmbeddedRedis:
             lite, self._lite = self._lite, None
             if self._owner:
                 pid = lite.pid
+                run_dir, registry = lite.redis_dir, getattr(lite, "settingregistryfile", None)
                 _shutdown(self.url, pid, lambda timeout: _wait_gone(pid, timeout))
                 with contextlib.suppress(Exception):
-                    lite._cleanup()  # removes its socket dir and registry file
+                    lite._cleanup()
+                # _cleanup removes these only after its own SHUTDOWN, which finds the server gone
+                # (ours was quicker): every start left a /tmp/tmpXXXX with its config and log
+                if run_dir:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                if registry:
+                    with contextlib.suppress(OSError):
+                        Path(registry).unlink()
             else:
                 with contextlib.suppress(Exception):
                     lite.connection_pool.disconnect()

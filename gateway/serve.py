@@ -52,22 +52,17 @@ def served_model_id(settings: Settings) -> str:
 
 
 async def bootstrap_dev(settings: Settings) -> str | None:
-    """On a database without tenants: create tenant ``default`` and one key; returns the key."""
-    from sqlalchemy import func, select
-
+    """On a database without (live) tenants: a ``default`` tenant and one key
+    (``tenancy.bootstrap_dev_tenant``); returns the key."""
     from gateway import tenancy
-    from gateway.db.models import Tenant
     from gateway.db.session import Database
 
     db = Database(settings.database_url)
     try:
         async with db.sessionmaker() as session:
-            if (await session.execute(select(func.count()).select_from(Tenant))).scalar_one():
-                return None
-            tenant = await tenancy.create_tenant(session, name="default")
-            _row, new = await tenancy.create_api_key(session, tenant_id=tenant.id, name="dev")
+            key = await tenancy.bootstrap_dev_tenant(session)
             await session.commit()
-            return new.key
+            return key
     finally:
         await db.dispose()
 
@@ -189,8 +184,14 @@ def check_engine(settings: Settings) -> None:
     from engine.weights import model_source
 
     try:
-        settings.engine_config()  # EngineConfig checks its values (block size, backends, ...)
+        settings.engine_config()  # EngineConfig checks its values (block size, backends, device, ...)
         model_source(settings.model)
+        if settings.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {settings.device!r}, but this torch sees no CUDA GPU "
+                                 f"(torch {torch.__version__}); use PAGEGATE_DEVICE=cpu or auto")
     except ValueError as exc:
         raise StartupError(f"cannot use the engine's settings: {exc}") from None
 
@@ -284,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
                 print(dev_banner(settings, key), flush=True)
             else:
                 print("pagegate dev mode: the database already has tenants; create a key with "
-                      "`pagegate admin keys create --tenant default`.", flush=True)
+                      "`pagegate admin keys create --tenant NAME` (`pagegate admin tenants list` names them).",
+                      flush=True)
         if settings.workers > 1:
             from gateway.workers import run_workers
 

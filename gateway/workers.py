@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -268,8 +269,11 @@ def _engine_main(socket_path: str) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
+        started = False
 
         def ready() -> None:
+            nonlocal started
+            started = True
             tune_gc(settings)  # the model's objects out of the collector's sight, as in one process
             log.info("pagegate: the engine serves on %s", socket_path)
 
@@ -279,6 +283,13 @@ def _engine_main(socket_path: str) -> int:
             return 0
         except EngineDeadError:
             log.error("pagegate: the engine's step loop stopped; the engine process exits")
+            return 1
+        except Exception as exc:
+            if started:
+                raise
+            # as one process reports it (gateway.middleware): the exception's line, the traceback at DEBUG
+            log.debug("the engine could not start", exc_info=True)
+            log.error("cannot start the gateway: %s", traceback.format_exception_only(exc)[-1].strip())
             return 1
         return 0
 

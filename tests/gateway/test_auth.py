@@ -61,6 +61,20 @@ async def test_revoked_key_and_disabled_tenant(tenancy, make_tenant):
     assert e.value.status == 403 and e.value.code == "tenant_disabled"
 
 
+async def test_a_deleted_tenants_keys_are_unknown_even_if_one_escaped_revocation(tenancy, make_tenant):
+    """Defence in depth: a key of a deleted tenant is refused (401) whatever its own row says."""
+    from datetime import UTC, datetime
+
+    tenant, key, _ = await make_tenant()
+    async with tenancy.db.sessionmaker() as s:
+        await svc.update_tenant(s, tenant_id=tenant.id, deleted_at=datetime.now(UTC))  # its key left active
+        await s.commit()
+    await tenancy.auth.invalidate_tenant(tenant.id)
+    with pytest.raises(ApiError) as e:
+        await tenancy.auth.authenticate(f"Bearer {key}")
+    assert e.value.status == 401
+
+
 async def _refused_within(auth: Authenticator, header: str, limit_s: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < limit_s:

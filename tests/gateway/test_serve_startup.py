@@ -19,20 +19,26 @@ REPO = Path(__file__).resolve().parents[2]
 REDIS = "redis://127.0.0.1:6379/15"  # the test Redis: reachable
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _serve(tmp: Path, port: int, **settings: str) -> tuple[subprocess.CompletedProcess, float]:
+def _serve(tmp: Path, port: int, *args: str, **settings: str) -> tuple[subprocess.CompletedProcess, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEGATE_")}
     env.update(PAGEGATE_DATABASE_URL=f"sqlite+aiosqlite:///{tmp / 'pg.db'}", PAGEGATE_DATA_DIR=str(tmp / "data"),
                PAGEGATE_USAGE_SPOOL_DIR=str(tmp / "spool"), PAGEGATE_CACHE_ENABLED="false",
                PAGEGATE_LOG_LEVEL="warning")
     env.update(settings)
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), *args], env=env,
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     return proc, time.monotonic() - started
 
@@ -46,7 +52,10 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
-                                  "data-dir-under-a-file", "bad-setting", "unknown-model", "bad-engine-setting"])
+                                  "data-dir-under-a-file", "bad-setting", "unknown-model", "bad-engine-setting",
+                                  "max-model-len", "max-waiting", "bad-device",
+                                  pytest.param("no-cuda", marks=pytest.mark.skipif(
+                                      _cuda_available(), reason="this machine has a CUDA GPU"))])
 def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None:  # noqa: ANN001
     (tmp_path / "file").write_text("not a directory")
     settings, expected = {
@@ -62,6 +71,14 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
                           f"error: cannot use the engine's settings: unknown model '{tmp_path / 'no-such-model'}'"),
         "bad-engine-setting": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_BLOCK_SIZE": "7"},
                                "error: cannot use the engine's settings: block_size must be one of"),
+        "max-model-len": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_MAX_MODEL_LEN": "-5"},
+                          "error: cannot use the engine's settings: max_model_len must be >= 2"),
+        "max-waiting": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_MAX_WAITING": "-1"},
+                        "error: cannot use the engine's settings: max_waiting must be >= 1"),
+        "bad-device": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "bogus"},
+                       "error: cannot use the engine's settings: device must be auto, cpu, cuda or cuda:N"),
+        "no-cuda": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "cuda"},
+                    "error: cannot use the engine's settings: device 'cuda', but this torch sees no CUDA GPU"),
     }[case]
     proc, elapsed = _serve(tmp_path, free_port(), **settings)
     line = _one_error_line(proc)
@@ -98,15 +115,17 @@ def test_a_port_out_of_range_is_refused_not_wrapped(tmp_path) -> None:  # noqa: 
     assert _one_error_line(proc) == "error: cannot listen on 127.0.0.1:70000: a port is between 0 and 65535"
 
 
-def test_an_engine_that_cannot_load_is_one_line_and_exit_1(tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("workers", [(), ("--workers", "2")])
+def test_an_engine_that_cannot_load_is_one_line_and_exit_1(tmp_path, workers) -> None:  # noqa: ANN001
     """A model that passes the checks before start-up but cannot load (here a weights file that is
     not safetensors) fails inside the app's start-up: uvicorn reports the exception's line, not
-    Starlette's traceback, and ``pagegate serve`` exits 1 like the checks (uvicorn's own status is 3)."""
+    Starlette's traceback, and ``pagegate serve`` exits 1 like the checks (uvicorn's own status is 3).
+    With ``--workers`` the engine's own process reports it the same way (it printed a traceback)."""
     model = tmp_path / "broken-model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
     (model / "model.safetensors").write_text("not safetensors")
-    proc, _ = _serve(tmp_path, free_port(), PAGEGATE_REDIS_URL=REDIS, PAGEGATE_MODEL=str(model))
+    proc, _ = _serve(tmp_path, free_port(), *workers, PAGEGATE_REDIS_URL=REDIS, PAGEGATE_MODEL=str(model))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and 'File "' not in proc.stderr, proc.stderr
     failures = [line for line in proc.stderr.splitlines() if "cannot start the gateway: " in line]

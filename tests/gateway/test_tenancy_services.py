@@ -72,6 +72,14 @@ async def test_bootstrap_dev_tenant_only_on_an_empty_database(tenancy):
     assert (await tenancy.auth.authenticate(f"Bearer {key}")).tenant_name == "default"
     async with tenancy.db.sessionmaker() as s:
         assert await svc.bootstrap_dev_tenant(s) is None
+    # its only tenant deleted (the name stays taken): the next dev start makes default-2
+    from datetime import UTC, datetime
+
+    async with tenancy.db.sessionmaker() as s:
+        await svc.update_tenant(s, tenant_name="default", deleted_at=datetime.now(UTC))
+        key2 = await svc.bootstrap_dev_tenant(s)
+        await s.commit()
+    assert (await tenancy.auth.authenticate(f"Bearer {key2}")).tenant_name == "default-2"
 
 
 async def test_publish_invalidation_bumps_version_and_publishes(tenancy):
