@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from admin import reports
 from admin.api.exact_json import dumps
 from admin.auth import ALL_SCOPES, mint_token
-from admin.management import Management, key_view, price_view, tenant_view
+from admin.management import Management, price_view, tenant_view
 from admin.tables import decimal_text, format_record, format_table
 from gateway.db.session import Database, safe_url
 from gateway.settings import Settings
@@ -131,14 +131,14 @@ async def tenants_show(ops: Management, args: argparse.Namespace) -> int:
     tenant = await ops.tenant(args.name)
     view = tenant_view(tenant)
     budget = await ops.budget(tenant)
+    keys = await ops.key_page(tenant=tenant, limit=None)
     if args.json:  # GET /tenants/{name}, with /budget and every key of /keys inside
-        _print_json({**view, "budget": budget, "keys": (await ops.key_page(tenant=tenant, limit=None)).as_dict()})
+        _print_json({**view, "budget": budget, "keys": keys.as_dict()})
         return 0
     print(format_record([*view.items(), ("spent_tokens", budget["spent_tokens"]),
                          ("spent_usd", budget["spent_usd"]), ("period_start", budget["period_start"])]))
-    keys = [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]
     print()
-    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in keys]) if keys else "(no keys)")
+    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in keys.data]) if keys.data else "(no keys)")
     return 0
 
 

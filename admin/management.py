@@ -182,12 +182,6 @@ class Management:
             raise NotFound(f"No API key {ref!r}.")
         return row
 
-    async def keys(self, *, tenant: Tenant | None = None, prefix: str | None = None,
-                   include_revoked: bool = True) -> list[tuple[ApiKey, str]]:
-        """Every matching key by id, with its tenant's name."""
-        query = _key_query(tenant=tenant, prefix=prefix, include_revoked=include_revoked).order_by(ApiKey.id)
-        return [(k, n) for k, n in (await self.session.execute(query)).all()]
-
     async def key_page(self, *, tenant: Tenant | None = None, prefix: str | None = None,
                        include_revoked: bool = True, limit: int | None = PAGE_SIZE,
                        after: int | None = None) -> Page:

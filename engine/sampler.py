@@ -86,7 +86,8 @@ class Sampler:
         the ``logprobs`` most likely (token, logprob) pairs, most likely first), from the model's
         own distribution (``logits`` as the model gave them: no penalty, temperature, top-k or
         top-p); None for the other rows. None when no row asks. A greedy row's chosen token comes
-        first among equally likely ones (``topk`` may order ties otherwise, e.g. on a GPU)."""
+        first among equally likely ones (``topk`` may order ties otherwise, e.g. on a GPU); with a
+        penalty it may be another than the model's most likely, and is then listed where it ranks."""
         rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         if not rows:
             return None
@@ -106,7 +107,7 @@ class Sampler:
                 continue
             top = tuple(zip(top_i[j][:n], top_v[j][:n], strict=True))
             tok = tokens[i]
-            if seqs[i].params.greedy and top[0][0] != tok:  # a tie: the chosen one first
+            if seqs[i].params.greedy and top[0][0] != tok and chosen[j] >= top[0][1]:  # a tie: chosen first
                 top = ((tok, chosen[j]), *(t for t in top if t[0] != tok))[:n]
             out[i] = (chosen[j], top)
         return out

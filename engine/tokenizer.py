@@ -157,23 +157,17 @@ def _is_byte_level(tokenizer) -> bool:  # noqa: ANN001 - a transformers tokenize
 
 
 class TokenBytes:
-    """The bytes of single tokens, memoised: byte-level BPE pieces through GPT-2's table,
-    SentencePiece pieces with ``▁`` as a space and ``<0xAB>`` byte fallbacks, added tokens
-    (``<|im_end|>``) as their text."""
+    """The bytes of single tokens: byte-level BPE pieces through GPT-2's table, SentencePiece
+    pieces with ``▁`` as a space and ``<0xAB>`` byte fallbacks, added tokens (``<|im_end|>``) as
+    their text. (Not memoised here: ``gateway.formats.TokenNames`` keeps what it shows per id.)"""
 
     def __init__(self, tokenizer) -> None:  # noqa: ANN001 - a transformers tokenizer
         self.tokenizer = tokenizer
         self.added = {i: t.content for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
         self.alphabet = _byte_level_alphabet() if _is_byte_level(tokenizer) else None
-        self.memo: dict[int, bytes] = {}
 
     def of(self, ids: list[int]) -> list[bytes]:
-        memo = self.memo
-        missing = [i for i in ids if i not in memo]
-        if missing:
-            for i, piece in zip(missing, self.tokenizer.convert_ids_to_tokens(missing), strict=True):
-                memo[i] = self._bytes(i, piece)
-        return [memo[i] for i in ids]
+        return [self._bytes(i, piece) for i, piece in zip(ids, self.tokenizer.convert_ids_to_tokens(ids), strict=True)]
 
     def _bytes(self, token_id: int, piece: str | None) -> bytes:
         if token_id in self.added:

@@ -115,14 +115,9 @@ def _shutdown(url: str, pid: int | None, gone: Callable[[float], bool]) -> None:
     import os
     import signal
 
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
     # No retries: the server ends SHUTDOWN by closing the connection, which redis-py 8's default
     # Retry took for a fault and retried with backoff (3.5-4.7 s) before giving up.
-    client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=2,
-                                  socket_timeout=SHUTDOWN_TIMEOUT_S)
+    client = client_without_retries(url, connect_timeout_s=2, timeout_s=SHUTDOWN_TIMEOUT_S)
     try:
         for kwargs in ({"save": True}, {"nosave": True}):
             with contextlib.suppress(Exception):
@@ -136,6 +131,17 @@ def _shutdown(url: str, pid: int | None, gone: Callable[[float], bool]) -> None:
             os.kill(pid, sig)
         if gone(5.0):
             return
+
+
+def client_without_retries(url: str, *, connect_timeout_s: float, timeout_s: float):  # noqa: ANN201 - redis.Redis
+    """A synchronous redis-py client that tries each command once (its default Retry backs off
+    for seconds): for one-off calls whose failure is the answer (start-up's PING, SHUTDOWN)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), socket_connect_timeout=connect_timeout_s,
+                                socket_timeout=timeout_s)
 
 
 def _reaped(proc: subprocess.Popen, timeout: float) -> bool:

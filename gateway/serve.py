@@ -149,13 +149,10 @@ def safe_redis_url(url: str) -> str:
 
 def check_redis(url: str, timeout_s: float) -> None:
     """PING once, without redis-py's retries, so a wrong or unreachable Redis fails in one line."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+    from gateway.redis_server import client_without_retries
 
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
-                                      retry=Retry(NoBackoff(), 0))
+        client = client_without_retries(url, connect_timeout_s=timeout_s, timeout_s=timeout_s)
         try:
             client.ping()
         finally:

@@ -20,7 +20,7 @@ from admin.api.routing import admin_route_class
 from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
 from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
-from admin.management import Management, key_view, tenant_view
+from admin.management import Management, tenant_view
 from admin.schemas import TenantCreate, TenantLimits, split_models, validated
 from gateway.db.models import Tenant
 from gateway.errors import ApiError
@@ -114,7 +114,7 @@ async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, ne
         bar_chart(Series("chart-savings", "Saved by the semantic cache (USD)", day_names, values("saved_usd"),
                          usd, "#1e8449")),
     ]
-    keys = [key_view(k, n) for k, n in await ops.keys(tenant=tenant)]
+    keys = (await ops.key_page(tenant=tenant, limit=None)).data
     return page("tenant.html", viewer=viewer, tenant=tenant_view(tenant), report=report, charts=charts,
                 keys=keys, budget=await ops.budget(tenant), days=days, new_key=new_key)
 

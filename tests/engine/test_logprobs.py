@@ -43,10 +43,14 @@ def test_logprobs_match_transformers_and_list_the_most_likely(engine_config, tin
     engine = LLMEngine(engine_config(tiny_model_dir))
     # greedy with 5 alternatives, and seeded sampling at a high temperature with top-k: the
     # logprobs are the model's, not the sampling distribution's
+    # greedy under a strong penalty: the chosen token is then often not the model's most likely,
+    # and the alternatives stay in the model's order
     params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=5),
               SamplingParams(temperature=1.7, top_k=7, seed=11, max_tokens=12, ignore_eos=True, logprobs=2,
-                             presence_penalty=1.5)]
-    for deltas, sp in zip(_run(engine, [prompt, prompt], params).values(), params, strict=True):
+                             presence_penalty=1.5),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3, repetition_penalty=5.0,
+                             presence_penalty=2.0)]
+    for deltas, sp in zip(_run(engine, [prompt] * 3, params).values(), params, strict=True):
         tokens = [t for d in deltas for t in d.token_ids]
         entries = [e for d in deltas for e in d.logprobs]
         assert len(entries) == len(tokens) == 12
@@ -58,7 +62,7 @@ def test_logprobs_match_transformers_and_list_the_most_likely(engine_config, tin
             assert [t for t, _ in top] == want.indices.tolist()
             assert [v for _, v in top] == pytest.approx(want.values.tolist(), abs=2e-4)
             assert all(a >= b for (_, a), (_, b) in zip(top, top[1:], strict=False))
-            if sp.greedy:
+            if sp.greedy and sp.repetition_penalty == 1.0:
                 assert top[0][0] == tok and top[0][1] == lp  # the chosen one is the most likely
         assert sum(math.exp(v) for _, v in entries[0][1]) <= 1.0 + 1e-5
 
