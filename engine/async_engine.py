@@ -224,7 +224,7 @@ class AsyncEngine:
         if self._dead is not None:
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        check_prompt(ids, params.stop_token_ids, engine.max_model_len, engine.model.arch.vocab_size)
+        check_prompt(ids, params, engine.max_model_len, engine.model.arch.vocab_size)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats

@@ -511,7 +511,7 @@ class RemoteEngine:
         try:
             conn = self._require()
             ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            check_prompt(ids, params.stop_token_ids, self.max_model_len, self.vocab_size)  # at once, no round trip
+            check_prompt(ids, params, self.max_model_len, self.vocab_size)  # at once, no round trip
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
         except BaseException:

@@ -114,6 +114,8 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if any(not 0 <= t < vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+        if params.logit_bias is not None and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
         req = Request(RequestId(request_id), list(prompt_token_ids), params, salt=salt,
                       priority_class=priority_class)
         self._init_seq(req.sequences[0])

@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -80,14 +84,15 @@ class EngineDeadError(EngineError):
     """The engine's step loop stopped on an unexpected error."""
 
 
-def check_prompt(ids: list[int], stop_token_ids: list[int], max_model_len: int, vocab: int | None) -> None:
+def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab: int | None) -> None:
     """Raise what an engine raises for a prompt it cannot take: ``PromptTooLongError`` when it
     leaves no room for one token, ``ValueError`` for an empty prompt or ids outside the vocabulary
-    (``vocab`` None: not checked)."""
+    (the prompt's, ``stop_token_ids``, ``logit_bias``' keys; ``vocab`` None: not checked)."""
     if len(ids) + 1 > max_model_len:
         raise PromptTooLongError(len(ids), max_model_len)
     if vocab is not None and (not ids or min(ids) < 0 or max(ids) >= vocab
-                              or any(not 0 <= t < vocab for t in stop_token_ids)):
+                              or any(not 0 <= t < vocab for t in params.stop_token_ids)
+                              or (params.logit_bias is not None and max(params.logit_bias) >= vocab)):
         raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
 
 

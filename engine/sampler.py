@@ -1,7 +1,7 @@
 """Next-token sampling for a batch of sequences, vectorized over the batch.
 
-Per row: repetition, presence and frequency penalties and ``min_tokens`` masking (only the rows
-that need them, batched over those rows), then greedy argmax, or temperature -> top-k -> top-p
+Per row: ``logit_bias``, repetition, presence and frequency penalties and ``min_tokens`` masking
+(only the rows that need them, batched over those rows), then greedy argmax, or temperature -> top-k -> top-p
 -> inverse-CDF draw with one uniform number from the sequence's own ``torch.Generator``. A row's
 result therefore depends only on its logits and its generator, never on its batch mates.
 """
@@ -118,29 +118,39 @@ class Sampler:
         return seq.generator
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Repetition penalty, then presence/frequency penalties, then ``min_tokens`` masking.
+        """``logit_bias``, then the repetition penalty, then presence/frequency penalties, then
+        ``min_tokens`` masking.
 
         Each applies only to the rows that ask for it, as one batched tensor operation over those
         rows. Returns ``logits`` itself when no row needs any (the common case: one cheap Python
         pass over the params, no tensor work), else a modified copy: the caller's tensor is never
         written.
         """
+        bias: list[int] = []
         rep: list[int] = []
         occ: list[int] = []
         block: list[int] = []
         for i, seq in enumerate(seqs):
             p = seq.params
+            if p.logit_bias is not None:
+                bias.append(i)
             if p.repetition_penalty != 1.0:
                 rep.append(i)
             if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
                 occ.append(i)
             if seq.num_output_tokens < p.min_tokens:
                 block.append(i)
-        if not (rep or occ or block):
+        if not (bias or rep or occ or block):
             return logits
         logits = logits.clone(memory_format=torch.contiguous_format)
         flat = logits.view(-1)  # (row, token) -> row * vocab + token
         vocab, dev = logits.shape[-1], logits.device
+        if bias:  # OpenAI's logit_bias, added first (vLLM's order); each row's tokens are distinct keys
+            maps = [seqs[i].params.logit_bias for i in bias]
+            at = torch.tensor([i * vocab + t for i, m in zip(bias, maps, strict=True) for t in m],
+                              dtype=torch.long, device=dev)
+            add = torch.tensor([v for m in maps for v in m.values()], dtype=torch.float32, device=dev)
+            flat[at] = (flat[at].float() + add).to(flat.dtype)
         if rep:  # HF/vLLM style, over every token seen so far (prompt and output)
             at, row, _ = _occurrences(rep, [seqs[i].token_ids for i in rep], vocab, dev)
             r = _values([max(seqs[i].params.repetition_penalty, MIN_REPETITION_PENALTY) for i in rep], dev)[row]

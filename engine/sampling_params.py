@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's threshold too)
 MIN_REPETITION_PENALTY = 1e-6  # smaller penalties act as this one (below it the logits overflow)
 MAX_LOGPROBS = 20  # most likely tokens reported per position at most (OpenAI's top_logprobs limit)
+MAX_LOGIT_BIAS = 100.0  # a bias is in [-100, 100] (OpenAI's range: -100 bans a token, 100 all but forces it)
+MAX_LOGIT_BIAS_ENTRIES = 1024  # tokens one request may bias (OpenAI takes 300)
 
 
 @dataclass(slots=True)
@@ -29,6 +31,10 @@ class SamplingParams:
     probability and the ``logprobs`` most likely tokens' at that position, from the model's own
     distribution (the logits before penalties, temperature, top-k and top-p; vLLM's default too).
     A choice that ends on EOS (or another special token) has no entry for it: its text has none.
+
+    ``logit_bias`` (None: off): token id -> a value in [-100, 100] added to that token's logit before
+    the penalties and sampling (vLLM's order), as OpenAI defines it; -100 in effect bans the token,
+    100 in effect forces it. Logprobs stay the model's own (before the bias). An empty mapping is None.
     """
 
     n: int = 1
@@ -45,6 +51,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -74,7 +81,26 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}")
+        if self.logit_bias is not None:
+            self.logit_bias = _checked_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+def _checked_bias(bias: object) -> dict[int, float] | None:
+    """``logit_bias`` as {token id: float}, None when empty; raises ValueError for anything else."""
+    if not isinstance(bias, dict):
+        raise ValueError("logit_bias must be a mapping of token ids to numbers")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias may bias at most {MAX_LOGIT_BIAS_ENTRIES} tokens")
+    out: dict[int, float] = {}
+    for token, value in bias.items():
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise ValueError("logit_bias keys must be token ids (integers >= 0)")
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias values must be numbers in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        out[token] = float(value)
+    return out or None

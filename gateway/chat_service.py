@@ -106,6 +106,11 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest, engine: 
     vocab = vocab_size(engine)
     if body.stop_token_ids and vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
         raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab}).", param="stop_token_ids")
+    if body.logit_bias and vocab is not None:
+        outside = next((k for k in body.logit_bias if int(k) >= vocab), None)
+        if outside is not None:
+            raise invalid_request(f"Invalid key in 'logit_bias': {outside}. Maximum value is {vocab - 1}.",
+                                  param="logit_bias")
 
 
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
@@ -125,6 +130,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             presence_penalty=float(body.presence_penalty or 0.0),
             frequency_penalty=float(body.frequency_penalty or 0.0),
             logprobs=logprobs_asked(body),
+            logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
         )
     except ValueError as err:
         message = str(err)
@@ -151,8 +157,6 @@ def token_names_for(body: ChatCompletionRequest | CompletionRequest, engine: Eng
 
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     """Known OpenAI fields the engine cannot honour are refused, never silently dropped."""
-    if body.logit_bias:
-        raise unsupported("logit_bias")
     if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               param="stream_options")

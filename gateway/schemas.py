@@ -29,7 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from engine.sampling_params import MAX_LOGPROBS
+from engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS
 
 Float = StrictFloat  # accepts JSON integers too; "0.5" (a string) and booleans are refused
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -119,6 +119,29 @@ def _non_empty(value: str) -> str:
 StopText = Annotated[Text, AfterValidator(_non_empty)]  # "" would stop before anything: refused before the quota
 
 
+_TOKEN_ID = re.compile(r"[0-9]+")
+
+
+def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    """OpenAI's ``logit_bias``: token ids (as JSON object keys) to numbers in [-100, 100], at most
+    ``MAX_LOGIT_BIAS_ENTRIES``; returned with canonical keys and float values (``{"01": 5}`` is
+    ``{"1": 5.0}``: one meaning, one cache key), None when empty. The vocabulary is checked by the
+    service."""
+    if not value:
+        return None
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"may bias at most {MAX_LOGIT_BIAS_ENTRIES} tokens (got {len(value)})")
+    out: dict[str, float] = {}
+    for key, bias in value.items():
+        if not _TOKEN_ID.fullmatch(key):
+            raise ValueError(f"invalid key {key[:40]!r}: keys are token ids (non-negative integers)")
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise ValueError(f"the bias of token {key} is {bias}; it must be between {-MAX_LOGIT_BIAS:g} "
+                             f"and {MAX_LOGIT_BIAS:g}")
+        out[str(int(key))] = float(bias)
+    return out
+
+
 class _Sampling(_Request):
     """Fields shared by chat and text completions (OpenAI + the vLLM extras ``extra_body`` sends)."""
 
@@ -140,8 +163,7 @@ class _Sampling(_Request):
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[Float | None, Field(gt=0, le=10)] = None
     stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256)] = None
-    # known OpenAI fields this engine cannot honour: refused by the service when set, not ignored
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: Annotated[dict[StrictStr, Float] | None, AfterValidator(_logit_bias)] = None  # token id -> bias
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -238,7 +238,7 @@ async def test_every_sampling_field_crosses_the_socket(served):
     client = await connect(server)
     params = SamplingParams(n=2, temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=8, min_tokens=2,
                             stop=["zz"], stop_token_ids=[3], repetition_penalty=1.2, presence_penalty=0.5,
-                            frequency_penalty=0.3, ignore_eos=True, logprobs=3)
+                            frequency_penalty=0.3, ignore_eos=True, logprobs=3, logit_bias={9: 4.0, 11: -100})
 
     async def texts(engine, rid):  # noqa: ANN001, ANN202
         by_choice: dict = {}

@@ -120,3 +120,25 @@ def test_a_closing_eos_has_no_entry_and_nothing_is_computed_unasked(engine_confi
     assert len(calls) == 3
     _run(engine, [prompt], [SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)])
     assert len(calls) == 3 and engine._with_logprobs == 0  # nobody asked: never called
+
+
+def test_logit_bias_steers_the_output_but_not_the_logprobs(engine_config, tiny_model_dir) -> None:
+    """A token biased by +100 is chosen at every step; its logprobs stay the model's own; a batch
+    mate without a bias is unchanged; a key outside the vocabulary is refused."""
+    prompt = list(range(60, 80))
+    plain = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    alone = _run(LLMEngine(engine_config(tiny_model_dir)), [prompt], [plain])["r0"]
+    forced = [t for d in alone for t in d.token_ids][0] ^ 1  # not the model's own first choice
+    biased = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=1, logit_bias={forced: 100})
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    both = _run(engine, [prompt, prompt], [biased, plain])
+    tokens = [t for d in both["r0"] for t in d.token_ids]
+    assert tokens == [forced] * 5
+    ref = _hf_logprobs(tiny_model_dir, prompt, tokens)
+    for pos, (lp, top) in enumerate(e for d in both["r0"] for e in d.logprobs):
+        assert lp == pytest.approx(ref[pos, forced].item(), abs=2e-4)
+        assert top[0][0] == int(ref[pos].argmax())
+    assert [t for d in both["r1"] for t in d.token_ids] == [t for d in alone for t in d.token_ids]
+    vocab = engine.model.arch.vocab_size
+    with pytest.raises(ValueError, match="logit_bias"):
+        engine.add_request("bad", prompt, SamplingParams(logit_bias={vocab: 1.0}))

@@ -241,3 +241,60 @@ def test_a_tiny_repetition_penalty_favours_the_seen_tokens_without_overflow(pena
     assert Sampler().sample(logits, [s]) == [2]
     s = seq(prompt=(2, 5), temperature=0.7, seed=1, repetition_penalty=penalty)
     assert Sampler().sample(logits, [s]) == [2]
+
+
+# --------------------------------------------------------------------------------------- logit_bias
+
+
+def test_logit_bias_is_added_to_the_logits_before_the_choice():
+    logits = torch.tensor([[3.0, 2.5, 2.0, -1.0]])
+    sampler = Sampler()
+    assert sampler.sample(logits, [seq(temperature=0.0, logit_bias={3: 4.5})]) == [3]  # -1 + 4.5 > 3.0
+    assert sampler.sample(logits, [seq(temperature=0.0, logit_bias={3: 3.9})]) == [0]  # 2.9 < 3.0
+    assert sampler.sample(logits, [seq(temperature=0.0, logit_bias={0: -100})]) == [1]  # -100 bans it
+    got = sampler._apply_penalties(logits, [seq(logit_bias={1: 0.25, 3: -2})])
+    torch.testing.assert_close(got, torch.tensor([[3.0, 2.75, 2.0, -3.0]]))
+    assert logits[0, 1] == 2.5  # the caller's tensor is untouched
+
+
+def test_logit_bias_comes_before_the_repetition_penalty_as_in_vllm():
+    logits = torch.tensor([[3.0, 1.0, 0.0]])
+    s = seq(prompt=[0], logit_bias={0: 1.0}, repetition_penalty=2.0)
+    assert Sampler()._apply_penalties(logits, [s])[0, 0] == (3.0 + 1.0) / 2.0
+
+
+def test_logit_bias_rows_are_their_own_in_a_mixed_batch():
+    torch.manual_seed(1)
+    logits = torch.randn(4, 64)
+    seqs = [seq("a", temperature=0.0, logit_bias={5: 100}), seq("b", temperature=0.0),
+            seq("c", temperature=0.0, logit_bias={int(logits[2].argmax()): -100}, frequency_penalty=0.5),
+            seq("d", temperature=0.0, logit_bias={7: 100, 9: -3.5})]
+    got = Sampler()._apply_penalties(logits, seqs)
+    expected = logits.clone()
+    expected[0, 5] += 100
+    expected[2, int(logits[2].argmax())] -= 100
+    expected[3, 7] += 100
+    expected[3, 9] -= 3.5
+    torch.testing.assert_close(got, expected)
+    out = Sampler().sample(logits, seqs)
+    assert out[0] == 5 and out[3] == 7 and out[1] == int(logits[1].argmax())
+    assert out[2] == int(expected[2].argmax()) != int(logits[2].argmax())
+
+
+def test_a_forced_token_is_drawn_under_sampling_too():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0]])
+    sampler = Sampler()
+    s = seq(temperature=1.0, seed=3, logit_bias={3: 100})
+    assert {sampler.sample(logits, [s])[0] for _ in range(50)} == {3}
+
+
+@pytest.mark.parametrize("bias", [{-1: 1.0}, {True: 1.0}, {"5": 1.0}, {5: 100.5}, {5: float("nan")},
+                                  {5: "1"}, {i: 1.0 for i in range(1025)}, [(5, 1.0)]])
+def test_logit_bias_is_checked(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+
+
+def test_an_empty_logit_bias_is_none():
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    assert SamplingParams(logit_bias={5: 2}).logit_bias == {5: 2.0}
