@@ -36,7 +36,7 @@ from gateway.errors import (
 )
 from gateway.formats import ChatFormat, CompletionFormat, TokenNames, make_usage, natural_pieces
 from gateway.generation import Generation, context_length_exceeded, far_too_long, logprob_entries
-from gateway.schemas import ChatCompletionRequest, CompletionRequest, TextPart
+from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, TextPart
 from gateway.sse import SSEResponse
 
 log = logging.getLogger("pagegate.chat")
@@ -236,17 +236,16 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     prompt = await tokenize(engine, engine.encode_chat, messages, size)
     max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
                                     min_tokens=body.min_tokens)
-    return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller, store=store)
+    return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store)
 
 
 async def create_completion(body: CompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
     refuse_unhonoured(body)
     refuse_unsupported(body, engine)
-    prompts = body.prompts()
-    if len(prompts) != 1:
-        raise invalid_request("Send one prompt per request (batched prompts are not supported).",
-                              param="prompt")
+    prompts_in = body.prompts()
+    if len(prompts_in) > MAX_PROMPTS:
+        raise invalid_request(f"At most {MAX_PROMPTS} prompts per request (got {len(prompts_in)}).", param="prompt")
     if body.suffix:
         raise unsupported("suffix")
     if body.logprobs is not None and body.echo:
@@ -254,41 +253,69 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
                                       "(leave echo out, or prepend the prompt yourself).")
     if body.best_of not in (None, 1):
         raise unsupported("best_of", "best_of must be 1 (use n for several completions).")
-    prompt_in = prompts[0]
-    if isinstance(prompt_in, str):
-        prompt = await tokenize(engine, engine.encode, prompt_in, len(prompt_in), what="prompt")
-    else:
-        if body.echo:
-            raise invalid_request("echo needs a text prompt.", param="echo")
-        vocab = vocab_size(engine)
-        if any(t < 0 or (vocab is not None and t >= vocab) for t in prompt_in):
-            raise invalid_request("The prompt holds token ids outside the model's vocabulary.", param="prompt")
-        prompt = list(prompt_in)
-    if not prompt:
-        raise invalid_request("The prompt must not be empty.", param="prompt")
-    try:
-        max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
-                                        min_tokens=body.min_tokens, what="prompt")
-    except ApiError as err:
-        if err.param != "min_tokens":
-            err.param = "prompt"
-        raise
-    fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage,
-                           echo_prefix=prompt_in if body.echo and isinstance(prompt_in, str) else "",
+    if body.echo and not isinstance(prompts_in[0], str):
+        raise invalid_request("echo needs a text prompt.", param="echo")
+    prompts = await completion_prompts(engine, prompts_in)
+    max_tokens = body.requested_max_tokens()
+    for i, prompt in enumerate(prompts):
+        try:
+            resolve_max_tokens(max_tokens, len(prompt), engine.max_model_len, min_tokens=body.min_tokens,
+                               what="prompt")
+        except ApiError as err:
+            if err.param != "min_tokens":
+                err.param = _prompt_param(i, len(prompts))
+            raise
+    echo = tuple(str(p) for p in prompts_in for _ in range(body.n)) if body.echo else ()  # per choice
+    fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage, echo=echo,
                            token_names=token_names_for(body, engine))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="completions", started=caller.started)
-    return await run_generation(engine, prompt, body, max_tokens, fmt, account, caller)
+    return await run_generation(engine, prompts, body, max_tokens, fmt, account, caller)
+
+
+def _prompt_param(index: int, count: int) -> str:
+    return "prompt" if count == 1 else f"prompt[{index}]"
+
+
+async def completion_prompts(engine: EngineClient, prompts_in: list[str] | list[list[int]]) -> list[list[int]]:
+    """Each prompt's token ids: text tokenized (on a worker thread when the batch's text is long),
+    ids checked against the vocabulary; 400s name the prompt (``prompt[i]`` in a batch)."""
+    count = len(prompts_in)
+    if prompts_in and isinstance(prompts_in[0], str):
+        texts: list[str] = prompts_in  # type: ignore[assignment]
+        for i, text in enumerate(texts):
+            try:
+                refuse_far_too_long(engine, len(text), what="prompt")
+            except ApiError as err:
+                err.param = _prompt_param(i, count)
+                raise
+        if sum(len(t) for t in texts) > LONG_PROMPT_CHARS:
+            out = await asyncio.to_thread(lambda: [list(engine.encode(t)) for t in texts])
+        else:
+            out = [list(engine.encode(t)) for t in texts]
+    else:
+        vocab = vocab_size(engine)
+        out = [list(ids) for ids in prompts_in]  # type: ignore[arg-type]
+        for i, ids in enumerate(out):
+            if any(t < 0 or (vocab is not None and t >= vocab) for t in ids):
+                raise invalid_request("The prompt holds token ids outside the model's vocabulary.",
+                                      param=_prompt_param(i, count))
+    for i, ids in enumerate(out):
+        if not ids:
+            raise invalid_request("The prompt must not be empty.", param=_prompt_param(i, count))
+    return out
 
 
 # ----------------------------------------------------------------------------------- generation
 
 
-async def run_generation(engine: EngineClient, prompt: list[int], body: ChatCompletionRequest | CompletionRequest,
-                         max_tokens: int, fmt: Format, account: RequestAccount, caller: Caller, *,
-                         store: Store | None = None) -> Response:
-    n = body.n
-    reserved = await account.reserve(prompt_tokens=len(prompt), max_tokens=max_tokens * n, min_tokens=n)
+async def run_generation(engine: EngineClient, prompts: list[list[int]],
+                         body: ChatCompletionRequest | CompletionRequest, max_tokens: int, fmt: Format,
+                         account: RequestAccount, caller: Caller, *, store: Store | None = None) -> Response:
+    """``prompts``: one engine request each (a text completion's batch), ``body.n`` choices each."""
+    n = body.n * len(prompts)  # the answer's choices
+    reserved = await account.reserve(prompt_tokens=sum(len(p) for p in prompts), max_tokens=max_tokens * n,
+                                     min_tokens=n)
     caller.response_headers.update(account.headers)
     gen: Generation | None = None
     try:
@@ -298,7 +325,7 @@ async def run_generation(engine: EngineClient, prompt: list[int], body: ChatComp
         if per_choice < max_tokens:
             store = None  # clamped by the quota: not the answer this request asked for
         params = sampling_params(body, per_choice)
-        gen = Generation.open(engine, prompt, params, request_id=caller.request_id,
+        gen = Generation.open(engine, prompts, params, request_id=caller.request_id,
                               tenant=str(caller.principal.tenant_id), started=caller.started, notice=caller.notice)
         gen.keep_logprobs = not body.stream or store is not None
         # A stream starts only once the engine took the request (its refusals stay HTTP errors);

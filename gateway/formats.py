@@ -187,7 +187,7 @@ class ChatFormat:
 class CompletionFormat:
     model: str
     include_usage: bool = False
-    echo_prefix: str = ""  # echo=True: the prompt text, shown before each choice's text
+    echo: tuple[str, ...] = ()  # echo=True: per choice, its prompt's text, shown before the choice's text
     token_names: TokenNames | None = None  # set: the request asked for logprobs
     id: str = field(default_factory=lambda: "cmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
@@ -197,17 +197,18 @@ class CompletionFormat:
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     def opening(self, n: int) -> list[BaseModel]:
-        if not self.echo_prefix:
-            return []
-        return [self._chunk([CompletionChoice(index=i, text=self.echo_prefix, finish_reason=None)])
-                for i in range(n)]
+        return [self._chunk([CompletionChoice(index=i, text=text, finish_reason=None)])
+                for i, text in enumerate(self.echo) if text]
+
+    def _echoed(self, index: int) -> str:
+        return self.echo[index] if self.echo else ""
 
     def text_chunk(self, index: int, text: str, logprobs: list[Entry] | None = None) -> BaseModel:
         shown = None
         if logprobs is not None and self.token_names is not None:
             offsets = self.offsets.get(index)
             if offsets is None:
-                offsets = self.offsets[index] = TextOffsets(len(self.echo_prefix))
+                offsets = self.offsets[index] = TextOffsets(len(self._echoed(index)))
             shown = completion_logprobs(logprobs, self.token_names, offsets)
         return self._chunk([CompletionChoice(index=index, text=text, finish_reason=None, logprobs=shown)])
 
@@ -221,7 +222,7 @@ class CompletionFormat:
                  logprobs: list[list[Entry]] | None = None) -> Completion:
         shown: list[dict | None] = [None] * len(texts)
         if logprobs is not None and self.token_names is not None:
-            shown = [completion_logprobs(entries, self.token_names, TextOffsets(len(self.echo_prefix)))
-                     for entries in logprobs]
-        return self._chunk([CompletionChoice(index=i, text=self.echo_prefix + t, finish_reason=f, logprobs=lp)
+            shown = [completion_logprobs(entries, self.token_names, TextOffsets(len(self._echoed(i))))
+                     for i, entries in enumerate(logprobs)]
+        return self._chunk([CompletionChoice(index=i, text=self._echoed(i) + t, finish_reason=f, logprobs=lp)
                             for i, (t, f, lp) in enumerate(zip(texts, finish_reasons, shown, strict=True))], usage)

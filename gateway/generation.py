@@ -1,7 +1,7 @@
-"""One engine request as the gateway sees it: started (so that engine refusals become HTTP errors
+"""One engine request (or a text completion's batch of them, as one) as the gateway sees it: started (so that engine refusals become HTTP errors
 before any byte is sent), folded choice by choice, and closed (which aborts it in the engine).
 
-    gen = Generation.open(engine, prompt_ids, params, request_id=..., tenant="42")
+    gen = Generation.open(engine, [prompt_ids], params, request_id=..., tenant="42")
     await gen.start()                      # PromptTooLong → 400, overloaded → 503
     async for deltas in gen.deltas(): ...  # per engine output; gen.choices accumulate
     await gen.aclose()                     # always (finally): aborts an unfinished request
@@ -9,6 +9,7 @@ before any byte is sent), folded choice by choice, and closed (which aborts it i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -73,6 +74,63 @@ def logprob_entries(delta: CompletionDelta) -> list[tuple] | None:
     return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs, strict=False)]
 
 
+async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int,
+                         request_id: str) -> AsyncIterator[RequestOutput]:
+    """Several engine requests of ``n`` choices each as one: choice ``j`` of request ``p`` becomes
+    choice ``p * n + j``, prompt and cached tokens are the sums, finished when all are. The first
+    output waits for every request's first (each one's prompt is computed, so a refusal of any is
+    raised before the answer starts); later ones carry whatever has arrived. An error of one ends
+    the whole; leaving early (closed, cancelled) stops every request still running."""
+    count = len(agens)
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(p: int, agen: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in agen:
+                queue.put_nowait((p, out))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait((p, exc))
+        else:
+            queue.put_nowait((p, None))
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                await aclose()  # (cancelled: the engine's stream stops its request as it unwinds)
+
+    tasks = [asyncio.create_task(pump(p, agen), name=f"{request_id}.{p}") for p, agen in enumerate(agens)]
+    prompt_tokens, cached = [0] * count, [0] * count
+    heard, done = [False] * count, [False] * count  # sent an output; finished (or its stream ended)
+    opened = False  # the first output went out
+    deltas: list[CompletionDelta] = []
+    try:
+        while not (opened and all(done)):
+            items = [await queue.get()]
+            while not queue.empty():
+                items.append(queue.get_nowait())
+            for p, item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    done[p] = True
+                    continue
+                heard[p] = True
+                prompt_tokens[p], cached[p] = item.prompt_tokens, item.cached_prompt_tokens
+                for d in item.deltas:
+                    d.index += p * n
+                deltas.extend(item.deltas)
+                done[p] = done[p] or item.finished
+            if not opened and not all(h or d for h, d in zip(heard, done, strict=True)):
+                continue  # the first output waits for every request's first
+            opened = True
+            if deltas or all(done):
+                out, deltas = RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), all(done)), []
+                yield out
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Generation:
     def __init__(self, agen: AsyncIterator[RequestOutput], *, n: int, prompt_tokens: int,
                  started: float) -> None:
@@ -89,15 +147,23 @@ class Generation:
         self.keep_logprobs = True  # False: a stream shows each delta's as it goes, none are kept
 
     @classmethod
-    def open(cls, engine: EngineClient, prompt: list[int], params: SamplingParams, *, request_id: str,
+    def open(cls, engine: EngineClient, prompts: list[list[int]], params: SamplingParams, *, request_id: str,
              tenant: str, started: float, notice: object | None = None) -> Generation:
-        """``notice``: the request's ``announce()`` (``Caller.notice``), handed to the engine."""
-        extra = {} if notice is None else {"notice": notice}
+        """One engine request per prompt, ``params.n`` choices each; several are merged into one
+        stream (``merged_outputs``: choice ``j`` of prompt ``p`` is choice ``p * n + j``).
+        ``notice``: the request's ``announce()`` (``Caller.notice``), handed to the engine with the
+        first prompt."""
+        agens: list[AsyncIterator[RequestOutput]] = []
         try:
-            agen = engine.generate(prompt, params, request_id=request_id, salt=tenant, priority_class=tenant, **extra)
+            for p, prompt in enumerate(prompts):
+                extra = {} if notice is None or p else {"notice": notice}
+                rid = request_id if len(prompts) == 1 else f"{request_id}.{p}"
+                agens.append(engine.generate(prompt, params, request_id=rid, salt=tenant, priority_class=tenant,
+                                             **extra))
         except EngineError as err:
             raise engine_error(err) from err
-        return cls(agen, n=params.n, prompt_tokens=len(prompt), started=started)
+        agen = agens[0] if len(agens) == 1 else merged_outputs(agens, params.n, request_id)
+        return cls(agen, n=params.n * len(prompts), prompt_tokens=sum(len(p) for p in prompts), started=started)
 
     async def start(self) -> None:
         """Wait for the first output (after prefill); engine refusals surface here."""

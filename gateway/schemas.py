@@ -120,6 +120,7 @@ StopText = Annotated[Text, AfterValidator(_non_empty)]  # "" would stop before a
 
 
 _TOKEN_ID = re.compile(r"[0-9]+")
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (each is an engine request)
 
 
 def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
@@ -193,14 +194,15 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    # One prompt per request: a string or token ids (a one-element list of either is accepted).
+    # A string or token ids, or a batch of up to MAX_PROMPTS of either (choice index = prompt * n + j).
+    # (more than MAX_PROMPTS is refused by the service: a length error here would read as a type error)
     prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
     echo: Annotated[StrictBool, _null_is(False)] = False
     suffix: Text | None = None  # not supported: refused by the service
     logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # OpenAI's go to 5
     best_of: StrictInt | None = None  # only 1 (or unset) is supported
 
-    def prompts(self) -> list[str | list[int]]:
+    def prompts(self) -> list[str] | list[list[int]]:
         p = self.prompt
         if isinstance(p, str):
             return [p]

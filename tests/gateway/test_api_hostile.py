@@ -152,7 +152,7 @@ def test_broken_auth_is_401(api, authorization) -> None:  # noqa: ANN001
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": [10**12]}, "prompt"),
     ({"prompt": [-1]}, "prompt"),
-    ({"prompt": [[1], [2]]}, "prompt"),
+    ({"prompt": [[1], [-2]]}, "prompt[1]"),  # a batch: the bad one named
     ({"prompt": []}, "prompt"),
     ({"prompt": [[]]}, "prompt"),
     ({"prompt": 5}, "prompt"),

@@ -96,8 +96,8 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
     for fields, param in unsupported:
         assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
                      code="unsupported_parameter")
-    body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1}
-    assert_error(post(api, "/v1/completions", body), 400, param="prompt")
+    body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1, "suffix": "!"}
+    assert_error(post(api, "/v1/completions", body), 400, param="suffix", code="unsupported_parameter")
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": [-1, 5]}), 400, param="prompt")
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": ""}), 400, param="prompt")
 

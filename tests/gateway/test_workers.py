@@ -189,6 +189,10 @@ def test_two_workers_serve_one_engine(service: Service) -> None:
             texts.add(c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
                                            temperature=0).choices[0].text)
     assert len(texts) == 1
+    # a batch of prompts crosses the socket as one engine request each, merged back in order
+    batch = client.completions.create(model=MODEL, prompt=["One, two,", "The capital of France is"], max_tokens=4,
+                                      temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1] and batch.choices[1].text in texts
     with pytest.raises(openai.BadRequestError) as too_long:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 1200}],
                                        max_tokens=4)
@@ -196,11 +200,11 @@ def test_two_workers_serve_one_engine(service: Service) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         rows = service.usage_rows()
-        if len(rows) >= 9:
+        if len(rows) >= 10:
             break
         time.sleep(0.2)
     assert {r.request_id for r in rows} >= set(ids)
-    assert sum(r.completion_tokens for r in rows if r.status == "ok") == 5 * 4 + 6 + 4 * 4
+    assert sum(r.completion_tokens for r in rows if r.status == "ok") == 5 * 4 + 6 + 4 * 4 + 2 * 4
 
 
 def test_a_dead_worker_is_started_again_and_sigterm_stops_all(service: Service) -> None:

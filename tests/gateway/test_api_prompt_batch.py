@@ -1,0 +1,118 @@
+"""A batch of prompts in one ``/v1/completions`` request, as OpenAI and vLLM take it: text or token
+ids, choice ``p * n + j`` is prompt ``p``'s ``j``-th, each the same as the prompt sent alone; one
+usage row with the sums; the quota reserves for the whole batch; 400s name the prompt; a client
+that leaves stops every prompt's engine request."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.test_api_validation import assert_error, post
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "One, two, three,", "My favourite colour is"]
+
+
+def test_a_batch_answers_each_prompt_as_alone(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    alone = [client.completions.create(model=api.model, prompt=p, max_tokens=5, temperature=0) for p in PROMPTS]
+    raw = client.completions.with_raw_response.create(model=api.model, prompt=PROMPTS, max_tokens=5,
+                                                      temperature=0, n=2)
+    batch = raw.parse()
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    rows = api.usage_rows(raw.headers["x-request-id"])
+    assert len(rows) == 1 and rows[0].status == "ok"
+    assert (rows[0].prompt_tokens, rows[0].completion_tokens) == (batch.usage.prompt_tokens,
+                                                                   batch.usage.completion_tokens)
+    ids = [api.app.state.pagegate.engine.encode(p) for p in PROMPTS]
+    by_ids = client.completions.create(model=api.model, prompt=ids, max_tokens=5, temperature=0)
+    assert [c.text for c in by_ids.choices] == [a.choices[0].text for a in alone]
+
+
+def test_a_streamed_batch_matches_the_whole_one(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    whole = client.completions.create(model=api.model, prompt=PROMPTS, max_tokens=6, temperature=0, logprobs=1)
+    stream = client.completions.create(model=api.model, prompt=PROMPTS, max_tokens=6, temperature=0, logprobs=1,
+                                       stream=True, stream_options={"include_usage": True})
+    texts, finishes, tokens, usage = {}, {}, {}, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.logprobs is not None:
+                tokens.setdefault(c.index, []).extend(c.logprobs.tokens)
+            if c.finish_reason is not None:
+                finishes[c.index] = c.finish_reason
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert finishes == {c.index: c.finish_reason for c in whole.choices}
+    assert tokens == {c.index: c.logprobs.tokens for c in whole.choices}
+    assert usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_echo_shows_each_choice_its_own_prompt(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    resp = client.completions.create(model=api.model, prompt=PROMPTS[:2], max_tokens=2, temperature=0, echo=True)
+    assert [c.text[:len(p)] for c, p in zip(resp.choices, PROMPTS[:2], strict=True)] == PROMPTS[:2]
+    stream = client.completions.create(model=api.model, prompt=PROMPTS[:2], max_tokens=2, temperature=0, echo=True,
+                                       stream=True)
+    texts: dict[int, str] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {c.index: c.text for c in resp.choices}
+
+
+@pytest.mark.parametrize(("prompt", "param", "code"), [
+    (["x"] * 65, "prompt", "invalid_value"),
+    (["fine", ""], "prompt[1]", "invalid_value"),
+    ([[1, 2], [3, 10**9]], "prompt[1]", "invalid_value"),
+    ([[1, 2], []], "prompt[1]", "invalid_value"),
+    (["fine", "word " * 3000], "prompt[1]", "context_length_exceeded"),
+])
+def test_a_bad_prompt_in_a_batch_is_a_400_naming_it(api, prompt, param, code) -> None:  # noqa: ANN001
+    assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": prompt, "max_tokens": 2}), 400,
+                 param=param, code=code)
+
+
+def test_the_quota_reserves_for_the_whole_batch(api) -> None:  # noqa: ANN001
+    probe = api.openai().completions.create(model=api.model, prompt=PROMPTS[0], max_tokens=1)
+    prompt_tokens = probe.usage.prompt_tokens
+    # room for the three prompts and two tokens each, not for the 16 asked: clamped, never exceeded
+    tenant_id, key = api.make_tenant(budget_tokens=3 * prompt_tokens + 6 + 2, tpm=0)
+    client = api.openai(key)
+    resp = client.completions.create(model=api.model, prompt=[PROMPTS[0]] * 3, max_tokens=16, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert [c.finish_reason for c in resp.choices] == ["length"] * 3
+    assert all(c.text == resp.choices[0].text for c in resp.choices)
+    assert resp.usage.completion_tokens == 6
+    with pytest.raises(openai.RateLimitError):  # what is left covers no batch of three
+        client.completions.create(model=api.model, prompt=[PROMPTS[0]] * 3, max_tokens=1)
+
+
+def test_leaving_a_streamed_batch_stops_every_prompt(api, api_engine) -> None:  # noqa: ANN001
+    body = {"model": api.model, "prompt": ["Count to a thousand:", "List every number:"], "max_tokens": 400,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", api.base_url + "/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {api.key}"}, timeout=120) as resp:
+        request_id = resp.headers["x-request-id"]
+        seen = 0
+        for line in resp.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 6:
+                break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not api.usage_rows(request_id) or api_engine.engine.requests):
+        time.sleep(0.05)
+    assert not [r for r in api_engine.engine.requests if r.startswith(request_id)]
+    rows = api.usage_rows(request_id)
+    assert len(rows) == 1 and rows[0].status == "aborted" and rows[0].completion_tokens < 800
