@@ -255,7 +255,7 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
         raise unsupported("best_of", "best_of must be 1 (use n for several completions).")
     if body.echo and not isinstance(prompts_in[0], str):
         raise invalid_request("echo needs a text prompt.", param="echo")
-    prompts = await completion_prompts(engine, prompts_in)
+    prompts = await completion_prompts(engine, prompts_in, body.batched)
     max_tokens = body.requested_max_tokens()
     for i, prompt in enumerate(prompts):
         try:
@@ -263,7 +263,7 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
                                what="prompt")
         except ApiError as err:
             if err.param != "min_tokens":
-                err.param = _prompt_param(i, len(prompts))
+                err.param = _prompt_param(i, body.batched)
             raise
     echo = tuple(str(p) for p in prompts_in for _ in range(body.n)) if body.echo else ()  # per choice
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage, echo=echo,
@@ -273,21 +273,21 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     return await run_generation(engine, prompts, body, max_tokens, fmt, account, caller)
 
 
-def _prompt_param(index: int, count: int) -> str:
-    return "prompt" if count == 1 else f"prompt[{index}]"
+def _prompt_param(index: int, batched: bool) -> str:
+    return f"prompt[{index}]" if batched else "prompt"
 
 
-async def completion_prompts(engine: EngineClient, prompts_in: list[str] | list[list[int]]) -> list[list[int]]:
+async def completion_prompts(engine: EngineClient, prompts_in: list[str] | list[list[int]],
+                             batched: bool) -> list[list[int]]:
     """Each prompt's token ids: text tokenized (on a worker thread when the batch's text is long),
     ids checked against the vocabulary; 400s name the prompt (``prompt[i]`` in a batch)."""
-    count = len(prompts_in)
     if prompts_in and isinstance(prompts_in[0], str):
         texts: list[str] = prompts_in  # type: ignore[assignment]
         for i, text in enumerate(texts):
             try:
                 refuse_far_too_long(engine, len(text), what="prompt")
             except ApiError as err:
-                err.param = _prompt_param(i, count)
+                err.param = _prompt_param(i, batched)
                 raise
         if sum(len(t) for t in texts) > LONG_PROMPT_CHARS:
             out = await asyncio.to_thread(lambda: [list(engine.encode(t)) for t in texts])
@@ -299,10 +299,10 @@ async def completion_prompts(engine: EngineClient, prompts_in: list[str] | list[
         for i, ids in enumerate(out):
             if any(t < 0 or (vocab is not None and t >= vocab) for t in ids):
                 raise invalid_request("The prompt holds token ids outside the model's vocabulary.",
-                                      param=_prompt_param(i, count))
+                                      param=_prompt_param(i, batched))
     for i, ids in enumerate(out):
         if not ids:
-            raise invalid_request("The prompt must not be empty.", param=_prompt_param(i, count))
+            raise invalid_request("The prompt must not be empty.", param=_prompt_param(i, batched))
     return out
 
 

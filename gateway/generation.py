@@ -74,13 +74,17 @@ def logprob_entries(delta: CompletionDelta) -> list[tuple] | None:
     return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs, strict=False)]
 
 
-async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int,
-                         request_id: str) -> AsyncIterator[RequestOutput]:
+async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, request_id: str,
+                         prompt_lengths: list[int]) -> AsyncIterator[RequestOutput]:
     """Several engine requests of ``n`` choices each as one: choice ``j`` of request ``p`` becomes
-    choice ``p * n + j``, prompt and cached tokens are the sums, finished when all are. The first
-    output waits for every request's first (each one's prompt is computed, so a refusal of any is
-    raised before the answer starts); later ones carry whatever has arrived. An error of one ends
-    the whole; leaving early (closed, cancelled) stops every request still running."""
+    choice ``p * n + j``, prompt and cached tokens are the sums (a prompt not yet computed counts its
+    length, as one request's does), finished when all are. Each output
+    carries whatever has arrived, from the first request's first on (waiting for every prefill
+    would hold the answer back while requests beyond the engine's running batch wait for others to
+    finish, and leave their tokens unbilled if the client left meanwhile). A refusal at submission
+    (overloaded, bad ids) still comes first: every request is submitted in the iteration after this
+    starts, before any output can arrive. An error of one ends the whole; leaving early (closed,
+    cancelled) stops every request still running."""
     count = len(agens)
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
@@ -98,33 +102,27 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int,
                 await aclose()  # (cancelled: the engine's stream stops its request as it unwinds)
 
     tasks = [asyncio.create_task(pump(p, agen), name=f"{request_id}.{p}") for p, agen in enumerate(agens)]
-    prompt_tokens, cached = [0] * count, [0] * count
-    heard, done = [False] * count, [False] * count  # sent an output; finished (or its stream ended)
-    opened = False  # the first output went out
-    deltas: list[CompletionDelta] = []
+    prompt_tokens, cached = list(prompt_lengths), [0] * count
+    done = [False] * count  # finished (or its stream ended)
     try:
-        while not (opened and all(done)):
+        while not all(done):
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
+            deltas: list[CompletionDelta] = []
             for p, item in items:
                 if isinstance(item, BaseException):
                     raise item
                 if item is None:
                     done[p] = True
                     continue
-                heard[p] = True
                 prompt_tokens[p], cached[p] = item.prompt_tokens, item.cached_prompt_tokens
                 for d in item.deltas:
                     d.index += p * n
                 deltas.extend(item.deltas)
                 done[p] = done[p] or item.finished
-            if not opened and not all(h or d for h, d in zip(heard, done, strict=True)):
-                continue  # the first output waits for every request's first
-            opened = True
             if deltas or all(done):
-                out, deltas = RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), all(done)), []
-                yield out
+                yield RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), all(done))
     finally:
         for task in tasks:
             task.cancel()
@@ -162,7 +160,7 @@ class Generation:
                                              **extra))
         except EngineError as err:
             raise engine_error(err) from err
-        agen = agens[0] if len(agens) == 1 else merged_outputs(agens, params.n, request_id)
+        agen = agens[0] if len(agens) == 1 else merged_outputs(agens, params.n, request_id, [len(p) for p in prompts])
         return cls(agen, n=params.n * len(prompts), prompt_tokens=sum(len(p) for p in prompts), started=started)
 
     async def start(self) -> None:

@@ -56,7 +56,7 @@ from gateway.errors import ApiError, insufficient_quota
 from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
 from gateway.pricing import Price, PriceBook, units_to_usd, usd_to_units
-from gateway.quota_refusals import describe_budget, tpm_headers, tpm_refusal
+from gateway.quota_refusals import quota_refusal, tpm_headers, tpm_refusal
 from gateway.redis_lane import ScriptLane
 
 RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
@@ -236,10 +236,8 @@ class QuotaLedger:
         for i, ask in enumerate(asks):
             code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])
             if code == -2:
-                out.append(insufficient_quota(
-                    f"You exceeded your current quota for this {principal.budget_period}: "
-                    f"{describe_budget(principal, a, b)}. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
-                    retry_after_s=max(1.0, period_end.timestamp() - now)))
+                out.append(quota_refusal(principal, a, b, ask.prompt_tokens + ask.min_tokens, period_end,
+                                         retry_after_s=max(1.0, period_end.timestamp() - now)))
             elif code == -3:
                 out.append(tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,
                                         ask.prompt_tokens + ask.min_tokens))

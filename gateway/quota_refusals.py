@@ -4,10 +4,11 @@ headers, and dollar amounts as the messages write them."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 
 from gateway.auth import Principal
-from gateway.errors import ApiError, rate_limited
+from gateway.errors import ApiError, insufficient_quota, rate_limited
 from gateway.limits import format_reset
 from gateway.pricing import units_to_usd
 
@@ -51,6 +52,25 @@ def tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
         "x-ratelimit-remaining-tokens": str(max(0, limit - used)),
         "x-ratelimit-reset-tokens": reset,
     }
+
+
+def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, period_end: datetime, *,
+                  retry_after_s: float) -> ApiError:
+    """429 ``insufficient_quota``. ``need``: the fewest tokens the request could be served with (its
+    prompt and one per choice); more than the whole token budget, it can never fit: said so, and
+    ``x-should-retry: false`` (the openai SDKs would retry a 429)."""
+    budget = p.budget_tokens
+    if budget is not None and need > budget:
+        err = insufficient_quota(
+            f"This request needs at least {need} tokens (its prompt and one per choice), more than the whole "
+            f"budget of {budget} tokens a {p.budget_period}: send a shorter prompt, or fewer prompts or choices.",
+            retry_after_s=retry_after_s)
+        err.headers["x-should-retry"] = "false"
+        return err
+    return insufficient_quota(
+        f"You exceeded your current quota for this {p.budget_period}: {describe_budget(p, tok_used, usd_units)}; "
+        f"this request needs at least {need} tokens. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
+        retry_after_s=retry_after_s)
 
 
 def describe_budget(p: Principal, tok_used: int, usd_units: int) -> str:

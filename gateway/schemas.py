@@ -119,7 +119,7 @@ def _non_empty(value: str) -> str:
 StopText = Annotated[Text, AfterValidator(_non_empty)]  # "" would stop before anything: refused before the quota
 
 
-_TOKEN_ID = re.compile(r"[0-9]+")
+_TOKEN_ID = re.compile(r"[0-9]{1,18}")  # (longer is no token id of any model, and int() of 4,300+ digits fails)
 MAX_PROMPTS = 64  # prompts in one /v1/completions request (each is an engine request)
 
 
@@ -135,9 +135,10 @@ def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for key, bias in value.items():
         if not _TOKEN_ID.fullmatch(key):
-            raise ValueError(f"invalid key {key[:40]!r}: keys are token ids (non-negative integers)")
+            shown = key if len(key) <= 40 else key[:40] + "..."
+            raise ValueError(f"invalid key {shown!r}: keys are token ids (non-negative integers)")
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise ValueError(f"the bias of token {key} is {bias}; it must be between {-MAX_LOGIT_BIAS:g} "
+            raise ValueError(f"the bias of token {key} is {bias:.6g}; it must be between {-MAX_LOGIT_BIAS:g} "
                              f"and {MAX_LOGIT_BIAS:g}")
         out[str(int(key))] = float(bias)
     return out
@@ -193,14 +194,33 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+def _prompt_kind(value: Any) -> str:
+    """A completion prompt's shape, by the value and its first item (text otherwise)."""
+    if not isinstance(value, list):
+        return "prompt(text)"
+    first = value[0] if value else None
+    if isinstance(first, list):
+        return "prompt(id lists)"
+    return "prompt(texts)" if isinstance(first, str) else "prompt(ids)"
+
+
 class CompletionRequest(_Sampling):
     # A string or token ids, or a batch of up to MAX_PROMPTS of either (choice index = prompt * n + j).
-    # (more than MAX_PROMPTS is refused by the service: a length error here would read as a type error)
-    prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
+    # (more than MAX_PROMPTS is refused by the service: a length error here would read as a type error;
+    # the shape is told by the first item, so an error names the item that breaks it)
+    prompt: Annotated[
+        Annotated[Text, Tag("prompt(text)")] | Annotated[list[StrictInt], Tag("prompt(ids)")]
+        | Annotated[list[Text], Tag("prompt(texts)")] | Annotated[list[list[StrictInt]], Tag("prompt(id lists)")],
+        Discriminator(_prompt_kind)]
     echo: Annotated[StrictBool, _null_is(False)] = False
     suffix: Text | None = None  # not supported: refused by the service
     logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # OpenAI's go to 5
     best_of: StrictInt | None = None  # only 1 (or unset) is supported
+
+    @property
+    def batched(self) -> bool:
+        """``prompt`` is a list of prompts (of one or more), not one prompt."""
+        return isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
 
     def prompts(self) -> list[str] | list[list[int]]:
         p = self.prompt

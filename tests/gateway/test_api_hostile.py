@@ -154,7 +154,7 @@ def test_broken_auth_is_401(api, authorization) -> None:  # noqa: ANN001
     ({"prompt": [-1]}, "prompt"),
     ({"prompt": [[1], [-2]]}, "prompt[1]"),  # a batch: the bad one named
     ({"prompt": []}, "prompt"),
-    ({"prompt": [[]]}, "prompt"),
+    ({"prompt": [[]]}, "prompt[0]"),  # a batch of one: its prompt named
     ({"prompt": 5}, "prompt"),
     ({"prompt": None}, "prompt"),
     ({"prompt": [1, 2], "echo": True}, "echo"),

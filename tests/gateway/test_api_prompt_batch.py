@@ -78,6 +78,10 @@ def test_echo_shows_each_choice_its_own_prompt(api) -> None:  # noqa: ANN001
     ([[1, 2], [3, 10**9]], "prompt[1]", "invalid_value"),
     ([[1, 2], []], "prompt[1]", "invalid_value"),
     (["fine", "word " * 3000], "prompt[1]", "context_length_exceeded"),
+    (["fine", None], "prompt[1]", "invalid_type"),  # the shape is the first item's: the second breaks it
+    ([[1], "a"], "prompt[1]", "invalid_type"),
+    ([1, "a"], "prompt[1]", "invalid_type"),
+    ([""], "prompt[0]", "invalid_value"),  # a batch of one names its prompt too
 ])
 def test_a_bad_prompt_in_a_batch_is_a_400_naming_it(api, prompt, param, code) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": prompt, "max_tokens": 2}), 400,
@@ -95,8 +99,14 @@ def test_the_quota_reserves_for_the_whole_batch(api) -> None:  # noqa: ANN001
     assert [c.finish_reason for c in resp.choices] == ["length"] * 3
     assert all(c.text == resp.choices[0].text for c in resp.choices)
     assert resp.usage.completion_tokens == 6
-    with pytest.raises(openai.RateLimitError):  # what is left covers no batch of three
+    with pytest.raises(openai.RateLimitError) as left:  # what is left covers no batch of three
         client.completions.create(model=api.model, prompt=[PROMPTS[0]] * 3, max_tokens=1)
+    assert f"needs at least {3 * prompt_tokens + 3} tokens" in left.value.message
+    assert "x-should-retry" not in left.value.response.headers  # a later period has room
+    with pytest.raises(openai.RateLimitError) as never:  # more than the whole budget: said so
+        client.completions.create(model=api.model, prompt=[PROMPTS[0]] * 4, max_tokens=1)
+    assert never.value.code == "insufficient_quota" and "more than the whole budget" in never.value.message
+    assert never.value.response.headers["x-should-retry"] == "false"
 
 
 def test_leaving_a_streamed_batch_stops_every_prompt(api, api_engine) -> None:  # noqa: ANN001
@@ -116,3 +126,46 @@ def test_leaving_a_streamed_batch_stops_every_prompt(api, api_engine) -> None:  
     assert not [r for r in api_engine.engine.requests if r.startswith(request_id)]
     rows = api.usage_rows(request_id)
     assert len(rows) == 1 and rows[0].status == "aborted" and rows[0].completion_tokens < 800
+
+
+def test_a_batch_larger_than_the_running_batch_streams_at_once_and_bills_what_ran(api, api_engine) -> None:  # noqa: ANN001
+    """24 prompts with room for 16 sequences: the stream starts with the first prompts' tokens while
+    the last ones still wait for a slot (not after every prefill), and a client that leaves then is
+    billed the tokens generated so far and every prompt."""
+    from engine.request import SeqStatus
+
+    prompts = [f"Story {i}: once upon a time" for i in range(24)]
+    body = {"model": api.model, "prompt": prompts, "max_tokens": 40, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", api.base_url + "/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {api.key}"}, timeout=120) as resp:
+        request_id = resp.headers["x-request-id"]
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and '"text":""' not in line:
+                break
+        mine = [r for rid, r in list(api_engine.engine.requests.items()) if rid.startswith(request_id + ".")]
+        waiting = [r for r in mine if r.sequences[0].status == SeqStatus.WAITING]
+        assert waiting, "the stream started only after every prompt was prefilled"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not api.usage_rows(request_id):
+        time.sleep(0.05)
+    row, = api.usage_rows(request_id)
+    assert row.status == "aborted" and row.completion_tokens > 0
+    assert row.prompt_tokens == sum(len(api.app.state.pagegate.engine.encode(p)) for p in prompts)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_the_engine_cannot_queue_whole_is_a_503_and_leaves_nothing(api, api_engine, stream) -> None:  # noqa: ANN001
+    saved = api_engine.config.max_waiting
+    api_engine.config.max_waiting = 3  # the first three prompts are queued, the fourth is refused
+    try:
+        body = {"model": api.model, "prompt": [f"Item {i}:" for i in range(6)], "max_tokens": 4, "stream": stream}
+        resp = httpx.post(api.base_url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {api.key}"},
+                          timeout=60)
+    finally:
+        api_engine.config.max_waiting = saved
+    assert resp.status_code == 503 and resp.json()["error"]["code"] is not None, resp.text
+    request_id = resp.headers["x-request-id"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(r.startswith(request_id) for r in list(api_engine.engine.requests)):
+        time.sleep(0.05)
+    assert not any(r.startswith(request_id) for r in list(api_engine.engine.requests))
