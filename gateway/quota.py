@@ -52,7 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth import Principal
 from gateway.coalesce import Coalescer
 from gateway.db.models import UsageRecord
-from gateway.errors import ApiError, insufficient_quota
+from gateway.errors import ApiError
 from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
 from gateway.pricing import Price, PriceBook, units_to_usd, usd_to_units
