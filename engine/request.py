@@ -51,6 +51,7 @@ class Sequence:
     num_computed_tokens: int = 0
     block_hashes: list[BlockHash] = field(default_factory=list)
     generator: torch.Generator | None = None
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # params.logit_bias as (token ids, values), once
     detok: IncrementalDetokenizer | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0

@@ -112,6 +112,15 @@ class Sampler:
             out[i] = (chosen[j], top)
         return out
 
+    @staticmethod
+    def _bias(seq: Sequence, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence's ``logit_bias`` as (token ids, float32 values) on ``device``, built once."""
+        if seq.bias is None or seq.bias[0].device != device:
+            bias = seq.params.logit_bias
+            seq.bias = (torch.tensor(list(bias), dtype=torch.long, device=device),
+                        torch.tensor(list(bias.values()), dtype=torch.float32, device=device))
+        return seq.bias
+
     def _gen(self, seq: Sequence) -> torch.Generator:
         if seq.generator is None:
             seq.generator = self.generator_for(seq)
@@ -146,11 +155,12 @@ class Sampler:
         flat = logits.view(-1)  # (row, token) -> row * vocab + token
         vocab, dev = logits.shape[-1], logits.device
         if bias:  # OpenAI's logit_bias, added first (vLLM's order); each row's tokens are distinct keys
-            maps = [seqs[i].params.logit_bias for i in bias]
-            at = torch.tensor([i * vocab + t for i, m in zip(bias, maps, strict=True) for t in m],
-                              dtype=torch.long, device=dev)
-            add = torch.tensor([v for m in maps for v in m.values()], dtype=torch.float32, device=dev)
-            flat[at] = (flat[at].float() + add).to(flat.dtype)
+            pairs = [self._bias(seqs[i], dev) for i in bias]
+            toks = torch.cat([t for t, _ in pairs])
+            rows = torch.repeat_interleave(torch.tensor(bias, device=dev),
+                                          torch.tensor([len(t) for t, _ in pairs], device=dev))
+            # 2-D indexing: a token past the logits' width raises here rather than bias the next row
+            logits[rows, toks] = (logits[rows, toks].float() + torch.cat([v for _, v in pairs])).to(logits.dtype)
         if rep:  # HF/vLLM style, over every token seen so far (prompt and output)
             at, row, _ = _occurrences(rep, [seqs[i].token_ids for i in rep], vocab, dev)
             r = _values([max(seqs[i].params.repetition_penalty, MIN_REPETITION_PENALTY) for i in rep], dev)[row]

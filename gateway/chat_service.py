@@ -44,6 +44,7 @@ log = logging.getLogger("pagegate.chat")
 LONG_PROMPT_CHARS = 8_000  # prompts longer than this are tokenized on a worker thread
 Format = ChatFormat | CompletionFormat
 LOGPROBS_ON_A_THREAD = 8192  # logprob values in a whole answer past which it is built off the event loop
+ECHO_ON_A_THREAD = 1 << 20  # echoed characters in a whole answer past which it is built off the event loop
 Store = Callable[[dict], Awaitable[None]]
 
 
@@ -244,8 +245,10 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     refuse_unhonoured(body)
     refuse_unsupported(body, engine)
     prompts_in = body.prompts()
-    if len(prompts_in) > MAX_PROMPTS:
-        raise invalid_request(f"At most {MAX_PROMPTS} prompts per request (got {len(prompts_in)}).", param="prompt")
+    config = getattr(engine, "config", None)  # (an in-process engine's; its waiting queue takes each prompt)
+    limit = min(MAX_PROMPTS, getattr(config, "max_waiting", MAX_PROMPTS))
+    if len(prompts_in) > limit:
+        raise invalid_request(f"At most {limit} prompts per request (got {len(prompts_in)}).", param="prompt")
     if body.suffix:
         raise unsupported("suffix")
     if body.logprobs is not None and body.echo:
@@ -297,7 +300,7 @@ async def completion_prompts(engine: EngineClient, prompts_in: list[str] | list[
         vocab = vocab_size(engine)
         out = [list(ids) for ids in prompts_in]  # type: ignore[arg-type]
         for i, ids in enumerate(out):
-            if any(t < 0 or (vocab is not None and t >= vocab) for t in ids):
+            if ids and (min(ids) < 0 or (vocab is not None and max(ids) >= vocab)):
                 raise invalid_request("The prompt holds token ids outside the model's vocabulary.",
                                       param=_prompt_param(i, batched))
     for i, ids in enumerate(out):
@@ -421,10 +424,10 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
             status = "aborted"
             return Response(status_code=499)  # nobody is listening any more
         status = "ok"
-        if store is None and fmt.token_names is not None and gen.logprob_values() > LOGPROBS_ON_A_THREAD:
-            # thousands of logprobs (~60 ms per 1,000 tokens with 20 alternatives): built and
-            # encoded on a worker thread, which gives the event loop the GIL back every switch
-            # interval, rather than one stall of every other request
+        if store is None and _heavy(gen, fmt):
+            # thousands of logprobs (~60 ms per 1,000 tokens with 20 alternatives), or megabytes of
+            # echoed prompts: built and encoded on a worker thread, which gives the event loop the
+            # GIL back every switch interval, rather than one stall of every other request
             body = await asyncio.to_thread(lambda: _whole(gen, fmt).model_dump_json())
             return Response(body, media_type="application/json")
         response = _whole(gen, fmt)
@@ -432,6 +435,13 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
         return Response(response.model_dump_json(), media_type="application/json")
     finally:
         await _settle(gen, account, status)
+
+
+def _heavy(gen: Generation, fmt: Format) -> bool:
+    """An answer too big to build on the event loop: many logprobs, or a batch's echoed prompts."""
+    if fmt.token_names is not None and gen.logprob_values() > LOGPROBS_ON_A_THREAD:
+        return True
+    return isinstance(fmt, CompletionFormat) and sum(map(len, fmt.echo)) > ECHO_ON_A_THREAD
 
 
 async def _start_and_run(gen: Generation) -> None:

@@ -104,15 +104,18 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
     tasks = [asyncio.create_task(pump(p, agen), name=f"{request_id}.{p}") for p, agen in enumerate(agens)]
     prompt_tokens, cached = list(prompt_lengths), [0] * count
     done = [False] * count  # finished (or its stream ended)
+    opened = False  # an output went out
     try:
         while not all(done):
             items = [await queue.get()]
             while not queue.empty():
                 items.append(queue.get_nowait())
             deltas: list[CompletionDelta] = []
+            error: BaseException | None = None
             for p, item in items:
                 if isinstance(item, BaseException):
-                    raise item
+                    error = error or item
+                    continue
                 if item is None:
                     done[p] = True
                     continue
@@ -121,7 +124,12 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
                     d.index += p * n
                 deltas.extend(item.deltas)
                 done[p] = done[p] or item.finished
+            if error is not None:
+                if deltas and opened:  # what came with it is counted (billed) before it ends the whole;
+                    yield RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), False)
+                raise error  # (before the first output: a refusal, which no output may precede)
             if deltas or all(done):
+                opened = True
                 yield RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), all(done))
     finally:
         for task in tasks:
@@ -188,6 +196,8 @@ class Generation:
                     yield self._fold(out)
         except EngineError as err:
             raise engine_error(err) from err
+        except ValueError as err:  # a batch's later prompt refused by the engine's step thread
+            raise invalid_request(str(err), param="prompt") from err
         self.exhausted = True
 
     async def run_to_end(self) -> None:

@@ -153,19 +153,31 @@ def test_a_batch_larger_than_the_running_batch_streams_at_once_and_bills_what_ra
     assert row.prompt_tokens == sum(len(api.app.state.pagegate.engine.encode(p)) for p in prompts)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_batch_the_engine_cannot_queue_whole_is_a_503_and_leaves_nothing(api, api_engine, stream) -> None:  # noqa: ANN001
+def test_a_batch_larger_than_the_engines_waiting_queue_is_a_400(api, api_engine) -> None:  # noqa: ANN001
+    """It could never be queued whole (each prompt takes a place): a 400, not a 503 retried forever."""
     saved = api_engine.config.max_waiting
-    api_engine.config.max_waiting = 3  # the first three prompts are queued, the fourth is refused
+    api_engine.config.max_waiting = 3
     try:
-        body = {"model": api.model, "prompt": [f"Item {i}:" for i in range(6)], "max_tokens": 4, "stream": stream}
-        resp = httpx.post(api.base_url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {api.key}"},
-                          timeout=60)
+        resp = post(api, "/v1/completions", {"model": api.model, "prompt": [f"Item {i}:" for i in range(4)],
+                                             "max_tokens": 2})
     finally:
         api_engine.config.max_waiting = saved
-    assert resp.status_code == 503 and resp.json()["error"]["code"] is not None, resp.text
-    request_id = resp.headers["x-request-id"]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(r.startswith(request_id) for r in list(api_engine.engine.requests)):
-        time.sleep(0.05)
-    assert not any(r.startswith(request_id) for r in list(api_engine.engine.requests))
+    err = assert_error(resp, 400, param="prompt")
+    assert "At most 3 prompts" in err["message"]
+
+
+def test_a_large_echoed_batch_is_built_off_the_event_loop_alike(api, monkeypatch) -> None:  # noqa: ANN001
+    """Past ``ECHO_ON_A_THREAD`` echoed characters the answer is built on a worker thread: the same."""
+    from gateway import chat_service
+
+    client = api.openai()
+    kw = dict(model=api.model, prompt=PROMPTS, max_tokens=2, temperature=0, echo=True, n=2)
+    on_loop = client.completions.create(**kw)
+    threads = []
+    real = chat_service.asyncio.to_thread
+    monkeypatch.setattr(chat_service, "ECHO_ON_A_THREAD", 0)
+    monkeypatch.setattr(chat_service.asyncio, "to_thread", lambda *a, **k: threads.append(1) or real(*a, **k))
+    on_thread = client.completions.create(**kw)
+    assert threads  # it took the thread
+    assert [c.text for c in on_thread.choices] == [c.text for c in on_loop.choices]
+    assert on_thread.usage == on_loop.usage
