@@ -64,7 +64,7 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
     if len(shown) > 80:
         shown = shown[:77] + "..."
-    reason = first.get("msg", "invalid value")
+    reason = first.get("msg", "invalid value").replace(" after validation", "")  # pydantic's, not ours
     if kind in ("model_type", "model_attributes_type", "dict_type"):  # the JSON and the Python parser
         reason = "Input should be a JSON object"  # word it apart ("... instance of StreamOptions")
     if kind == "value_error":  # our own validators' words: without pydantic's prefix; they say what

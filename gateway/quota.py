@@ -236,7 +236,8 @@ class QuotaLedger:
         for i, ask in enumerate(asks):
             code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])
             if code == -2:
-                out.append(quota_refusal(principal, a, b, ask.prompt_tokens + ask.min_tokens, period_end,
+                out.append(quota_refusal(principal, a, b, ask.prompt_tokens + ask.min_tokens,
+                                         ask.price.cost_units(ask.prompt_tokens, ask.min_tokens), period_end,
                                          retry_after_s=max(1.0, period_end.timestamp() - now)))
             elif code == -3:
                 out.append(tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,

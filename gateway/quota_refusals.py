@@ -10,7 +10,7 @@ from decimal import Decimal
 from gateway.auth import Principal
 from gateway.errors import ApiError, insufficient_quota, rate_limited
 from gateway.limits import format_reset
-from gateway.pricing import units_to_usd
+from gateway.pricing import units_to_usd, usd_to_units
 
 
 def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float:
@@ -54,17 +54,22 @@ def tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
     }
 
 
-def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, period_end: datetime, *,
-                  retry_after_s: float) -> ApiError:
+def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, need_units: int, period_end: datetime,
+                  *, retry_after_s: float) -> ApiError:
     """429 ``insufficient_quota``. ``need``: the fewest tokens the request could be served with (its
-    prompt and one per choice); more than the whole token budget, it can never fit: said so, and
-    ``x-should-retry: false`` (the openai SDKs would retry a 429)."""
-    budget = p.budget_tokens
-    if budget is not None and need > budget:
+    prompt and one per choice), costing ``need_units`` (1e-8 USD); more than the whole token or
+    money budget, it can never fit: said so, and ``x-should-retry: false`` (the openai SDKs would
+    retry a 429)."""
+    never = None
+    if p.budget_tokens is not None and need > p.budget_tokens:
+        never = f"more than the whole budget of {p.budget_tokens} tokens a {p.budget_period}"
+    elif p.budget_usd is not None and need_units > usd_to_units(Decimal(p.budget_usd)):
+        never = (f"costing ${units_to_usd(need_units).normalize():f}, more than the whole budget of "  # exact:
+                 f"${Decimal(p.budget_usd).normalize():f} a {p.budget_period}")  # rounded, they could read equal
+    if never is not None:
         err = insufficient_quota(
-            f"This request needs at least {need} tokens (its prompt and one per choice), more than the whole "
-            f"budget of {budget} tokens a {p.budget_period}: send a shorter prompt, or fewer prompts or choices.",
-            retry_after_s=retry_after_s)
+            f"This request needs at least {need} tokens (its prompt and one per choice), {never}: send a "
+            "shorter prompt, or fewer prompts or choices.", retry_after_s=retry_after_s)
         err.headers["x-should-retry"] = "false"
         return err
     return insufficient_quota(

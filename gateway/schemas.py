@@ -138,7 +138,7 @@ def _logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
             shown = key if len(key) <= 40 else key[:40] + "..."
             raise ValueError(f"invalid key {shown!r}: keys are token ids (non-negative integers)")
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise ValueError(f"the bias of token {key} is {bias:.6g}; it must be between {-MAX_LOGIT_BIAS:g} "
+            raise ValueError(f"the bias of token {key} is {bias!r}; it must be between {-MAX_LOGIT_BIAS:g} "
                              f"and {MAX_LOGIT_BIAS:g}")
         out[str(int(key))] = float(bias)
     return out

@@ -84,6 +84,11 @@ async def test_money_budget_clamps_at_model_prices(tenancy, make_tenant):
         await tenancy.quota.reserve(p, model="priced", prompt_tokens=1, max_tokens=1)
     assert e.value.code == "insufficient_quota"
     assert "$0.0003 of $0.0003 used" in e.value.message  # not "$0.0000 of $0.0000"
+    assert "x-should-retry" not in e.value.headers  # the next period has room for it
+    with pytest.raises(ApiError) as never:  # $0.000302 for 300 prompt tokens and one: more than the budget
+        await tenancy.quota.reserve(p, model="priced", prompt_tokens=300, max_tokens=5)
+    assert "costing $0.000302," in never.value.message and "more than the whole budget of $0.0003" in never.value.message
+    assert never.value.headers["x-should-retry"] == "false"
     await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=25)
     tok, usd = await tenancy.quota.usage(p.tenant_id)
     assert (tok, usd) == (125, Decimal("0.00015"))
