@@ -1,4 +1,4 @@
-"""Cost of the sampler's penalties, as ratios against baselines measured in the same run.
+"""Cost of the sampler's penalties and logit_bias, as ratios against baselines measured in the same run.
 
 For a batch of ``--batch`` sequences with ``--prompt`` + ``--output`` tokens each over a
 ``--vocab``-wide vocabulary, times ``Sampler.sample`` (greedy) per step with:
@@ -8,6 +8,8 @@ For a batch of ``--batch`` sequences with ``--prompt`` + ``--output`` tokens eac
     rep         repetition_penalty, batched
     pres+freq   presence_penalty + frequency_penalty, batched
     all         the three together
+    bias5       logit_bias on 5 tokens per row (a classifier's answer tokens)
+    bias1024    logit_bias on 1,024 tokens per row (the most a request may bias)
 
     .venv/bin/python bench/sampler_penalties.py [--batch 64] [--vocab 49152] [--device cpu]
 """
@@ -83,6 +85,8 @@ def main() -> None:
         ("rep", Sampler(), dict(repetition_penalty=1.1)),
         ("pres+freq", Sampler(), dict(presence_penalty=0.5, frequency_penalty=0.5)),
         ("all", Sampler(), dict(repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)),
+        ("bias5", Sampler(), dict(logit_bias={t: 5.0 for t in range(5)})),
+        ("bias1024", Sampler(), dict(logit_bias={t: 1.0 for t in range(min(1024, args.vocab))})),
     ]
     print(f"batch {args.batch}, vocab {args.vocab}, {args.prompt} prompt + {args.output} output tokens "
           f"per sequence, {args.device}, {torch.get_num_threads()} CPU threads")

@@ -138,6 +138,11 @@ class AsyncEngine:
         return self._require().model.arch.vocab_size
 
     @property
+    def max_waiting(self) -> int:
+        """Requests the engine queues at most (each prompt of a batch takes a place)."""
+        return self.config.max_waiting
+
+    @property
     def is_dead(self) -> bool:
         return self._dead is not None
 

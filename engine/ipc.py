@@ -191,7 +191,7 @@ class EngineServer:
     def info(self) -> dict:
         eng = self.engine
         return {"model_id": eng.model_id, "max_model_len": eng.max_model_len, "vocab_size": eng.vocab_size,
-                "max_prompt_chars": eng.max_prompt_chars, "model_dir": str(eng.engine.model_dir),
+                "max_prompt_chars": eng.max_prompt_chars, "max_waiting": eng.max_waiting, "model_dir": str(eng.engine.model_dir),
                 "stats": eng.stats(), "pid": os.getpid()}
 
     async def start(self) -> None:
@@ -418,6 +418,7 @@ class RemoteEngine:
         self.max_model_len = 0
         self.vocab_size: int | None = None
         self.max_prompt_chars: int | None = None
+        self.max_waiting: int | None = None  # the engine's (it refuses requests past it)
         self.engine_pid: int | None = None
         self._conn: _ClientConn | None = None
         self._streams: dict[str, asyncio.Queue] = {}
@@ -450,6 +451,7 @@ class RemoteEngine:
         self.max_model_len = info["max_model_len"]
         self.vocab_size = info["vocab_size"]
         self.max_prompt_chars = info["max_prompt_chars"]
+        self.max_waiting = info["max_waiting"]
         self.engine_pid = info["pid"]
         self._stats = info["stats"]
         self._renderer = await asyncio.to_thread(_load_renderer, info["model_dir"])

@@ -1,8 +1,8 @@
 """Next-token sampling for a batch of sequences, vectorized over the batch.
 
 Per row: ``logit_bias``, repetition, presence and frequency penalties and ``min_tokens`` masking
-(only the rows that need them, batched over those rows), then greedy argmax, or temperature -> top-k -> top-p
--> inverse-CDF draw with one uniform number from the sequence's own ``torch.Generator``. A row's
+(only the rows that need them, batched over those rows), then greedy argmax, or temperature ->
+top-k -> top-p -> inverse-CDF draw with one uniform number from the sequence's own ``torch.Generator``. A row's
 result therefore depends only on its logits and its generator, never on its batch mates.
 """
 

@@ -245,8 +245,7 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     refuse_unhonoured(body)
     refuse_unsupported(body, engine)
     prompts_in = body.prompts()
-    config = getattr(engine, "config", None)  # (an in-process engine's; its waiting queue takes each prompt)
-    limit = min(MAX_PROMPTS, getattr(config, "max_waiting", MAX_PROMPTS))
+    limit = min(MAX_PROMPTS, getattr(engine, "max_waiting", None) or MAX_PROMPTS)  # each prompt takes a place
     if len(prompts_in) > limit:
         raise invalid_request(f"At most {limit} prompts per request (got {len(prompts_in)}).", param="prompt")
     if body.suffix:

@@ -67,13 +67,11 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     reason = first.get("msg", "invalid value").replace(" after validation", "")  # pydantic's, not ours
     if kind in ("model_type", "model_attributes_type", "dict_type"):  # the JSON and the Python parser
         reason = "Input should be a JSON object"  # word it apart ("... instance of StreamOptions")
-    if kind == "value_error":  # our own validators' words: without pydantic's prefix; they say what
-        message = f"Invalid value for '{param}': {reason.removeprefix('Value error, ')}"  # was wrong
-        message += "" if isinstance(value, dict | list) else f" (got {shown})."
-        if not message.endswith("."):
-            message += "."
-    else:
-        message = f"Invalid value for '{param}': {reason} (got {shown})."
+    got = f" (got {shown})"
+    if kind == "value_error":  # our own validators' words, without pydantic's prefix: they say what was
+        reason = reason.removeprefix("Value error, ").rstrip(".")  # wrong in a whole mapping or list
+        got = "" if isinstance(value, dict | list) else got
+    message = f"Invalid value for '{param}': {reason}{got}."
     code = "invalid_type" if str(kind).endswith("_type") else "invalid_value"
     return ApiError(400, message, "invalid_request_error", code, param)
 

@@ -1,5 +1,6 @@
-"""One engine request (or a text completion's batch of them, as one) as the gateway sees it: started (so that engine refusals become HTTP errors
-before any byte is sent), folded choice by choice, and closed (which aborts it in the engine).
+"""One engine request (or a text completion's batch of them, as one) as the gateway sees it:
+started (so that engine refusals become HTTP errors before any byte is sent), folded choice by
+choice, and closed (which aborts it in the engine).
 
     gen = Generation.open(engine, [prompt_ids], params, request_id=..., tenant="42")
     await gen.start()                      # PromptTooLong → 400, overloaded → 503

@@ -92,6 +92,7 @@ async def test_tokenizes_in_the_front_like_the_engine(served):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi <|im_end|> there"}]
     assert client.encode_chat(messages) == eng.encode_chat(messages)
     assert client.encode("héllo") == eng.encode("héllo")
+    assert client.max_waiting == eng.max_waiting  # a front refuses a prompt batch larger than it, as in-process
     tokens, _ = await collect(client, "hello", SamplingParams(max_tokens=3, **GREEDY), "s")
     direct, _ = await collect(eng, "hello", SamplingParams(max_tokens=3, **GREEDY), "d")
     assert tokens == direct
