@@ -45,7 +45,11 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now + ttl, id)
-redis.call('ZADD', KEYS[5], now, id)
+-- strictly after the newest stored (two stores in one millisecond keep their order)
+local newest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+local at = now
+if #newest == 2 and tonumber(newest[2]) >= at then at = tonumber(newest[2]) + 1 end
+redis.call('ZADD', KEYS[5], at, id)
 log('add', id, ns, text, vec)
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 256)
 for _, eid in ipairs(expired) do

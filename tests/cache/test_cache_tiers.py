@@ -315,3 +315,16 @@ async def test_a_query_too_long_for_the_embedder_gets_the_exact_tier_only(make_c
     assert await c.store_many("acme", [(colour, answer("unknown"))], policy) == 1
     assert (await c.lookup("acme", colour, policy)).outcome == "hit"
     assert c._local.tenant(c.store_.keys("acme")).size() == 0  # no vector for either
+
+
+async def test_the_cap_keeps_the_order_of_stores_within_one_millisecond(make_cache, redis_client):
+    """Stores in one pipelined round trip share a millisecond: the cap still evicts them in the
+    order they were stored (by the time alone, ties went by entry id: a flaky CI find)."""
+    from cache.store import NewEntry
+    c = make_cache()
+    keys = c.store_.keys("acme")
+    ids = [f"entry-{c}" for c in "zyxwvuts"]  # stored in the reverse of the ids' order
+    entries = [NewEntry(entry_id=i, ns="ns", text="", vec=None, response={"i": i}) for i in ids]
+    await c.store_.put_many(keys, entries, ttl_s=3600, max_entries=3)
+    kept = [m.decode() if isinstance(m, bytes) else m for m in await redis_client.zrange(keys.stored, 0, -1)]
+    assert kept == ids[-3:]
