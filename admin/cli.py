@@ -91,11 +91,10 @@ def _subject(value: str) -> str:
 def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--rpm", type=_count, help="requests per minute (0: unlimited; default: server default)")
     p.add_argument("--tpm", type=_count, help="tokens per minute (0: unlimited; default: server default)")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--budget-tokens", type=_count, help="token budget per period")
-    budget.add_argument("--budget-usd", type=_usd, help="money budget (USD) per period")
+    p.add_argument("--budget-tokens", type=_count, help="token budget per period (may be given with --budget-usd)")
+    p.add_argument("--budget-usd", type=_usd, help="money budget (USD) per period")
     if update:
-        budget.add_argument("--no-budget", action="store_true", help="remove both budgets")
+        p.add_argument("--no-budget", action="store_true", help="remove both budgets")
     p.add_argument("--period", choices=("day", "month"), default=None if update else "month",
                    help="budget period (default: unchanged)" if update else "budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")

@@ -41,6 +41,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     cells = [[_cell(v) for v in row] for row in rows]
     numeric = [any(_is_number(r[i]) for r in rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
                for i in range(len(headers))]
+    for i in range(len(headers)):  # one number of decimals down a column: the figures line up
+        fractional = [r for r, raw in zip(cells, rows, strict=True) if isinstance(raw[i], (float, Decimal))]
+        places = max((len(r[i].partition(".")[2]) for r in fractional), default=0)
+        for r in fractional:
+            r[i] += "0" * (places - len(r[i].partition(".")[2]))
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:

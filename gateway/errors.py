@@ -45,14 +45,19 @@ def model_not_found(model: str) -> ApiError:
                     "invalid_request_error", "model_not_found", "model")
 
 
-def rate_limited(message: str, *, retry_after_s: float, headers: dict[str, str] | None = None) -> ApiError:
+def rate_limited(message: str, *, retry_after_s: float | None, headers: dict[str, str] | None = None) -> ApiError:
+    """429. ``retry_after_s`` None: the request can never succeed as sent, so no ``retry-after``
+    but ``x-should-retry: false`` (the openai SDKs would retry a 429)."""
     h = dict(headers or {})
-    h["retry-after"] = str(max(1, int(retry_after_s + 0.999)))
-    h["retry-after-ms"] = str(max(1, int(retry_after_s * 1000)))
+    if retry_after_s is None:
+        h["x-should-retry"] = "false"
+    else:
+        h["retry-after"] = str(max(1, int(retry_after_s + 0.999)))
+        h["retry-after-ms"] = str(max(1, int(retry_after_s * 1000)))
     return ApiError(429, message, "rate_limit_exceeded", "rate_limit_exceeded", None, h)
 
 
-def insufficient_quota(message: str, *, retry_after_s: float) -> ApiError:
+def insufficient_quota(message: str, *, retry_after_s: float | None) -> ApiError:
     err = rate_limited(message, retry_after_s=retry_after_s)
     err.type = "insufficient_quota"
     err.code = "insufficient_quota"

@@ -35,14 +35,11 @@ def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, request
     wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
     reset = format_reset(wait_s)
     headers = tpm_headers(limit, used, reset)
-    if requested > limit:
-        headers["x-should-retry"] = "false"  # the openai SDKs would retry a 429: this one never fits
-        message = (f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
-                   f"Send fewer tokens.")
-    else:
-        message = (f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
-                   f"{requested}. Please try again in {reset}.")
-    return rate_limited(message, retry_after_s=wait_s, headers=headers)
+    if requested > limit:  # never fits: no retry-after
+        return rate_limited(f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
+                            f"Send fewer tokens.", retry_after_s=None, headers=headers)
+    return rate_limited(f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
+                        f"{requested}. Please try again in {reset}.", retry_after_s=wait_s, headers=headers)
 
 
 def tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
@@ -58,20 +55,17 @@ def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, need_u
                   *, retry_after_s: float) -> ApiError:
     """429 ``insufficient_quota``. ``need``: the fewest tokens the request could be served with (its
     prompt and one per choice), costing ``need_units`` (1e-8 USD); more than the whole token or
-    money budget, it can never fit: said so, and ``x-should-retry: false`` (the openai SDKs would
-    retry a 429)."""
+    money budget, it can never fit: said so, with ``x-should-retry: false`` and no ``retry-after``."""
     never = None
     if p.budget_tokens is not None and need > p.budget_tokens:
         never = f"more than the whole budget of {p.budget_tokens} tokens a {p.budget_period}"
     elif p.budget_usd is not None and need_units > usd_to_units(Decimal(p.budget_usd)):
         never = (f"costing ${units_to_usd(need_units).normalize():f}, more than the whole budget of "  # exact:
                  f"${Decimal(p.budget_usd).normalize():f} a {p.budget_period}")  # rounded, they could read equal
-    if never is not None:
-        err = insufficient_quota(
+    if never is not None:  # no retry-after: a later period does not help
+        return insufficient_quota(
             f"This request needs at least {need} tokens (its prompt and one per choice), {never}: send a "
-            "shorter prompt, or fewer prompts or choices.", retry_after_s=retry_after_s)
-        err.headers["x-should-retry"] = "false"
-        return err
+            "shorter prompt, or fewer prompts or choices.", retry_after_s=None)
     return insufficient_quota(
         f"You exceeded your current quota for this {p.budget_period}: {describe_budget(p, tok_used, usd_units)}; "
         f"this request needs at least {need} tokens. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",

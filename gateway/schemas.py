@@ -23,7 +23,9 @@ from pydantic import (
     StrictInt,
     StrictStr,
     Tag,
+    ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_serializer,
 )
@@ -83,6 +85,17 @@ class ChatMessage(_Request):
     name: Text | None = None
     tool_calls: Any = None  # an earlier turn's tool calls: refused by the service (no tools here)
     function_call: Any = None
+
+    @field_validator("role", mode="wrap")
+    @classmethod
+    def _known_role(cls, role: Any, handler: ValidatorFunctionWrapHandler) -> str:
+        """An unknown role's error lists the roles served (tool turns are accepted by the schema
+        only to be refused by the service with their own message)."""
+        try:
+            return handler(role)
+        except ValidationError:
+            raise PydanticCustomError(
+                "literal_error", "Input should be 'system', 'developer', 'user' or 'assistant'") from None
 
     @field_validator("content")
     @classmethod

@@ -92,8 +92,16 @@ def test_tenant_commands(env, capsys):
     assert code == 1 and "already exists" in err
     code, _, err = run(capsys, "tenants", "show", "nobody-here")
     assert code == 1 and "nobody-here" in err
-    with pytest.raises(SystemExit):  # argparse refuses both budgets at once
-        cli.main(["tenants", "create", unique("x"), "--budget-tokens", "5", "--budget-usd", "1"])
+    both = unique("both")  # a budget in tokens and in money, as the API takes them
+    code, _, err = run(capsys, "tenants", "create", both, "--budget-tokens", "5000", "--budget-usd", "1")
+    assert code == 0, err
+    tenant = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == both)))
+    assert (tenant.budget_tokens, tenant.budget_usd) == (5000, Decimal("1"))
+    code, _, err = run(capsys, "tenants", "update", both, "--no-budget", "--budget-usd", "2")
+    assert code == 2 and "--no-budget" in err
+    assert run(capsys, "tenants", "update", both, "--budget-tokens", "7000", "--budget-usd", "2.5")[0] == 0
+    tenant = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == both)))
+    assert (tenant.budget_tokens, tenant.budget_usd) == (7000, Decimal("2.5"))
 
 
 def test_key_commands_print_key_alone_and_invalidate(env, capsys):
@@ -293,10 +301,12 @@ def test_tables_align_and_format_values():
     assert text.splitlines() == [
         "name    rpm                    cost  note  created_at",
         "----  -----  ----------------------  ----  -------------------",
-        "acme  1,200                    0.15  -     2026-03-01 12:30:00",  # numbers right-aligned, cents
-        "b         -                   12.50  -     -",  # an all-empty column stays left-aligned
+        "acme  1,200              0.15000000  -     2026-03-01 12:30:00",  # numbers right-aligned,
+        "b         -             12.50000000  -     -",  # one number of decimals down a column;
         "c         0  1,234,567,890.12345678  -     -",  # a Decimal digit for digit (a float: ...672)
-    ]
+    ]  # an all-empty column stays left-aligned
+    report = format_table(("group", "p50_latency_ms"), [["a", 12.5], ["b", 3.125], ["total", None], ["c", 40.0]])
+    assert [ln.split()[1] for ln in report.splitlines()[2:]] == ["12.500", "3.125", "-", "40.000"]
 
 
 def test_changes_that_change_nothing_are_not_audited(env, capsys):
@@ -320,7 +330,7 @@ def test_key_names_with_control_characters_are_refused(env, capsys):
 
 
 @pytest.mark.parametrize("argv", [("tenants", "create", "x", "--rpm", "-1"), ("tenants",), ("nonsense",),
-                                  ("tenants", "create", "x", "--budget-tokens", "1", "--budget-usd", "1")])
+                                  ("tenants", "create", "x", "--budget-usd", "-1")])
 def test_usage_errors_are_one_line(capsys, argv):
     """A bad option is one line on stderr and exit 2 (argparse printed its usage block first)."""
     with pytest.raises(SystemExit) as done:

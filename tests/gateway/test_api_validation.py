@@ -67,6 +67,14 @@ def test_wrong_fields_are_400_with_param(api, fields, param) -> None:  # noqa: A
     assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param)
 
 
+def test_an_unknown_role_lists_the_roles_served(api) -> None:  # noqa: ANN001
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": "wizard", "content": "x"}])),
+                       400, param="messages[0].role")
+    assert "'system', 'developer', 'user' or 'assistant'" in err["message"] and "tool" not in err["message"]
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": 5, "content": "x"}])),
+                       400, param="messages[0].role")
+
+
 def test_missing_field_and_bad_json(api) -> None:  # noqa: ANN001
     body = chat(api)
     del body["messages"]

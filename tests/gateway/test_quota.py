@@ -88,7 +88,8 @@ async def test_money_budget_clamps_at_model_prices(tenancy, make_tenant):
     with pytest.raises(ApiError) as never:  # $0.000302 for 300 prompt tokens and one: more than the budget
         await tenancy.quota.reserve(p, model="priced", prompt_tokens=300, max_tokens=5)
     assert "costing $0.000302," in never.value.message and "more than the whole budget of $0.0003" in never.value.message
-    assert never.value.headers["x-should-retry"] == "false"
+    assert never.value.headers["x-should-retry"] == "false" and "retry-after" not in never.value.headers
+    assert "retry-after" in e.value.headers  # the next period
     await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=25)
     tok, usd = await tenancy.quota.usage(p.tenant_id)
     assert (tok, usd) == (125, Decimal("0.00015"))
@@ -481,6 +482,7 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
         await tenancy.quota.reserve(p, model="m", prompt_tokens=150, max_tokens=5)
     assert big.value.message.startswith("Request too large for tokens per minute: limit 100, requested 151")
     assert big.value.headers["x-should-retry"] == "false"  # the SDKs would retry a 429 otherwise
+    assert "retry-after" not in big.value.headers and "retry-after-ms" not in big.value.headers  # no later time fits
 
 
 def test_money_is_shown_to_the_cent_or_to_two_significant_digits():
