@@ -159,9 +159,12 @@ class LLMEngine:
         logits, sample_idx = self.runner.run(sched, self.kv)
         seqs, rows = self._advance(sched, sample_idx)
         logits = logits[rows] if len(rows) != len(sample_idx) else logits
-        tokens = self.sampler.sample(logits, seqs)
-        # logprobs: nothing at all while no request asks (the common case)
-        logprobs = self.sampler.logprobs(logits, seqs, tokens) if self._with_logprobs else None
+        # logprobs: nothing at all while no request asks (the common case); then the sampler's
+        # penalties may write into the logits (the model's own are needed only for logprobs)
+        with_logprobs = self._with_logprobs
+        with torch.inference_mode():  # the runner's logits are inference tensors: written only in this mode
+            tokens = self.sampler.sample(logits, seqs, scratch=not with_logprobs)
+            logprobs = self.sampler.logprobs(logits, seqs, tokens) if with_logprobs else None
         outputs += self._postprocess(seqs, tokens, logprobs)
         self.num_steps += 1
         return outputs

@@ -34,11 +34,13 @@ class Sampler:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
         return make_generator(seed * 1_000_003 + seq.index)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """One token per row of ``logits [len(seqs), vocab]``."""
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence], *, scratch: bool = False) -> list[int]:
+        """One token per row of ``logits [len(seqs), vocab]``. ``scratch``: the caller has no further
+        use for ``logits`` (no logprobs this step), so penalties and ``logit_bias`` write into it
+        instead of a copy (a copy of [64, 49152] float32 logits is 12.6 MB a step)."""
         if not seqs:
             return []
-        logits = self._apply_penalties(logits, seqs)
+        logits = self._apply_penalties(logits, seqs, scratch=scratch)
         greedy = [s.params.greedy for s in seqs]
         if all(greedy):
             return logits.argmax(dim=-1).tolist()
@@ -126,14 +128,14 @@ class Sampler:
             seq.generator = self.generator_for(seq)
         return seq.generator
 
-    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence], *, scratch: bool = False) -> torch.Tensor:
         """``logit_bias``, then the repetition penalty, then presence/frequency penalties, then
         ``min_tokens`` masking.
 
         Each applies only to the rows that ask for it, as one batched tensor operation over those
         rows. Returns ``logits`` itself when no row needs any (the common case: one cheap Python
-        pass over the params, no tensor work), else a modified copy: the caller's tensor is never
-        written.
+        pass over the params, no tensor work), else a modified copy, or with ``scratch`` (and a
+        contiguous tensor) ``logits`` modified in place.
         """
         bias: list[int] = []
         rep: list[int] = []
@@ -151,7 +153,8 @@ class Sampler:
                 block.append(i)
         if not (bias or rep or occ or block):
             return logits
-        logits = logits.clone(memory_format=torch.contiguous_format)
+        if not (scratch and logits.is_contiguous()):
+            logits = logits.clone(memory_format=torch.contiguous_format)
         flat = logits.view(-1)  # (row, token) -> row * vocab + token
         vocab, dev = logits.shape[-1], logits.device
         if bias:  # OpenAI's logit_bias, added first (vLLM's order); each row's tokens are distinct keys

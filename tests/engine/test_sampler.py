@@ -213,6 +213,28 @@ def test_penalties_accept_non_contiguous_logits():
     assert torch.equal(strided, base)  # untouched
 
 
+def test_scratch_logits_are_penalised_in_place_to_the_same_values():
+    """``scratch=True`` (the engine, while no request asks for logprobs) writes into the logits
+    instead of a copy, with the same result; a non-contiguous tensor is still copied."""
+    torch.manual_seed(4)
+    base = torch.randn(3, 40)
+    seqs = [with_output(seq("p0", temperature=0.0, frequency_penalty=1.0, repetition_penalty=1.5), [3, 3]),
+            seq("p1", temperature=0.0, logit_bias={7: 100.0}),
+            seq("p2", temperature=0.0)]
+    sampler = Sampler()
+    expected = sampler._apply_penalties(base, seqs)
+    assert not torch.equal(expected, base)  # (not in place without scratch)
+    scratch = base.clone()
+    got = sampler._apply_penalties(scratch, seqs, scratch=True)
+    assert got.data_ptr() == scratch.data_ptr()
+    torch.testing.assert_close(got, expected)
+    scratch = base.clone()
+    assert sampler.sample(scratch, seqs, scratch=True) == sampler.sample(base, seqs) == expected.argmax(-1).tolist()
+    strided = base.t().contiguous().t()
+    torch.testing.assert_close(sampler._apply_penalties(strided, seqs, scratch=True), expected)
+    assert torch.equal(strided, base)  # copied, untouched
+
+
 def test_penalty_params_are_checked():
     SamplingParams(presence_penalty=-2.0, frequency_penalty=2.0)
     for bad in (2.01, -2.5, float("nan")):
