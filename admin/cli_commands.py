@@ -36,9 +36,12 @@ async def management(settings: Settings, *, create: bool = True) -> AsyncIterato
     first ``pagegate serve``, with a note saying so); else (every other command: it could only
     find nothing there) it is an error: a mistyped path must not leave an empty database behind."""
     path = _sqlite_path(settings.database_url)
-    new = path is not None and not Path(path).exists()
+    # an empty file (``touch``, a failed copy) is no database either: a read-only command must not
+    # write a schema into it
+    new = path is not None and (not Path(path).exists() or Path(path).stat().st_size == 0)
     if new and not create:
-        raise NoDatabase(f"no database at {path} (PAGEGATE_DATABASE_URL={safe_url(settings.database_url)}): "
+        what = "no database" if not Path(path).exists() else "an empty file, not a database,"
+        raise NoDatabase(f"{what} at {path} (PAGEGATE_DATABASE_URL={safe_url(settings.database_url)}): "
                          "check the path, or create a tenant or start `pagegate serve`, which create it")
     db = Database(settings.database_url)
     if path is not None:

@@ -246,6 +246,17 @@ class AsyncEngine:
         """Stop a request; its stream ends with finish reason "abort"."""
         self._send(_Abort(request_id))
 
+    def interrupt_all(self, exc: BaseException) -> int:
+        """End every open request's stream with ``exc`` and stop it in the engine (a server whose
+        graceful shutdown is running out: ``gateway.shutdown``). Returns how many were open."""
+        ids = list(self._streams)
+        for request_id in ids:
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.put(exc)
+                self._send(_Abort(request_id))
+        return len(ids)
+
     def stats(self) -> EngineStats:
         """The engine's figures as of its last step (never blocks on the step thread)."""
         if self._stats is None:

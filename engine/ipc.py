@@ -49,6 +49,7 @@ from engine.outputs import (
     EngineError,
     EngineOverloadedError,
     EngineStats,
+    EngineStoppingError,
     PromptTooLongError,
     RequestOutput,
     check_prompt,
@@ -157,6 +158,8 @@ def _encode_error(exc: BaseException) -> tuple:
         return ("overloaded", str(exc))
     if isinstance(exc, EngineDeadError):
         return ("dead", str(exc))
+    if isinstance(exc, EngineStoppingError):
+        return ("stopping", str(exc))
     if isinstance(exc, ValueError):
         return ("value", str(exc))
     return ("engine", f"{type(exc).__name__}: {exc}")
@@ -170,6 +173,8 @@ def _decode_error(code: tuple) -> BaseException:
         return EngineOverloadedError(code[1])
     if kind == "dead":
         return EngineDeadError(code[1])
+    if kind == "stopping":
+        return EngineStoppingError(code[1])
     if kind == "value":
         return ValueError(code[1])
     return EngineError(code[1])
@@ -544,6 +549,18 @@ class RemoteEngine:
         """Stop a request; its stream ends with finish reason "abort"."""
         if self._conn is not None and request_id in self._streams:
             self._conn.send(("stop", request_id))
+
+    def interrupt_all(self, exc: BaseException) -> int:
+        """``AsyncEngine.interrupt_all`` for this front's requests (the engine process's others go on)."""
+        ids = list(self._streams)
+        conn = self._conn
+        for request_id in ids:
+            queue = self._streams.pop(request_id, None)
+            if queue is not None:
+                queue.put_nowait(exc)
+                if conn is not None and conn.transport is not None:
+                    conn.send(("abort", request_id))
+        return len(ids)
 
     def stats(self) -> EngineStats:
         """The engine's figures as last pushed (every ``STATS_INTERVAL_S`` while they change)."""

@@ -84,6 +84,10 @@ class EngineDeadError(EngineError):
     """The engine's step loop stopped on an unexpected error."""
 
 
+class EngineStoppingError(EngineError):
+    """The server is shutting down: the request was stopped before it finished (``interrupt_all``)."""
+
+
 def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab: int | None) -> None:
     """Raise what an engine raises for a prompt it cannot take: ``PromptTooLongError`` when it
     leaves no room for one token, ``ValueError`` for an empty prompt or ids outside the vocabulary

@@ -40,6 +40,10 @@ class EngineClient(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    def interrupt_all(self, exc: BaseException) -> int:
+        """End every open request's stream with ``exc`` and stop it in the engine; returns how many
+        (``gateway.shutdown``: the server's graceful timeout is running out)."""
+
     def stats(self) -> EngineStats: ...
 
     async def start(self) -> None: ...

@@ -20,6 +20,7 @@ from engine.outputs import (
     EngineDeadError,
     EngineError,
     EngineOverloadedError,
+    EngineStoppingError,
     PromptTooLongError,
     RequestOutput,
 )
@@ -56,6 +57,9 @@ def engine_error(err: EngineError) -> ApiError:
         return overloaded()
     if isinstance(err, EngineDeadError):
         return ApiError(503, "The engine is not running.", "server_error", "engine_unavailable")
+    if isinstance(err, EngineStoppingError):
+        return ApiError(503, "The server is shutting down and stopped this request before it finished; retry it.",
+                        "server_error", "server_shutting_down")
     return ApiError(500, "The engine failed to process the request.", "server_error", "engine_error")
 
 

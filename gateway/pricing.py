@@ -84,7 +84,9 @@ class PriceBook:
     """``await prices.cost(model, prompt, completion)`` → Decimal USD (8 decimals), 0 without a price.
     The whole table is reloaded at most every ``ttl_s`` seconds (one query, shared by waiters).
     Only the first load (and one after ``invalidate``) is waited for; later ones run in the
-    background while requests go on with the prices they have."""
+    background while requests go on with the prices they have. After ``start()`` it is re-read
+    every ``ttl_s`` whether requests come or not, so an idle process's next request (a batch,
+    perhaps) does not get a price changed minutes ago."""
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], *, ttl_s: float = 5.0) -> None:
         self._sessionmaker = sessionmaker
@@ -93,6 +95,18 @@ class PriceBook:
         self._loaded_at = -1e18
         self._lock = asyncio.Lock()
         self._refresh: asyncio.Task | None = None
+        self._ticker: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Re-read the table every ``ttl_s`` in the background until ``aclose``."""
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._tick(), name="price-refresh")
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl_s)
+            with contextlib.suppress(Exception):  # no table yet, or the DB away: the next tick retries
+                await self._reload(force=True)
 
     async def get(self, model: str) -> Price:
         if self._loaded_at < 0:  # never loaded, or invalidated: wait for the table
@@ -115,10 +129,12 @@ class PriceBook:
         return self.get_now(model).cost(prompt_tokens, completion_tokens)
 
     async def aclose(self) -> None:
-        if self._refresh is not None and not self._refresh.done():
-            self._refresh.cancel()
-            with contextlib.suppress(BaseException):
-                await self._refresh
+        for task in (self._ticker, self._refresh):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._ticker = None
 
     async def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
         return (await self.get(model)).cost(prompt_tokens, completion_tokens)
@@ -127,9 +143,9 @@ class PriceBook:
         """Drop the cache (after ``set_price`` in this process)."""
         self._loaded_at = -1e18
 
-    async def _reload(self) -> None:
+    async def _reload(self, *, force: bool = False) -> None:
         async with self._lock:
-            if time.monotonic() - self._loaded_at <= self._ttl_s:
+            if not force and time.monotonic() - self._loaded_at <= self._ttl_s:
                 return  # another waiter reloaded
             try:
                 async with self._sessionmaker() as session:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -291,9 +292,12 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from gateway.app import create_app
+        from gateway.shutdown import DrainingServer
 
+        server = DrainingServer(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))
         try:
-            uvicorn.run(create_app(settings), **uvicorn_options(settings))
+            with contextlib.suppress(KeyboardInterrupt):
+                server.run()
         except SystemExit as exc:
             if exc.code == 3:  # uvicorn's "startup failed" (it logged why): our start-up failures' status
                 return 1

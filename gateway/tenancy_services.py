@@ -101,6 +101,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     try:
         await usage.start()
         await auth.start()
+        prices.start()
     except BaseException:
         await services.close()
         raise

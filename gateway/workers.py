@@ -305,12 +305,13 @@ def _worker_main(fd: int, index: int) -> int:
 
     from gateway.app import create_app
     from gateway.serve import uvicorn_options
+    from gateway.shutdown import DrainingServer
 
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     sock = socket.socket(fileno=fd)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))
+    server = DrainingServer(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))
     server.run(sockets=[sock])
     return 0
 

@@ -371,3 +371,17 @@ def test_reading_a_missing_sqlite_file_is_an_error_and_creates_nothing(env, caps
     assert code == 0 and f"note: created a new database at {db}" in err, err
     code, out, err = run(capsys, "tenants", "list")
     assert code == 0 and "acme" in out and "created" not in err
+
+
+def test_reading_an_empty_sqlite_file_leaves_it_empty(env, capsys, monkeypatch, tmp_path):
+    """An empty file where the database should be (``touch``, a failed copy) is no database: a read
+    says so and writes no schema into it; a create makes the database there."""
+    db = tmp_path / "empty.db"
+    db.touch()
+    monkeypatch.setenv("PAGEGATE_DATABASE_URL", f"sqlite+aiosqlite:///{db}")
+    code, out, err = run(capsys, "tenants", "list")
+    assert (code, out) == (1, "") and err.startswith(f"error: an empty file, not a database, at {db} "), err
+    assert db.stat().st_size == 0
+    code, _, err = run(capsys, "tenants", "create", "acme")
+    assert code == 0 and f"note: created a new database at {db}" in err, err
+    assert run(capsys, "tenants", "list")[0] == 0 and db.stat().st_size > 0

@@ -14,7 +14,13 @@ from engine import ipc
 from engine.async_engine import AsyncEngine
 from engine.ipc import EngineServer, RemoteEngine, _frame, _loads
 from engine.llm_engine import LLMEngine
-from engine.outputs import EngineDeadError, EngineOverloadedError, EngineStats, PromptTooLongError
+from engine.outputs import (
+    EngineDeadError,
+    EngineOverloadedError,
+    EngineStats,
+    EngineStoppingError,
+    PromptTooLongError,
+)
 from engine.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -251,3 +257,31 @@ async def test_every_sampling_field_crosses_the_socket(served):
     remote, local = await texts(client, "r"), await texts(eng, "l")
     assert set(remote) == {0, 1} and remote == local  # the logprobs cross too
     assert all(len(top) == 3 for choice in remote.values() for _, (_, top) in choice)
+
+
+@pytest.mark.parametrize("where", ["front", "in-process"])
+async def test_interrupt_all_ends_every_open_stream_and_frees_its_blocks(served, where):
+    """A server's graceful shutdown running out (``gateway.shutdown``): each open stream raises the
+    given error and its request is stopped in the engine; a front stops only its own."""
+    make, connect = served
+    eng, server = await make()
+    front, other = await connect(server), await connect(server)
+    engine = front if where == "front" else eng
+    params = SamplingParams(max_tokens=500, **GREEDY)
+    mine = [engine.generate(list(range(1, 30 + i)), params, request_id=f"m{i}") for i in range(2)]
+    theirs = other.generate(list(range(1, 30)), params, request_id="t")
+    for agen in (*mine, theirs):
+        await agen.__anext__()
+    assert engine.interrupt_all(EngineStoppingError("shutting down")) == (2 if where == "front" else 3)
+    for agen in mine:
+        with pytest.raises(EngineStoppingError):
+            while True:
+                await agen.__anext__()
+    if where == "front":  # the other front's request runs on
+        assert not (await theirs.__anext__()).finished
+        await theirs.aclose()
+    else:  # in-process: the engine's own streams include the fronts' (the error crosses as itself)
+        with pytest.raises(EngineStoppingError):
+            while True:
+                await theirs.__anext__()
+    assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)

@@ -215,6 +215,33 @@ async def test_prices_past_their_ttl_are_served_while_the_table_reloads(tenancy)
         await book.aclose()
 
 
+async def test_a_started_price_book_rereads_the_table_while_idle(tenancy):
+    """An idle process's first request after a price change gets the new price (it was the old
+    one, then a refresh: a QA find with a 64-prompt batch billed at the old price)."""
+    from decimal import Decimal
+
+    from gateway.pricing import PriceBook
+
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="idle-pm", prompt_usd_per_1m="1", completion_usd_per_1m="2")
+        await s.commit()
+    book = PriceBook(tenancy.db.sessionmaker, ttl_s=0.05)
+    try:
+        assert (await book.get("idle-pm")).prompt_usd_per_1m == Decimal(1)
+        book.start()
+        async with tenancy.db.sessionmaker() as s:
+            await svc.set_price(s, model="idle-pm", prompt_usd_per_1m="5", completion_usd_per_1m="6")
+            await s.commit()
+        for _ in range(100):  # no request meanwhile: the ticker re-reads
+            await asyncio.sleep(0.01)
+            if book._prices["idle-pm"].prompt_usd_per_1m == Decimal(5):
+                break
+        assert book.get_now("idle-pm").prompt_usd_per_1m == Decimal(5)  # the first request's price
+    finally:
+        await book.aclose()
+    assert book._ticker is None
+
+
 async def test_redis_away_is_one_warning_line_per_kind_not_a_traceback_per_retry(caplog):
     """The invalidation listener retries every 0.5 s while Redis is away, and every request reads
     the version: one WARNING line (no traceback) per kind of failure, throttled; tracebacks at DEBUG."""

@@ -1,0 +1,95 @@
+"""A graceful shutdown that runs out (``gateway.shutdown.DrainingServer``): requests still running
+just before uvicorn's graceful timeout end as a 503 ``server_shutting_down`` (a stream: its error
+event) with their usage rows, instead of cut connections, and uvicorn has nothing left to cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+
+import openai
+import pytest
+from conftest import API_REDIS_URL, _make_tenant, free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+
+async def _serve_draining(app, port: int, grace: float):  # noqa: ANN001, ANN202
+    import uvicorn
+
+    from gateway.shutdown import DrainingServer
+
+    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=grace))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.02)
+    return server, task
+
+
+def test_requests_running_at_the_graceful_timeout_end_with_a_503(api_loop, api_engine, api_redis_prefix,
+                                                                   tmp_path, caplog) -> None:  # noqa: ANN001
+    from gateway.app import create_app
+    from gateway.db.session import upgrade_sync
+    from gateway.settings import Settings
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'pagegate.db'}"
+    upgrade_sync(url)
+    settings = Settings(database_url=url, redis_url=API_REDIS_URL, redis_prefix=api_redis_prefix + "drain:",
+                        data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
+                        cache_enabled=False, load_engine=False, default_rpm=0, default_tpm=0)
+    app = create_app(settings, engine=api_engine)
+    port = free_port()
+    server, task = api_loop.run(_serve_draining(app, port, grace=3.0))  # the cut comes 1.5 s in
+    services = app.state.pagegate.services
+    _tenant, key = api_loop.run(_make_tenant(services.db))
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=60)
+    long = dict(model=api_engine.model_id, messages=[{"role": "user", "content": "Count to a thousand."}],
+                max_tokens=1500, temperature=0, extra_body={"ignore_eos": True})
+    caplog.set_level(logging.WARNING)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        stream = client.chat.completions.create(stream=True, **long)
+        chunks = iter(stream)
+        assert next(chunks).choices[0].delta.role == "assistant"
+        whole = pool.submit(client.chat.completions.with_raw_response.create, **long)
+        time.sleep(0.5)  # the JSON request is running too
+        asyncio.run_coroutine_threadsafe(_exit(server), api_loop.loop).result(5)
+        started = time.monotonic()
+        texts = []
+        with pytest.raises(openai.APIError) as cut:  # the stream's error event
+            for chunk in chunks:
+                texts.append(chunk.choices[0].delta.content or "")
+        assert cut.value.code == "server_shutting_down" and "shutting down" in cut.value.message
+        assert len(texts) > 3  # it kept streaming until the cut
+        with pytest.raises(openai.InternalServerError) as refused:
+            whole.result(30)
+        assert refused.value.status_code == 503 and refused.value.code == "server_shutting_down"
+    api_loop.run(asyncio.wait_for(asyncio.shield(task), 30))
+    assert time.monotonic() - started < 3.0  # done before uvicorn's timeout: nothing to cancel
+    assert not [r for r in caplog.records if "graceful shutdown exceeded" in r.getMessage()]
+    assert any("stopped with a 503 server_shutting_down" in r.getMessage() for r in caplog.records)
+    rows = asyncio.run(_rows(url))  # the lifespan closed the writer: the rows reached the database
+    assert len(rows) == 2 and all(r.status == "error" and r.completion_tokens > 0 for r in rows), \
+        [(r.status, r.completion_tokens) for r in rows]
+
+
+async def _exit(server) -> None:  # noqa: ANN001
+    server.should_exit = True
+
+
+async def _rows(url: str) -> list:
+    from sqlalchemy import select
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from gateway.db.models import UsageRecord
+
+    db = create_async_engine(url)
+    try:
+        async with db.connect() as conn:
+            return list((await conn.execute(select(UsageRecord.status, UsageRecord.completion_tokens))).all())
+    finally:
+        await db.dispose()
