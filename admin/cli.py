@@ -214,6 +214,9 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         return 1
     # the CLI prints its own warning when a Redis invalidation fails; the service log line would repeat it
     logging.getLogger("pagegate.admin").setLevel(logging.ERROR)
+    if getattr(args, "no_budget", False) and (args.budget_tokens is not None or args.budget_usd is not None):
+        cmd.note("error: --no-budget removes both budgets: not with --budget-tokens or --budget-usd")
+        return 2  # a usage error, before any database is opened
     try:
         if args.admin_cmd == "token":
             return cmd.token(settings, args)

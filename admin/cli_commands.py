@@ -146,9 +146,6 @@ async def tenants_show(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
-    if args.no_budget and (args.budget_tokens is not None or args.budget_usd is not None):
-        note("error: --no-budget removes both budgets: not with --budget-tokens or --budget-usd")
-        return 2
     changes = _limits(args)
     if not changes:
         note("error: nothing to change (give --rpm, --tpm, --budget-tokens, --budget-usd, --period, --cache, ...)")

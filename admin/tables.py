@@ -42,10 +42,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     numeric = [any(_is_number(r[i]) for r in rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
                for i in range(len(headers))]
     for i in range(len(headers)):  # one number of decimals down a column: the figures line up
-        fractional = [r for r, raw in zip(cells, rows, strict=True) if isinstance(raw[i], (float, Decimal))]
-        places = max((len(r[i].partition(".")[2]) for r in fractional), default=0)
-        for r in fractional:
-            r[i] += "0" * (places - len(r[i].partition(".")[2]))
+        if not numeric[i] or not any(isinstance(r[i], (float, Decimal)) for r in rows):
+            continue
+        places = max(len(c[i].partition(".")[2]) for c in cells)
+        for c, raw in zip(cells, rows, strict=True):
+            if raw[i] is not None:
+                c[i] += ("" if "." in c[i] else ".") + "0" * (places - len(c[i].partition(".")[2]))
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:

@@ -4,7 +4,8 @@ so every multi-key step is one atomic script on one Redis Cluster slot.
 
     {prefix}cache:{T}:e:<exact_key>   hash  resp (JSON) · text · vec (float32) · ns · exp   PEXPIRE ttl
     {prefix}cache:{T}:z               zset  exact_key -> expiry time (ms): what has expired, and the count
-    {prefix}cache:{T}:t               zset  exact_key -> time stored (ms): the cap evicts the oldest first
+    {prefix}cache:{T}:t               zset  exact_key -> time stored (ms; 1 after the newest when that is
+                                            not earlier): the cap evicts the oldest first
     {prefix}cache:{T}:log             stream  s (sequence) · op add|del · id [· ns · text · vec]
     {prefix}cache:{T}:seq             string  last sequence number written to the log
 

@@ -210,6 +210,11 @@ class EngineServer:
             os.umask(old)
         self._stats_task = asyncio.create_task(self._push_stats())
 
+    @property
+    def fronts(self) -> int:
+        """Fronts connected now."""
+        return len(self._conns)
+
     async def close(self) -> None:
         if self._stats_task is not None:
             self._stats_task.cancel()
@@ -583,9 +588,15 @@ def _load_renderer(model_dir: str):  # noqa: ANN202
     return None if tokenizer is None else ChatRenderer(tokenizer)
 
 
-async def serve_engine(config: Any, path: str | Path, *, ready: Any = None) -> None:
+DRAIN_TIMEOUT_S = 12.0  # past the fronts' own graceful timeout (10 s): they close first
+
+
+async def serve_engine(config: Any, path: str | Path, *, ready: Any = None, drain: asyncio.Event | None = None,
+                       drain_timeout_s: float = DRAIN_TIMEOUT_S) -> None:
     """Run an ``AsyncEngine`` for ``config`` behind an ``EngineServer`` at ``path`` until cancelled;
-    raises ``EngineDeadError`` if its step loop dies. ``ready()`` is called once the socket listens."""
+    raises ``EngineDeadError`` if its step loop dies. ``ready()`` is called once the socket listens.
+    Once ``drain`` is set it returns when no front is connected any more, or ``drain_timeout_s``
+    later (a SIGTERM that reached the fronts too: they finish their requests first)."""
     from engine.async_engine import AsyncEngine
 
     engine = AsyncEngine(config)
@@ -595,8 +606,14 @@ async def serve_engine(config: Any, path: str | Path, *, ready: Any = None) -> N
     try:
         if ready is not None:
             ready()
+        deadline = None
         while not engine.is_dead:  # a crashed step loop ends the process: its supervisor acts on that
-            await asyncio.sleep(0.2)
+            if drain is not None and drain.is_set():
+                loop_time = asyncio.get_running_loop().time()
+                deadline = loop_time + drain_timeout_s if deadline is None else deadline
+                if not server.fronts or loop_time >= deadline:
+                    return
+            await asyncio.sleep(0.05 if deadline is not None else 0.2)
         raise EngineDeadError("the engine's step loop stopped")
     finally:
         await server.close()

@@ -357,21 +357,24 @@ def _whole(gen: Generation, fmt: Format) -> BaseModel:
                         gen.logprobs() if fmt.token_names is not None else None)
 
 
-async def _settle(gen: Generation, account: RequestAccount, status: str) -> None:
+async def _settle(gen: Generation, account: RequestAccount, status: str, *, delivered: bool = True) -> None:
     """Close the engine request and the account, shielded from cancellation; without the shield
     when nothing in it waits (the engine's stream ended, ``account.closes_now``): a task is only
-    cancelled where it waits."""
+    cancelled where it waits. ``delivered``: the client got what was generated (a stream); a JSON
+    answer that ends in an error gave it nothing, and costs nothing."""
     if gen.exhausted and account.closes_now:
-        account.close_now(**_outcome(gen, status))
+        account.close_now(**_outcome(gen, status, delivered))
         return
     with anyio.CancelScope(shield=True):
         await gen.aclose()  # aborts the engine request if it is still running
-        await account.close(**_outcome(gen, status))
+        await account.close(**_outcome(gen, status, delivered))
 
 
-def _outcome(gen: Generation, status: str) -> dict:
-    if status == "error" and not gen.taken:  # refused by the engine (overloaded, stopped, bad ids): nothing
-        return dict(status=status, finish_reason=None, prompt_tokens=0, cached_prompt_tokens=0,  # to charge
+def _outcome(gen: Generation, status: str, delivered: bool = True) -> dict:
+    if status == "error" and not (gen.taken and delivered):
+        # refused by the engine (overloaded, stopped, bad ids), or a JSON answer that failed (the
+        # engine stopped, the server shutting down; an SDK retries the 503): nothing to charge
+        return dict(status=status, finish_reason=None, prompt_tokens=0, cached_prompt_tokens=0,
                     completion_tokens=0, ttft_ms=None)
     return dict(status=status, finish_reason=gen.finish_reason if gen.finished else None,
                 prompt_tokens=gen.prompt_tokens, cached_prompt_tokens=gen.cached_tokens,
@@ -433,7 +436,7 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
         await _store(store, response)
         return Response(response.model_dump_json(), media_type="application/json")
     finally:
-        await _settle(gen, account, status)
+        await _settle(gen, account, status, delivered=False)
 
 
 def _heavy(gen: Generation, fmt: Format) -> bool:

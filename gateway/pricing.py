@@ -106,7 +106,7 @@ class PriceBook:
         while True:
             await asyncio.sleep(self._ttl_s)
             with contextlib.suppress(Exception):  # no table yet, or the DB away: the next tick retries
-                await self._reload(force=True)
+                await self._reload()  # (skipped when a request's refresh has just read it)
 
     async def get(self, model: str) -> Price:
         if self._loaded_at < 0:  # never loaded, or invalidated: wait for the table
@@ -143,9 +143,9 @@ class PriceBook:
         """Drop the cache (after ``set_price`` in this process)."""
         self._loaded_at = -1e18
 
-    async def _reload(self, *, force: bool = False) -> None:
+    async def _reload(self) -> None:
         async with self._lock:
-            if not force and time.monotonic() - self._loaded_at <= self._ttl_s:
+            if time.monotonic() - self._loaded_at <= self._ttl_s:
                 return  # another waiter reloaded
             try:
                 async with self._sessionmaker() as session:

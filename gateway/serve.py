@@ -302,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
             if exc.code == 3:  # uvicorn's "startup failed" (it logged why): our start-up failures' status
                 return 1
             raise
+        if not server.started:  # (uvicorn releases that return instead of exiting 3)
+            return 1
     finally:
         if embedded is not None:
             embedded.stop()

@@ -267,8 +267,18 @@ def _engine_main(socket_path: str) -> int:
     async def main() -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
+        drain = asyncio.Event()
+
+        def on_signal() -> None:
+            # the first: serve the fronts still connected until they close (a SIGTERM to the whole
+            # group, as systemd sends it, reaches them too: they finish their requests first); the
+            # supervisor signals the engine only once its workers are gone, so then it stops at once
+            if drain.is_set() or not started:
+                task.cancel()
+            drain.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
+            loop.add_signal_handler(sig, on_signal)
         started = False
 
         def ready() -> None:
@@ -278,7 +288,7 @@ def _engine_main(socket_path: str) -> int:
             log.info("pagegate: the engine serves on %s", socket_path)
 
         try:
-            await serve_engine(settings.engine_config(), socket_path, ready=ready)
+            await serve_engine(settings.engine_config(), socket_path, ready=ready, drain=drain)
         except asyncio.CancelledError:
             return 0
         except EngineDeadError:

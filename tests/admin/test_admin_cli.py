@@ -305,8 +305,9 @@ def test_tables_align_and_format_values():
         "b         -             12.50000000  -     -",  # one number of decimals down a column;
         "c         0  1,234,567,890.12345678  -     -",  # a Decimal digit for digit (a float: ...672)
     ]  # an all-empty column stays left-aligned
-    report = format_table(("group", "p50_latency_ms"), [["a", 12.5], ["b", 3.125], ["total", None], ["c", 40.0]])
-    assert [ln.split()[1] for ln in report.splitlines()[2:]] == ["12.500", "3.125", "-", "40.000"]
+    report = format_table(("group", "p50_latency_ms"), [["a", 12.5], ["b", 3.125], ["total", None], ["c", 40.0],
+                                                        ["d", 3]])
+    assert [ln.split()[1] for ln in report.splitlines()[2:]] == ["12.500", "3.125", "-", "40.000", "3.000"]
 
 
 def test_changes_that_change_nothing_are_not_audited(env, capsys):

@@ -323,7 +323,7 @@ async def test_the_cap_keeps_the_order_of_stores_within_one_millisecond(make_cac
     from cache.store import NewEntry
     c = make_cache()
     keys = c.store_.keys("acme")
-    ids = [f"entry-{c}" for c in "zyxwvuts"]  # stored in the reverse of the ids' order
+    ids = [f"entry-{letter}" for letter in "zyxwvuts"]  # stored in the reverse of the ids' order
     entries = [NewEntry(entry_id=i, ns="ns", text="", vec=None, response={"i": i}) for i in ids]
     await c.store_.put_many(keys, entries, ttl_s=3600, max_entries=3)
     kept = [m.decode() if isinstance(m, bytes) else m for m in await redis_client.zrange(keys.stored, 0, -1)]

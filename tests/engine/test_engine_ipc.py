@@ -285,3 +285,22 @@ async def test_interrupt_all_ends_every_open_stream_and_frees_its_blocks(served,
             while True:
                 await theirs.__anext__()
     assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
+
+
+async def test_a_draining_engine_serves_its_fronts_until_they_close(tiny_model_dir, engine_config, tmp_path):
+    """``serve_engine(drain=)``: signalled with its fronts (systemd's control group), the engine
+    process keeps serving them while they finish their requests, and stops once they have closed."""
+    drain = asyncio.Event()
+    path = tmp_path / "drain.sock"
+    task = asyncio.create_task(ipc.serve_engine(engine_config(tiny_model_dir), path, drain=drain, drain_timeout_s=30))
+    client = RemoteEngine(path, connect_timeout_s=30)
+    await client.start()
+    drain.set()
+    await asyncio.sleep(0.2)
+    tokens, _ = await collect(client, [1, 2, 3], SamplingParams(max_tokens=5, **GREEDY), "d")
+    assert len(tokens) == 5 and not task.done()
+    await client.shutdown()
+    await asyncio.wait_for(task, 5)  # no front left: it returns
+    quick = asyncio.Event()
+    quick.set()  # set before anyone connects: it returns at once, as when its supervisor stops it
+    await asyncio.wait_for(ipc.serve_engine(engine_config(tiny_model_dir), path, drain=quick), 30)

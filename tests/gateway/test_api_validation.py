@@ -73,6 +73,7 @@ def test_an_unknown_role_lists_the_roles_served(api) -> None:  # noqa: ANN001
     assert "'system', 'developer', 'user' or 'assistant'" in err["message"] and "tool" not in err["message"]
     err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": 5, "content": "x"}])),
                        400, param="messages[0].role")
+    assert "'system', 'developer', 'user' or 'assistant'" in err["message"]
 
 
 def test_missing_field_and_bad_json(api) -> None:  # noqa: ANN001
