@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from admin import cli_commands as cmd
 from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound
-from admin.schemas import INT32_MAX, InvalidField, split_models
+from admin.schemas import INT32_MAX, INT64_MAX, InvalidField, split_models
 from gateway.db.session import safe_url
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
@@ -32,23 +32,45 @@ def _usd(value: str) -> Decimal:
         raise argparse.ArgumentTypeError(f"not an amount: {value!r}")
     if amount < 0:
         raise argparse.ArgumentTypeError("amounts must be >= 0")
+    if amount.as_tuple().exponent < -8:  # the money columns' scale (as the API refuses it)
+        raise argparse.ArgumentTypeError(f"at most 8 decimals: {value!r}")
+    if amount >= 10 ** 10:
+        raise argparse.ArgumentTypeError(f"at most 10 digits before the point: {value!r}")
     return amount
 
 
-def _count(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from exc
-    if n < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return n
+def _counter(limit: int | None):  # noqa: ANN202
+    def count(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from exc
+        if n < 0:
+            raise argparse.ArgumentTypeError("must be >= 0")
+        if limit is not None and n > limit:
+            raise argparse.ArgumentTypeError(f"must be <= {limit:,}")
+        return n
+
+    return count
+
+
+_count = _counter(INT32_MAX)  # rates, key limits
+_tokens = _counter(INT64_MAX)  # token budgets
+_whole = _counter(None)  # checked by its caller
 
 
 def _positive(value: str) -> int:
-    n = _count(value) if not value.lstrip().startswith("-") else -1
+    n = _whole(value) if not value.lstrip().startswith("-") else -1
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a whole number > 0, not {value!r}")
+    return n
+
+
+def _setting(value: str) -> int:
+    """A positive tenant setting (``cache_ttl_s``, ``cache_max_entries``): at most the column's range."""
+    n = _positive(value)
+    if n > INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be <= {INT32_MAX:,}")
     return n
 
 
@@ -91,7 +113,7 @@ def _subject(value: str) -> str:
 def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--rpm", type=_count, help="requests per minute (0: unlimited; default: server default)")
     p.add_argument("--tpm", type=_count, help="tokens per minute (0: unlimited; default: server default)")
-    p.add_argument("--budget-tokens", type=_count, help="token budget per period (may be given with --budget-usd)")
+    p.add_argument("--budget-tokens", type=_tokens, help="token budget per period (may be given with --budget-usd)")
     p.add_argument("--budget-usd", type=_usd, help="money budget (USD) per period")
     if update:
         p.add_argument("--no-budget", action="store_true", help="remove both budgets")
@@ -99,8 +121,8 @@ def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
                    help="budget period (default: unchanged)" if update else "budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
     p.add_argument("--cache-threshold", type=float, help="semantic-cache similarity threshold (0..1]")
-    p.add_argument("--cache-ttl-s", type=_positive, help="semantic-cache entry lifetime in seconds")
-    p.add_argument("--cache-max-entries", type=_positive, help="semantic-cache entries kept for this tenant")
+    p.add_argument("--cache-ttl-s", type=_setting, help="semantic-cache entry lifetime in seconds")
+    p.add_argument("--cache-max-entries", type=_setting, help="semantic-cache entries kept for this tenant")
 
 
 def _json_option(p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:

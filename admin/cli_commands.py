@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -152,8 +153,20 @@ async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
         return 2
     tenant = await ops.update_tenant(args.name, **changes)
     _warn_no_redis(ops)
-    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={v}" for k, v in changes.items()))
+    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={_shown(v)}" for k, v in changes.items()))
     return 0
+
+
+def _shown(value: object) -> str:
+    """A changed setting as the tables show it: ``none`` for a cleared one, ``on``/``off``, money
+    in plain digits."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, Decimal):
+        return f"{value:f}"
+    return str(value)
 
 
 async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
 from gateway.heap import tune_gc
 from gateway.loop_lag import LoopLagMonitor
-from gateway.middleware import GatewayMiddleware
+from gateway.middleware import GatewayMiddleware, Unanswered
 from gateway.routes import DIRECT, ROUTERS
 from gateway.settings import Settings
 
@@ -137,7 +137,9 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
     app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan, redirect_slashes=False,
                   description="OpenAI-compatible multi-tenant LLM gateway")
     install_error_handlers(app)
-    app.add_middleware(GatewayMiddleware, max_bytes=settings.max_request_bytes, direct=DIRECT)
+    app.state.unanswered = Unanswered()  # requests without a response yet (gateway.shutdown)
+    app.add_middleware(GatewayMiddleware, max_bytes=settings.max_request_bytes, direct=DIRECT,
+                       unanswered=app.state.unanswered)
     origins = [o.strip().rstrip("/") for o in settings.cors_allow_origins.split(",") if o.strip()]
     if origins:  # outermost: a preflight is answered before any limit or key check
         from starlette.middleware.cors import CORSMiddleware

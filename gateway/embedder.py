@@ -51,14 +51,21 @@ class Embedder:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedder")
         self._queue: list[_Pending] = []
         self._running = False
+        self._closed = False
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """Blocking: ``[len(texts), dimensions]`` float32, unit norm rows."""
+        """Blocking: ``[len(texts), dimensions]`` float32, unit norm rows. ``batch_size`` texts at a
+        time, so that ``close`` stops a long batch after the current part (the process's exit waits
+        for this thread)."""
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
-        vectors = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=False)
-        return np.asarray(vectors, dtype=np.float32)
+        parts = []
+        for i in range(0, len(texts), self.batch_size):
+            if self._closed:
+                raise RuntimeError("the embedder is closed")
+            parts.append(self.model.encode(list(texts[i:i + self.batch_size]), batch_size=self.batch_size,
+                                           normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
+        return np.asarray(np.concatenate(parts), dtype=np.float32)
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Tokens per text, [CLS]/[SEP] included, not truncated (the model reads at most
@@ -107,6 +114,7 @@ class Embedder:
             self._running = False
 
     def close(self) -> None:
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -14,7 +14,11 @@ In this order, on every HTTP request:
 - withdraws the request's engine notice (``request.state.engine_notice``, taken once its key is
   known: ``gateway.deps``) when the request ends without reaching the engine (refused, failed);
 - the catch-all: an exception nothing else handled becomes a 500 OpenAI error without traceback
-  (logged with the request id). Bad input never gets here: it is a 400 from the handlers.
+  (logged with the request id). Bad input never gets here: it is a 400 from the handlers;
+- keeps the tasks of requests not answered yet in ``unanswered``: a server shutting down
+  (``gateway.shutdown``) cancels those still waiting near its graceful timeout (an embedding
+  batch, a request stuck in admission), and each gets a 503 ``server_shutting_down`` here instead
+  of uvicorn's plain-text 500.
 
 And on start-up, a failure (the engine cannot load its weights: out of memory, a broken file) is
 reported as its exception's line, not the whole traceback Starlette sends uvicorn (that one is
@@ -26,6 +30,7 @@ One layer instead of three: every layer of an ASGI stack is a coroutine call per
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -53,6 +58,15 @@ INTERNAL_ERROR = {
 
 DirectRoute = Callable[[Request], Awaitable[Response]]
 
+class Unanswered(set):
+    """The tasks of requests without a response yet; ``stopping`` once the server cancels them."""
+
+    stopping = False
+
+
+SHUTTING_DOWN_ERROR = ApiError(503, "The server is shutting down and stopped this request before it finished; "
+                                    "retry it.", "server_error", "server_shutting_down")
+
 
 def _short_startup_failure(send: Send) -> Send:
     async def send_short(message: Message) -> None:
@@ -79,10 +93,11 @@ class GatewayMiddleware:
     raises ``ApiError`` (or a 413 ``HTTPException`` from reading the body) to refuse."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int = 1 << 62,
-                 direct: dict[str, DirectRoute] | None = None) -> None:
+                 direct: dict[str, DirectRoute] | None = None, unanswered: Unanswered | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.direct = dict(direct or {})
+        self.unanswered = Unanswered() if unanswered is None else unanswered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,11 +111,15 @@ class GatewayMiddleware:
         state["response_headers"] = extra
         state["engine_notice"] = None
         started = False
+        task = asyncio.current_task()
+        unanswered = self.unanswered
+        unanswered.add(task)
 
         async def send_with_context(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                unanswered.discard(task)
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
                 if extra:
@@ -129,6 +148,11 @@ class GatewayMiddleware:
             except HTTPException as exc:  # the body outgrew the limit while it was read
                 response = http_error_response(exc)
             await response(scope, receive, send_with_context)
+        except asyncio.CancelledError:
+            if started or not unanswered.stopping:
+                raise
+            task.uncancel()  # cancelled by the shutdown only to answer it: it ends here
+            await error_response(SHUTTING_DOWN_ERROR)(scope, receive, send_with_context)
         except Exception:
             log.exception("unhandled error in request %s", request_id)
             if started:
@@ -141,6 +165,7 @@ class GatewayMiddleware:
             ]})
             await send({"type": "http.response.body", "body": body})
         finally:
+            unanswered.discard(task)
             notice = state.get("engine_notice")
             if notice is not None:
                 notice.close()  # a no-op once the engine took the request

@@ -32,12 +32,13 @@ def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float
 def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int) -> ApiError:
     """429 for a request that does not fit the TPM window: its ``retry-after`` and
     ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first)."""
+    if requested > limit:  # never fits: no retry-after, and the window's reset as an accepted request sees it
+        return rate_limited(f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
+                            f"Send fewer tokens.", retry_after_s=None,
+                            headers=tpm_headers(limit, used, format_reset(60.0 * (1.0 - frac))))
     wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
     reset = format_reset(wait_s)
     headers = tpm_headers(limit, used, reset)
-    if requested > limit:  # never fits: no retry-after
-        return rate_limited(f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
-                            f"Send fewer tokens.", retry_after_s=None, headers=headers)
     return rate_limited(f"Rate limit reached for tokens per minute: limit {limit}, used {used}, requested "
                         f"{requested}. Please try again in {reset}.", retry_after_s=wait_s, headers=headers)
 

@@ -228,7 +228,7 @@ def uvicorn_options(settings: Settings) -> dict:
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(0)  # a stop asked for: status 0, as with --workers and Ctrl+C (143 reads as a failure)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -264,14 +264,14 @@ def run(args: argparse.Namespace) -> int:
             # cheapest first, and all before the engine loads (which takes seconds)
             check_port(settings.host, settings.port)
             check_spool_dir(settings.usage_spool_dir)
+            # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the
+            # `finally` below still stops an embedded Redis, and the status is 0
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
             if settings.redis_url is None:
                 from gateway.redis_server import EmbeddedRedis
 
                 embedded = EmbeddedRedis(settings.data_dir)
                 settings = settings.model_copy(update={"redis_url": start_embedded_redis(embedded)})
-                # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the
-                # `finally` below still stops the embedded Redis (tenancy helper's change)
-                signal.signal(signal.SIGTERM, _exit_on_sigterm)
             check_redis(settings.redis_url, settings.redis_timeout_s)
             check_engine(settings)
             key = asyncio.run(prestart(settings))

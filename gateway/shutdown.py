@@ -8,13 +8,18 @@ while the log got a ``CancelledError`` traceback. ``DrainingServer`` lets them r
 (``EngineClient.interrupt_all``), and again every ``RECUT_S`` while requests remain (one that was
 still being admitted reaches the engine later): each ends as OpenAI's clients understand, a 503
 ``server_shutting_down`` (a stream: its error event), its usage row and settlement written as for
-any engine error, and uvicorn's wait ends before it has anything to cancel."""
+any engine error. ``ANSWER_AFTER_S`` later, requests still without a response that the engine
+does not hold (an embedding batch, one stuck in admission) are cancelled, and the gateway's
+middleware answers each with the same 503 (``gateway.middleware.Unanswered``). So uvicorn's wait
+ends before it has anything to cancel."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
+from types import FrameType
 
 import uvicorn
 
@@ -24,27 +29,76 @@ log = logging.getLogger("pagegate.shutdown")
 
 CUT_BEFORE_S = 1.5  # what a stopped request has to write its error, its usage row and its settlement
 RECUT_S = 0.1
+ANSWER_AFTER_S = 0.5  # what an engine request stopped by the cut has to answer by itself
+FORCED_LIFESPAN_S = 5.0  # the app's own shutdown after a second Ctrl+C
 
 
 class DrainingServer(uvicorn.Server):
     _cut_timer: asyncio.TimerHandle | None = None
+    _loop: asyncio.AbstractEventLoop | None = None  # the server's, once it starts
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._answered: set[asyncio.Task] = set()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         grace = self.config.timeout_graceful_shutdown
+        loop = asyncio.get_running_loop()
         if grace is not None:
             at = grace - min(CUT_BEFORE_S, grace / 2)
-            self._cut_timer = asyncio.get_running_loop().call_later(at, self._cut, grace)
+            self._cut_timer = loop.call_later(at, self._cut, grace, loop.time() + at)
         try:
             await super().shutdown(sockets)
+            if self.force_exit and self.started:
+                # uvicorn skips the app's shutdown when forced: the app would then be torn down by
+                # the loop's cancellation (a traceback, usage rows left in the journal until the next
+                # start); it runs here instead, bounded
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self.lifespan.shutdown()), FORCED_LIFESPAN_S)
         finally:
             if self._cut_timer is not None:
                 self._cut_timer.cancel()
 
-    def _cut(self, grace: float) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """A second Ctrl+C ("CTRL+C to force quit"): uvicorn stops waiting and the requests are
+        cancelled within 0.1 s; the cut and the answers go first, so they end as at the timeout."""
+        forced = self.force_exit
+        super().handle_exit(sig, frame)
+        if self.force_exit and not forced and self._loop is not None:
+            grace = self.config.timeout_graceful_shutdown or 0.0
+            self._loop.call_soon_threadsafe(self._force_cut, grace)
+
+    def _force_cut(self, grace: float) -> None:
+        self.cut(grace)
+        self.answer_unanswered()
+
+    def _cut(self, grace: float, first: float) -> None:
         if not (self.server_state.connections or self.server_state.tasks):
             return  # all answered: the lifespan is shutting down
         self.cut(grace)
-        self._cut_timer = asyncio.get_running_loop().call_later(RECUT_S, self._cut, grace)
+        loop = asyncio.get_running_loop()
+        if loop.time() >= first + ANSWER_AFTER_S:
+            self.answer_unanswered()
+        self._cut_timer = loop.call_later(RECUT_S, self._cut, grace, first)
+
+    def answer_unanswered(self) -> int:
+        """Cancel the requests still without a response (once each): the middleware answers them."""
+        unanswered = getattr(getattr(self.config.app, "state", None), "unanswered", None)
+        if not unanswered:
+            return 0
+        unanswered.stopping = True
+        tasks = [t for t in unanswered if t not in self._answered]
+        for task in tasks:
+            self._answered.add(task)
+            task.cancel()
+        if tasks:
+            log.warning("shutting down: %d request(s) without a response near the graceful timeout answered "
+                        "with a 503 server_shutting_down", len(tasks))
+        return len(tasks)
 
     def cut(self, grace: float) -> int:
         """Stop the app's engine requests still running; returns how many."""

@@ -99,6 +99,10 @@ def test_tenant_commands(env, capsys):
     assert (tenant.budget_tokens, tenant.budget_usd) == (5000, Decimal("1"))
     code, _, err = run(capsys, "tenants", "update", both, "--no-budget", "--budget-usd", "2")
     assert code == 2 and "--no-budget" in err
+    code, _, err = run(capsys, "tenants", "update", both, "--budget-usd", "1e3", "--cache", "off")
+    assert code == 0 and f"updated tenant {both}: budget_usd=1000, cache_enabled=off" in err, err
+    code, _, err = run(capsys, "tenants", "update", both, "--no-budget")
+    assert code == 0 and "budget_tokens=none, budget_usd=none" in err, err
     assert run(capsys, "tenants", "update", both, "--budget-tokens", "7000", "--budget-usd", "2.5")[0] == 0
     tenant = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == both)))
     assert (tenant.budget_tokens, tenant.budget_usd) == (7000, Decimal("2.5"))
@@ -221,8 +225,9 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     assert (code, out) == (1, "") and err.startswith("error: name: a tenant name uses letters")
     code, _, err = run(capsys, "tenants", "create", unique("t"), "--cache-threshold", "5")
     assert code == 1 and "cache_threshold" in err
-    code, _, err = run(capsys, "prices", "set", unique("m"), "--prompt", "0.000000001", "--completion", "1")
-    assert code == 1 and "8 decimal places" in err
+    with pytest.raises(SystemExit) as usage:  # more decimals than the money columns keep: a usage error
+        cli.main(["prices", "set", unique("m"), "--prompt", "0.000000001", "--completion", "1"])
+    assert usage.value.code == 2 and "at most 8 decimals" in capsys.readouterr().err
     code, _, err = run(capsys, "keys", "revoke", "99999999999999999999")
     assert code == 1 and "No API key" in err
     code, _, err = run(capsys, "keys", "revoke", "²")  # a digit to str.isdigit(), not to int()
@@ -331,7 +336,12 @@ def test_key_names_with_control_characters_are_refused(env, capsys):
 
 
 @pytest.mark.parametrize("argv", [("tenants", "create", "x", "--rpm", "-1"), ("tenants",), ("nonsense",),
-                                  ("tenants", "create", "x", "--budget-usd", "-1")])
+                                  ("tenants", "create", "x", "--budget-usd", "-1"),
+                                  ("tenants", "create", "x", "--budget-usd", "0.000000001"),  # 9 decimals
+                                  ("tenants", "create", "x", "--budget-usd", "12345678901"),
+                                  ("tenants", "create", "x", "--budget-tokens", "9223372036854775808"),
+                                  ("tenants", "create", "x", "--rpm", "2147483648"),
+                                  ("tenants", "create", "x", "--cache-ttl-s", "2147483648")])
 def test_usage_errors_are_one_line(capsys, argv):
     """A bad option is one line on stderr and exit 2 (argparse printed its usage block first)."""
     with pytest.raises(SystemExit) as done:

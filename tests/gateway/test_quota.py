@@ -483,6 +483,10 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
     assert big.value.message.startswith("Request too large for tokens per minute: limit 100, requested 151")
     assert big.value.headers["x-should-retry"] == "false"  # the SDKs would retry a 429 otherwise
     assert "retry-after" not in big.value.headers and "retry-after-ms" not in big.value.headers  # no later time fits
+    reset = big.value.headers["x-ratelimit-reset-tokens"]  # this minute's end, as on an accepted request
+    minutes, rest = reset.split("m", 1) if "m" in reset.rstrip("ms") else ("0", reset)
+    seconds = int(minutes) * 60 + (int(rest[:-2]) / 1000 if rest.endswith("ms") else int(rest[:-1]))
+    assert seconds <= 60, reset  # (it said up to two minutes: when this request would fit, which is never)
 
 
 def test_money_is_shown_to_the_cent_or_to_two_significant_digits():

@@ -68,12 +68,14 @@ def test_requests_running_at_the_graceful_timeout_end_with_a_503(api, api_loop, 
     long = dict(model=api_engine.model_id, messages=[{"role": "user", "content": "Count to a thousand."}],
                 max_tokens=1500, temperature=0, extra_body={"ignore_eos": True})
     caplog.set_level(logging.WARNING)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
         stream = client.chat.completions.create(stream=True, **long)
         chunks = iter(stream)
         assert next(chunks).choices[0].delta.role == "assistant"
         whole = pool.submit(client.chat.completions.with_raw_response.create, **long)
-        time.sleep(0.5)  # the JSON request is running too
+        # not in the engine: a batch of embeddings that takes far longer than the grace
+        embeddings = pool.submit(client.embeddings.create, model="all-MiniLM-L6-v2", input=["word " * 150] * 2000)
+        time.sleep(0.5)  # the JSON request and the embeddings are running too
         asyncio.run_coroutine_threadsafe(_exit(server), api_loop.loop).result(5)
         started = time.monotonic()
         texts = []
@@ -85,14 +87,21 @@ def test_requests_running_at_the_graceful_timeout_end_with_a_503(api, api_loop, 
         with pytest.raises(openai.InternalServerError) as refused:
             whole.result(30)
         assert refused.value.status_code == 503 and refused.value.code == "server_shutting_down"
+        with pytest.raises(openai.InternalServerError) as answered:  # by the middleware: JSON, not a bare 500
+            embeddings.result(30)
+        assert answered.value.status_code == 503 and answered.value.code == "server_shutting_down"
+        assert answered.value.response.headers["x-request-id"].startswith("req_")
     api_loop.run(asyncio.wait_for(asyncio.shield(task), 30))
     assert time.monotonic() - started < 3.0  # done before uvicorn's timeout: nothing to cancel
     assert not [r for r in caplog.records if "graceful shutdown exceeded" in r.getMessage()]
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback
     assert any("with a 503 server_shutting_down" in r.getMessage() for r in caplog.records)
     rows = asyncio.run(_rows(url))  # the lifespan closed the writer: the rows reached the database
     # the stream is billed what it delivered; the JSON answer delivered nothing and costs nothing
-    # (the SDKs retry a 503: it would be paid twice)
-    assert sorted((r.status, r.completion_tokens > 0) for r in rows) == [("error", False), ("error", True)], rows
+    # (the SDKs retry a 503: it would be paid twice); the embeddings (a row once reserved) nothing
+    chat = sorted((r.status, r.completion_tokens > 0) for r in rows if r.endpoint != "embeddings")
+    assert chat == [("error", False), ("error", True)], rows
+    assert all(r.status == "error" and r.prompt_tokens == 0 for r in rows if r.endpoint == "embeddings"), rows
 
 
 async def _exit(server) -> None:  # noqa: ANN001
@@ -108,6 +117,7 @@ async def _rows(url: str) -> list:
     db = create_async_engine(url)
     try:
         async with db.connect() as conn:
-            return list((await conn.execute(select(UsageRecord.status, UsageRecord.completion_tokens))).all())
+            return list((await conn.execute(select(UsageRecord.status, UsageRecord.endpoint, UsageRecord.prompt_tokens,
+                                                   UsageRecord.completion_tokens))).all())
     finally:
         await db.dispose()
