@@ -32,10 +32,10 @@ def _usd(value: str) -> Decimal:
         raise argparse.ArgumentTypeError(f"not an amount: {value!r}")
     if amount < 0:
         raise argparse.ArgumentTypeError("amounts must be >= 0")
-    if amount.as_tuple().exponent < -8:  # the money columns' scale (as the API refuses it)
-        raise argparse.ArgumentTypeError(f"at most 8 decimals: {value!r}")
     if amount >= 10 ** 10:
         raise argparse.ArgumentTypeError(f"at most 10 digits before the point: {value!r}")
+    if amount != amount.quantize(Decimal("1e-8")):  # the money columns' scale (0.100000000 is fine)
+        raise argparse.ArgumentTypeError(f"at most 8 decimals: {value!r}")
     return amount
 
 

@@ -22,8 +22,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger("pagegate.aftercare")
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """Await ``work`` (a request's settlement: its usage row, its reservation) to its end even when
+    this task is cancelled meanwhile, then re-raise the cancellation. (``anyio.CancelScope(shield=
+    True)`` does not hold against a second ``task.cancel()``, as a server shutting down sends one:
+    the settlement stopped half-way, and the row and the reservation's refund were lost.) It runs
+    as a task of its own: for the paths that wait (an abort, a refusal), not the common one."""
+    task = asyncio.ensure_future(work)
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            interrupted = interrupted or not task.done()
+    if interrupted:
+        task.result()  # its own error, if it failed
+        raise asyncio.CancelledError
+    return task.result()
 
 Job = Callable[[], Awaitable[object] | None]  # a coroutine, or a future (no task for it), or None
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
-import anyio
 from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive
@@ -24,6 +23,7 @@ from starlette.types import Receive
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.accounting import RequestAccount
+from gateway.aftercare import to_the_end
 from gateway.cache_glue import cache_body, cache_lookup, cache_policy, cache_store
 from gateway.deps import Caller
 from gateway.errors import (
@@ -337,10 +337,7 @@ async def run_generation(engine: EngineClient, prompts: list[list[int]],
             await _settle(gen, account, "aborted")
             return Response(status_code=499)
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            if gen is not None:
-                await gen.aclose()
-            await account.close(status="error")
+        await to_the_end(_close_refused(gen, account))
         raise
     if body.stream:
         return SSEResponse(stream_events(gen, fmt, account, n, store))
@@ -365,9 +362,18 @@ async def _settle(gen: Generation, account: RequestAccount, status: str, *, deli
     if gen.exhausted and account.closes_now:
         account.close_now(**_outcome(gen, status, delivered))
         return
-    with anyio.CancelScope(shield=True):
-        await gen.aclose()  # aborts the engine request if it is still running
-        await account.close(**_outcome(gen, status, delivered))
+    await to_the_end(_close(gen, account, _outcome(gen, status, delivered)))
+
+
+async def _close(gen: Generation, account: RequestAccount, outcome: dict) -> None:
+    await gen.aclose()  # aborts the engine request if it is still running
+    await account.close(**outcome)
+
+
+async def _close_refused(gen: Generation | None, account: RequestAccount) -> None:
+    if gen is not None:
+        await gen.aclose()
+    await account.close(status="error")
 
 
 def _outcome(gen: Generation, status: str, delivered: bool = True) -> dict:
@@ -509,10 +515,9 @@ async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: 
     ttft_ms = (time.perf_counter() - account.started) * 1000  # the whole answer is ready: its first token too
 
     async def close() -> None:
-        with anyio.CancelScope(shield=True):
-            await account.close(status="ok", finish_reason=reasons[0] if reasons else None,
-                                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                ttft_ms=ttft_ms, cache_hit=True)
+        await to_the_end(account.close(status="ok", finish_reason=reasons[0] if reasons else None,
+                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                       ttft_ms=ttft_ms, cache_hit=True))
 
     if not stream:
         try:

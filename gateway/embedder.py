@@ -59,13 +59,15 @@ class Embedder:
         for this thread)."""
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
-        parts = []
-        for i in range(0, len(texts), self.batch_size):
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # parts of like lengths pad least
+        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        for start in range(0, len(texts), self.batch_size):
             if self._closed:
                 raise RuntimeError("the embedder is closed")
-            parts.append(self.model.encode(list(texts[i:i + self.batch_size]), batch_size=self.batch_size,
-                                           normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False))
-        return np.asarray(np.concatenate(parts), dtype=np.float32)
+            rows = order[start:start + self.batch_size]
+            out[rows] = self.model.encode([texts[i] for i in rows], batch_size=self.batch_size,
+                                          normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        return out
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Tokens per text, [CLS]/[SEP] included, not truncated (the model reads at most

@@ -64,6 +64,12 @@ def insufficient_quota(message: str, *, retry_after_s: float | None) -> ApiError
     return err
 
 
+def shutting_down() -> ApiError:
+    """503 for a request the server stopped because it is shutting down (``gateway.shutdown``)."""
+    return ApiError(503, "The server is shutting down and stopped this request before it finished; retry it.",
+                    "server_error", "server_shutting_down")
+
+
 def overloaded(message: str = "The engine is overloaded; retry shortly.", retry_after_s: float = 1.0) -> ApiError:
     return ApiError(503, message, "server_error", "overloaded", None,
                     {"retry-after": str(max(1, int(retry_after_s)))})

@@ -26,7 +26,7 @@ from engine.outputs import (
 )
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
-from gateway.errors import ApiError, invalid_request, overloaded
+from gateway.errors import ApiError, invalid_request, overloaded, shutting_down
 
 
 def context_length_exceeded(prompt_tokens: int, max_model_len: int, max_tokens: int | None = None, *,
@@ -58,8 +58,7 @@ def engine_error(err: EngineError) -> ApiError:
     if isinstance(err, EngineDeadError):
         return ApiError(503, "The engine is not running.", "server_error", "engine_unavailable")
     if isinstance(err, EngineStoppingError):
-        return ApiError(503, "The server is shutting down and stopped this request before it finished; retry it.",
-                        "server_error", "server_shutting_down")
+        return shutting_down()
     return ApiError(500, "The engine failed to process the request.", "server_error", "engine_error")
 
 

@@ -42,7 +42,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.error_handlers import error_response, http_error_response
-from gateway.errors import ApiError
+from gateway.errors import ApiError, shutting_down
 from gateway.ids import new_hex_id
 
 log = logging.getLogger("pagegate.gateway")
@@ -58,14 +58,12 @@ INTERNAL_ERROR = {
 
 DirectRoute = Callable[[Request], Awaitable[Response]]
 
+
+
 class Unanswered(set):
     """The tasks of requests without a response yet; ``stopping`` once the server cancels them."""
 
     stopping = False
-
-
-SHUTTING_DOWN_ERROR = ApiError(503, "The server is shutting down and stopped this request before it finished; "
-                                    "retry it.", "server_error", "server_shutting_down")
 
 
 def _short_startup_failure(send: Send) -> Send:
@@ -152,7 +150,7 @@ class GatewayMiddleware:
             if started or not unanswered.stopping:
                 raise
             task.uncancel()  # cancelled by the shutdown only to answer it: it ends here
-            await error_response(SHUTTING_DOWN_ERROR)(scope, receive, send_with_context)
+            await error_response(shutting_down())(scope, receive, send_with_context)
         except Exception:
             log.exception("unhandled error in request %s", request_id)
             if started:

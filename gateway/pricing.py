@@ -106,7 +106,9 @@ class PriceBook:
         while True:
             await asyncio.sleep(self._ttl_s)
             with contextlib.suppress(Exception):  # no table yet, or the DB away: the next tick retries
-                await self._reload()  # (skipped when a request's refresh has just read it)
+                # (skipped when a request's refresh read it within half the interval; a timer that
+                # fires a little early must not skip a whole interval)
+                await self._reload(max_age_s=self._ttl_s / 2)
 
     async def get(self, model: str) -> Price:
         if self._loaded_at < 0:  # never loaded, or invalidated: wait for the table
@@ -143,9 +145,9 @@ class PriceBook:
         """Drop the cache (after ``set_price`` in this process)."""
         self._loaded_at = -1e18
 
-    async def _reload(self) -> None:
+    async def _reload(self, *, max_age_s: float | None = None) -> None:
         async with self._lock:
-            if time.monotonic() - self._loaded_at <= self._ttl_s:
+            if time.monotonic() - self._loaded_at <= (self._ttl_s if max_age_s is None else max_age_s):
                 return  # another waiter reloaded
             try:
                 async with self._sessionmaker() as session:

@@ -30,7 +30,8 @@ log = logging.getLogger("pagegate.shutdown")
 CUT_BEFORE_S = 1.5  # what a stopped request has to write its error, its usage row and its settlement
 RECUT_S = 0.1
 ANSWER_AFTER_S = 0.5  # what an engine request stopped by the cut has to answer by itself
-FORCED_LIFESPAN_S = 5.0  # the app's own shutdown after a second Ctrl+C
+FORCED_REQUESTS_S = 1.0  # after a second Ctrl+C: the requests just cut, to write their errors and rows
+FORCED_LIFESPAN_S = 5.0  # then the app's own shutdown
 
 
 class DrainingServer(uvicorn.Server):
@@ -53,10 +54,14 @@ class DrainingServer(uvicorn.Server):
             self._cut_timer = loop.call_later(at, self._cut, grace, loop.time() + at)
         try:
             await super().shutdown(sockets)
-            if self.force_exit and self.started:
+            done = getattr(self.lifespan, "shutdown_event", None)
+            if self.force_exit and self.started and done is not None and not done.is_set():
                 # uvicorn skips the app's shutdown when forced: the app would then be torn down by
                 # the loop's cancellation (a traceback, usage rows left in the journal until the next
-                # start); it runs here instead, bounded
+                # start). The requests just cut get a moment to write their errors and rows, then the
+                # app's shutdown runs here, bounded.
+                if self.server_state.tasks:
+                    await asyncio.wait(set(self.server_state.tasks), timeout=FORCED_REQUESTS_S)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(self.lifespan.shutdown()), FORCED_LIFESPAN_S)
         finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from gateway.aftercare import Aftercare
 
 
@@ -89,3 +91,40 @@ async def test_jobs_that_return_futures_run_in_one_task(caplog):
     assert care.pending == 0
     assert "settle failed later" in caplog.text and "req_late" in caplog.text
     assert "settle failed at once" in caplog.text and "req_early" in caplog.text
+
+
+async def test_to_the_end_finishes_a_settlement_through_repeated_cancels():
+    """A request cancelled twice (a shutdown's answer, then uvicorn's own at its timeout) while it
+    settles: the settlement still ends (its row, its refund), then the cancellation goes on.
+    ``anyio.CancelScope(shield=True)`` stopped it half-way."""
+    from gateway.aftercare import to_the_end
+
+    log: list[str] = []
+
+    async def settle() -> str:
+        log.append("start")
+        await asyncio.sleep(0.1)
+        log.append("end")
+        return "settled"
+
+    async def request() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            log.append(await to_the_end(settle()))
+
+    task = asyncio.ensure_future(request())
+    await asyncio.sleep(0.01)
+    task.cancel()  # into the settlement
+    await asyncio.sleep(0.03)
+    task.cancel()  # during it
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert log == ["start", "end"]  # (the cancellation re-raised after it: nothing appended)
+    assert await to_the_end(settle()) == "settled"
+
+    async def failing() -> None:
+        raise ValueError("refused")
+
+    with pytest.raises(ValueError):
+        await to_the_end(failing())

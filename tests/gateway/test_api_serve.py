@@ -79,6 +79,7 @@ def test_serve_dev_bootstraps_an_empty_database(tmp_path) -> None:  # noqa: ANN0
         assert [m["id"] for m in resp.json()["data"]] == ["all-MiniLM-L6-v2"]  # no engine in this process
     finally:
         out = _stop(proc)
+    assert proc.returncode == 0, out  # a stop asked for (143 read as a failure to systemd)
     assert not KEY.findall(out)  # shown once
     assert (tmp_path / "dev.db").exists() and (tmp_path / "redis").is_dir()
 
