@@ -66,6 +66,17 @@ def _positive(value: str) -> int:
     return n
 
 
+def _threshold(value: str) -> float:
+    """A similarity threshold in (0, 1]."""
+    try:
+        x = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from exc
+    if not 0 < x <= 1:  # (nan fails this too)
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value!r}")
+    return x
+
+
 def _setting(value: str) -> int:
     """A positive tenant setting (``cache_ttl_s``, ``cache_max_entries``): at most the column's range."""
     n = _positive(value)
@@ -120,7 +131,7 @@ def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--period", choices=("day", "month"), default=None if update else "month",
                    help="budget period (default: unchanged)" if update else "budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
-    p.add_argument("--cache-threshold", type=float, help="semantic-cache similarity threshold (0..1]")
+    p.add_argument("--cache-threshold", type=_threshold, help="semantic-cache similarity threshold (0..1]")
     p.add_argument("--cache-ttl-s", type=_setting, help="semantic-cache entry lifetime in seconds")
     p.add_argument("--cache-max-entries", type=_setting, help="semantic-cache entries kept for this tenant")
 

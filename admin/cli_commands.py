@@ -12,7 +12,6 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
-from decimal import Decimal
 from pathlib import Path
 
 from redis.asyncio import Redis
@@ -22,7 +21,7 @@ from admin import reports
 from admin.api.exact_json import dumps
 from admin.auth import ALL_SCOPES, mint_token
 from admin.management import Management, price_view, tenant_view
-from admin.tables import decimal_text, format_record, format_table
+from admin.tables import cell_text, decimal_text, format_record, format_table
 from gateway.db.session import Database, safe_url
 from gateway.settings import Settings
 
@@ -158,15 +157,11 @@ async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
 
 
 def _shown(value: object) -> str:
-    """A changed setting as the tables show it: ``none`` for a cleared one, ``on``/``off``, money
-    in plain digits."""
-    if value is None:
-        return "none"
+    """A changed setting as the tables show it (``-`` for a cleared one, ``1,000.00``), a flag as
+    ``on``/``off``."""
     if isinstance(value, bool):
         return "on" if value else "off"
-    if isinstance(value, Decimal):
-        return f"{value:f}"
-    return str(value)
+    return cell_text(value)
 
 
 async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:

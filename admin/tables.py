@@ -16,7 +16,8 @@ def decimal_text(value: Decimal | float) -> str:
     return text + "0" * max(0, 2 - len(text.split(".")[1]))
 
 
-def _cell(value: object) -> str:
+def cell_text(value: object) -> str:
+    """One value as a table cell shows it."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -38,7 +39,7 @@ def _is_number(value: object) -> bool:
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """Columns padded to their widest cell, a dashed rule under the header."""
-    cells = [[_cell(v) for v in row] for row in rows]
+    cells = [[cell_text(v) for v in row] for row in rows]
     numeric = [any(_is_number(r[i]) for r in rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
                for i in range(len(headers))]
     for i in range(len(headers)):  # one number of decimals down a column: the figures line up
@@ -61,4 +62,4 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 def format_record(pairs: Sequence[tuple[str, object]]) -> str:
     """``field  value`` lines for one object."""
     width = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k.ljust(width)}  {_cell(v)}" for k, v in pairs)
+    return "\n".join(f"{k.ljust(width)}  {cell_text(v)}" for k, v in pairs)

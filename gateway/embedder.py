@@ -51,6 +51,7 @@ class Embedder:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedder")
         self._queue: list[_Pending] = []
         self._running = False
+        self._drainer: asyncio.Task | None = None
         self._closed = False
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -85,7 +86,7 @@ class Embedder:
         self._queue.append(pending)
         if not self._running:
             self._running = True
-            loop.create_task(self._drain())
+            self._drainer = loop.create_task(self._drain())
         return await pending.future
 
     async def _drain(self) -> None:
@@ -117,6 +118,8 @@ class Embedder:
 
     def close(self) -> None:
         self._closed = True
+        if self._drainer is not None:  # (its callers are gone: the server has stopped)
+            self._drainer.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -141,6 +141,12 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if not self.stopping:
             log.info("pagegate: %s: stopping the workers, then the engine", signal.Signals(signum).name)
+        elif signum == signal.SIGINT:  # a second Ctrl+C: each worker's forced stop (gateway.shutdown)
+            log.info("pagegate: SIGINT again: the workers stop now")
+            for proc in self.workers:
+                if proc is not None and proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGINT)
         self.stopping = True
 
     def _listen(self) -> bool:

@@ -100,9 +100,9 @@ def test_tenant_commands(env, capsys):
     code, _, err = run(capsys, "tenants", "update", both, "--no-budget", "--budget-usd", "2")
     assert code == 2 and "--no-budget" in err
     code, _, err = run(capsys, "tenants", "update", both, "--budget-usd", "1e3", "--cache", "off")
-    assert code == 0 and f"updated tenant {both}: budget_usd=1000, cache_enabled=off" in err, err
+    assert code == 0 and f"updated tenant {both}: budget_usd=1,000.00, cache_enabled=off" in err, err
     code, _, err = run(capsys, "tenants", "update", both, "--no-budget")
-    assert code == 0 and "budget_tokens=none, budget_usd=none" in err, err
+    assert code == 0 and "budget_tokens=-, budget_usd=-" in err, err
     assert run(capsys, "tenants", "update", both, "--budget-tokens", "7000", "--budget-usd", "2.5")[0] == 0
     tenant = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == both)))
     assert (tenant.budget_tokens, tenant.budget_usd) == (7000, Decimal("2.5"))
@@ -223,8 +223,9 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     """Bad values, a bad database URL (password hidden) and bad settings: exit 1, one line on stderr."""
     code, out, err = run(capsys, "tenants", "create", "bad name!")
     assert (code, out) == (1, "") and err.startswith("error: name: a tenant name uses letters")
-    code, _, err = run(capsys, "tenants", "create", unique("t"), "--cache-threshold", "5")
-    assert code == 1 and "cache_threshold" in err
+    with pytest.raises(SystemExit) as usage:  # a usage error (exit 2), before any database
+        cli.main(["tenants", "create", unique("t"), "--cache-threshold", "5"])
+    assert usage.value.code == 2 and "--cache-threshold: must be in (0, 1]" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:  # more decimals than the money columns keep: a usage error
         cli.main(["prices", "set", unique("m"), "--prompt", "0.000000001", "--completion", "1"])
     assert usage.value.code == 2 and "at most 8 decimals" in capsys.readouterr().err
