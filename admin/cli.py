@@ -77,16 +77,9 @@ def _threshold(value: str) -> float:
     return x
 
 
-def _setting(value: str) -> int:
-    """A positive tenant setting (``cache_ttl_s``, ``cache_max_entries``): at most the column's range."""
-    n = _positive(value)
-    if n > INT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be <= {INT32_MAX:,}")
-    return n
-
-
 def _row_id(value: str) -> int:
-    """An id (``--before``) or a row count (``--limit``): at most the id columns' range."""
+    """An id (``--before``), a row count (``--limit``) or a positive tenant setting
+    (``--cache-ttl-s``, ``--cache-max-entries``): at most the columns' range."""
     n = _positive(value)
     if n > INT32_MAX:
         raise argparse.ArgumentTypeError(f"at most {INT32_MAX}, not {value!r}")
@@ -132,8 +125,8 @@ def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
                    help="budget period (default: unchanged)" if update else "budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
     p.add_argument("--cache-threshold", type=_threshold, help="semantic-cache similarity threshold (0..1]")
-    p.add_argument("--cache-ttl-s", type=_setting, help="semantic-cache entry lifetime in seconds")
-    p.add_argument("--cache-max-entries", type=_setting, help="semantic-cache entries kept for this tenant")
+    p.add_argument("--cache-ttl-s", type=_row_id, help="semantic-cache entry lifetime in seconds")
+    p.add_argument("--cache-max-entries", type=_row_id, help="semantic-cache entries kept for this tenant")
 
 
 def _json_option(p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:

@@ -18,7 +18,8 @@ In this order, on every HTTP request:
 - keeps the tasks of requests not answered yet in ``unanswered``: a server shutting down
   (``gateway.shutdown``) cancels those still waiting near its graceful timeout (an embedding
   batch, a request stuck in admission), and each gets a 503 ``server_shutting_down`` here instead
-  of uvicorn's plain-text 500.
+  of uvicorn's plain-text 500; while the shutdown begins (``Unanswered.refusing``) new requests get
+  that 503 at once.
 
 And on start-up, a failure (the engine cannot load its weights: out of memory, a broken file) is
 reported as its exception's line, not the whole traceback Starlette sends uvicorn (that one is
@@ -61,9 +62,11 @@ DirectRoute = Callable[[Request], Awaitable[Response]]
 
 
 class Unanswered(set):
-    """The tasks of requests without a response yet; ``stopping`` once the server cancels them."""
+    """The tasks of requests without a response yet; ``stopping`` once the server cancels them,
+    ``refusing`` while it refuses new requests (its shutdown has begun)."""
 
     stopping = False
+    refusing = False
 
 
 def _short_startup_failure(send: Send) -> Send:
@@ -130,7 +133,7 @@ class GatewayMiddleware:
             await send(message)
 
         try:
-            refusal = await self._admit(scope)
+            refusal = shutting_down() if unanswered.refusing else await self._admit(scope)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send_with_context)
                 return

@@ -24,12 +24,14 @@ from types import FrameType
 import uvicorn
 
 from engine.outputs import EngineStoppingError
+from gateway.middleware import Unanswered
 
 log = logging.getLogger("pagegate.shutdown")
 
 CUT_BEFORE_S = 1.5  # what a stopped request has to write its error, its usage row and its settlement
 RECUT_S = 0.1
 ANSWER_AFTER_S = 0.5  # what an engine request stopped by the cut has to answer by itself
+REFUSE_NEW_S = 0.25  # new requests refused (503) before the listening sockets close
 FORCED_REQUESTS_S = 1.0  # after a second Ctrl+C: the requests just cut, to write their errors and rows
 FORCED_LIFESPAN_S = 5.0  # then the app's own shutdown
 
@@ -49,6 +51,13 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         grace = self.config.timeout_graceful_shutdown
         loop = asyncio.get_running_loop()
+        unanswered = self._unanswered()
+        if unanswered is not None and not self.force_exit:
+            # closing the listening sockets resets the connections still in their accept queue (a
+            # client sees its connection cut): for a moment new requests are accepted and refused
+            # with a 503 the SDKs retry, then the sockets close
+            unanswered.refusing = True
+            await asyncio.sleep(REFUSE_NEW_S)
         if grace is not None:
             at = grace - min(CUT_BEFORE_S, grace / 2)
             self._cut_timer = loop.call_later(at, self._cut, grace, loop.time() + at)
@@ -90,9 +99,12 @@ class DrainingServer(uvicorn.Server):
             self.answer_unanswered()
         self._cut_timer = loop.call_later(RECUT_S, self._cut, grace, first)
 
+    def _unanswered(self) -> Unanswered | None:
+        return getattr(getattr(self.config.app, "state", None), "unanswered", None)  # None: not our app
+
     def answer_unanswered(self) -> int:
         """Cancel the requests still without a response (once each): the middleware answers them."""
-        unanswered = getattr(getattr(self.config.app, "state", None), "unanswered", None)
+        unanswered = self._unanswered()
         if not unanswered:
             return 0
         unanswered.stopping = True

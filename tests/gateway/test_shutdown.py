@@ -121,3 +121,33 @@ async def _rows(url: str) -> list:
                                                    UsageRecord.completion_tokens))).all())
     finally:
         await db.dispose()
+
+
+def test_requests_arriving_as_the_shutdown_begins_get_a_503_not_a_reset(api, api_loop, api_engine, tmp_path,
+                                                                         monkeypatch) -> None:  # noqa: ANN001
+    """Closing the listening sockets resets the connections in their accept queue; for a moment
+    before that, new requests are accepted and refused with a 503 (the SDKs retry it)."""
+    from gateway import shutdown
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    monkeypatch.setattr(shutdown, "REFUSE_NEW_S", 2.0)  # (0.25 s in service: this test needs a window)
+    settings = Settings(database_url=api.settings.database_url, redis_url=api.settings.redis_url,
+                        redis_prefix=api.settings.redis_prefix, data_dir=str(tmp_path / "data"),
+                        usage_spool_dir=str(tmp_path / "spool"), cache_enabled=False, load_engine=False)
+    app = create_app(settings, engine=api_engine)
+    port = _free_port()
+    server, task = api_loop.run(_serve_draining(app, port, grace=3.0))
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api.key, max_retries=0, timeout=10)
+    assert client.models.list().data  # served
+    asyncio.run_coroutine_threadsafe(_exit(server), api_loop.loop).result(5)
+    deadline = time.monotonic() + 5
+    while not app.state.unanswered.refusing:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.models.list()
+    assert refused.value.status_code == 503 and refused.value.code == "server_shutting_down"
+    api_loop.run(asyncio.wait_for(asyncio.shield(task), 30))
+    with pytest.raises(openai.APIConnectionError):  # closed now: refused by the kernel, as before
+        client.models.list()
