@@ -38,9 +38,10 @@ async def management(settings: Settings, *, create: bool = True) -> AsyncIterato
     path = _sqlite_path(settings.database_url)
     # an empty file (``touch``, a failed copy) is no database either: a read-only command must not
     # write a schema into it
-    new = path is not None and (not Path(path).exists() or Path(path).stat().st_size == 0)
+    exists = path is not None and Path(path).exists()
+    new = path is not None and (not exists or Path(path).stat().st_size == 0)
     if new and not create:
-        what = "no database" if not Path(path).exists() else "an empty file, not a database,"
+        what = "an empty file, not a database," if exists else "no database"
         raise NoDatabase(f"{what} at {path} (PAGEGATE_DATABASE_URL={safe_url(settings.database_url)}): "
                          "check the path, or create a tenant or start `pagegate serve`, which create it")
     db = Database(settings.database_url)

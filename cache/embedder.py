@@ -40,11 +40,10 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 _BUNDLED = "all-minilm-l6-v2"
-
-
 # texts per call on the embedder's thread in ``embed_many``: the process's exit waits for the call
 # running there when a server stops (256 long inputs took ~5-10 s on 2 busy cores; 64 take a quarter)
 EMBED_MANY_PART = 64
+
 
 def resolve_model_path(name: str) -> str:
     """The bundled MiniLM for its usual names, else ``name`` itself (a local path)."""

@@ -12,6 +12,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from gateway.aftercare import to_the_end
 from gateway.usage import UsageEvent
 
 log = logging.getLogger("pagegate.accounting")
@@ -77,6 +78,14 @@ class RequestAccount:
         self._finish(status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
                      cached_prompt_tokens=cached_prompt_tokens, completion_tokens=completion_tokens,
                      ttft_ms=ttft_ms, cache_hit=cache_hit)
+
+    async def close_surely(self, **outcome: Any) -> None:
+        """``close`` that a cancellation cannot stop half-way (``to_the_end``), at no cost when
+        nothing in it waits (``close_now``)."""
+        if self.closes_now:
+            self.close_now(**outcome)
+        else:
+            await to_the_end(self.close(**outcome))
 
     def close_now(self, *, status: str, finish_reason: str | None = None, prompt_tokens: int = 0,
                   cached_prompt_tokens: int = 0, completion_tokens: int = 0, ttft_ms: float | None = None,

@@ -337,7 +337,7 @@ async def run_generation(engine: EngineClient, prompts: list[list[int]],
             await _settle(gen, account, "aborted")
             return Response(status_code=499)
     except BaseException:
-        await to_the_end(_close_refused(gen, account))
+        await to_the_end(_close(gen, account, {"status": "error"}))
         raise
     if body.stream:
         return SSEResponse(stream_events(gen, fmt, account, n, store))
@@ -355,9 +355,9 @@ def _whole(gen: Generation, fmt: Format) -> BaseModel:
 
 
 async def _settle(gen: Generation, account: RequestAccount, status: str, *, delivered: bool = True) -> None:
-    """Close the engine request and the account, shielded from cancellation; without the shield
-    when nothing in it waits (the engine's stream ended, ``account.closes_now``): a task is only
-    cancelled where it waits. ``delivered``: the client got what was generated (a stream); a JSON
+    """Close the engine request and the account, to their end through cancellations
+    (``to_the_end``); at once when nothing in it waits (the engine's stream ended,
+    ``account.closes_now``): a task is only cancelled where it waits. ``delivered``: the client got what was generated (a stream); a JSON
     answer that ends in an error gave it nothing, and costs nothing."""
     if gen.exhausted and account.closes_now:
         account.close_now(**_outcome(gen, status, delivered))
@@ -365,15 +365,10 @@ async def _settle(gen: Generation, account: RequestAccount, status: str, *, deli
     await to_the_end(_close(gen, account, _outcome(gen, status, delivered)))
 
 
-async def _close(gen: Generation, account: RequestAccount, outcome: dict) -> None:
-    await gen.aclose()  # aborts the engine request if it is still running
-    await account.close(**outcome)
-
-
-async def _close_refused(gen: Generation | None, account: RequestAccount) -> None:
+async def _close(gen: Generation | None, account: RequestAccount, outcome: dict) -> None:
     if gen is not None:
-        await gen.aclose()
-    await account.close(status="error")
+        await gen.aclose()  # aborts the engine request if it is still running
+    await account.close(**outcome)
 
 
 def _outcome(gen: Generation, status: str, delivered: bool = True) -> dict:
@@ -515,9 +510,9 @@ async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: 
     ttft_ms = (time.perf_counter() - account.started) * 1000  # the whole answer is ready: its first token too
 
     async def close() -> None:
-        await to_the_end(account.close(status="ok", finish_reason=reasons[0] if reasons else None,
-                                       prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                       ttft_ms=ttft_ms, cache_hit=True))
+        await account.close_surely(status="ok", finish_reason=reasons[0] if reasons else None,
+                                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                   ttft_ms=ttft_ms, cache_hit=True)
 
     if not stream:
         try:

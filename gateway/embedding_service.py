@@ -8,7 +8,6 @@ import base64
 import numpy as np
 
 from gateway.accounting import RequestAccount
-from gateway.aftercare import to_the_end
 from gateway.deps import Caller
 from gateway.errors import ApiError, invalid_request, model_not_found, permission_denied, unsupported
 from gateway.schemas import EmbeddingItem, EmbeddingList, EmbeddingRequest, EmbeddingUsage
@@ -70,7 +69,7 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         status = "ok"
     finally:
-        await to_the_end(account.close(status=status, prompt_tokens=prompt_tokens if status == "ok" else 0))
+        await account.close_surely(status=status, prompt_tokens=prompt_tokens if status == "ok" else 0)
     return EmbeddingList(
         model=model,
         data=[EmbeddingItem(index=i, embedding=_encode(v, body.encoding_format)) for i, v in enumerate(vectors)],

@@ -60,7 +60,6 @@ INTERNAL_ERROR = {
 DirectRoute = Callable[[Request], Awaitable[Response]]
 
 
-
 class Unanswered(set):
     """The tasks of requests without a response yet; ``stopping`` once the server cancels them,
     ``refusing`` while it refuses new requests (its shutdown has begun)."""
