@@ -96,6 +96,9 @@ class AsyncEngine:
         self._burst = BurstGate(self._cv, gap_ms=config.admission_gap_ms, notice_gap_ms=config.admission_notice_gap_ms,
                                 max_wait_ms=config.admission_max_wait_ms)
         self._streams: dict[str, _Stream] = {}
+        # ids whose consumer left before the step thread applied their abort: still in the engine,
+        # so not free for a new request yet (its outputs would reach the new stream)
+        self._retiring: set[str] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead: BaseException | None = None
@@ -191,7 +194,7 @@ class AsyncEngine:
 
         def stop() -> None:
             self._streams.pop(request_id, None)
-            self._send(_Abort(request_id))
+            self._retire(request_id)
 
         try:
             async with contextlib.aclosing(stream_outputs(stream.queue, stop)) as outputs:
@@ -220,7 +223,7 @@ class AsyncEngine:
     def release(self, request_id: str, *, abort: bool = False) -> None:
         """Forget a ``submit``-ted request; with ``abort`` (it has not finished) stop it in the engine."""
         if self._streams.pop(request_id, None) is not None and abort:
-            self._send(_Abort(request_id))
+            self._retire(request_id)
 
     def _register(self, prompt: str | list[int], params: SamplingParams, request_id: str,
                   queue=None) -> tuple[list[int], _Stream]:  # noqa: ANN001
@@ -230,7 +233,7 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_prompt(ids, params, engine.max_model_len, engine.model.arch.vocab_size)
-        if request_id in self._streams:
+        if request_id in self._streams or request_id in self._retiring:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats
         if stats is not None and stats.waiting + len(self._cmds) >= self.config.max_waiting:
@@ -254,7 +257,7 @@ class AsyncEngine:
             stream = self._streams.pop(request_id, None)
             if stream is not None:
                 stream.put(exc)
-                self._send(_Abort(request_id))
+                self._retire(request_id)
         return len(ids)
 
     def stats(self) -> EngineStats:
@@ -264,6 +267,11 @@ class AsyncEngine:
         return self._stats
 
     # ---- the step thread ----------------------------------------------------------------
+    def _retire(self, request_id: str) -> None:
+        """Stop a request whose consumer has gone; its id stays taken until the abort is applied."""
+        self._retiring.add(request_id)
+        self._send(_Abort(request_id))
+
     def _send(self, cmd: _Add | _Abort, notice: ArrivalNotice | None = None) -> None:
         with self._cv:
             self._cmds.append(cmd)
@@ -299,6 +307,7 @@ class AsyncEngine:
     def _apply(self, engine: LLMEngine, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Abort):
             engine.abort_request(cmd.request_id)
+            self._retiring.discard(cmd.request_id)
             return
         if cmd.request_id not in self._streams:
             return  # its consumer already left

@@ -4,15 +4,18 @@ Two layers limit request rates: slowapi's ``Limiter`` per client address, before
 (``gateway.ip_limit``), then this one, per key and per tenant, after it. slowapi keys limits by
 route and a key function with static limit strings, and its check is synchronous, so per-key
 and per-tenant limits (read per request from the caller's ``Principal``, taken from both windows
-all or nothing) are done here with slowapi's rate-limiting engine, the ``limits`` package: its
-moving windows (exact; same keys and list layout as its asyncio ``MovingWindowRateLimiter``),
+all or nothing) are done here as the moving windows of slowapi's rate-limiting engine, the
+``limits`` package (its list layout: request timestamps, newest first, trimmed to the limit),
 taken and read for both windows in one async Lua round trip (``lua/rate_window.lua``, on the
 request path's pipelined script connection, ``gateway.redis_lane``) where ``limits`` needs four.
 
-Redis keys: ``<prefix>rl:LIMITER/{t:<tenant>}/k/<key id>/<amount>/1/minute`` and
-``<prefix>rl:LIMITER/{t:<tenant>}/t/<amount>/1/minute``: one hash tag per tenant, so the one
-script that takes a request from both windows (all or nothing) works on Redis Cluster. Changing a
-limit starts a fresh window (the amount is part of the key)."""
+Redis keys: ``<prefix>rl:LIMITER/{t:<tenant>}/k/<key id>/minute`` and
+``<prefix>rl:LIMITER/{t:<tenant>}/t/minute``: one hash tag per tenant, so the one script that
+takes a request from both windows (all or nothing) works on Redis Cluster. Unlike ``limits``' own
+keys they do not hold the limit, so a changed limit applies to the same window: lowered, it
+refuses until fewer requests than the new limit were taken in the last minute; raised, the room
+is there at once. (A key holding the limit started an empty window on every change: a tenant
+lowered from 5 to 4 a minute could make 9 requests in that minute, a QA find.)"""
 
 from __future__ import annotations
 
@@ -21,9 +24,6 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from limits import RateLimitItemPerMinute
-from limits.aio.storage import RedisStorage
-from limits.aio.strategies import MovingWindowRateLimiter
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -75,11 +75,9 @@ class RequestLimiter:
 
     WINDOW_S = 60
 
-    def __init__(self, redis: Redis, redis_url: str, *, prefix: str) -> None:
+    def __init__(self, redis: Redis, *, prefix: str) -> None:
         self.key_prefix = f"{prefix}rl"
-        self._storage = RedisStorage(storage_uri(redis_url), implementation="redispy",
-                                     key_prefix=self.key_prefix, connection_pool=redis.connection_pool)
-        self._strategy = MovingWindowRateLimiter(self._storage)
+        self._redis = redis
         self._window = redis.register_script(resources.files("gateway.lua").joinpath("rate_window.lua").read_text())
         self._lane = ScriptLane.for_client(redis)
         self._plans: dict[tuple[int, int, int, int], tuple[list, list[str], list[int]]] = {}
@@ -150,11 +148,15 @@ class RequestLimiter:
     def _plan(self, plan_key: tuple, principal: Principal) -> tuple[list, list[str], list[int]]:
         """(windows with a limit, their Redis keys, their limits) of a key, memoised per key and limits."""
         windows = [w for w in self._windows(principal) if w[2] > 0]
-        keys = [f"{self.key_prefix}:{RateLimitItemPerMinute(limit).key_for(*ids)}" for _, ids, limit in windows]
+        keys = [self.window_key(ids) for _, ids, _limit in windows]
         if len(self._plans) > 100_000:
             self._plans.clear()
         plan = self._plans[plan_key] = (windows, keys, [w[2] for w in windows])
         return plan
+
+    def window_key(self, ids: tuple[str, ...]) -> str:
+        """The Redis key of a window (``ids``: as ``_windows`` gives them)."""
+        return f"{self.key_prefix}:LIMITER/{'/'.join(ids)}/minute"
 
     @staticmethod
     def _windows(p: Principal) -> list[tuple[str, tuple[str, ...], int]]:
@@ -169,6 +171,4 @@ class RequestLimiter:
 
     async def reset(self, principal: Principal) -> None:
         """Forget both windows (admin action / tests)."""
-        for _, ids, limit in self._windows(principal):
-            if limit > 0:
-                await self._strategy.clear(RateLimitItemPerMinute(limit), *ids)
+        await self._redis.delete(*(self.window_key(ids) for _, ids, _limit in self._windows(principal)))

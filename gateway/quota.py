@@ -78,6 +78,20 @@ def period_bounds(period: str, now: datetime) -> tuple[str, datetime, datetime]:
     return f"m{start:%Y%m}", start, end
 
 
+def counter_key(prefix: str, tenant_id: int, period_id: str) -> str:
+    """The Redis key of a tenant's period counter (``period_id`` from ``period_bounds``)."""
+    return f"{prefix}{{t:{tenant_id}}}:q:{period_id}"
+
+
+async def forget_counter(redis: Redis, prefix: str, tenant_id: int, period: str) -> None:
+    """Drop the tenant's counter of the current ``period``: the next reservation rebuilds it from the
+    usage rows. A tenant's budget period changed to ``period``: that counter, if it exists, was left
+    behind while the other period's was charged (month, then day, then month again), and would
+    undercount what the tenant spent."""
+    period_id, _, _ = period_bounds(period, datetime.now(UTC))
+    await redis.delete(counter_key(prefix, tenant_id, period_id))
+
+
 @dataclass(slots=True)
 class Reservation:
     id: str
@@ -150,7 +164,7 @@ class QuotaLedger:
         return f"{self._prefix}{{t:{tenant_id}}}"
 
     def counter_key(self, tenant_id: int, period_id: str) -> str:
-        return f"{self._tag(tenant_id)}:q:{period_id}"
+        return counter_key(self._prefix, tenant_id, period_id)
 
     def _period(self, period: str, now: float) -> tuple[str, datetime]:
         """(id, end) of the current ``period``, kept until it ends (one datetime per period)."""
@@ -168,7 +182,7 @@ class QuotaLedger:
                 self._keys.clear()
             tag = self._tag(tenant_id)
             keys = self._keys[(tenant_id, period_id)] = (
-                f"{tag}:q:{period_id}", f"{tag}:res", f"{tag}:resdl", f"{tag}:tpm:")
+                counter_key(self._prefix, tenant_id, period_id), f"{tag}:res", f"{tag}:resdl", f"{tag}:tpm:")
         return keys
 
     async def reserve(self, principal: Principal, *, model: str, prompt_tokens: int, max_tokens: int,
@@ -306,8 +320,7 @@ class QuotaLedger:
 
     async def forget(self, tenant_id: int, period: str = "month") -> None:
         """Drop the period counter; the next reservation rebuilds it from the database."""
-        period_id, _, _ = period_bounds(period, datetime.now(UTC))
-        await self._redis.delete(self.counter_key(tenant_id, period_id))
+        await forget_counter(self._redis, self._prefix, tenant_id, period)
 
     def _rebuild_once(self, tenant_id: int, period: str, key: str, period_end: datetime) -> asyncio.Future:
         """The counter's rebuild, shared by every batch that finds it missing meanwhile (a new

@@ -86,7 +86,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     usage = UsageWriter(db.url, settings.usage_spool_dir, flush_interval_s=settings.usage_flush_interval_s,
                         batch_size=settings.usage_batch_size, db_interval_s=settings.usage_db_interval_s)
     auth = Authenticator(db.sessionmaker, redis, settings)
-    limiter = RequestLimiter(redis, redis_url, prefix=settings.redis_prefix)
+    limiter = RequestLimiter(redis, prefix=settings.redis_prefix)
 
     aftercare = Aftercare(settings.settle_delay_ms / 1000)
 

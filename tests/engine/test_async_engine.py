@@ -85,6 +85,29 @@ async def test_closing_the_stream_aborts_and_frees_blocks(make_engine):
     assert not eng.engine.requests and eng.engine.kv.num_used_blocks == 0
 
 
+async def test_an_id_is_free_again_only_once_its_old_request_left_the_engine(make_engine):
+    """A stream closed early leaves its request in the engine until the step thread applies the
+    abort: a new request under the same id is refused until then (it would get the old one's
+    outputs and its "abort"), and runs as any other afterwards."""
+    eng = await make_engine()
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected, _, _ = await collect(eng, list(range(20)), params, "fresh")
+    gen = eng.generate(list(range(20)), SamplingParams(max_tokens=500, **GREEDY), request_id="again")
+    await gen.__anext__()
+    with eng._cv:  # the step thread cannot take the abort meanwhile
+        await gen.aclose()
+        with pytest.raises(ValueError, match="already in use"):
+            await eng.generate([1, 2], params, request_id="again").__anext__()
+    for _ in range(500):
+        if not eng._retiring:
+            break
+        await asyncio.sleep(0.01)
+    assert "again" not in eng.engine.requests
+    tokens, _, outs = await collect(eng, list(range(20)), params, "again")
+    assert tokens == expected and outs[-1].deltas[-1].finish_reason == "length"
+    assert all(not o.finished for o in outs[:-1])
+
+
 async def test_cancelling_the_consumer_aborts(make_engine):
     eng = await make_engine()
     task = asyncio.create_task(collect(eng, list(range(30)), SamplingParams(max_tokens=500, **GREEDY), "cancel"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gateway.errors import ApiError
@@ -69,7 +71,7 @@ async def test_tenant_rpm_spans_keys_and_limiter_instances(tenancy, make_tenant)
         await s.commit()
     p1 = await tenancy.auth.authenticate(f"Bearer {key1}")
     p2 = await tenancy.auth.authenticate(f"Bearer {new.key}")
-    other = RequestLimiter(tenancy.redis, tenancy.settings.redis_url, prefix=tenancy.settings.redis_prefix)
+    other = RequestLimiter(tenancy.redis, prefix=tenancy.settings.redis_prefix)
     accepted = refused = 0
     for i in range(8):
         limiter, p = (tenancy.limiter, p1) if i % 2 else (other, p2)
@@ -93,7 +95,7 @@ async def test_limits_are_isolated_by_prefix(tenancy, make_tenant):
     _, key, _ = await make_tenant(rpm=1)
     p = await tenancy.auth.authenticate(f"Bearer {key}")
     await tenancy.limiter.check_request(p)
-    elsewhere = RequestLimiter(tenancy.redis, tenancy.settings.redis_url, prefix=tenancy.settings.redis_prefix + "x:")
+    elsewhere = RequestLimiter(tenancy.redis, prefix=tenancy.settings.redis_prefix + "x:")
     try:
         await elsewhere.check_request(p)  # another deployment's window: not exhausted
     finally:
@@ -102,21 +104,32 @@ async def test_limits_are_isolated_by_prefix(tenancy, make_tenant):
     assert keys
 
 
-async def test_windows_are_limits_moving_windows(tenancy, make_tenant):
-    """The windows keep the `limits` package's layout: its own strategy reads the same counts."""
-    from limits import RateLimitItemPerMinute
+async def test_a_changed_limit_applies_to_the_same_window(tenancy, make_tenant):
+    """The window's key does not hold the limit: lowered from 5 to 4 after 5 requests, the tenant
+    gets none until the minute's requests fall under 4 (a key per limit started an empty window:
+    9 requests in a minute, a QA find); raised to 7, it gets the 2 that fit at once."""
+    from gateway import tenancy as svc
 
-    _, key, _ = await make_tenant(rpm=50, key_rpm=5)
+    tenant, key, _ = await make_tenant(rpm=5)
     p = await tenancy.auth.authenticate(f"Bearer {key}")
-    for _ in range(3):
+    for _ in range(5):
         await tenancy.limiter.check_request(p)
-    strategy = tenancy.limiter._strategy  # limits.aio.strategies.MovingWindowRateLimiter
-    ids = (f"{{t:{p.tenant_id}}}", "k", str(p.key_id))
-    stats = await strategy.get_window_stats(RateLimitItemPerMinute(5), *ids)
-    assert stats.remaining == 2
-    assert await strategy.hit(RateLimitItemPerMinute(5), *ids)  # limits' own hit counts too
-    h = await tenancy.limiter.check_request(p)
-    assert h["x-ratelimit-remaining-requests"] == "0"
+    lowered = dataclasses.replace(p, tenant_rpm=4, rpm_limit=4)
+    with pytest.raises(ApiError) as e:
+        await tenancy.limiter.check_request(lowered)
+    assert e.value.status == 429 and e.value.headers["x-ratelimit-remaining-requests"] == "0"
+    raised = dataclasses.replace(p, tenant_rpm=7, rpm_limit=7)
+    assert [(await tenancy.limiter.check_request(raised))["x-ratelimit-remaining-requests"]
+            for _ in range(2)] == ["1", "0"]
+    with pytest.raises(ApiError):
+        await tenancy.limiter.check_request(raised)
+    async with tenancy.db.sessionmaker() as s:  # through the settings too: one window whatever the limit
+        await svc.update_tenant(s, tenant_id=tenant.id, rpm=6)
+        await s.commit()
+    ids = (f"{{t:{p.tenant_id}}}", "t")
+    assert await tenancy.redis.llen(tenancy.limiter.window_key(ids)) == 7
+    assert [k async for k in tenancy.redis.scan_iter(match=tenancy.limiter.key_prefix + f"*{{t:{p.tenant_id}}}*")] \
+        == [tenancy.limiter.window_key(ids).encode()]
 
 
 async def test_unreachable_redis_fails_closed_with_503(tenancy, make_tenant):
@@ -134,7 +147,7 @@ async def test_unreachable_redis_fails_closed_with_503(tenancy, make_tenant):
     dead = Redis.from_url(dead_url, socket_connect_timeout=0.5)
     try:
         with pytest.raises(ApiError) as e:
-            await RequestLimiter(dead, dead_url, prefix=tenancy.settings.redis_prefix).check_request(p)
+            await RequestLimiter(dead, prefix=tenancy.settings.redis_prefix).check_request(p)
         assert e.value.status == 503 and e.value.code == "store_unavailable"
         ledger = QuotaLedger(dead, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
         with pytest.raises(ApiError) as e:
@@ -166,12 +179,10 @@ async def test_expired_entries_are_dropped_and_never_count(tenancy, make_tenant)
     they neither count nor refuse, and the list keeps only the window's requests."""
     import time
 
-    from limits import RateLimitItemPerMinute
-
     _, key, _ = await make_tenant(rpm=50, key_rpm=3)
     p = await tenancy.auth.authenticate(f"Bearer {key}")
     ids = (f"{{t:{p.tenant_id}}}", "k", str(p.key_id))
-    redis_key = f"{tenancy.limiter.key_prefix}:{RateLimitItemPerMinute(3).key_for(*ids)}"
+    redis_key = tenancy.limiter.window_key(ids)
     now = time.time()
     inside = now - 30
     await tenancy.redis.rpush(redis_key, repr(inside), *(repr(now - 120 - i) for i in range(5)))  # newest first
@@ -179,8 +190,6 @@ async def test_expired_entries_are_dropped_and_never_count(tenancy, make_tenant)
     assert h["x-ratelimit-remaining-requests"] == "1"  # the one inside the window and this one
     assert 29 <= float(h["x-ratelimit-reset-requests"].rstrip("s")) <= 31  # the oldest inside sets the reset
     assert await tenancy.redis.llen(redis_key) == 2
-    stats = await tenancy.limiter._strategy.get_window_stats(RateLimitItemPerMinute(3), *ids)
-    assert stats.remaining == 1  # `limits` reads the same window
 
 
 async def test_a_long_expired_burst_is_cut_off_at_once(tenancy, make_tenant):
@@ -188,12 +197,10 @@ async def test_a_long_expired_burst_is_cut_off_at_once(tenancy, make_tenant):
     at the window's boundary), keeping exactly the entries still inside the window."""
     import time
 
-    from limits import RateLimitItemPerMinute
-
     _, key, _ = await make_tenant(rpm=10_000, key_rpm=1000)
     p = await tenancy.auth.authenticate(f"Bearer {key}")
     ids = (f"{{t:{p.tenant_id}}}", "k", str(p.key_id))
-    redis_key = f"{tenancy.limiter.key_prefix}:{RateLimitItemPerMinute(1000).key_for(*ids)}"
+    redis_key = tenancy.limiter.window_key(ids)
     now = time.time()
     inside = [repr(now - 1 - i * 0.01) for i in range(7)]  # newest first
     expired = [repr(now - 61 - i * 0.01) for i in range(500)]

@@ -94,3 +94,56 @@ async def test_aborted_streams_are_reconciled_with_real_counts(api):
     assert charged == rows_tokens
     assert all(r.completion_tokens < 400 for r in rows)  # charged what was generated, not the reservation
     assert charged < 5 * 400
+
+
+async def _admin_update(api, tenant_id: int, **changes) -> None:
+    """Change a tenant as the admin API and CLI do (``admin.management``: commit, counters, push)."""
+    from admin.management import Management
+    from gateway.db.models import Tenant
+
+    redis = Redis.from_url(api.settings.redis_url)
+    try:
+        async with api.services.db.sessionmaker() as session:
+            name = (await session.get(Tenant, tenant_id)).name
+            ops = Management(session=session, actor="test", redis=redis, redis_prefix=api.settings.redis_prefix)
+            await ops.update_tenant(name, **changes)
+            assert not ops.invalidation_failed
+    finally:
+        await redis.aclose()
+
+
+async def test_a_budget_period_switched_back_counts_what_was_spent_meanwhile(api):
+    """Month, then day, then month again: the month's counter in Redis, left while the day's was
+    charged, is rebuilt from the usage rows, so the request that the whole spend exhausts is refused
+    (it was admitted: the month counter had missed the day's spend, a QA find)."""
+    tenant_id, key = api.make_tenant(budget_tokens=100_000, tpm=0)
+    client = api.async_openai(key=key)
+
+    async def spend() -> int:
+        r = await client.chat.completions.create(model=api.model, messages=MESSAGES, max_tokens=2,
+                                                 extra_body={"ignore_eos": True})
+        api.settle_pending()
+        return r.usage.total_tokens
+
+    async def until_seen(field: str, value) -> None:  # noqa: ANN001 - the gateway's key cache took the change
+        for _ in range(100):
+            principal = api.loop.run(api.services.auth.authenticate(f"Bearer {key}"))
+            if getattr(principal, field) == value:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the gateway never saw {field}={value}")
+
+    spent = await spend()  # charged to the month's counter
+    await _admin_update(api, tenant_id, period="day")
+    await until_seen("budget_period", "day")
+    spent += await spend()  # charged to the day's counter only
+    await _admin_update(api, tenant_id, period="month")
+    await until_seen("budget_period", "month")
+    api.usage_rows()  # (the rows are in the database, as the rebuild reads them)
+    await _admin_update(api, tenant_id, budget_tokens=spent + 1)  # room for a prompt, not for it and 1 token
+    await until_seen("budget_tokens", spent + 1)
+    with pytest.raises(openai.RateLimitError) as refused:
+        await client.chat.completions.create(model=api.model, messages=MESSAGES, max_tokens=2)
+    assert refused.value.code == "insufficient_quota"
+    charged, open_keys = await _ledger_state(api, tenant_id)
+    assert (charged, open_keys) == (spent, [])
