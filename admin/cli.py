@@ -114,19 +114,42 @@ def _subject(value: str) -> str:
     return value
 
 
+def _or_word(word: str, parse):  # noqa: ANN001, ANN202
+    """``parse``, or ``word`` for ``cmd.CLEARED``: the setting back to null, as the API's ``null``."""
+    def value(text: str) -> object:
+        return cmd.CLEARED if text.strip().lower() == word else parse(text)
+
+    return value
+
+
 def _limit_options(p: argparse.ArgumentParser, *, update: bool) -> None:
-    p.add_argument("--rpm", type=_count, help="requests per minute (0: unlimited; default: server default)")
-    p.add_argument("--tpm", type=_count, help="tokens per minute (0: unlimited; default: server default)")
-    p.add_argument("--budget-tokens", type=_tokens, help="token budget per period (may be given with --budget-usd)")
-    p.add_argument("--budget-usd", type=_usd, help="money budget (USD) per period")
+    """The tenant settings of ``create`` and ``update``. On ``update`` an option left out keeps its
+    value; ``default`` resets a limit or cache setting to the server's, ``none`` removes one budget."""
+    def clearable(word: str, parse):  # noqa: ANN001, ANN202
+        return _or_word(word, parse) if update else parse
+
+    kept = "left out: unchanged" if update else "left out: the server default"
+    reset = '"default": the server default again; ' if update else ""
+    cache_reset = f" ({reset}{kept})" if update else ""
+    budget_reset = ' ("none": remove it; left out: unchanged)' if update else ""
+    p.add_argument("--rpm", type=clearable("default", _count),
+                   help=f"requests per minute (0: unlimited; {reset}{kept})")
+    p.add_argument("--tpm", type=clearable("default", _count),
+                   help=f"tokens per minute (0: unlimited; {reset}{kept})")
+    p.add_argument("--budget-tokens", type=clearable("none", _tokens),
+                   help=f"token budget per period, may be given with --budget-usd{budget_reset}")
+    p.add_argument("--budget-usd", type=clearable("none", _usd), help=f"money budget (USD) per period{budget_reset}")
     if update:
         p.add_argument("--no-budget", action="store_true", help="remove both budgets")
     p.add_argument("--period", choices=("day", "month"), default=None if update else "month",
                    help="budget period (default: unchanged)" if update else "budget period (default: month)")
     p.add_argument("--cache", choices=("on", "off"), help="semantic cache for this tenant")
-    p.add_argument("--cache-threshold", type=_threshold, help="semantic-cache similarity threshold (0..1]")
-    p.add_argument("--cache-ttl-s", type=_row_id, help="semantic-cache entry lifetime in seconds")
-    p.add_argument("--cache-max-entries", type=_row_id, help="semantic-cache entries kept for this tenant")
+    p.add_argument("--cache-threshold", type=clearable("default", _threshold),
+                   help=f"semantic-cache similarity threshold (0..1]{cache_reset}")
+    p.add_argument("--cache-ttl-s", type=clearable("default", _row_id),
+                   help=f"semantic-cache entry lifetime in seconds{cache_reset}")
+    p.add_argument("--cache-max-entries", type=clearable("default", _row_id),
+                   help=f"semantic-cache entries kept for this tenant{cache_reset}")
 
 
 def _json_option(p: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup) -> None:
@@ -257,7 +280,10 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
 
 
 async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
-    async with cmd.management(settings, create=args.run in cmd.CREATES_DATABASE) as ops:
+    creates = args.run in cmd.CREATES_DATABASE
+    if creates:
+        cmd.check_first(settings, args)
+    async with cmd.management(settings, create=creates) as ops:
         code = await args.run(ops, args)
         if ops.invalidation_failed:
             cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "

@@ -20,8 +20,9 @@ from sqlalchemy.engine import make_url
 from admin import reports
 from admin.api.exact_json import dumps
 from admin.auth import ALL_SCOPES, mint_token
-from admin.management import Management, price_view, tenant_view
+from admin.management import Management, checked_new_tenant, checked_price, price_view, tenant_view
 from admin.tables import cell_text, decimal_text, format_record, format_table
+from gateway.db.models import Tenant
 from gateway.db.session import Database, safe_url
 from gateway.settings import Settings
 
@@ -100,14 +101,25 @@ REPORT_COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "completi
                   "cost_usd", "cache_hits", "saved_usd", "p50_latency_ms", "p95_latency_ms")
 
 
+class _Cleared:
+    """An option of ``tenants update`` given as ``default`` (``--rpm default``) or ``none``
+    (``--budget-usd none``): the setting goes back to null, as the API's ``null`` does."""
+
+    def __repr__(self) -> str:
+        return "CLEARED"
+
+
+CLEARED = _Cleared()
+
+
 def _limits(args: argparse.Namespace) -> dict:
-    """Tenant fields given on the command line (only those given)."""
+    """Tenant fields given on the command line (only those given; ``CLEARED`` ones as None)."""
     out = {}
     for attr in ("rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_threshold", "cache_ttl_s",
                  "cache_max_entries"):
         value = getattr(args, attr, None)
         if value is not None:
-            out[attr] = value
+            out[attr] = None if value is CLEARED else value
     if getattr(args, "cache", None) is not None:
         out["cache_enabled"] = args.cache == "on"
     if getattr(args, "no_budget", False):
@@ -188,13 +200,20 @@ async def keys_create(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def keys_list(ops: Management, args: argparse.Namespace) -> int:
-    owner = await ops.tenant(args.tenant) if args.tenant else None
+    owner = await ops.tenant(args.tenant, include_deleted=True) if args.tenant else None
+    if owner is not None:
+        _note_if_deleted(owner)
     page = await ops.key_page(tenant=owner, prefix=args.prefix, include_revoked=not args.active, limit=None)
     if args.json:
         _print_json(page.as_dict())
         return 0
     print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in page.data]))
     return 0
+
+
+def _note_if_deleted(tenant: Tenant) -> None:
+    if tenant.deleted_at is not None:
+        note(f"note: tenant {tenant.name} was deleted at {cell_text(tenant_view(tenant)['deleted_at'])} UTC")
 
 
 async def keys_revoke(ops: Management, args: argparse.Namespace) -> int:
@@ -254,7 +273,8 @@ async def report(ops: Management, args: argparse.Namespace) -> int:
     if (span := _report_range(args)) is None:
         return 2
     since, until = span
-    tenant = await ops.tenant(args.tenant)
+    tenant = await ops.tenant(args.tenant, include_deleted=True)  # a deleted tenant's usage is still billed
+    _note_if_deleted(tenant)
     result = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by=args.group_by)
     _print_report(result, args, args.group_by)
     return 0
@@ -289,12 +309,26 @@ def token(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def parse_time(value: str) -> datetime:
-    """ISO date or datetime (``2026-03-01``, ``2026-03-01T12:00Z``); naive means UTC."""
+    """``--since``/``--until``, read as the API reads them (``reports.parse_time``)."""
     try:
-        return datetime.fromisoformat(value)
+        return reports.parse_time(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not an ISO date/time: {value!r}") from exc
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-# the commands that can succeed on a new, empty database: only they create a missing SQLite file
-CREATES_DATABASE = (tenants_create, prices_set)
+def _check_tenant(dialect: str, args: argparse.Namespace) -> None:
+    checked_new_tenant(dialect, name=args.name, **_limits(args))
+
+
+def _check_price(dialect: str, args: argparse.Namespace) -> None:
+    checked_price(dialect, model=args.model, prompt_usd_per_1m=args.prompt, completion_usd_per_1m=args.completion)
+
+
+# the commands that can succeed on a new, empty database: only they create a missing SQLite file,
+# and only after their values pass the checks that need no database (a refusal leaves no file behind)
+CREATES_DATABASE = {tenants_create: _check_tenant, prices_set: _check_price}
+
+
+def check_first(settings: Settings, args: argparse.Namespace) -> None:
+    """Refuse (``InvalidField``) a ``CREATES_DATABASE`` command's bad value before any database is made."""
+    CREATES_DATABASE[args.run](make_url(settings.database_url).get_backend_name(), args)

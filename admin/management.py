@@ -36,6 +36,7 @@ from admin.schemas import (
 from gateway import tenancy
 from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant, UsageRecord
 from gateway.keys import NewKey
+from gateway.quota import forget_counter
 
 log = logging.getLogger("pagegate.admin")
 
@@ -125,10 +126,11 @@ class Management:
     invalidation_failed: bool = False
 
     # --- reads ---------------------------------------------------------------------------------
-    async def tenant(self, name: str) -> Tenant:
-        """A tenant that exists (a deleted one is not found)."""
+    async def tenant(self, name: str, *, include_deleted: bool = False) -> Tenant:
+        """A tenant that exists. A deleted one is not found, unless ``include_deleted``: the
+        read-only views of its history (report, budget, keys) still find it; changes never do."""
         tenant = await tenancy.get_tenant(self.session, name=name)
-        if tenant is None or tenant.deleted_at is not None:
+        if tenant is None or (tenant.deleted_at is not None and not include_deleted):
             raise NotFound(f"No tenant named {name!r}.")
         return tenant
 
@@ -222,17 +224,14 @@ class Management:
         return audit.jsonable({
             "tenant": tenant.name, "period": tenant.budget_period, "period_start": start,
             "budget_tokens": tenant.budget_tokens, "budget_usd": tenant.budget_usd,
-            "spent_tokens": int(spent[0]), "spent_usd": Decimal(str(spent[1])),
+            "spent_tokens": int(spent[0]), "spent_usd": Decimal(str(spent[1])), "deleted_at": tenant.deleted_at,
         })
 
     # --- writes --------------------------------------------------------------------------------
     async def create_tenant(self, *, name: str, **fields: object) -> Tenant:
         """Add a tenant. Raises ``InvalidField`` for a bad name or value, ``Conflict`` when taken."""
-        _only(fields, TENANT_FIELDS)
-        body = validated(TenantCreate, {"name": name, **fields})
-        fields = body.changes()
+        fields = checked_new_tenant(self._dialect(), name=name, **fields)
         name = fields.pop("name")
-        self._check_money(fields)
         try:
             tenant = await tenancy.create_tenant(self.session, name=name, **fields)
             await self.session.refresh(tenant)
@@ -256,7 +255,7 @@ class Management:
         already has) writes no audit row and pushes no invalidation."""
         _only(changes, TENANT_FIELDS)
         changes = validated(TenantLimits, changes).changes()
-        self._check_money(changes)
+        check_money(self._dialect(), changes)
         tenant = await self.tenant(name)
         before = tenant_view(tenant)
         # compared as the views show them: budget_usd 25 equals the stored 25.00000000
@@ -272,6 +271,8 @@ class Management:
         audit.record(self.session, actor=self.actor, action=action, target=f"tenant:{tenant.name}",
                      before=before, after=tenant_view(tenant))
         await self.session.commit()
+        if "period" in changes:
+            await self._forget_counter(tenant.id, tenant.budget_period)
         await self._invalidate(tenant_id=tenant.id)
         return tenant
 
@@ -333,10 +334,8 @@ class Management:
 
     async def set_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
                         completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
-        validated(PriceModel, {"model": model})
-        price = validated(PriceSet, {"prompt_usd_per_1m": prompt_usd_per_1m,
-                                     "completion_usd_per_1m": completion_usd_per_1m})
-        self._check_money(price.model_dump())
+        price = checked_price(self._dialect(), model=model, prompt_usd_per_1m=prompt_usd_per_1m,
+                              completion_usd_per_1m=completion_usd_per_1m)
         existing = await self.session.get(ModelPrice, model)
         if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
                 price.prompt_usd_per_1m, price.completion_usd_per_1m):
@@ -350,16 +349,8 @@ class Management:
         await self.session.commit()
         return row
 
-    def _check_money(self, fields: dict) -> None:
-        """Refuse money this database would not give back as sent. SQLite keeps NUMERIC as a 64-bit
-        float that SQLAlchemy reads back at 8 decimals; PostgreSQL's NUMERIC(18, 8) holds every
-        value the schemas accept."""
-        if self.session.get_bind().dialect.name != "sqlite":
-            return
-        for name, value in fields.items():
-            if isinstance(value, Decimal) and (stored := Decimal(f"{float(value):.8f}")) != value:
-                raise InvalidField(f"{name}: SQLite keeps money as a 64-bit float and would store {value} as "
-                                   f"{stored}; use fewer digits, or PostgreSQL", name)
+    def _dialect(self) -> str:
+        return self.session.get_bind().dialect.name
 
     async def _refuse_if_deleted(self, tenant_id: int, name: str) -> None:
         """After a change's writes, before its commit: undo it (404) if the tenant was deleted
@@ -371,6 +362,18 @@ class Management:
         if deleted is not None:
             await self.session.rollback()
             raise NotFound(f"No tenant named {name!r}.")
+
+    async def _forget_counter(self, tenant_id: int, period: str) -> None:
+        """A new budget period: its counter in Redis, if one is left from an earlier time in that
+        period, missed what was spent meanwhile; the gateways rebuild it from the usage rows."""
+        if self.redis is None:
+            return
+        try:
+            await forget_counter(self.redis, self.redis_prefix, tenant_id, period)
+        except RedisError as exc:
+            self.invalidation_failed = True
+            log.warning("budget period changed but its counter in Redis could not be dropped (%s): the "
+                        "budget may count too little until the period ends", exc)
 
     async def _invalidate(self, *, key_hash: str | None = None, tenant_id: int | None = None) -> None:
         """Push the change to running gateways. The change is already committed: if Redis is down
@@ -384,6 +387,37 @@ class Management:
             self.invalidation_failed = True
             log.warning("change saved but the Redis invalidation failed (%s); gateways pick it up when "
                         "their key cache expires", exc)
+
+
+def check_money(dialect: str, fields: dict) -> None:
+    """Refuse money this database would not give back as sent. SQLite keeps NUMERIC as a 64-bit
+    float that SQLAlchemy reads back at 8 decimals; PostgreSQL's NUMERIC(18, 8) holds every
+    value the schemas accept."""
+    if dialect != "sqlite":
+        return
+    for name, value in fields.items():
+        if isinstance(value, Decimal) and (stored := Decimal(f"{float(value):.8f}")) != value:
+            raise InvalidField(f"{name}: SQLite keeps money as a 64-bit float and would store {value} as "
+                               f"{stored}; use fewer digits, or PostgreSQL", name)
+
+
+# The checks of a create that need no database: the CLI runs them before it makes a new SQLite file,
+# so a refused value leaves no empty database behind.
+def checked_new_tenant(dialect: str, *, name: str, **fields: object) -> dict:
+    """A new tenant's name and fields as sent, checked (``InvalidField``)."""
+    _only(fields, TENANT_FIELDS)
+    fields = validated(TenantCreate, {"name": name, **fields}).changes()
+    check_money(dialect, fields)
+    return fields
+
+
+def checked_price(dialect: str, *, model: str, prompt_usd_per_1m: Decimal | float | str,
+                  completion_usd_per_1m: Decimal | float | str) -> PriceSet:
+    validated(PriceModel, {"model": model})
+    price = validated(PriceSet, {"prompt_usd_per_1m": prompt_usd_per_1m,
+                                 "completion_usd_per_1m": completion_usd_per_1m})
+    check_money(dialect, price.model_dump())
+    return price
 
 
 def _key_query(*, tenant: Tenant | None, prefix: str | None, include_revoked: bool) -> Select:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
@@ -63,6 +64,24 @@ class Report:
         return {"tenant": self.tenant, "group_by": self.group_by, "since": self.since.isoformat(),
                 "until": self.until.isoformat(), "rows": [r.as_dict() for r in self.rows],
                 "total": self.total.as_dict()}
+
+
+_BARE_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def parse_time(value: str) -> datetime:
+    """A range bound as the API and the CLI read it: an ISO 8601 date or datetime, extended
+    (``2026-03-01``, ``2026-03-01T12:00Z``) or basic (``20260301``, ``20260301T1200``); naive
+    means UTC. A bare number is refused rather than read as Unix seconds: ``20261203`` is a date
+    here, and the same digits must not mean 1970 to one surface and 2026 to another."""
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError as exc:
+        if _BARE_NUMBER.fullmatch(value.strip()):
+            raise InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
+                               "datetime (2026-03-01T12:00Z), not Unix seconds") from exc
+        raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or "
+                           "2026-03-01T12:00Z)") from exc
 
 
 def default_range(since: datetime | None, until: datetime | None, *, days: int = 30) -> tuple[datetime, datetime]:

@@ -18,7 +18,9 @@ class SamplingParams:
     ``temperature`` below ``GREEDY_BELOW`` means greedy (so tiny values, whose logits / temperature
     would overflow, sample as the limit they tend to). ``seed`` makes sampling reproducible per request whatever
     its batch mates. ``n > 1`` forks the request after its prompt's prefill; children share the
-    prompt's KV blocks. ``stop`` strings are never emitted in the text.
+    prompt's KV blocks. ``stop`` strings are never emitted in the text (one that completes before
+    ``min_tokens`` tokens does not stop the choice, and stays in it); a ``stop_token_ids`` token's
+    text is, unless it is a special token (vLLM's rule).
 
     Penalties: ``repetition_penalty`` (vLLM/HF style, > 0, 1 = off; below ``MIN_REPETITION_PENALTY``
     it acts as that) divides positive logits and

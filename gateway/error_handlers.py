@@ -43,6 +43,10 @@ def param_from_loc(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
+# the JSON a client sent, in its own words where Python's differ (None, True, False)
+_JSON_WORDS = {None: "null", True: "true", False: "false"}
+
+
 def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     """The most specific error (deepest field; for unions that is the member that nearly fit)."""
     if not errors:
@@ -61,7 +65,12 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
         return ApiError(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter",
                         param=param)
     value = first.get("input")
-    shown = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    if isinstance(value, dict | list):
+        shown = type(value).__name__
+    elif value is None or isinstance(value, bool):  # (these only: 1 == True, so 1 would read "true")
+        shown = _JSON_WORDS[value]
+    else:
+        shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
     reason = first.get("msg", "invalid value").replace(" after validation", "")  # pydantic's, not ours

@@ -13,7 +13,7 @@ def add_routes(router: APIRouter) -> None:
     @router.get("/keys")
     async def list_keys(ops: ReadDep, page: PageDep, prefix: str | None = None, tenant: str | None = None,
                         include_revoked: bool = True) -> dict:
-        owner = await ops.tenant(tenant) if tenant else None
+        owner = await ops.tenant(tenant, include_deleted=True) if tenant else None
         return (await ops.key_page(tenant=owner, prefix=prefix, include_revoked=include_revoked,
                                    limit=page.limit, after=page.after)).as_dict()
 

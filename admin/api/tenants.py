@@ -44,7 +44,7 @@ def add_routes(router: APIRouter) -> None:
 
     @router.get("/tenants/{name}/budget")
     async def get_budget(name: str, ops: ReadDep) -> dict:
-        return await ops.budget(await ops.tenant(name))
+        return await ops.budget(await ops.tenant(name, include_deleted=True))
 
     @router.put("/tenants/{name}/budget")
     async def set_budget(name: str, body: BudgetUpdate, ops: WriteDep) -> dict:
@@ -55,7 +55,7 @@ def add_routes(router: APIRouter) -> None:
 
     @router.get("/tenants/{name}/keys")
     async def list_tenant_keys(name: str, ops: ReadDep, page: PageDep) -> dict:
-        tenant = await ops.tenant(name)
+        tenant = await ops.tenant(name, include_deleted=True)
         return (await ops.key_page(tenant=tenant, limit=page.limit, after=page.after)).as_dict()
 
     @router.post("/tenants/{name}/keys", status_code=201)

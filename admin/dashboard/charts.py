@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from html import escape
 
 from markupsafe import Markup
+
+from admin.tables import decimal_text
 
 WIDTH, HEIGHT, PAD_TOP, PAD_BOTTOM, PAD_X = 640, 180, 24, 22, 8
 
@@ -29,8 +32,9 @@ class Series:
     colour: str = "#3b6fd8"
 
 
-def usd(value: float) -> str:
-    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+def usd(value: float | Decimal) -> str:
+    """``$1,234.50``, ``$0.000015``: up to money's 8 decimals, so a cost never reads as zero."""
+    return f"${decimal_text(value)}"
 
 
 def count(value: float) -> str:

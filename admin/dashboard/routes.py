@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from admin import reports
 from admin.api.deps import ContextDep, SessionDep
 from admin.api.routing import admin_route_class
+from admin.auth import LEEWAY_S, MAX_TOKEN_TTL_S
 from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
 from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
@@ -32,7 +33,14 @@ DEFAULT_DAYS = 30
 
 
 def _money(value: float | Decimal | None) -> str:
-    return usd(float(value or 0))
+    return usd(value or 0)
+
+
+def _limit(value: int | None) -> str:
+    """A tenant's rpm/tpm: null is the server default, 0 no limit."""
+    if value is None:
+        return "default"
+    return f"{value:,}" if value else "unlimited"
 
 
 def _ms(value: float | None) -> str:
@@ -49,7 +57,7 @@ def _budget_text(t: dict) -> str:
 
 
 _env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
-_env.globals.update(root=ROOT, money=_money, ms=_ms, budget_text=_budget_text)
+_env.globals.update(root=ROOT, money=_money, ms=_ms, budget_text=_budget_text, limit=_limit)
 
 
 def page(name: str, *, status: int = 200, **values: object) -> HTMLResponse:
@@ -98,7 +106,7 @@ def _to_tenant_page(name: str) -> RedirectResponse:
 
 
 async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, new_key: str | None = None):
-    tenant = await ops.tenant(name)
+    tenant = await ops.tenant(name, include_deleted=True)  # read-only for a deleted one: its usage stays
     today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     since, until = today - timedelta(days=days - 1), today + timedelta(days=1)
     report = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by="day")
@@ -144,7 +152,10 @@ def add_routes(router: APIRouter) -> None:
         except ApiError as err:
             return page("login.html", status=err.status, viewer=None, message=err.message)
         resp = RedirectResponse(f"{ROOT}/tenants", status_code=303)
-        max_age = max(int(principal.claims.get("exp", 0) - datetime.now(UTC).timestamp()), 0)
+        # the cookie lives as long as the API takes the token (exp plus the clock-skew leeway: a token
+        # just past exp signs in for those seconds), and never past the longest lifetime minted
+        left = principal.claims["exp"] + LEEWAY_S - datetime.now(UTC).timestamp()
+        max_age = min(max(int(left), 1), MAX_TOKEN_TTL_S)
         resp.set_cookie(COOKIE, token, max_age=max_age, path=ROOT, httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
         return resp

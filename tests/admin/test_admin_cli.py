@@ -397,3 +397,57 @@ def test_reading_an_empty_sqlite_file_leaves_it_empty(env, capsys, monkeypatch, 
     code, _, err = run(capsys, "tenants", "create", "acme")
     assert code == 0 and f"note: created a new database at {db}" in err, err
     assert run(capsys, "tenants", "list")[0] == 0 and db.stat().st_size > 0
+
+
+def test_update_resets_one_setting_to_the_server_default_or_removes_one_budget(env, capsys):
+    """``default`` and ``none`` do on ``tenants update`` what the API's null does, one field at a time
+    (only ``--no-budget`` cleared anything, and both budgets at once)."""
+    name = unique("reset")
+    assert run(capsys, "tenants", "create", name, "--rpm", "60", "--tpm", "900", "--budget-tokens", "5000",
+               "--budget-usd", "2", "--cache-threshold", "0.9", "--cache-ttl-s", "60",
+               "--cache-max-entries", "10")[0] == 0
+
+    def row() -> tuple:
+        t = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == name)))
+        return (t.rpm_limit, t.tpm_limit, t.budget_tokens, t.budget_usd, t.cache_threshold, t.cache_ttl_s,
+                t.cache_max_entries)
+
+    code, _, err = run(capsys, "tenants", "update", name, "--rpm", "default", "--budget-usd", "none",
+                       "--cache-ttl-s", "default")
+    assert code == 0 and f"updated tenant {name}: rpm=-, budget_usd=-, cache_ttl_s=-" in err, err
+    assert row() == (None, 900, 5000, None, 0.9, None, 10)
+    code, _, err = run(capsys, "tenants", "update", name, "--tpm", "DEFAULT", "--budget-tokens", "none",
+                       "--cache-threshold", "default", "--cache-max-entries", "default")
+    assert code == 0, err
+    assert row() == (None, None, None, None, None, None, None)
+    for argv in (["tenants", "update", name, "--rpm", "none"],  # "none" could be read as "no limit": refused
+                 ["tenants", "update", name, "--budget-usd", "default"],
+                 ["tenants", "create", unique("x"), "--rpm", "default"]):  # leave it out on create
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and "argument --" in err, (argv, err)
+    code, _, err = run(capsys, "tenants", "update", name, "--no-budget", "--budget-tokens", "none")
+    assert code == 2 and err.count("\n") == 1 and "--no-budget" in err
+    with pytest.raises(SystemExit):
+        cli.main(["tenants", "update", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert '"default": the server default again; left out: unchanged' in help_text
+    assert '"none": remove it' in help_text and "server default)" not in help_text
+
+
+def test_a_refused_create_leaves_no_new_sqlite_file_behind(env, capsys, monkeypatch, tmp_path):
+    """Values the service would refuse are refused before a new SQLite database is made: no
+    "created a new database" note, no file (it used to leave an empty database behind)."""
+    db = tmp_path / "new" / "pagegate.db"
+    monkeypatch.setenv("PAGEGATE_DATABASE_URL", f"sqlite+aiosqlite:///{db}")
+    for argv, why in ((["tenants", "create", "sqt", "--budget-usd", "1234567890.12345678"], "64-bit float"),
+                      (["tenants", "create", "bad name!"], "tenant name"),
+                      (["prices", "set", "m", "--prompt", "1234567890.12345678", "--completion", "1"], "64-bit"),
+                      (["prices", "set", "m" * 129, "--prompt", "1", "--completion", "1"], "model")):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (1, "") and err.startswith("error: ") and why in err, (argv, err)
+        assert err.count("\n") == 1 and "created" not in err
+        assert not db.exists() and not db.parent.exists()
+    code, _, err = run(capsys, "tenants", "create", "sqt", "--budget-usd", "1234567.5")
+    assert code == 0 and f"note: created a new database at {db}" in err, err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import httpx
 import pytest
@@ -79,7 +80,7 @@ async def test_manage_tenant_and_keys_through_pages(browser_like, app, token):
         assert f'id="{chart}"' in detail.text
     bars = re.findall(r'<rect class="bar" data-day="[^"]+" data-value="([0-9.e-]+)"', detail.text)
     assert len(bars) == 3 * 30 and max(float(v) for v in bars[:30]) == pytest.approx(0.25)
-    assert "$0.2500" in detail.text
+    assert 'id="stat-cost">$0.25<' in detail.text  # money with up to 8 decimals, at least cents
 
     resp = await c.post(f"/admin/tenants/{name}/keys", data={"csrf": csrf, "key_name": "x", "models": ","})
     assert resp.status_code == 400 and "allowed_models" in resp.text  # not silently "all models"
@@ -187,6 +188,53 @@ async def test_delete_a_tenant_by_typing_its_name(browser_like, app, token):
     done = await c.post(f"/admin/tenants/{name}/delete", data={"csrf": csrf, "confirm": name})
     assert done.status_code == 303 and done.headers["location"] == "/admin/tenants"
     assert name not in (await c.get("/admin/tenants")).text
-    assert (await c.get(f"/admin/tenants/{name}")).status_code == 404
+    gone = await c.get(f"/admin/tenants/{name}")  # its page stays, read-only, marked deleted
+    assert gone.status_code == 200 and 'id="tenant-deleted"' in gone.text and 'id="delete-tenant"' not in gone.text
+    again = await c.post(f"/admin/tenants/{name}/delete", data={"csrf": csrf, "confirm": name})
+    assert again.status_code == 404
     async with app.state.admin_context.database.sessionmaker() as s:
         assert (await s.scalar(select(Tenant).where(Tenant.name == name))).deleted_at is not None
+
+
+def _max_age(resp: httpx.Response) -> int:
+    return int(re.search(r"Max-Age=(\d+)", resp.headers["set-cookie"]).group(1))
+
+
+async def test_sign_in_cookie_lives_as_long_as_the_token_is_accepted(browser_like, settings, token):
+    """A token a few seconds past exp is still inside the API's 30 s leeway: sign-in gives it a
+    cookie for the rest of it (it was Max-Age=0, a silent bounce back to sign-in). A token with an
+    absurd exp gets a cookie of one year at most (it was Max-Age=99999999998203691008)."""
+    from admin_testlib import SECRET, sign
+
+    from admin.auth import LEEWAY_S, MAX_TOKEN_TTL_S
+
+    resp = await browser_like.post("/admin/login", data={"token": token(ttl_s=-5)})
+    assert resp.status_code == 303 and 1 <= _max_age(resp) <= LEEWAY_S - 5
+    assert (await browser_like.get("/admin/tenants")).status_code == 200  # and the pages take it
+    resp = await browser_like.post("/admin/login", data={"token": token(ttl_s=600)})
+    assert 595 <= _max_age(resp) <= 600 + LEEWAY_S
+    forever = sign({"alg": "HS256"}, {"iss": settings.admin_jwt_issuer, "sub": "far", "exp": 1e20,
+                                      "scope": "admin:read"}, SECRET.encode())
+    resp = await browser_like.post("/admin/login", data={"token": forever})
+    assert resp.status_code == 303 and _max_age(resp) == MAX_TOKEN_TTL_S
+
+
+async def test_money_keeps_its_decimals_and_zero_limits_read_unlimited(browser_like, app, client, auth, token):
+    from admin.dashboard.charts import usd
+
+    assert [usd(v) for v in (0, 0.000015, Decimal("0.00219437"), Decimal("1234.5"))] == [
+        "$0.00", "$0.000015", "$0.00219437", "$1,234.50"]
+    name = unique("cheap")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name, "rpm": 0, "tpm": 1500},
+                             headers=auth())).json()["id"]
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add(usage_row(tenant_id=tid, key_id=None, model="m", when=datetime.now(UTC), prompt=3, cached=0,
+                        completion=2, cost="0.00219437", latency=5.0))
+        await s.commit()
+    await _sign_in(browser_like, token())
+    listing = (await browser_like.get("/admin/tenants")).text
+    row = re.search(rf'<tr>\s*<td><a href="/admin/tenants/{name}">.*?</tr>', listing, re.S).group(0)
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+    assert cells[:2] == ["unlimited", "1,500"] and "$0.00219437" in cells
+    detail = (await browser_like.get(f"/admin/tenants/{name}")).text
+    assert 'id="stat-cost">$0.00219437<' in detail and "RPM: unlimited · TPM: 1,500" in detail

@@ -192,3 +192,43 @@ def test_percentile_matches_statistics():
         assert reports.percentile(values, q) == pytest.approx(_q(values, q), abs=1e-3)
     assert reports.percentile([], 0.5) is None
     assert reports.percentile([4.0], 0.95) == 4.0
+
+
+def test_parse_time_reads_iso_dates_and_refuses_bare_numbers():
+    assert reports.parse_time("20261203") == reports.parse_time("2026-12-03") == datetime(2026, 12, 3)
+    assert reports.parse_time("20261203T1230Z") == datetime(2026, 12, 3, 12, 30, tzinfo=UTC)
+    for epoch in ("1764547200", "1764547200.5", "-5", "1e9", "20261345"):
+        with pytest.raises(ValueError, match="not Unix seconds"):
+            reports.parse_time(epoch)
+    with pytest.raises(ValueError, match="not an ISO date or datetime"):
+        reports.parse_time("yesterday")
+
+
+async def test_api_and_cli_read_since_and_until_alike(client, auth, env, capsys):
+    """``20261203`` is 2026-12-03 to the API as to the CLI (the API read it as Unix seconds:
+    1970-08-23); a bare epoch number is a 400 / a usage error on both, naming the bound."""
+    import asyncio
+
+    from admin import cli
+
+    name = unique("dates")
+    await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+    url = f"/admin/v1/tenants/{name}/report"
+    basic = (await client.get(url, params={"since": "20261203", "until": "20261205T12"}, headers=auth())).json()
+    assert (basic["since"], basic["until"]) == ("2026-12-03T00:00:00+00:00", "2026-12-05T12:00:00+00:00")
+    for param, value in (("since", "1764547200"), ("until", "1764547200"), ("since", "yesterday")):
+        for path in (url, "/admin/v1/summary"):
+            resp = await client.get(path, params={param: value}, headers=auth())
+            error = resp.json()["error"]
+            assert resp.status_code == 400 and error["param"] == param, resp.text
+            assert error["message"].startswith(f"{param}: not ") and value in error["message"]
+
+    code = await asyncio.to_thread(cli.main, ["report", "--tenant", name, "--since", "20261203", "--until",
+                                              "20261205T12", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert (json.loads(out)["since"], json.loads(out)["until"]) == (basic["since"], basic["until"])
+    with pytest.raises(SystemExit) as info:
+        await asyncio.to_thread(cli.main, ["summary", "--since", "1764547200"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "argument --since" in err and "Unix seconds" in err

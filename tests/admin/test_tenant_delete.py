@@ -102,3 +102,56 @@ async def test_a_delete_racing_new_keys_and_an_enable_leaves_nothing_alive(clien
         assert tenant.deleted_at is not None
         assert tenant.enabled is False
         assert [k.id for k in await _rows(app, ApiKey, ApiKey.tenant_id == tenant.id) if not k.revoked] == []
+
+
+async def test_a_deleted_tenants_history_stays_readable_but_not_changeable(client, app, auth, env, capsys):
+    """Its report, budget and keys (API, CLI, dashboard) still find a deleted tenant and say it is
+    deleted; every change still 404s (a QA find: the report of a deleted tenant was a 404)."""
+    name = unique("history")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name, "budget_usd": "3"}, headers=auth())).json()["id"]
+    key = (await client.post(f"/admin/v1/tenants/{name}/keys", json={}, headers=auth())).json()
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add(usage_row(tenant_id=tid, key_id=key["id"], model="m", when=datetime.now(UTC), prompt=10, cached=0,
+                        completion=5, cost="0.000015", latency=12.0))
+        await s.commit()
+    assert (await client.delete(f"/admin/v1/tenants/{name}", headers=auth())).status_code == 200
+
+    report = await client.get(f"/admin/v1/tenants/{name}/report", params={"group_by": "model"}, headers=auth())
+    assert report.status_code == 200, report.text
+    assert (report.json()["tenant"], report.json()["total"]["requests"], report.json()["total"]["cost_usd"]) == (
+        name, 1, 0.000015)
+    budget = (await client.get(f"/admin/v1/tenants/{name}/budget", headers=auth("admin:read"))).json()
+    assert budget["deleted_at"] and budget["spent_tokens"] == 15 and budget["budget_usd"] == 3
+    for path in ("/admin/v1/keys", f"/admin/v1/tenants/{name}/keys"):
+        listed = (await client.get(path, params={"tenant": name}, headers=auth())).json()["data"]
+        assert [(k["id"], k["revoked"]) for k in listed] == [(key["id"], True)], path
+    alive = (await client.post("/admin/v1/tenants", json={"name": unique("alive")}, headers=auth())).json()
+    assert (await client.get(f"/admin/v1/tenants/{alive['name']}/budget", headers=auth())).json()["deleted_at"] is None
+
+    for method, path, body in (("GET", f"/admin/v1/tenants/{name}", None),
+                               ("PATCH", f"/admin/v1/tenants/{name}", {"rpm": 5}),
+                               ("PUT", f"/admin/v1/tenants/{name}/budget", {"budget_tokens": 9}),
+                               ("POST", f"/admin/v1/tenants/{name}/keys", {}),
+                               ("POST", f"/admin/v1/tenants/{name}/enable", None),
+                               ("POST", f"/admin/v1/tenants/{name}/disable", None)):
+        resp = await client.request(method, path, json=body, headers=auth())
+        assert resp.status_code == 404 and "No tenant named" in resp.json()["error"]["message"], (method, path)
+
+    async def run_cli(*argv: str) -> tuple[int, str, str]:
+        code = await asyncio.to_thread(cli.main, list(argv))  # on a thread: the CLI runs its own loop
+        return code, *capsys.readouterr()
+
+    code, out, err = await run_cli("report", "--tenant", name, "--group-by", "model")
+    assert code == 0 and "0.000015" in out and f"note: tenant {name} was deleted at " in err, err
+    code, out, err = await run_cli("keys", "list", "--tenant", name)
+    assert code == 0 and key["prefix"] in out and "was deleted" in err
+    code, _, err = await run_cli("tenants", "update", name, "--rpm", "5")
+    assert code == 1 and "No tenant named" in err
+
+    # the dashboard's tenant page: figures and keys, marked deleted, no forms
+    signed_in = await client.post("/admin/login", data={"token": auth()["authorization"].removeprefix("Bearer ")})
+    assert signed_in.status_code == 303
+    page = await client.get(f"/admin/tenants/{name}")
+    assert page.status_code == 200 and 'id="tenant-deleted"' in page.text and key["prefix"] in page.text
+    assert 'id="stat-cost">$0.000015<' in page.text
+    assert "<form" not in page.text.split("</header>", 1)[1]

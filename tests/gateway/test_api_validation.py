@@ -74,6 +74,9 @@ def test_an_unknown_role_lists_the_roles_served(api) -> None:  # noqa: ANN001
     err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": 5, "content": "x"}])),
                        400, param="messages[0].role")
     assert "'system', 'developer', 'user' or 'assistant'" in err["message"]
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": None, "content": "x"}])),
+                       400, param="messages[0].role")
+    assert err["message"].endswith("(got null).")  # the JSON sent, not Python's None
 
 
 def test_missing_field_and_bad_json(api) -> None:  # noqa: ANN001
