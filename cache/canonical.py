@@ -21,20 +21,30 @@ GREEDY_BELOW = 1e-5
 _ROLE_ALIASES = {"developer": "system"}
 # Keys that never change the answer: transport and bookkeeping only.
 _IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier"})
-# Values equal to these are the defaults: dropping them makes "absent" and "explicit default" agree.
-_DEFAULTS: dict[str, object] = {
-    "n": 1,
-    "top_p": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "min_tokens": 0,
-    "ignore_eos": False,
-    "logprobs": False,
-    "top_k": -1,
-    "stop": [],
-    "response_format": {"type": "text"},
-    "tools": [],
+# Values that mean the same as leaving the field out (the engine's or the service's defaults):
+# dropping them makes "absent" and "explicit default" one key. Tools are refused unless empty, so
+# an empty list and a "none" choice are absent; top_k 0 and -1 both turn top-k off; the engine's
+# temperature is 1 (that request is cached only with a seed).
+_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "n": (1,),
+    "temperature": (1.0,),
+    "top_p": (1.0,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "min_tokens": (0,),
+    "ignore_eos": (False,),
+    "logprobs": (False,),
+    "top_k": (-1, 0),
+    "stop": ([],),
+    "stop_token_ids": ([],),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "modalities": (["text"],),
 }
 
 
@@ -78,7 +88,7 @@ def _params(body: dict) -> dict:
             v = float(v)
         if k == "temperature" and v < GREEDY_BELOW:
             v = 0.0  # greedy either way: one answer, one key
-        if k in _DEFAULTS and v == _DEFAULTS[k]:
+        if k in _DEFAULTS and any(type(v) is type(d) and v == d for d in _DEFAULTS[k]):
             continue
         p[k] = v
     return p

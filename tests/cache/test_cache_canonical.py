@@ -41,6 +41,21 @@ def test_transport_fields_and_defaults_do_not_change_keys():
     assert keys(parts) == base
 
 
+def test_every_explicit_default_counts_as_absent():
+    """Found by QA: ``stop_token_ids: []`` and ``tool_choice: "none"`` split the key of a repeat."""
+    base = keys(chat("Hi"))
+    for default in [dict(stop_token_ids=[]), dict(tool_choice="none"), dict(tools=[]), dict(functions=[]),
+                    dict(function_call="none"), dict(logit_bias={}), dict(modalities=["text"]),
+                    dict(top_k=-1), dict(top_k=0), dict(stop=[]), dict(response_format={"type": "text"}),
+                    dict(min_tokens=0), dict(ignore_eos=False), dict(repetition_penalty=1)]:
+        assert keys(chat("Hi") | default) == base, default
+    seeded = keys(chat("Hi", temperature=None, seed=7))
+    assert keys(chat("Hi", temperature=1, seed=7)) == seeded  # the engine's temperature
+    # a value that is not the default still counts, whatever its truthiness
+    assert keys(chat("Hi", stop_token_ids=[0])) != base
+    assert keys(chat("Hi", top_k=1)) != base
+
+
 def test_final_message_changes_exact_key_only():
     a, b = keys(chat("How do I reset my password?")), keys(chat("How can I reset my password?"))
     assert a[0] != b[0] and a[1] == b[1]

@@ -24,6 +24,12 @@ def rel(kind: str, src: set[str], dst: set[str]) -> Relation:
     ("Does the moon orbit the earth?", rel("verb:orbit", {"moon"}, {"earth"})),
     ("Is YouTube owned by Google?", rel("verb:own", {"google"}, {"youtube"})),
     ("How far is Paris from London?", rel("from", {"london"}, {"far", "paris"})),
+    # "in" between two units converts: "ounces in a pound" and "a pound in ounces" both go lb -> oz
+    ("How many ounces in a pound?", rel("to", {"lb"}, {"oz"})),
+    ("How many ounces are there in a pound?", rel("to", {"lb"}, {"oz"})),
+    ("What is a pound in ounces?", rel("to", {"lb"}, {"oz"})),
+    ("How many pounds in an ounce?", rel("to", {"oz"}, {"lb"})),
+    ("What is 100 Fahrenheit in Celsius?", rel("to", {"fahrenheit"}, {"celsius"})),
 ])
 def test_relations_found(verifier, text, expected):
     assert expected in verifier.analyse(text).relations
@@ -34,6 +40,8 @@ def test_relations_found(verifier, text, expected):
     "What is the best way to learn Rust?",  # the same after stopwords and filler
     "Compare Python and Java.",  # names joined by a symmetric word
     "What is the capital of France?",
+    "How many calories are in an egg?",  # "in" relates units only
+    "How do I sort a list in Python?",
 ])
 def test_no_relation(verifier, text):
     assert verifier.analyse(text).relations == frozenset()

@@ -67,6 +67,21 @@ async def test_hard_negative_rejected_by_verifier(make_cache):
     assert c.stats()["verifier_rejections"] == 1
 
 
+@pytest.mark.parametrize("stored,asked,paraphrase", [
+    ("How many ounces in a pound?", "How many pounds in an ounce?", "How many ounces are there in a pound?"),
+    ("What is the time complexity of mergesort?", "What is the space complexity of mergesort?",
+     "What is mergesort's time complexity?"),
+])
+async def test_qa_hard_negatives_miss_at_the_default_threshold(make_cache, stored, asked, paraphrase):
+    """QA found these served as semantic hits at 0.90 on a fresh namespace; the paraphrase still hits."""
+    c = make_cache()
+    default = CachePolicy(threshold=0.90)
+    await c.store("acme", chat(stored), answer("16"), default)
+    r = await c.lookup("acme", chat(asked), default)
+    assert (r.outcome, r.reason) == ("miss", "verifier")
+    assert (await c.lookup("acme", chat(paraphrase), default)).outcome == "semantic-hit"
+
+
 async def test_policy_gates(make_cache, policy):
     c = make_cache()
     body = chat("Ping?")

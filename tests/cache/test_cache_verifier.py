@@ -126,6 +126,45 @@ def test_gradable_adjectives_all_have_antonyms():
     assert {stem(w) for w in lx.GRADABLE} <= set(_ANTONYMS)
 
 
+# Found by QA at the default threshold 0.90 (cosine 0.90 to 0.95): the unit swap of "X in a Y" and
+# a swap of two common words of one kind (time / space) passed every guard.
+@pytest.mark.parametrize("q,c,reason", [
+    ("How many ounces in a pound?", "How many pounds in an ounce?", "relation"),
+    ("How many grams in a kilogram?", "How many kilograms in a gram?", "relation"),
+    ("How many feet in a mile?", "How many miles in a foot?", "relation"),
+    ("How many ounces in a pound?", "Convert ounces to pounds", "relation"),
+    ("What is a pound in ounces?", "What is an ounce in pounds?", "relation"),
+    ("What is the time complexity of mergesort?", "What is the space complexity of mergesort?", "content"),
+    ("What is the time complexity of quicksort?", "What is the space complexity of quicksort?", "content"),
+    ("What is the length of the room?", "What is the width of the room?", "content"),
+])
+def test_qa_hard_negatives_are_rejected(verifier, q, c, reason):
+    assert verifier.check(q, c) == Verdict(False, reason)
+    assert verifier.check(c, q) == Verdict(False, reason)
+
+
+@pytest.mark.parametrize("q,c", [
+    ("How many ounces in a pound?", "How many ounces are there in a pound?"),
+    ("How many ounces in a pound?", "What is a pound in ounces?"),
+    ("How many ounces in a pound?", "Convert a pound to ounces"),
+    ("How many ounces in a pound?", "How many ounces make up a pound?"),
+    ("How many pounds in an ounce?", "How many pounds are in an ounce?"),
+    ("What is 100 Fahrenheit in Celsius?", "Convert 100 Fahrenheit to Celsius"),
+    ("What is the time complexity of mergesort?", "What is mergesort's time complexity?"),
+    ("What is the time complexity of quicksort?", "How much time does quicksort take, in big-O terms?"),
+    ("What is the space complexity of quicksort?", "What is the space complexity of the quicksort algorithm?"),
+    ("Is Pluto a planet?", "Is Pluto considered a planet?"),
+])
+def test_qa_paraphrases_pass(verifier, q, c):
+    assert verifier.check(q, c).ok, verifier.check(q, c)
+    assert verifier.check(c, q).ok
+
+
+def test_a_contrast_member_alone_is_no_swap(verifier):
+    """A member of a contrast class added or dropped on one side only is not a swap."""
+    assert verifier.check("How long does quicksort take?", "How much time does quicksort take?").ok
+
+
 def test_identical_text_passes_fast_path(verifier):
     assert verifier.check("anything at all", "anything at all").ok
 

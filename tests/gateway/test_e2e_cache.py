@@ -142,6 +142,18 @@ def test_greedy_temperatures_and_the_developer_role_share_entries(api_cached) ->
     assert _post(api, key, system).headers["x-cache"] == "hit"
 
 
+def test_explicit_defaults_share_the_entry(api_cached) -> None:  # noqa: ANN001
+    """Found by QA: a repeat with ``stop_token_ids: []`` or ``tool_choice: "none"`` missed."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    question = f"Name a river. ({time.time_ns()})"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
+    for default in (dict(stop_token_ids=[]), dict(tool_choice="none"), dict(top_k=0),
+                    dict(stop_token_ids=[], tool_choice="none", tools=[], logit_bias={}, stop=[])):
+        resp = _post(api, key, _body(api, question, **default))
+        assert resp.status_code == 200 and resp.headers["x-cache"] == "hit", default
+
+
 def test_long_prompts_that_differ_at_the_end_never_share_an_answer(api_cached) -> None:  # noqa: ANN001
     """The cache's embedder reads 256 word-pieces: past that, only the exact tier may answer."""
     api = api_cached

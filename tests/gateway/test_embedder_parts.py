@@ -4,6 +4,8 @@ process's exit waits for its thread)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -31,3 +33,44 @@ def test_a_closed_embedder_stops_before_its_next_part() -> None:
     e.close()
     with pytest.raises(RuntimeError, match="closed"):
         e.embed(["one", "two", "three"])
+
+
+def test_counting_parts_keep_the_order_and_stop_at_the_first_text_too_long(embedder, monkeypatch) -> None:  # noqa: ANN001
+    """Found by QA: a 5 MB batch refused for its first input was tokenized whole (2.6 s)."""
+    from gateway import embedder as module
+
+    monkeypatch.setattr(module, "COUNT_PART_CHARS", 40)
+    texts = ["one two three", "word " * 300, "four five", "six"] + ["seven eight nine ten"] * 50
+    whole = embedder.count_tokens(texts)
+    assert whole[1] == 302
+    assert asyncio.run(embedder.acount_tokens(texts)) == whole  # in parts, each in its place
+    early = asyncio.run(embedder.acount_tokens(texts, stop_over=256))
+    assert early[:2] == whole[:2] and len(early) < 6  # the part holding input 1, not the 54 texts
+    assert asyncio.run(embedder.acount_tokens(texts[2:], stop_over=256)) == whole[2:]
+
+
+def test_a_text_too_long_logs_no_tokenizer_warning(embedder) -> None:  # noqa: ANN001
+    """transformers warns "Token indices sequence length is longer than the specified maximum"; the
+    service refuses such an input with a 400, so the warning would only fill the log. Only that
+    warning is off: transformers' logger keeps its level."""
+    import logging
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    logger = logging.getLogger("transformers")  # (it does not propagate to the root: caplog misses it)
+    records, level = Records(), logger.level
+    logger.addHandler(records)
+    embedder.model.tokenizer.deprecation_warnings.clear()  # it warns once per tokenizer
+    try:
+        assert embedder.count_tokens(["w " * 400]) == [402]
+        assert asyncio.run(embedder.acount_tokens(["w " * 400], stop_over=256)) == [402]
+    finally:
+        logger.removeHandler(records)
+    assert not [m for m in records.messages if "sequence length" in m]
+    assert logger.level == level
