@@ -23,14 +23,22 @@ def money(value: Decimal) -> Decimal:
     return value.quantize(MONEY_QUANTUM)
 
 
+def timestamp(value: datetime) -> str:
+    """A stored time as every admin view shows it: UTC, ISO 8601, whole seconds
+    (``2026-12-03T16:02:59+00:00``). The database's own clock gives SQLite whole seconds and
+    PostgreSQL microseconds, times set by pagegate (``revoked_at``, ``deleted_at``) carry
+    microseconds: one precision for all, as the CLI's tables show them."""
+    # SQLite hands back naive datetimes; everything pagegate stores is UTC.
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC).isoformat(timespec="seconds")
+
+
 def jsonable(value: Any) -> Any:
     """Datetimes and nested containers made JSON-safe. A Decimal stays a Decimal, at 8 decimals: a
     float cannot hold 18 digits, and ``admin.api.exact_json`` writes it as the exact JSON number."""
     if isinstance(value, Decimal):
         return money(value)
     if isinstance(value, datetime):
-        # SQLite hands back naive datetimes; everything pagegate stores is UTC.
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+        return timestamp(value)
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, dict):

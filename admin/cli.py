@@ -9,7 +9,7 @@ import asyncio
 import logging
 import sqlite3
 import sys
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
@@ -17,19 +17,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from admin import cli_commands as cmd
 from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound
-from admin.schemas import INT32_MAX, INT64_MAX, InvalidField, split_models
+from admin.schemas import INT32_MAX, INT64_MAX, PLAIN_DECIMAL, WHOLE_NUMBER, InvalidField, split_models
 from gateway.db.session import safe_url
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
 
 
 def _usd(value: str) -> Decimal:
-    try:
-        amount = Decimal(value)
-    except InvalidOperation as exc:
-        raise argparse.ArgumentTypeError(f"not an amount: {value!r}") from exc
-    if not amount.is_finite():  # before comparing: NaN < 0 raises InvalidOperation
-        raise argparse.ArgumentTypeError(f"not an amount: {value!r}")
+    # plain decimal notation only: Decimal() also takes "1_000", " 5", "+5", "1e3", "nan"
+    if not PLAIN_DECIMAL.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"not an amount: {value!r} (digits and at most one point)")
+    amount = Decimal(value)
     if amount < 0:
         raise argparse.ArgumentTypeError("amounts must be >= 0")
     if amount >= 10 ** 10:
@@ -41,10 +39,9 @@ def _usd(value: str) -> Decimal:
 
 def _counter(limit: int | None):  # noqa: ANN202
     def count(value: str) -> int:
-        try:
-            n = int(value)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from exc
+        if not WHOLE_NUMBER.fullmatch(value):  # int() also takes "1_000", " 5", "+5" and "٣"
+            raise argparse.ArgumentTypeError(f"not a whole number: {value!r} (plain digits 0-9)")
+        n = int(value)
         if n < 0:
             raise argparse.ArgumentTypeError("must be >= 0")
         if limit is not None and n > limit:
@@ -60,19 +57,18 @@ _whole = _counter(None)  # checked by its caller
 
 
 def _positive(value: str) -> int:
-    n = _whole(value) if not value.lstrip().startswith("-") else -1
+    n = _whole(value) if not value.startswith("-") else -1
     if n <= 0:
         raise argparse.ArgumentTypeError(f"must be a whole number > 0, not {value!r}")
     return n
 
 
 def _threshold(value: str) -> float:
-    """A similarity threshold in (0, 1]."""
-    try:
-        x = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from exc
-    if not 0 < x <= 1:  # (nan fails this too)
+    """A similarity threshold in (0, 1], in plain decimal notation as money is."""
+    if not PLAIN_DECIMAL.fullmatch(value):  # float() also takes "0.9_5", " 1", "nan", "1e-1"
+        raise argparse.ArgumentTypeError(f"not a number: {value!r} (digits and at most one point)")
+    x = float(value)
+    if not 0 < x <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value!r}")
     return x
 

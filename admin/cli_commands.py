@@ -163,9 +163,12 @@ async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
     if not changes:
         note("error: nothing to change (give --rpm, --tpm, --budget-tokens, --budget-usd, --period, --cache, ...)")
         return 2
-    tenant = await ops.update_tenant(args.name, **changes)
+    tenant, changed = await ops.apply_tenant_update(args.name, **changes)
+    if not changed:  # no audit row, nothing pushed: "updated" would be a false record
+        note(f"tenant {tenant.name} unchanged: it already has those settings")
+        return 0
     _warn_no_redis(ops)
-    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={_shown(v)}" for k, v in changes.items()))
+    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={_shown(v)}" for k, v in changed.items()))
     return 0
 
 
@@ -179,9 +182,13 @@ def _shown(value: object) -> str:
 
 async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:
     enabled = args.tenants_cmd == "enable"
-    await ops.set_enabled(args.name, enabled)
+    state = "enabled" if enabled else "disabled"
+    tenant, changed = await ops.apply_enabled(args.name, enabled)
+    if not changed:
+        note(f"tenant {tenant.name} unchanged: it is already {state}")
+        return 0
     _warn_no_redis(ops)
-    note(f"{'enabled' if enabled else 'disabled'} tenant {args.name}")
+    note(f"{state} tenant {tenant.name}")
     return 0
 
 
@@ -217,7 +224,10 @@ def _note_if_deleted(tenant: Tenant) -> None:
 
 
 async def keys_revoke(ops: Management, args: argparse.Namespace) -> int:
-    row = await ops.revoke_key(args.key)
+    row, changed = await ops.apply_revoke(args.key)
+    if not changed:
+        note(f"key {row.prefix} (id {row.id}) unchanged: it was already revoked")
+        return 0
     _warn_no_redis(ops)
     note(f"revoked key {row.prefix} (id {row.id})")
     return 0
@@ -232,8 +242,9 @@ async def keys_rotate(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def prices_set(ops: Management, args: argparse.Namespace) -> int:
-    row = await ops.set_price(model=args.model, prompt_usd_per_1m=args.prompt, completion_usd_per_1m=args.completion)
-    note(f"price of {row.model}: ${decimal_text(row.prompt_usd_per_1m)} prompt, "
+    row, changed = await ops.apply_price(model=args.model, prompt_usd_per_1m=args.prompt,
+                                         completion_usd_per_1m=args.completion)
+    note(f"price of {row.model}{'' if changed else ' unchanged'}: ${decimal_text(row.prompt_usd_per_1m)} prompt, "
          f"${decimal_text(row.completion_usd_per_1m)} completion per 1M")
     return 0
 

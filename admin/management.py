@@ -250,18 +250,25 @@ class Management:
         return tenant
 
     async def update_tenant(self, name: str, **changes: object) -> Tenant:
+        """Change the fields given (``None`` clears a limit or budget); see ``apply_tenant_update``."""
+        return (await self.apply_tenant_update(name, **changes))[0]
+
+    async def apply_tenant_update(self, name: str, **changes: object) -> tuple[Tenant, dict]:
         """Change the fields given (``None`` clears a limit or budget): one audit row per call that
-        changes something. A call that changes nothing (disabling a disabled tenant, the values it
-        already has) writes no audit row and pushes no invalidation."""
+        changes something. Returns the tenant and the changes that took effect; empty when the call
+        changed nothing (disabling a disabled tenant, the values it already has): then no audit row
+        is written and no invalidation pushed. The tenant is compared under its row lock, so of two
+        identical changes at once only the first is recorded: the second sees its result."""
         _only(changes, TENANT_FIELDS)
         changes = validated(TenantLimits, changes).changes()
         check_money(self._dialect(), changes)
-        tenant = await self.tenant(name)
+        tenant = await self._locked_tenant(name)
         before = tenant_view(tenant)
         # compared as the views show them: budget_usd 25 equals the stored 25.00000000
         changes = {k: v for k, v in changes.items() if audit.jsonable(v) != before[k]}
         if not changes:
-            return tenant
+            await self.session.commit()  # releases the row lock
+            return tenant, {}
         await tenancy.update_tenant(self.session, tenant_id=tenant.id, **changes)
         await self._refuse_if_deleted(tenant.id, name)  # (an enable racing a delete must not revive it)
         await self.session.refresh(tenant)
@@ -274,10 +281,34 @@ class Management:
         if "period" in changes:
             await self._forget_counter(tenant.id, tenant.budget_period)
         await self._invalidate(tenant_id=tenant.id)
-        return tenant
+        return tenant, changes
+
+    async def _locked_tenant(self, name: str) -> Tenant:
+        """The tenant (not deleted) read again under a lock held until this transaction ends. Two
+        admins changing it at once are serialized: the second reads what the first committed.
+        PostgreSQL: ``FOR UPDATE`` waits for a change in flight. SQLite has no row locks: a write
+        that changes nothing takes the database's write lock first, so the read that follows sees
+        every commit made before it."""
+        tenant = await self.tenant(name)
+        if self._dialect() == "sqlite":
+            await self.session.execute(  # (updated_at set to itself: its onupdate must not fire)
+                update(Tenant).where(Tenant.id == tenant.id).values(updated_at=Tenant.updated_at)
+                .execution_options(synchronize_session=False))
+        locked = await self.session.scalar(
+            select(Tenant).where(Tenant.id == tenant.id).with_for_update()
+            .execution_options(populate_existing=True))
+        if locked is None or locked.deleted_at is not None:  # deleted meanwhile
+            await self.session.rollback()
+            raise NotFound(f"No tenant named {name!r}.")
+        return locked
 
     async def set_enabled(self, name: str, enabled: bool) -> Tenant:
         return await self.update_tenant(name, enabled=enabled)
+
+    async def apply_enabled(self, name: str, enabled: bool) -> tuple[Tenant, bool]:
+        """Enable or disable a tenant; also whether that changed anything."""
+        tenant, changed = await self.apply_tenant_update(name, enabled=enabled)
+        return tenant, bool(changed)
 
     async def create_key(self, *, tenant: str, name: str | None = None, allowed_models: list[str] | None = None,
                          rpm: int | None = None) -> tuple[ApiKey, NewKey]:
@@ -293,23 +324,27 @@ class Management:
         return row, new
 
     async def revoke_key(self, ref: int | str) -> ApiKey:
-        """Revoke a key; revoking a revoked key changes nothing (no audit row, no push), also when
-        several admins revoke it at once: one of them revokes it, the others find it revoked."""
+        return (await self.apply_revoke(ref))[0]
+
+    async def apply_revoke(self, ref: int | str) -> tuple[ApiKey, bool]:
+        """Revoke a key; also whether this call revoked it. Revoking a revoked key changes nothing
+        (no audit row, no push), also when several admins revoke it at once: one of them revokes
+        it, the others find it revoked."""
         row = await self.key(ref)
         if row.revoked:
-            return row
+            return row, False
         owner = await self.owner(row)
         before = key_view(row, owner)
         revoked = await tenancy.revoke_active_key(self.session, key_id=row.id)
         await self.session.refresh(row)
         if not revoked:  # revoked by someone else since we read it
             await self.session.commit()  # ends the (empty) transaction; a rollback would expire ``row``
-            return row
+            return row, False
         audit.record(self.session, actor=self.actor, action="key.revoke", target=f"key:{row.prefix}",
                      before=before, after=key_view(row, owner))
         await self.session.commit()
         await self._invalidate(key_hash=row.key_hash)
-        return row
+        return row, True
 
     async def rotate_key(self, ref: int | str) -> tuple[ApiKey, ApiKey, NewKey]:
         """Revoke a key and mint its replacement (same tenant, name, models, rpm) in one commit."""
@@ -334,12 +369,18 @@ class Management:
 
     async def set_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
                         completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
+        return (await self.apply_price(model=model, prompt_usd_per_1m=prompt_usd_per_1m,
+                                       completion_usd_per_1m=completion_usd_per_1m))[0]
+
+    async def apply_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
+                          completion_usd_per_1m: Decimal | float | str) -> tuple[ModelPrice, bool]:
+        """Set a model's price; also whether it changed (the price it has: no audit row)."""
         price = checked_price(self._dialect(), model=model, prompt_usd_per_1m=prompt_usd_per_1m,
                               completion_usd_per_1m=completion_usd_per_1m)
         existing = await self.session.get(ModelPrice, model)
         if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
                 price.prompt_usd_per_1m, price.completion_usd_per_1m):
-            return existing  # the price it has: nothing to record
+            return existing, False  # the price it has: nothing to record
         before = price_view(existing) if existing is not None else None
         row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
                                       completion_usd_per_1m=price.completion_usd_per_1m)
@@ -347,7 +388,7 @@ class Management:
         audit.record(self.session, actor=self.actor, action="price.set", target=f"model:{model}",
                      before=before, after=price_view(row))
         await self.session.commit()
-        return row
+        return row, True
 
     def _dialect(self) -> str:
         return self.session.get_bind().dialect.name

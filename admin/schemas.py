@@ -3,7 +3,7 @@ the dashboard (through ``Management``) so every surface refuses the same bad val
 message. Unknown fields are refused (a typo must not pass silently). Bounds are the database's:
 32-bit integer columns, 64-bit token budgets, money as NUMERIC(18, 8). Counts and flags are strict
 (a JSON body's ``true`` is not 1, nor ``"12"`` 12, nor ``"yes"`` true); money may be a number or a
-string."""
+string in plain decimal notation (``"25.5"``, not ``"1_000"`` or ``"1e3"``)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,30 @@ Count = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 Positive = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
 TokenCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
 Flag = Annotated[bool, Field(strict=True)]
-Money = Annotated[Decimal, Field(ge=0, max_digits=18, decimal_places=8)]  # a JSON number or a string
+# Numbers written as text (CLI options, query parameters, money sent as a JSON string) are plain:
+# int() and Decimal() would also take "1_000", " 5", "+5", "٣" or "1e3", which no surface documents.
+WHOLE_NUMBER = re.compile(r"-?[0-9]+")  # the sign only so that bounds say "must be >= 0"
+PLAIN_DECIMAL = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
+WHOLE_NUMBER_RULE = "must be a whole number in plain digits (0-9)"
+PLAIN_DECIMAL_RULE = "must be a plain decimal number: digits and at most one point (no '_', spaces, '+' or exponent)"
+
+
+def plain_whole_number(value: object) -> object:
+    """Text must be ASCII digits (optionally negative, for the bounds to refuse); other values pass."""
+    if isinstance(value, str) and not WHOLE_NUMBER.fullmatch(value):
+        raise ValueError(WHOLE_NUMBER_RULE)
+    return value
+
+
+def _plain_money(value: object) -> object:
+    # only text: a JSON number is a number in any JSON form (Python's json writes 0.00001 as 1e-05)
+    if isinstance(value, str) and not PLAIN_DECIMAL.fullmatch(value):
+        raise ValueError(PLAIN_DECIMAL_RULE)
+    return value
+
+
+# a JSON number or a string in plain decimal notation
+Money = Annotated[Decimal, BeforeValidator(_plain_money), Field(ge=0, max_digits=18, decimal_places=8)]
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # the whole name (re.fullmatch: "$" would pass "acme\n")
 
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
+from pydantic import BeforeValidator
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from admin.api.routing import SCOPE_KEY
 from admin.auth import SCOPE_READ, SCOPE_WRITE, AdminPrincipal, bearer_token, require
 from admin.context import AdminContext
 from admin.management import MAX_PAGE_SIZE, PAGE_SIZE, Management
-from admin.schemas import INT32_MAX
+from admin.schemas import INT32_MAX, plain_whole_number
 
 
 def _context(request: Request) -> AdminContext:
@@ -69,10 +70,14 @@ class PageQuery:
     after: int | None
 
 
-def _page(limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE,
-                                      description=f"rows per page, 1..{MAX_PAGE_SIZE}")] = PAGE_SIZE,
+# ASCII digits only: pydantic's lax int would read "5.0", " 5", "+5" or "1_000" as a number
+QueryInt = BeforeValidator(plain_whole_number)
+
+
+def _page(limit: Annotated[int, QueryInt, Query(ge=1, le=MAX_PAGE_SIZE,
+                                                description=f"rows per page, 1..{MAX_PAGE_SIZE}")] = PAGE_SIZE,
           # bounded by the id columns' range: past it PostgreSQL would refuse the comparison (a 500)
-          after: Annotated[int | None, Query(ge=1, le=INT32_MAX, description=(
+          after: Annotated[int | None, QueryInt, Query(ge=1, le=INT32_MAX, description=(
               "the previous page's last_id: the page starts past it (higher ids; in the audit log, "
               "older entries)"))] = None) -> PageQuery:
     return PageQuery(limit=limit, after=after)

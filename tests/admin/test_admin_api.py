@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -444,3 +445,23 @@ async def test_authentication_comes_before_reading_the_request(client, auth, met
         assert resp.status_code == 403 and resp.json()["error"]["code"] == "insufficient_scope", resp.text
     resp = await client.request(method, path, content=content, headers={**headers, **auth()})
     assert resp.status_code == 400, resp.text  # an allowed caller learns what is wrong with the request
+
+
+async def test_every_timestamp_is_utc_to_the_second(client, auth):
+    """Times set by the database's clock (created_at, updated_at: whole seconds on SQLite) and by
+    pagegate (revoked_at, deleted_at: microseconds) are shown alike, in views and audit snapshots."""
+    when = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00")
+    name = unique("times")
+    await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+    key = (await client.post(f"/admin/v1/tenants/{name}/keys", json={}, headers=auth())).json()
+    revoked = (await client.post(f"/admin/v1/keys/{key['id']}/revoke", headers=auth())).json()
+    model = unique("m")
+    price = (await client.put(f"/admin/v1/prices/{model}", json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 2},
+                              headers=auth())).json()
+    deleted = (await client.delete(f"/admin/v1/tenants/{name}", headers=auth())).json()
+    budget = (await client.get(f"/admin/v1/tenants/{name}/budget", headers=auth())).json()
+    audit = (await client.get("/admin/v1/audit", params={"target": f"tenant:{name}"}, headers=auth())).json()["data"]
+    shown = [key["created_at"], revoked["created_at"], revoked["revoked_at"], price["updated_at"],
+             deleted["created_at"], deleted["updated_at"], deleted["deleted_at"], budget["deleted_at"],
+             budget["period_start"], *(e["created_at"] for e in audit), audit[0]["after"]["deleted_at"]]
+    assert all(isinstance(t, str) and when.fullmatch(t) for t in shown), shown

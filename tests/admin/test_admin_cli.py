@@ -99,7 +99,7 @@ def test_tenant_commands(env, capsys):
     assert (tenant.budget_tokens, tenant.budget_usd) == (5000, Decimal("1"))
     code, _, err = run(capsys, "tenants", "update", both, "--no-budget", "--budget-usd", "2")
     assert code == 2 and "--no-budget" in err
-    code, _, err = run(capsys, "tenants", "update", both, "--budget-usd", "1e3", "--cache", "off")
+    code, _, err = run(capsys, "tenants", "update", both, "--budget-usd", "1000", "--cache", "off")
     assert code == 0 and f"updated tenant {both}: budget_usd=1,000.00, cache_enabled=off" in err, err
     code, _, err = run(capsys, "tenants", "update", both, "--no-budget")
     assert code == 0 and "budget_tokens=-, budget_usd=-" in err, err
@@ -319,13 +319,75 @@ def test_tables_align_and_format_values():
 def test_changes_that_change_nothing_are_not_audited(env, capsys):
     name = unique("noop")
     assert run(capsys, "tenants", "create", name, "--rpm", "60", "--budget-usd", "2.5")[0] == 0
-    for argv in (["tenants", "disable", name], ["tenants", "disable", name],
-                 ["tenants", "update", name, "--rpm", "60", "--budget-usd", "2.50"]):
-        code, _, err = run(capsys, *argv)
-        assert code == 0, err
-    assert _audit_actions(env, f"tenant:{name}") == ["tenant.create", "tenant.disable"]
+    for argv, said in ((["tenants", "disable", name], f"disabled tenant {name}\n"),
+                       (["tenants", "disable", name], f"tenant {name} unchanged: it is already disabled\n"),
+                       (["tenants", "update", name, "--rpm", "60", "--budget-usd", "2.50"],
+                        f"tenant {name} unchanged: it already has those settings\n"),
+                       (["tenants", "update", name, "--rpm", "60", "--tpm", "7"], f"updated tenant {name}: tpm=7\n"),
+                       (["tenants", "enable", name], f"enabled tenant {name}\n"),
+                       (["tenants", "enable", name], f"tenant {name} unchanged: it is already enabled\n")):
+        code, out, err = run(capsys, *argv)
+        assert (code, out, err) == (0, "", said), argv
+    assert _audit_actions(env, f"tenant:{name}") == ["tenant.create", "tenant.disable", "tenant.update",
+                                                     "tenant.enable"]
     code, _, err = run(capsys, "tenants", "create", name)  # the documented refusal, unchanged
     assert (code, err) == (1, f"error: Tenant {name!r} already exists.\n")
+
+
+def test_revoking_a_revoked_key_and_setting_the_same_price_say_unchanged(env, capsys):
+    tenant = unique("noopkey")
+    run(capsys, "tenants", "create", tenant)
+    code, key, _ = run(capsys, "keys", "create", "--tenant", tenant)
+    prefix = key.strip()[:10]
+    code, _, err = run(capsys, "keys", "revoke", prefix)
+    assert code == 0 and err.startswith(f"revoked key {prefix} "), err
+    code, out, err = run(capsys, "keys", "revoke", prefix)
+    assert (code, out) == (0, "") and err.startswith(f"key {prefix} (id ") and err.endswith(
+        "unchanged: it was already revoked\n"), err
+    assert _audit_actions(env, f"key:{prefix}") == ["key.create", "key.revoke"]
+
+    model = unique("m")
+    said = [f"price of {model}{s}: $0.15 prompt, $0.60 completion per 1M\n" for s in ("", " unchanged")]
+    for argv, expected in ((["--prompt", "0.15", "--completion", "0.6"], said[0]),
+                           (["--prompt", "0.150", "--completion", "0.60000000"], said[1])):
+        assert run(capsys, "prices", "set", model, *argv) == (0, "", expected)
+    assert _audit_actions(env, f"model:{model}") == ["price.set"]
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--rpm", "1_000"), ("--rpm", " 5"), ("--rpm", "5 "), ("--rpm", "+5"), ("--rpm", "٣"), ("--rpm", "5.0"),
+    ("--tpm", "0x10"), ("--budget-tokens", "1_000"), ("--cache-ttl-s", " 60"), ("--cache-max-entries", "1_0"),
+    ("--budget-usd", "1_000"), ("--budget-usd", " 5"), ("--budget-usd", "+5"), ("--budget-usd", "1e3"),
+    ("--budget-usd", "1E-2"), ("--budget-usd", "٣"), ("--budget-usd", "1.2.3"), ("--budget-usd", "."),
+    ("--cache-threshold", "0.9_5"), ("--cache-threshold", "1e-1"), ("--cache-threshold", " 0.5"),
+])
+def test_numbers_are_plain_digits(capsys, option, value):
+    """int(), Decimal() and float() read Python literals ("1_000", " 5", "+5", "1e3"): an option
+    takes plain digits (money and thresholds: one optional point), else a one-line usage error."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["tenants", "create", "x", f"{option}={value}"])
+    _, err = capsys.readouterr()
+    assert done.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"argument {option}: not a" in err and repr(value) in err, err
+
+
+@pytest.mark.parametrize("argv", [["audit", "--limit", "1_0"], ["audit", "--before", "+5"],
+                                  ["token", "--ttl", " 60"], ["keys", "create", "--tenant", "t", "--rpm", "1_0"],
+                                  ["prices", "set", "m", "--prompt", "1_0", "--completion", "1"]])
+def test_other_number_options_are_plain_digits(capsys, argv):
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_plain_numbers_still_parse(env, capsys):
+    name = unique("plain")
+    code, _, err = run(capsys, "tenants", "create", name, "--rpm", "007", "--budget-usd", ".5",
+                       "--cache-threshold", "1.", "--budget-tokens", "0")
+    assert code == 0, err
+    tenant = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == name)))
+    assert (tenant.rpm_limit, tenant.budget_usd, tenant.cache_threshold, tenant.budget_tokens) == (
+        7, Decimal("0.5"), 1.0, 0)
 
 
 def test_key_names_with_control_characters_are_refused(env, capsys):

@@ -6,13 +6,17 @@ null where a field cannot be cleared); key names without control characters."""
 from __future__ import annotations
 
 import asyncio
+import json
+from decimal import Decimal
 
 import pytest
 from admin_testlib import unique
 from redis.asyncio import Redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text, update
 
-from gateway.db.models import AuditLog
+from admin.management import Management
+from gateway.db.models import AuditLog, Tenant
+from gateway.db.session import Database
 from gateway.tenancy import invalidation_version_key
 
 PARALLEL = 10
@@ -160,6 +164,15 @@ async def test_setting_a_price_to_the_price_it_has_is_not_recorded(client, app, 
     ("PUT", "/admin/v1/tenants/{t}/budget", {"period": None}, "period"),
     ("POST", "/admin/v1/tenants/{t}/keys", {"rpm": True}, "rpm"),
     ("POST", "/admin/v1/tenants/{t}/keys", {"rpm": "5"}, "rpm"),
+    # money as a string is plain decimal notation, as the CLI takes it (Decimal() reads more)
+    ("POST", "/admin/v1/tenants", {"budget_usd": "1_000"}, "budget_usd"),
+    ("PATCH", "/admin/v1/tenants/{t}", {"budget_usd": " 5"}, "budget_usd"),
+    ("PATCH", "/admin/v1/tenants/{t}", {"budget_usd": "+5"}, "budget_usd"),
+    ("PATCH", "/admin/v1/tenants/{t}", {"budget_usd": "1e3"}, "budget_usd"),
+    ("PUT", "/admin/v1/tenants/{t}/budget", {"budget_usd": "٣"}, "budget_usd"),
+    ("PUT", "/admin/v1/prices/m-{t}", {"prompt_usd_per_1m": "1_0", "completion_usd_per_1m": 1}, "prompt_usd_per_1m"),
+    ("PUT", "/admin/v1/prices/m-{t}", {"prompt_usd_per_1m": 1, "completion_usd_per_1m": "5E-1"},
+     "completion_usd_per_1m"),
 ])
 async def test_loose_types_and_nulls_that_cannot_clear_are_400(client, app, auth, method, path, body, param):
     tenant = unique("strict")
@@ -174,6 +187,17 @@ async def test_loose_types_and_nulls_that_cannot_clear_are_400(client, app, auth
     got = (await client.get(f"/admin/v1/tenants/{tenant}", headers=auth())).json()
     assert (got["rpm"], got["enabled"], got["period"], got["cache_enabled"]) == (None, True, "month", True)
     assert await _audit_count(app, "tenant.update", f"tenant:{tenant}") == 0
+
+
+async def test_money_strings_in_plain_notation_and_json_numbers_in_any_form_are_taken(client, auth):
+    """A JSON number may use exponents (Python's json writes 0.00001 as 1e-05); a string is plain."""
+    name = unique("money")
+    assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).status_code == 201
+    for body, stored in (('"1000"', "1000"), ('".5"', "0.5"), ('"2."', "2"), ("1E+3", "1000"), ("1e-05", "0.00001")):
+        resp = await client.patch(f"/admin/v1/tenants/{name}", content=f'{{"budget_usd": {body}}}',
+                                  headers={**auth(), "content-type": "application/json"})
+        assert resp.status_code == 200, (body, resp.text)
+        assert json.loads(resp.text, parse_float=Decimal)["budget_usd"] == Decimal(stored), body
 
 
 async def test_strict_bodies_still_take_what_they_should(client, auth):
@@ -210,3 +234,46 @@ async def test_key_names_may_hold_any_printable_text(client, auth):
     for name in ("web prod", "Café – ✓ 日本", ""):
         resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", json={"name": name}, headers=auth())
         assert resp.status_code == 201 and resp.json()["name"] == name, resp.text
+
+
+# --- two identical changes at once ----------------------------------------------------------------
+async def _waiting_on_locks(db, count: int) -> None:
+    """Until ``count`` other sessions of this database wait on a lock (PostgreSQL)."""
+    for _ in range(500):
+        async with db.sessionmaker() as s:
+            waiting = await s.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                          "AND wait_event_type = 'Lock'"))
+        if waiting >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} sessions never waited on the tenant's row lock")
+
+
+async def test_two_disables_at_once_record_one(db_url, settings):
+    """Both admins read the tenant as enabled before either commits (held there by a third session's
+    row lock); the second must then see the first's disable: one tenant.disable, one no-op."""
+    db = Database(settings.database_url)
+    try:
+        name = unique("twice")
+        async with db.sessionmaker() as s:
+            await Management(session=s, actor="setup").create_tenant(name=name)
+        async with db.sessionmaker() as blocker, db.sessionmaker() as one, db.sessionmaker() as two:
+            if db.dialect == "sqlite":  # no row locks: the database's write lock, held by a write
+                await blocker.execute(update(Tenant).where(Tenant.name == name).values(rpm_limit=None))
+            else:
+                await blocker.execute(select(Tenant.id).where(Tenant.name == name).with_for_update())
+            both = asyncio.gather(*(Management(session=s, actor=who).apply_enabled(name, False)
+                                    for s, who in ((one, "alice"), (two, "bob"))))
+            if db.dialect == "sqlite":  # (no view of who waits: both have read the tenant by then)
+                await asyncio.sleep(0.5)
+            else:
+                await _waiting_on_locks(db, 2)
+            await blocker.commit()
+            results = await both
+        assert sorted(changed for _, changed in results) == [False, True]
+        assert all(t.enabled is False for t, _ in results)
+        async with db.sessionmaker() as s:
+            actions = (await s.scalars(select(AuditLog.action).where(AuditLog.target == f"tenant:{name}"))).all()
+        assert sorted(actions) == ["tenant.create", "tenant.disable"]
+    finally:
+        await db.dispose()

@@ -169,7 +169,10 @@ async def test_default_and_largest_page(client, app, auth):
 
 BAD_VALUES = [("limit", "0"), ("limit", "-1"), ("limit", "1001"), ("limit", "ten"), ("limit", "2.5"),
               ("limit", ""), ("after", "0"), ("after", "-3"), ("after", "x"), ("after", "1.5"),
-              ("after", str(INT32_MAX + 1)), ("after", "99999999999999999999")]  # past the id columns
+              ("after", str(INT32_MAX + 1)), ("after", "99999999999999999999"),  # past the id columns
+              # not plain digits: pydantic's lax int would read these as 5 or 1000
+              ("limit", "5.0"), ("limit", " 5"), ("limit", "5 "), ("limit", "+5"), ("limit", "1_000"),
+              ("limit", "٣"), ("after", "2.0"), ("after", "+2"), ("after", "1_0"), ("after", "")]
 
 
 @pytest.mark.parametrize("path", ["/admin/v1/tenants", "/admin/v1/keys", "/admin/v1/tenants/nobody/keys",
@@ -183,6 +186,12 @@ async def test_bad_limit_or_after_is_400_naming_it(client, auth, path):
         assert error["message"].startswith(f"{param}: "), error
     resp = await client.get(path, params={"limit": "0"})  # the token is checked first
     assert resp.status_code == 401
+
+
+async def test_a_limit_with_a_point_is_named_as_not_a_whole_number(client, auth):
+    resp = await client.get("/admin/v1/tenants", params={"limit": "5.0"}, headers=auth("admin:read"))
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == "limit: must be a whole number in plain digits (0-9)"
 
 
 @pytest.mark.parametrize("path", ["/admin/v1/tenants", "/admin/v1/keys", "/admin/v1/audit"])
