@@ -20,7 +20,8 @@ GREEDY_BELOW = 1e-5
 # Roles the model reads alike: a developer message reaches the engine as a system one.
 _ROLE_ALIASES = {"developer": "system"}
 # Keys that never change the answer: transport and bookkeeping only.
-_IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier"})
+_IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier",
+                      "parallel_tool_calls"})  # (no tools are ever called)
 # Values that mean the same as leaving the field out (the engine's or the service's defaults):
 # dropping them makes "absent" and "explicit default" one key. Tools are refused unless empty, so
 # an empty list and a "none" choice are absent; top_k 0 and -1 both turn top-k off; the engine's

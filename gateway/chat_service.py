@@ -190,6 +190,11 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise unsupported("modalities", "Only text output is supported.")
     if body.audio is not None:
         raise unsupported("audio", "Audio output is not supported.")
+    for field, what in (("reasoning_effort", "Reasoning effort is not supported by this model."),
+                        ("prediction", "Predicted outputs are not supported by this model."),
+                        ("web_search_options", "Web search is not supported by this model.")):
+        if getattr(body, field) is not None:
+            raise unsupported(field, what)
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:

@@ -202,6 +202,9 @@ class ChatCompletionRequest(_Sampling):
     function_call: Any = None
     modalities: list[StrictStr] | None = None  # only ["text"]
     audio: dict[str, Any] | None = None  # refused
+    reasoning_effort: Any = None  # refused: this model does not reason (OpenAI refuses it for such models)
+    prediction: Any = None  # predicted outputs: refused
+    web_search_options: Any = None  # refused
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

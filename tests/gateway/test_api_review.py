@@ -40,6 +40,9 @@ def test_a_lone_surrogate_is_a_400_not_a_500(api, path, body, param) -> None:  #
     ({"tool_choice": "required"}, "tool_choice"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"prediction": {"type": "content", "content": "Hello"}}, "prediction"),
+    ({"web_search_options": {}}, "web_search_options"),
     ({"messages": [{"role": "user", "content": "Weather?"},
                    {"role": "assistant", "content": None, "tool_calls": [
                        {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
@@ -54,7 +57,9 @@ def test_known_fields_the_engine_cannot_honour_are_refused_not_ignored(api, fiel
 
 def test_harmless_values_of_those_fields_are_accepted(api) -> None:  # noqa: ANN001
     resp = post(api, "/v1/chat/completions", chat(api, logit_bias={}, tool_choice="none", tools=[],
-                                                   modalities=["text"], logprobs=False))
+                                                   modalities=["text"], logprobs=False, store=True,
+                                                   metadata={"team": "a"}, parallel_tool_calls=False,
+                                                   reasoning_effort=None))
     assert resp.status_code == 200, resp.text
 
 
