@@ -284,6 +284,10 @@ async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
         if ops.invalidation_failed:
             cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "
                      "cache expires (key_cache_ttl_s)")
+        if ops.counter_kept:
+            cmd.note("warning: the budget period changed, but without Redis its spend counter could not be "
+                     "reset: if the tenant was on this period earlier in it, its budget counts too little "
+                     "until the period ends (set PAGEGATE_REDIS_URL to the gateways' Redis)")
         return code
 
 

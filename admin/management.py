@@ -124,6 +124,7 @@ class Management:
     redis: Redis | None = None
     redis_prefix: str = "pg:"
     invalidation_failed: bool = False
+    counter_kept: bool = False  # a budget period changed, but its Redis counter could not be dropped
 
     # --- reads ---------------------------------------------------------------------------------
     async def tenant(self, name: str, *, include_deleted: bool = False) -> Tenant:
@@ -408,11 +409,12 @@ class Management:
         """A new budget period: its counter in Redis, if one is left from an earlier time in that
         period, missed what was spent meanwhile; the gateways rebuild it from the usage rows."""
         if self.redis is None:
+            self.counter_kept = True
             return
         try:
             await forget_counter(self.redis, self.redis_prefix, tenant_id, period)
         except RedisError as exc:
-            self.invalidation_failed = True
+            self.invalidation_failed = self.counter_kept = True
             log.warning("budget period changed but its counter in Redis could not be dropped (%s): the "
                         "budget may count too little until the period ends", exc)
 

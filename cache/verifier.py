@@ -246,7 +246,8 @@ class Verifier:
                         key = st
                         if self._is_rare(low):
                             rare.add(st)
-            order.append(Word(low, key, is_entity, is_unit))
+            # (an everyday unit word counts as a unit here without a number: "cups in a tablespoon")
+            order.append(Word(low, key, is_entity, is_unit or low in lx.WEAK_UNITS))
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
         unit_key = (*sorted(quantities), "|", *sorted(units))

@@ -399,8 +399,8 @@ class _ClientConn(_Framed):
             _, rid, deltas, prompt_tokens, cached, finished = message
             queue = owner._streams.get(rid)
             if queue is not None:
-                queue.put_nowait(RequestOutput(rid, [CompletionDelta(*d) for d in deltas], prompt_tokens, cached,
-                                               finished))
+                queue.put_nowait(RequestOutput(_request_id(rid), [CompletionDelta(*d) for d in deltas],
+                                               prompt_tokens, cached, finished))
         elif kind == "error":
             queue = owner._streams.get(message[1])
             if queue is not None:
@@ -418,6 +418,13 @@ class _ClientConn(_Framed):
         self.owner._lost(exc)
 
 
+_WIRE_SEP = "\x1f"  # between a request id and its sequence number in a wire id
+
+
+def _request_id(wire: str) -> str:
+    return wire.rpartition(_WIRE_SEP)[0]
+
+
 class RemoteEngine:
     """An ``EngineClient`` for an engine served by ``EngineServer`` at ``path``."""
 
@@ -431,7 +438,12 @@ class RemoteEngine:
         self.max_waiting: int | None = None  # the engine's (it refuses requests past it)
         self.engine_pid: int | None = None
         self._conn: _ClientConn | None = None
-        self._streams: dict[str, asyncio.Queue] = {}
+        # the engine process knows each request by a wire id (the request id and a sequence number):
+        # outputs of a request whose stream closed, still on their way, never reach a newer request
+        # that reuses its id
+        self._streams: dict[str, asyncio.Queue] = {}  # wire id -> its stream's queue
+        self._wire_of: dict[str, str] = {}  # request id -> wire id
+        self._wire_ids = itertools.count(1)
         self._stats: EngineStats | None = None
         self._engine_dead = False
         self._lost_reason: str | None = None
@@ -524,48 +536,57 @@ class RemoteEngine:
             conn = self._require()
             ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
             check_prompt(ids, params, self.max_model_len, self.vocab_size)  # at once, no round trip
-            if request_id in self._streams:
+            if request_id in self._wire_of:
                 raise ValueError(f"request id {request_id!r} is already in use")
         except BaseException:
             if notice is not None:
                 notice.close()
             raise
         queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
+        wire = f"{request_id}{_WIRE_SEP}{next(self._wire_ids)}"
+        self._streams[wire] = queue
+        self._wire_of[request_id] = wire
         nid = None
         if notice is not None and notice.open:
             notice.open = False  # consumed by the engine process with the request
             nid = notice.nid
-        conn.send(("add", request_id, ids, _params_fields(params), salt, priority_class, nid))
+        conn.send(("add", wire, ids, _params_fields(params), salt, priority_class, nid))
 
         def stop() -> None:
-            self._streams.pop(request_id, None)
+            self._forget(request_id, wire)
             if self._conn is not None and self._conn.transport is not None:
-                self._conn.send(("abort", request_id))
+                self._conn.send(("abort", wire))
 
         try:
             async with contextlib.aclosing(stream_outputs(queue, stop)) as outputs:
                 async for item in outputs:
                     yield item
         finally:
-            self._streams.pop(request_id, None)
+            self._forget(request_id, wire)
+
+    def _forget(self, request_id: str, wire: str) -> None:
+        self._streams.pop(wire, None)
+        if self._wire_of.get(request_id) == wire:
+            del self._wire_of[request_id]
 
     async def abort(self, request_id: str) -> None:
         """Stop a request; its stream ends with finish reason "abort"."""
-        if self._conn is not None and request_id in self._streams:
-            self._conn.send(("stop", request_id))
+        wire = self._wire_of.get(request_id)
+        if self._conn is not None and wire is not None:
+            self._conn.send(("stop", wire))
 
     def interrupt_all(self, exc: BaseException) -> int:
         """``AsyncEngine.interrupt_all`` for this front's requests (the engine process's others go on)."""
-        ids = list(self._streams)
+        wires = list(self._wire_of.items())
         conn = self._conn
-        for request_id in ids:
-            queue = self._streams.pop(request_id, None)
+        for request_id, wire in wires:
+            queue = self._streams.get(wire)
+            self._forget(request_id, wire)
             if queue is not None:
                 queue.put_nowait(exc)
                 if conn is not None and conn.transport is not None:
-                    conn.send(("abort", request_id))
-        return len(ids)
+                    conn.send(("abort", wire))
+        return len(wires)
 
     def stats(self) -> EngineStats:
         """The engine's figures as last pushed (every ``STATS_INTERVAL_S`` while they change)."""

@@ -56,14 +56,32 @@ def _parts(texts: list[str], chars: int) -> Iterator[list[str]]:
         yield texts[start:]
 
 
+class AtLeast(int):
+    """A token count known only from below: the text's head alone already has this many."""
+
+
+def _head(text: str, chars: int) -> str | None:
+    """The text's first ``chars`` characters or fewer, cut at whitespace (a word boundary, so its
+    tokens are the first ones of the whole text's, never more of them); None when it has none."""
+    cut = max(text.rfind(c, 0, chars) for c in " \n\t\r")
+    return text[:cut] if cut > 0 else None
+
+
 async def count_in_parts(count: Callable[[list[str]], Awaitable[list[int]]], texts: list[str], *,
                          stop_over: int | None = None) -> list[int]:
     """Token counts of ``texts`` in order, one ``count`` call per part of ``COUNT_PART_CHARS``.
 
     With ``stop_over``: stops after the part holding the first text of more than ``stop_over``
-    tokens, so the list may be shorter than ``texts`` (it then ends in or after that text)."""
+    tokens, so the list may be shorter than ``texts`` (it then ends in or after that text); and a
+    text longer than ``COUNT_PART_CHARS`` is first counted by its head, so that one huge text is
+    refused without tokenizing all of it: its count is then an ``AtLeast``."""
     counts: list[int] = []
     for part in _parts(list(texts), COUNT_PART_CHARS):
+        if stop_over is not None and len(part) == 1 and len(part[0]) > COUNT_PART_CHARS:
+            head = _head(part[0], COUNT_PART_CHARS)
+            if head is not None and (n := (await count([head]))[0]) > stop_over:
+                counts.append(AtLeast(n))
+                break
         got = await count(part)
         counts += got
         if stop_over is not None and any(n > stop_over for n in got):

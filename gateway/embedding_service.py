@@ -9,6 +9,7 @@ import numpy as np
 
 from gateway.accounting import RequestAccount
 from gateway.deps import Caller
+from gateway.embedder import AtLeast
 from gateway.errors import ApiError, invalid_request, model_not_found, permission_denied, unsupported
 from gateway.schemas import EmbeddingItem, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from gateway.settings import Settings
@@ -53,8 +54,9 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
     too_long = next((i for i, n in enumerate(counts) if n > limit), None)
     if too_long is not None:  # as OpenAI and vLLM: refused, not silently cut
         which = "Your input" if isinstance(body.input, str) else f"Input {too_long}"
+        has = f"at least {counts[too_long]}" if isinstance(counts[too_long], AtLeast) else f"{counts[too_long]}"
         raise ApiError(400, f"This model's maximum context length is {limit} tokens. {which} has "
-                            f"{counts[too_long]} tokens. Please shorten it.", "invalid_request_error",
+                            f"{has} tokens. Please shorten it.", "invalid_request_error",
                        "context_length_exceeded", "input")
     prompt_tokens = sum(counts)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,

@@ -12,8 +12,9 @@
 -- taken in one call, one after the other as n calls would: each all or nothing, so the first
 -- `taken` get in, where taken = min(n, the room left in the fullest window).
 -- KEYS: the windows (1 or 2).  ARGV: 1 now (s, float)  2 window length (s)  3 n  4.. limit of each key
--- Returns {taken, then per key: requests in the window before the batch, oldest timestamp in the
--- window (now when it was empty)}
+-- Returns {taken, then per key: requests in the window before the batch, and the timestamp whose
+-- expiry gives the window room: its oldest (now when it was empty), or, when the window holds more
+-- requests than the limit (the limit was lowered), the limit-th newest}
 local now, expiry, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local target = now - expiry
 local taken = n
@@ -35,10 +36,13 @@ for i, key in ipairs(KEYS) do
     if keep < 0 then redis.call('DEL', key) else redis.call('LTRIM', key, 0, keep) end
   end
   local count = redis.call('LLEN', key)
-  local room = tonumber(ARGV[3 + i]) - count
+  local limit = tonumber(ARGV[3 + i])
+  local room = limit - count
   if room < taken then taken = room end
   table.insert(out, count)
-  if count == 0 then table.insert(out, ARGV[1]) else table.insert(out, redis.call('LINDEX', key, -1)) end
+  if count == 0 then table.insert(out, ARGV[1])
+  elseif count > limit then table.insert(out, redis.call('LINDEX', key, limit - 1))  -- a lowered limit
+  else table.insert(out, redis.call('LINDEX', key, -1)) end
 end
 if taken < 0 then taken = 0 end
 if taken > 0 then

@@ -513,3 +513,28 @@ def test_a_refused_create_leaves_no_new_sqlite_file_behind(env, capsys, monkeypa
         assert not db.exists() and not db.parent.exists()
     code, _, err = run(capsys, "tenants", "create", "sqt", "--budget-usd", "1234567.5")
     assert code == 0 and f"note: created a new database at {db}" in err, err
+
+
+def test_a_period_change_drops_the_new_periods_counter_or_warns_without_redis(env, capsys, monkeypatch):
+    """The gateways rebuild the new period's spend counter from the usage rows (one left from earlier
+    in that period missed what was charged meanwhile); without Redis the CLI cannot drop it, and says so."""
+    from gateway.quota import counter_key, period_bounds
+
+    name = unique("per")
+    assert run(capsys, "tenants", "create", name, "--budget-tokens", "100")[0] == 0
+    tenant = _db(env, lambda s: s.scalar(select(Tenant).where(Tenant.name == name)))
+    client = redis_sync.Redis.from_url(env.redis_url)
+    try:
+        day = counter_key(env.redis_prefix, tenant.id, period_bounds("day", datetime.now(UTC))[0])
+        client.hset(day, mapping={"tok": 1, "usd": 0, "epoch": "old"})  # left from an earlier switch
+        code, _, err = run(capsys, "tenants", "update", name, "--period", "day")
+        assert code == 0 and "warning" not in err and not client.exists(day)
+        client.hset(day, mapping={"tok": 1, "usd": 0, "epoch": "old"})
+        monkeypatch.delenv("PAGEGATE_REDIS_URL")
+        assert run(capsys, "tenants", "update", name, "--period", "month")[0] == 0
+        code, _, err = run(capsys, "tenants", "update", name, "--period", "day")
+        assert code == 0 and "its spend counter could not be reset" in err
+        assert client.exists(day)  # (nothing could drop it)
+    finally:
+        client.delete(day)
+        client.close()

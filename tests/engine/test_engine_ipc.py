@@ -115,6 +115,27 @@ async def test_closing_the_stream_aborts_and_frees_blocks(served):
     assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
 
 
+async def test_an_id_reused_at_once_gets_only_its_own_outputs(served):
+    """A stream closed while its request still runs, and a new request under the same id at once:
+    the old one's outputs still on their way never reach the new stream (the engine process knows
+    each by a wire id), and the new one streams exactly what a fresh id gets."""
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    params = SamplingParams(max_tokens=12, **GREEDY)
+    expected = [t async for out in client.generate(list(range(1, 30)), params, request_id="fresh")
+                for d in out.deltas for t in d.token_ids]
+    for _ in range(3):
+        agen = client.generate(list(range(1, 40)), SamplingParams(max_tokens=500, **GREEDY), request_id="again")
+        await agen.__anext__()
+        await agen.aclose()
+        outs = [out async for out in client.generate(list(range(1, 30)), params, request_id="again")]
+        assert [t for out in outs for d in out.deltas for t in d.token_ids] == expected
+        assert outs[-1].finished and outs[-1].deltas[-1].finish_reason == "length"
+        assert {out.request_id for out in outs} == {"again"}
+    assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
+
+
 async def test_a_front_that_goes_away_has_its_requests_stopped(served):
     make, connect = served
     eng, server = await make()

@@ -74,3 +74,28 @@ def test_a_text_too_long_logs_no_tokenizer_warning(embedder) -> None:  # noqa: A
         logger.removeHandler(records)
     assert not [m for m in records.messages if "sequence length" in m]
     assert logger.level == level
+
+
+def test_one_huge_text_is_refused_by_its_head(embedder, monkeypatch) -> None:  # noqa: ANN001
+    """Found by review: a single 5 MB input was tokenized whole (3.4 s on the embedder's thread,
+    which the cache shares). Its head, cut at a space, already holds more than the limit: the
+    count is a lower bound (``AtLeast``) and the whole text is never tokenized."""
+    from gateway import embedder as module
+
+    monkeypatch.setattr(module, "COUNT_PART_CHARS", 40)
+    seen: list[list[str]] = []
+    count = embedder.count_tokens
+
+    def spy(texts):  # noqa: ANN001, ANN202
+        seen.append(list(texts))
+        return count(texts)
+
+    monkeypatch.setattr(embedder, "count_tokens", spy)
+    huge = "word " * 300
+    (n,) = asyncio.run(embedder.acount_tokens([huge], stop_over=5))
+    assert isinstance(n, module.AtLeast) and 5 < n < 302
+    assert all(len(t) <= 40 for part in seen for t in part)  # only the head was tokenized
+    seen.clear()  # a head within the limit, or no space to cut at: the whole text, exactly
+    assert asyncio.run(embedder.acount_tokens([huge], stop_over=256)) == [302]
+    assert asyncio.run(embedder.acount_tokens(["x" * 50], stop_over=1)) == count(["x" * 50])
+    assert not isinstance(asyncio.run(embedder.acount_tokens([huge], stop_over=256))[0], module.AtLeast)

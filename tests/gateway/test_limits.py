@@ -118,6 +118,17 @@ async def test_a_changed_limit_applies_to_the_same_window(tenancy, make_tenant):
     with pytest.raises(ApiError) as e:
         await tenancy.limiter.check_request(lowered)
     assert e.value.status == 429 and e.value.headers["x-ratelimit-remaining-requests"] == "0"
+    ids = (f"{{t:{p.tenant_id}}}", "t")
+    window = tenancy.limiter.window_key(ids)
+    stamps = [float(t) for t in await tenancy.redis.lrange(window, 0, -1)]  # newest first
+    await tenancy.redis.delete(window)  # the same 5 requests, spread over the last 50 s
+    await tenancy.redis.rpush(window, *(repr(stamps[0] - 10 * i) for i in range(5)))
+    with pytest.raises(ApiError) as e:
+        await tenancy.limiter.check_request(dataclasses.replace(p, tenant_rpm=2, rpm_limit=2))
+    # room comes when the 2nd newest (10 s old) expires, not the oldest (40 s old): in ~50 s, not ~20 s
+    assert 48 <= float(e.value.headers["retry-after"]) <= 51
+    await tenancy.redis.delete(window)
+    await tenancy.redis.rpush(window, *(repr(t) for t in stamps))
     raised = dataclasses.replace(p, tenant_rpm=7, rpm_limit=7)
     assert [(await tenancy.limiter.check_request(raised))["x-ratelimit-remaining-requests"]
             for _ in range(2)] == ["1", "0"]
@@ -126,7 +137,6 @@ async def test_a_changed_limit_applies_to_the_same_window(tenancy, make_tenant):
     async with tenancy.db.sessionmaker() as s:  # through the settings too: one window whatever the limit
         await svc.update_tenant(s, tenant_id=tenant.id, rpm=6)
         await s.commit()
-    ids = (f"{{t:{p.tenant_id}}}", "t")
     assert await tenancy.redis.llen(tenancy.limiter.window_key(ids)) == 7
     assert [k async for k in tenancy.redis.scan_iter(match=tenancy.limiter.key_prefix + f"*{{t:{p.tenant_id}}}*")] \
         == [tenancy.limiter.window_key(ids).encode()]
