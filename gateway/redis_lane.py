@@ -196,6 +196,11 @@ class _Protocol(asyncio.Protocol):
     def send(self, data: bytes) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self.lost is not None or self.transport is None or self.transport.is_closing():
+            # the connection is gone (reset while the caller was on its way): no reply will come,
+            # and no watchdog looks at a lost connection, so the call fails now rather than never
+            fut.set_exception(self.lost or RedisConnectionError("the connection to Redis is closed"))
+            return fut
         if self.timeout_s is not None and not self.waiters:
             self.last_read = loop.time()  # the clock starts with the first reply awaited
             if self._watch is None:
@@ -249,7 +254,7 @@ class ScriptLane:
         self._timeout = float(timeout) if timeout else None  # no reply for this long: TimeoutError
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._connecting: asyncio.Task | None = None  # the one connection attempt every caller awaits
 
     @classmethod
     def for_client(cls, redis: Redis) -> ScriptLane:
@@ -278,38 +283,52 @@ class ScriptLane:
         return await proto.send(command)
 
     async def _connect(self) -> _Protocol:
+        """The connection, made once for every caller waiting meanwhile: an attempt that fails
+        fails them all at once (one after the other, each waiting out its own attempt, the last
+        of a blackholed Redis's callers waited their number times the timeout)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # first use, or a new event loop (tests): start afresh
-            self._loop, self._connecting, self._proto = loop, asyncio.Lock(), None
-        async with self._connecting:
-            if self._proto is not None and self._proto.lost is None:
-                return self._proto
-            kind, where = self._address
-            try:
-                def protocol() -> _Protocol:
-                    return _Protocol(self._timeout)
+            self._loop, self._connecting, self._proto = loop, None, None
+        if self._proto is not None and self._proto.lost is None:
+            return self._proto
+        if self._connecting is None:
+            self._connecting = attempt = loop.create_task(self._open())
+            attempt.add_done_callback(self._opened)
+        return await asyncio.shield(self._connecting)
 
-                if kind == "tcp":
-                    connect = loop.create_connection(protocol, *where)
-                else:
-                    connect = loop.create_unix_connection(protocol, where)
-                transport, proto = await asyncio.wait_for(connect, self._connect_timeout)
-                try:
-                    setup = []
-                    if self._password is not None:
-                        auth = ("AUTH", self._username, self._password) if self._username else ("AUTH", self._password)
-                        setup.append(proto.send(pack(*auth)))
-                    if self._db:
-                        setup.append(proto.send(pack("SELECT", self._db)))
-                    for reply in setup:
-                        await reply
-                except BaseException:
-                    transport.close()
-                    raise
-            except (OSError, TimeoutError) as exc:
-                raise RedisConnectionError(f"cannot connect to Redis at {where}: {exc!r}") from exc
-            self._proto = proto
-            return proto
+    def _opened(self, attempt: asyncio.Task) -> None:
+        if self._connecting is attempt:
+            self._connecting = None
+        if not attempt.cancelled() and attempt.exception() is None:  # (also marks a failure as seen)
+            self._proto = attempt.result()
+
+    async def _open(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        kind, where = self._address
+        try:
+            def protocol() -> _Protocol:
+                return _Protocol(self._timeout)
+
+            if kind == "tcp":
+                connect = loop.create_connection(protocol, *where)
+            else:
+                connect = loop.create_unix_connection(protocol, where)
+            transport, proto = await asyncio.wait_for(connect, self._connect_timeout)
+            try:
+                setup = []
+                if self._password is not None:
+                    auth = ("AUTH", self._username, self._password) if self._username else ("AUTH", self._password)
+                    setup.append(proto.send(pack(*auth)))
+                if self._db:
+                    setup.append(proto.send(pack("SELECT", self._db)))
+                if setup:  # (a server that accepts and never answers: bounded without a socket_timeout)
+                    await asyncio.wait_for(asyncio.gather(*setup), self._connect_timeout)
+            except BaseException:
+                transport.close()
+                raise
+        except (OSError, TimeoutError) as exc:
+            raise RedisConnectionError(f"cannot connect to Redis at {where}: {exc!r}") from exc
+        return proto
 
     async def aclose(self) -> None:
         proto, self._proto = self._proto, None

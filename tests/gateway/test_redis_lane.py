@@ -214,3 +214,81 @@ async def test_replies_that_keep_coming_keep_the_connection(redis):
     finally:
         await lane.aclose()
         await client.aclose()
+
+
+def test_a_call_on_a_lost_connection_fails_at_once():
+    """Found by QA: a command sent on a connection already reset got a reply future nobody would
+    ever resolve (the watchdog skips lost connections); during the reconnect's SELECT that held the
+    connect lock for good, and every later call hung behind it, Redis back or not."""
+    proto = _Protocol(timeout_s=1.0)
+
+    async def go() -> None:
+        proto.connection_lost(ConnectionResetError("reset by peer"))
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(proto.send(b"PING\r\n"), 1)
+
+    asyncio.run(go())
+
+
+class _Proxy:
+    """A TCP front for Redis that can reset every connection it accepts ("reset"), answer nothing
+    ("mute") or pass the bytes on ("pass")."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.mode, self.tasks = target, "pass", set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "reset":
+            writer.transport.abort()
+            return
+        if self.mode == "mute":
+            while await reader.read(65536):
+                pass
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+
+
+async def test_redis_resetting_or_mute_fails_every_caller_and_the_lane_recovers(redis_prefix):
+    """Found by QA through a proxy that reset connections for 10 s: every /v1 call hung for good.
+    Reset: every call fails at once. Mute (accepts, never answers): the callers waiting on one
+    connection attempt fail together when it times out (each used to wait out its own attempt
+    behind the others: 1, 2, 3, ... s). Back to normal: the next call works."""
+    from urllib.parse import urlparse
+
+    target = urlparse(TENANCY_REDIS_URL)
+    proxy = _Proxy((target.hostname, target.port or 6379))
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Redis.from_url(f"redis://127.0.0.1:{port}/1", socket_timeout=0.5, socket_connect_timeout=0.5)
+    script = client.register_script("return ARGV[1]")
+    lane = ScriptLane.for_client(client)
+    loop = asyncio.get_running_loop()
+    try:
+        assert await lane.run(script, keys=[], args=["up"]) == b"up"
+        proxy.mode = "reset"
+        lane._proto.transport.abort()  # the live connection goes too, as a restarting Redis drops it
+        for _ in range(3):
+            calls = [asyncio.ensure_future(lane.run(script, keys=[], args=[i])) for i in range(20)]
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+            assert all(isinstance(r, RedisError) for r in results), results
+        proxy.mode = "mute"
+        t0 = loop.time()
+        calls = [asyncio.ensure_future(lane.run(script, keys=[], args=[i])) for i in range(10)]
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+        assert all(isinstance(r, RedisError) for r in results), results
+        assert loop.time() - t0 < 3  # one attempt's timeout (0.5 s) for all ten; one each in turn took 5 s
+        proxy.mode = "pass"
+        assert await asyncio.wait_for(lane.run(script, keys=[], args=["back"]), 5) == b"back"
+    finally:
+        await lane.aclose()
+        await client.aclose()
+        server.close()
