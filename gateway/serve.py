@@ -58,7 +58,7 @@ async def bootstrap_dev(settings: Settings) -> str | None:
     from gateway import tenancy
     from gateway.db.session import Database
 
-    db = Database(settings.database_url)
+    db = Database(settings.database_url, timeout_s=settings.database_timeout_s)
     try:
         async with db.sessionmaker() as session:
             key = await tenancy.bootstrap_dev_tenant(session)
@@ -208,7 +208,7 @@ async def prestart(settings: Settings) -> str | None:
     from gateway.db.session import Database, safe_url
 
     try:
-        db = Database(settings.database_url)
+        db = Database(settings.database_url, timeout_s=settings.database_timeout_s)
         try:
             await db.upgrade()
         finally:

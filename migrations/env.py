@@ -41,7 +41,8 @@ def _do_run(connection) -> None:  # noqa: ANN001 - sync Connection
 
 
 async def _run_async() -> None:
-    engine = create_async_engine(_url(), poolclass=pool.NullPool)
+    engine = create_async_engine(_url(), poolclass=pool.NullPool,
+                                 connect_args=config.attributes.get("connect_args", {}))
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_do_run)

@@ -42,6 +42,7 @@ class Database:
         ``timeout`` and ``command_timeout``): a database that stops answering is an error, never a
         hang of every request that needs it."""
         self.url = url
+        self.timeout_s = timeout_s
         parsed = make_url(url)
         self.dialect = parsed.get_backend_name()  # "sqlite" | "postgresql"
         kwargs: dict = {"echo": echo}
@@ -64,27 +65,35 @@ class Database:
 
     async def upgrade(self, revision: str = "head") -> None:
         """Run ``alembic upgrade <revision>`` on a worker thread (never on the event loop)."""
-        await asyncio.to_thread(upgrade_sync, self.url, revision)
+        await asyncio.to_thread(upgrade_sync, self.url, revision, connect_timeout_s=self.timeout_s)
 
     async def dispose(self) -> None:
         await self.engine.dispose()
 
 
-def alembic_config(url: str):  # noqa: ANN201 - alembic.config.Config
-    """An Alembic config pointing at ``migrations/`` (works from an installed package)."""
+def alembic_config(url: str, *, connect_timeout_s: float | None = None):  # noqa: ANN201 - alembic.config.Config
+    """An Alembic config pointing at ``migrations/`` (works from an installed package).
+    ``connect_timeout_s``: a PostgreSQL (asyncpg) connect that takes longer fails (asyncpg's own
+    default is 60 s: a server that accepts and never answers held ``pagegate serve``'s start that
+    long whatever ``PAGEGATE_DATABASE_TIMEOUT_S`` said). Statements are not bounded: a migration, or
+    the wait for another gateway's, may take its time."""
     from alembic.config import Config
 
     cfg = Config(str(MIGRATIONS_DIR / "alembic.ini"))
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     cfg.attributes["configure_logger"] = False
+    parsed = make_url(url)
+    if connect_timeout_s is not None and parsed.get_backend_name() == "postgresql" \
+            and parsed.get_driver_name() == "asyncpg":
+        cfg.attributes["connect_args"] = {"timeout": connect_timeout_s}
     return cfg
 
 
-def upgrade_sync(url: str, revision: str = "head") -> None:
+def upgrade_sync(url: str, revision: str = "head", *, connect_timeout_s: float | None = None) -> None:
     """Blocking ``alembic upgrade``; env.py runs it on its own event loop in this thread."""
     # alembic announces each of its autogenerate plugins at INFO when it is imported: start-up noise
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from alembic import command
 
-    command.upgrade(alembic_config(url), revision)
+    command.upgrade(alembic_config(url, connect_timeout_s=connect_timeout_s), revision)

@@ -87,6 +87,38 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
     assert elapsed < 30  # the engine was not loaded (nor the app built)
 
 
+def test_a_database_that_accepts_and_never_answers_fails_after_the_timeout(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: a PostgreSQL behind a proxy that accepts connections and forwards nothing held
+    the start 64 s whatever PAGEGATE_DATABASE_TIMEOUT_S said (the migration's connect used asyncpg's
+    own 60 s)."""
+    import threading
+
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen()
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(mute.accept()[0])
+            except OSError:  # closed: the test is over
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        url = f"postgresql+asyncpg://pagegate:secret@127.0.0.1:{mute.getsockname()[1]}/pagegate"
+        proc, elapsed = _serve(tmp_path, free_port(), PAGEGATE_REDIS_URL=REDIS, PAGEGATE_DATABASE_URL=url,
+                               PAGEGATE_DATABASE_TIMEOUT_S="1")
+    finally:
+        mute.close()
+        for conn in held:
+            conn.close()
+    line = _one_error_line(proc)
+    assert line.startswith("error: cannot prepare the database at postgresql+asyncpg://pagegate:***@"), line
+    assert "secret" not in proc.stderr and elapsed < 30  # (64 s before: asyncpg's connect default)
+
+
 def test_a_port_in_use_fails_before_the_engine_loads(tmp_path) -> None:  # noqa: ANN001
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
