@@ -24,9 +24,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from redis.exceptions import RedisError
+
+from gateway.log_throttle import LogThrottle
+
 T = TypeVar("T")
 
 log = logging.getLogger("pagegate.aftercare")
+_REDIS_DOWN = LogThrottle()
 
 
 async def to_the_end(work: Awaitable[T]) -> T:
@@ -99,7 +104,10 @@ class Aftercare:
                 labels.append(label)
         results = await asyncio.gather(*waits, return_exceptions=True)
         for result, label in zip(results, labels, strict=True):
-            if isinstance(result, BaseException):
+            if isinstance(result, RedisError):  # Redis down: one line per 10 s, not a traceback a request
+                _REDIS_DOWN.log(log, logging.ERROR, "request bookkeeping failed %s: %s: %s", label,
+                                type(result).__name__, result)
+            elif isinstance(result, BaseException):
                 log.error("request bookkeeping failed %s", label, exc_info=result)
 
     async def drain(self) -> None:

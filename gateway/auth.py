@@ -35,6 +35,7 @@ from gateway.settings import Settings
 from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
 
 log = logging.getLogger(__name__)
+_REFRESH_FAILED = LogThrottle()
 
 
 @dataclass(slots=True)
@@ -185,7 +186,8 @@ class Authenticator:
         try:
             await self._load_once(key_hash)
         except Exception as exc:  # DB hiccup: keep serving what we knew (invalidations still drop it)
-            log.warning("auth: cannot refresh a key from the database: %r", exc)
+            # (once per 10 s: while the database is down every request's refresh fails, 135 lines in 23 s)
+            _REFRESH_FAILED.log(log, logging.WARNING, "auth: cannot refresh a key from the database: %r", exc)
 
     def _in_background(self, coro) -> None:  # noqa: ANN001 - a coroutine
         task = asyncio.ensure_future(coro)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -128,3 +129,37 @@ async def test_to_the_end_finishes_a_settlement_through_repeated_cancels():
 
     with pytest.raises(ValueError):
         await to_the_end(failing())
+
+
+async def test_settlements_failing_while_redis_is_down_log_a_line_not_tracebacks(caplog):
+    """Found by QA: every settlement that failed while Redis was away logged a full traceback; a
+    Redis error is now one line (its repr) per 10 s, the count of the others held back; any other
+    failure keeps its traceback."""
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from gateway import aftercare as module
+
+    kept = module._REDIS_DOWN  # a fresh throttle: an earlier test's line must not hold this one back
+    module._REDIS_DOWN = module.LogThrottle()
+    try:
+        care = Aftercare(delay_s=0.001)
+        loop = asyncio.get_running_loop()
+
+        def failing(exc: BaseException):  # noqa: ANN202
+            def job() -> asyncio.Future:
+                fut = loop.create_future()
+                fut.set_exception(exc)
+                return fut
+            return job
+
+        for i in range(5):
+            care.submit(failing(RedisTimeoutError("Redis sent no reply for 2.0 s")), f"(quota settlement of req_{i})")
+        care.submit(failing(ValueError("a bug")), "(quota settlement of req_bug)")
+        with caplog.at_level(logging.ERROR, logger="pagegate.aftercare"):
+            await care.drain()
+    finally:
+        module._REDIS_DOWN = kept
+    redis_lines = [r for r in caplog.records if "Redis sent no reply" in r.getMessage()]
+    assert len(redis_lines) == 1 and not redis_lines[0].exc_info
+    bug = [r for r in caplog.records if "req_bug" in r.getMessage()]
+    assert len(bug) == 1 and bug[0].exc_info is not None
