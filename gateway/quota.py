@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,8 @@ from gateway.limits import format_reset, store_unavailable
 from gateway.pricing import Price, PriceBook, units_to_usd, usd_to_units
 from gateway.quota_refusals import quota_refusal, tpm_headers, tpm_refusal
 from gateway.redis_lane import ScriptLane
+
+log = logging.getLogger("pagegate.quota")
 
 RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
 CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
@@ -107,6 +110,7 @@ class Reservation:
     counter_key: str = ""
     tpm_key: str = ""
     epoch: str = ""  # the period counter's epoch when it was made ("": made without a counter)
+    made: float = 0.0  # unix time
 
     @property
     def reserved_usd(self) -> Decimal:
@@ -152,6 +156,7 @@ class QuotaLedger:
         self._reserve = redis.register_script(_script("quota_reserve.lua"))
         self._settle = redis.register_script(_script("quota_settle.lua"))
         self._init = redis.register_script(_script("quota_init.lua"))
+        self._adopt_script = redis.register_script(_script("quota_adopt.lua"))
         self._lane = ScriptLane.for_client(redis)  # the request path's scripts: one pipelined connection
         self._periods: dict[str, tuple[str, datetime, float]] = {}  # period -> (id, end, end as unix s)
         self._keys: dict[tuple[int, str], tuple[str, str, str, str]] = {}
@@ -159,6 +164,10 @@ class QuotaLedger:
         self._orphans: set[asyncio.Task] = set()
         self._settlements: Coalescer = Coalescer(self._settle_batch)
         self._rebuilding: dict[str, asyncio.Task] = {}  # counter key -> its rebuild in flight
+        # this process's reservations not yet handed to a settlement, and the counters' epochs last
+        # seen: a rebuilt counter (a new epoch) gets them back (``_adopt``)
+        self._open: dict[str, Reservation] = {}
+        self._epochs: dict[str, str] = {}
 
     def _tag(self, tenant_id: int) -> str:
         return f"{self._prefix}{{t:{tenant_id}}}"
@@ -258,11 +267,43 @@ class QuotaLedger:
                                         ask.prompt_tokens + ask.min_tokens))
             else:
                 headers = tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
-                out.append(Reservation(
+                reservation = Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
-                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch))
+                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch, made=now)
+                self._open[reservation.id] = reservation
+                out.append(reservation)
+        seen = self._epochs.get(keys[0])
+        self._epochs[keys[0]] = epoch
+        if seen is not None and epoch and seen != epoch:  # rebuilt by another process meanwhile
+            await self._adopt(principal.tenant_id, keys[0], current=epoch)
         return out
+
+    async def _adopt(self, tenant_id: int, key: str, current: str | None = None) -> None:
+        """Charge this process's open reservations of counter ``key`` to it again where it was rebuilt
+        since they were made (``lua/quota_adopt.lua``). Best effort: a reservation left out is still
+        charged its real amounts when it settles, as before. ``current``: the counter's epoch, when
+        known (its reservations are in it already)."""
+        now = time.time()
+        if len(self._open) > 100_000:  # settlements that never came (a bug): forget what is past its TTL
+            self._open = {i: r for i, r in self._open.items() if now - r.made < self.reservation_ttl_s}
+        mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current]
+        if not mine:
+            return
+        args: list = [int(now) + self.reservation_ttl_s, 2 * self.reservation_ttl_s + 86400]
+        for r in mine:
+            args += (r.id, r.prompt_tokens, r.max_tokens, *map(repr, r.price.units_per_token))
+        tag = self._tag(tenant_id)
+        try:
+            reply = await self._lane.run(self._adopt_script, keys=[key, f"{tag}:res", f"{tag}:resdl"], args=args)
+        except RedisError as exc:
+            log.warning("quota: open reservations not charged to the rebuilt counter %s: %r", key, exc)
+            return
+        epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        if epoch:
+            self._epochs[key] = epoch
+            for r in mine:
+                r.epoch = epoch
 
     def _release_orphan(self, _group: tuple, _ask: _Ask, reservation: Reservation) -> None:
         """A caller cancelled while its reservation was being made: give it back now."""
@@ -282,6 +323,7 @@ class QuotaLedger:
         the future of its result, or None when it had been settled before. No coroutine, so the
         aftercare settles a wave without a task per request. Await the future (or hand it to the
         aftercare): a failure is raised there and nowhere else."""
+        self._open.pop(reservation.id, None)  # (its settlement takes care of it from here)
         if reservation.settled:
             return None
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
@@ -343,6 +385,7 @@ class QuotaLedger:
                                    headers={"retry-after": "1"}) from exc
         ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
         await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
+        await self._adopt(tenant_id, key)  # before the batch that found it missing is retried
 
 
 def _mark_settled(reservation: Reservation, done: asyncio.Future) -> None:

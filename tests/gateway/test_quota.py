@@ -142,10 +142,11 @@ async def test_counter_lost_in_redis_is_rebuilt_from_usage_rows(tenancy, make_te
     await tenancy.quota.forget(p.tenant_id)
     assert await tenancy.quota.usage(p.tenant_id) is None
     r = await tenancy.quota.reserve(p, model="m", prompt_tokens=100, max_tokens=1000)
-    assert r.max_tokens == 1000 - 400 - 100  # 400 tokens already used per the database
+    # 400 tokens already used per the database, and the open reservation's 20 charged again
+    assert r.max_tokens == 1000 - 400 - 20 - 100 and open_res.epoch == r.epoch
     tok, usd = await tenancy.quota.usage(p.tenant_id)
     assert (tok, usd) == (1000, Decimal("0.3"))
-    # settling the reservation made before the rebuild adds its real counts (it was not in the DB)
+    # settling the reservation made before the rebuild replaces it by its real counts (not in the DB)
     await tenancy.quota.settle(open_res, prompt_tokens=10, completion_tokens=5)
     await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=100)
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 400 + 15 + 200
@@ -386,13 +387,19 @@ async def _lose_redis(tenancy, tenant_id: int) -> None:
 
 async def test_a_request_running_while_redis_is_lost_is_charged_when_it_settles(tenancy, make_tenant):
     """Its reservation vanished with Redis and the rebuilt counter (from the usage rows) cannot see
-    it; settling adds its real amounts, once, so the budget still holds (it did not: 130-190% of a
-    budget was spent across a FLUSHALL under load)."""
+    it: the process that made it charges it again to the rebuilt counter before the next batch is
+    admitted, and settling replaces it by its real amounts, once, so the budget holds (130-190% of a
+    budget was spent across a FLUSHALL under load before settling added them; then up to 106%, the
+    running requests' reservations missing until they settled: QA)."""
     p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
     running = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
     await _lose_redis(tenancy, p.tenant_id)
-    after = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # rebuilds: 0 + 50
-    assert after.epoch != running.epoch and (await tenancy.quota.usage(p.tenant_id))[0] == 50
+    before = running.epoch
+    after = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # rebuilt: 0 + 50 + 50
+    assert after.epoch != before and running.epoch == after.epoch
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 100
+    with pytest.raises(ApiError):  # the running one is counted: no room left
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
     assert await tenancy.quota.settle(running, prompt_tokens=10, completion_tokens=30) is True
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 50 + 40
     with pytest.raises(ApiError) as refused:  # 10 left: a prompt of 10 leaves no room for a completion
@@ -403,6 +410,26 @@ async def test_a_request_running_while_redis_is_lost_is_charged_when_it_settles(
     running.settled = False
     assert await other.settle(running, prompt_tokens=10, completion_tokens=30) is False
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 90
+
+
+async def test_another_process_charges_its_running_reservations_once_it_sees_the_rebuilt_counter(
+        tenancy, make_tenant):
+    """Process B rebuilds the counter after Redis was lost; process A learns of it from its next
+    batch's reply (a new epoch) and charges its running reservation again, once."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    a = tenancy.quota
+    b = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    running = await a.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
+    await a.release(await a.reserve(p, model="m", prompt_tokens=1, max_tokens=1))  # (A saw the first epoch)
+    await _lose_redis(tenancy, p.tenant_id)
+    await b.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # rebuilt by B: 0 + 50
+    assert (await a.usage(p.tenant_id))[0] == 50
+    await a.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # + 50, then A's running 50 again
+    assert (await a.usage(p.tenant_id))[0] == 150
+    await a.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # nothing charged twice
+    assert (await a.usage(p.tenant_id))[0] == 200
+    assert await a.settle(running, prompt_tokens=10, completion_tokens=30) is True
+    assert (await a.usage(p.tenant_id))[0] == 190
 
 
 async def test_a_lost_reservation_settled_twice_in_one_batch_is_charged_once(tenancy, make_tenant):
