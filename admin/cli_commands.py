@@ -20,7 +20,8 @@ from sqlalchemy.engine import make_url
 from admin import reports
 from admin.api.exact_json import dumps
 from admin.auth import ALL_SCOPES, mint_token
-from admin.management import Management, checked_new_tenant, checked_price, price_view, tenant_view
+from admin.checks import checked_new_tenant, checked_price
+from admin.management import Management, price_view, tenant_view
 from admin.tables import cell_text, decimal_text, format_record, format_table
 from gateway.db.models import Tenant
 from gateway.db.session import Database, safe_url

@@ -22,14 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from admin import audit
+from admin.checks import TENANT_FIELDS, check_money, checked_new_tenant, checked_price, only
 from admin.reports import CACHE_HIT_VALUES
 from admin.schemas import (
     INT32_MAX,
-    InvalidField,
     KeyCreate,
-    PriceModel,
-    PriceSet,
-    TenantCreate,
     TenantLimits,
     validated,
 )
@@ -42,8 +39,6 @@ log = logging.getLogger("pagegate.admin")
 
 PAGE_SIZE = 100  # a list's page when the caller gives no limit
 MAX_PAGE_SIZE = 1000  # the API's largest page (the CLI, on the database itself, may ask for more)
-TENANT_FIELDS = ("rpm", "tpm", "budget_tokens", "budget_usd", "period", "enabled", "cache_enabled",
-                 "cache_threshold", "cache_ttl_s", "cache_max_entries")
 
 
 class NotFound(LookupError):
@@ -260,7 +255,7 @@ class Management:
         changed nothing (disabling a disabled tenant, the values it already has): then no audit row
         is written and no invalidation pushed. The tenant is compared under its row lock, so of two
         identical changes at once only the first is recorded: the second sees its result."""
-        _only(changes, TENANT_FIELDS)
+        only(changes, TENANT_FIELDS)
         changes = validated(TenantLimits, changes).changes()
         check_money(self._dialect(), changes)
         tenant = await self._locked_tenant(name)
@@ -432,37 +427,6 @@ class Management:
                         "their key cache expires", exc)
 
 
-def check_money(dialect: str, fields: dict) -> None:
-    """Refuse money this database would not give back as sent. SQLite keeps NUMERIC as a 64-bit
-    float that SQLAlchemy reads back at 8 decimals; PostgreSQL's NUMERIC(18, 8) holds every
-    value the schemas accept."""
-    if dialect != "sqlite":
-        return
-    for name, value in fields.items():
-        if isinstance(value, Decimal) and (stored := Decimal(f"{float(value):.8f}")) != value:
-            raise InvalidField(f"{name}: SQLite keeps money as a 64-bit float and would store {value} as "
-                               f"{stored}; use fewer digits, or PostgreSQL", name)
-
-
-# The checks of a create that need no database: the CLI runs them before it makes a new SQLite file,
-# so a refused value leaves no empty database behind.
-def checked_new_tenant(dialect: str, *, name: str, **fields: object) -> dict:
-    """A new tenant's name and fields as sent, checked (``InvalidField``)."""
-    _only(fields, TENANT_FIELDS)
-    fields = validated(TenantCreate, {"name": name, **fields}).changes()
-    check_money(dialect, fields)
-    return fields
-
-
-def checked_price(dialect: str, *, model: str, prompt_usd_per_1m: Decimal | float | str,
-                  completion_usd_per_1m: Decimal | float | str) -> PriceSet:
-    validated(PriceModel, {"model": model})
-    price = validated(PriceSet, {"prompt_usd_per_1m": prompt_usd_per_1m,
-                                 "completion_usd_per_1m": completion_usd_per_1m})
-    check_money(dialect, price.model_dump())
-    return price
-
-
 def _key_query(*, tenant: Tenant | None, prefix: str | None, include_revoked: bool) -> Select:
     query = select(ApiKey, Tenant.name).join(Tenant, ApiKey.tenant_id == Tenant.id)
     if tenant is not None:
@@ -472,9 +436,3 @@ def _key_query(*, tenant: Tenant | None, prefix: str | None, include_revoked: bo
     if not include_revoked:
         query = query.where(ApiKey.revoked.is_(False))
     return query
-
-
-def _only(fields: dict, allowed: tuple[str, ...]) -> None:
-    unknown = set(fields) - set(allowed)
-    if unknown:
-        raise tenancy.TenancyError(f"unknown tenant field(s): {', '.join(sorted(unknown))}")
