@@ -22,7 +22,17 @@ from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
 from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
 from admin.management import Management, tenant_view
-from admin.schemas import TenantCreate, TenantLimits, split_models, validated
+from admin.schemas import (
+    PLAIN_DECIMAL,
+    PLAIN_DECIMAL_RULE,
+    WHOLE_NUMBER,
+    WHOLE_NUMBER_RULE,
+    InvalidField,
+    TenantCreate,
+    TenantLimits,
+    split_models,
+    validated,
+)
 from gateway.db.models import Tenant
 from gateway.errors import ApiError
 
@@ -96,9 +106,21 @@ def _blank(value: str | None) -> str | None:
     return None if value is None or not value.strip() else value.strip()
 
 
+# the form's number fields, plain as the CLI's options are (pydantic's text conversion also takes
+# "1_000" and "5.0" for a count)
+_WHOLE_FIELDS = frozenset({"rpm", "tpm", "budget_tokens", "cache_ttl_s", "cache_max_entries"})
+_MONEY_FIELDS = frozenset({"budget_usd"})
+
+
 def _form_fields(model: type[TenantLimits], **raw: str | None) -> TenantLimits:
     """The form's non-blank fields checked by ``model`` (``InvalidField`` on the first bad one)."""
-    return validated(model, {k: v for k, v in ((k, _blank(v)) for k, v in raw.items()) if v is not None})
+    fields = {k: v for k, v in ((k, _blank(v)) for k, v in raw.items()) if v is not None}
+    for name, value in fields.items():
+        if name in _WHOLE_FIELDS and not WHOLE_NUMBER.fullmatch(value):
+            raise InvalidField(f"{name}: {WHOLE_NUMBER_RULE}", name)
+        if name in _MONEY_FIELDS and not PLAIN_DECIMAL.fullmatch(value):
+            raise InvalidField(f"{name}: {PLAIN_DECIMAL_RULE}", name)
+    return validated(model, fields)
 
 
 def _to_tenant_page(name: str) -> RedirectResponse:

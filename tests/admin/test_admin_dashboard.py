@@ -171,6 +171,10 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
     assert resp.status_code == 400 and "<h1>400 · Bad request</h1>" in resp.text
     assert "rpm: Input should be less than or equal to 2147483647" in resp.text
     assert 'href="http://admin.test/admin/tenants"' in resp.text
+    for field, value in (("rpm", "1_000"), ("rpm", "5.0"), ("tpm", "+5"), ("budget_usd", "1e3"),
+                         ("budget_usd", "1_000")):  # plain numbers, as the CLI and the API take them
+        resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("lax"), field: value})
+        assert resp.status_code == 400 and f"{field}: must be a " in resp.text, (field, value)
     resp = await c.post("/admin/keys/99999999999999/revoke", data={"csrf": csrf})
     assert resp.status_code == 404 and "No API key" in resp.text
 
