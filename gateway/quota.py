@@ -273,6 +273,10 @@ class QuotaLedger:
                     price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch, made=now)
                 self._open[reservation.id] = reservation
                 out.append(reservation)
+        if len(self._open) > 100_000:  # settlements that never came (a bug): forget what is past its TTL
+            self._open = {i: r for i, r in self._open.items() if now - r.made < self.reservation_ttl_s}
+        if len(self._epochs) > 100_000:  # a counter per tenant and period: start afresh, as _keys does
+            self._epochs.clear()
         seen = self._epochs.get(keys[0])
         self._epochs[keys[0]] = epoch
         if seen is not None and epoch and seen != epoch:  # rebuilt by another process meanwhile
@@ -285,8 +289,6 @@ class QuotaLedger:
         charged its real amounts when it settles, as before. ``current``: the counter's epoch, when
         known (its reservations are in it already)."""
         now = time.time()
-        if len(self._open) > 100_000:  # settlements that never came (a bug): forget what is past its TTL
-            self._open = {i: r for i, r in self._open.items() if now - r.made < self.reservation_ttl_s}
         mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current]
         if not mine:
             return
