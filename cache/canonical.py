@@ -62,14 +62,16 @@ def _text(content: object) -> str:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: keep only the text, in order
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if isinstance(content, list):  # content parts: keep only the text (a refusal's too), in order
+        return "".join(p.get("text") or p.get("refusal") or "" for p in content if isinstance(p, dict))
     return str(content)
 
 
 def _message(m: dict) -> dict:
     role = m.get("role")
-    out = {"role": _ROLE_ALIASES.get(role, role), "content": _text(m.get("content"))}
+    content = m.get("content")
+    # (the model reads an assistant turn's refusal as its text when it has no content: ChatMessage.text)
+    out = {"role": _ROLE_ALIASES.get(role, role), "content": _text(m.get("refusal") if content is None else content)}
     for k in ("name", "tool_calls", "tool_call_id", "function_call"):
         if m.get(k) is not None:
             out[k] = m[k]

@@ -71,6 +71,8 @@ ANTONYM_PAIRS = [
     ("increase", "lower"), ("rise", "fall"), ("gain", "loss"), ("import", "export"), ("wet", "dry"),
     ("thick", "thin"), ("soft", "hard"), ("loud", "quiet"), ("hard", "easy"), ("true", "untrue"),
     ("benefit", "risk"), ("pro", "con"), ("legal", "banned"), ("like", "hate"), ("keep", "discard"),
+    ("start", "end"), ("rise", "set"), ("am", "pm"), ("child", "adult"), ("children", "adults"),
+    ("kid", "adult"), ("baby", "adult"), ("cooked", "raw"), ("and", "or"),
 ]
 # Adjectives whose -er/-est forms are comparatives ("faster", "biggest"): the antonym guard reduces
 # those forms to these (and only these, so "offer" or "water" are never read as "off" or "wat").

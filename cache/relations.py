@@ -8,7 +8,9 @@ pair of word sets on either side of a word that gives the pair a direction:
     to           to / into / onto / toward(s)            what is converted   what it becomes
                  from A to B, to B from A                 A                   B
     from         B from A (no "to" in the clause)         A                   B
-    than         than                                    the compared        what it is compared with
+    than         than                                    the compared (every what it is compared with
+                                                         salient word of the
+                                                         clause before it)
     north of     <position word> of (north, left, top …) the placed thing    the reference
     before       before / after / above / below / behind  the placed thing    the reference
     verb:<v>     a word between two names (v: its stem)  the subject         the object ("by" after
@@ -127,6 +129,8 @@ def _marked(clause: list[Word]) -> Iterator[Relation]:
     tos = [k for k, kind in enumerate(marks) if kind == "to"]
     for k, kind in enumerate(marks):
         src, dst = left(k), right(k)
+        if kind == "than":  # the compared is the clause so far: "Mercury closer to the sun than Venus"
+            src = frozenset().union(*segments[:k + 1])
         if kind == "from":
             src = dst
             if tos:  # "from A to B": the to's far side is the destination

@@ -17,6 +17,11 @@ only if every guard agrees the two questions ask the same thing:
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
                rarity from the embedder's word-piece vocabulary rank), or each side a different
                member of one contrast class (time / space, length / width, lunch / dinner)
+    symbol     the symbols differ: operators and code punctuation (> / <, == / ===, x[-1] /
+               x[1], / / ./) and emoji (👍 / 👎), which the embedder does not see at all
+    case       both texts use capitals as writing does, and a word is spelt in different case
+               in the two (Turkey / turkey, MB / Mb, CO / Co); a text all in lower case (or
+               capitals, or Title Case) says nothing by its case and passes
 
 The ``relation`` guard is the only one that reads word order, and it reads it only around words
 that give a pair a direction: "to"/"into" and "from … to" (Celsius to Fahrenheit, English to
@@ -87,7 +92,16 @@ _TASK = {stem(w): t for w, t in lx.TASK_OF.items()} | dict(lx.TASK_OF)
 _GRADABLE = frozenset(stem(w) for w in lx.GRADABLE)
 _CONTRAST = {stem(w): k for k, words in enumerate(lx.CONTRAST_CLASSES) for w in words.split()}
 _BREAKS = frozenset(".?!;:,")
-_GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content"})
+_GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content",
+                     "symbol", "case"})
+# Runs of characters that are neither word characters nor spaces: operators, code punctuation,
+# emoji. A run of ordinary punctuation only (sentence marks, quotes, brackets, dashes) and the
+# currency, percent and degree signs (the unit guard reads those) is no symbol; neither is one
+# hyphen, apostrophe, ampersand or dot between two letters or digits (e-mail, it's, R&D, 3.5).
+_SYMBOL_RUN = re.compile(r"[^\w\s]+")
+_PLAIN = frozenset(".,?!;:'\"’‘“”«»„()[]{}…–—-`$€£¥%°•·¿¡")
+_JOINERS = frozenset("-'’&.")
+_SENTENCE_END = frozenset(".?!")
 
 
 @dataclass(slots=True, frozen=True)
@@ -107,6 +121,9 @@ class _Analysis:
     content: frozenset[str]  # stems of content words (no stopwords, filler, numbers, units)
     rare: frozenset[str]  # content stems that are rare words
     relations: frozenset[Relation]  # ordered pairs around direction words (cache/relations.py)
+    symbols: tuple[str, ...]  # operator / emoji runs, sorted
+    cased: bool  # the text uses capitals as writing does (not all lower, all upper or Title Case)
+    spellings: dict[str, frozenset[str]]  # lower-cased word -> how it is written, off sentence starts
 
 
 def _num(s: str) -> str:
@@ -166,6 +183,9 @@ class Verifier:
         negated = False
         prev_number = prev_unit = False
         sentence_start = True
+        spellings: dict[str, set[str]] = {}
+        starts = True  # at a sentence's start (the case guard's reading; the entity guard's is the text's)
+        capitalised = mid_words = 0
 
         def _unit(u: str) -> None:
             if prev_number and numbers:  # "10 miles", and "100 degrees fahrenheit" as one quantity
@@ -178,6 +198,7 @@ class Verifier:
         for tok in tokens:
             if tok in _BREAKS:
                 order.append(Word(tok, None, False))
+                starts = starts or tok in _SENTENCE_END
                 continue
             tok = tok.strip("'")
             if tok.endswith("'s"):  # possessive: "Australia's" is about Australia
@@ -185,6 +206,12 @@ class Verifier:
             if not tok:
                 continue
             low = tok.lower()
+            if tok[0].isalpha() and not starts and low != "i" and not low.startswith("i'"):
+                spellings.setdefault(low, set()).add(tok)
+                if len(tok) > 3:
+                    mid_words += 1
+                    capitalised += tok[0].isupper()
+            starts = False
             is_number = is_unit = is_entity = False
             key: str | None = None
             currency = None
@@ -251,8 +278,11 @@ class Verifier:
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
         unit_key = (*sorted(quantities), "|", *sorted(units))
+        has_lower, has_upper = any(ch.islower() for ch in text), any(ch.isupper() for ch in text)
+        cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
-                      frozenset(entities), frozenset(content), frozenset(rare), relations(order))
+                      frozenset(entities), frozenset(content), frozenset(rare), relations(order),
+                      _symbols(text), cased, {w: frozenset(forms) for w, forms in spellings.items()})
         self._memo[text] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -281,7 +311,34 @@ class Verifier:
         if "content" in g and (((q.rare - c.content) and (c.rare - q.content))
                                or _contrast_swap(q.content - c.content, c.content - q.content)):
             return Verdict(False, "content")
+        if "symbol" in g and q.symbols != c.symbols:
+            return Verdict(False, "symbol")
+        if "case" in g and q.cased and c.cased and _spelt_apart(q.spellings, c.spellings):
+            return Verdict(False, "case")
         return Verdict(True)
+
+
+def _symbols(text: str) -> tuple[str, ...]:
+    """The text's symbol runs (see ``_SYMBOL_RUN``), sorted: a paraphrase may move them."""
+    found = []
+    for m in _SYMBOL_RUN.finditer(text):
+        run, start, end = m.group(), m.start(), m.end()
+        if len(run) == 1 and run in _JOINERS and 0 < start and end < len(text) \
+                and text[start - 1].isalnum() and text[end].isalnum():
+            continue  # e-mail, it's, R&D, 3.5
+        # a "-" right before a letter or digit and not after one is a sign or an option ("-1", "x[-1]", "-rf")
+        signed = run[-1] == "-" and end < len(text) and text[end].isalnum() \
+            and (len(run) > 1 or start == 0 or not text[start - 1].isalnum())
+        if signed or not all(ch in _PLAIN for ch in run):
+            found.append(run)
+    return tuple(sorted(found))
+
+
+def _spelt_apart(a: dict[str, frozenset[str]], b: dict[str, frozenset[str]]) -> bool:
+    """A word both texts write off a sentence start, in different case (Turkey / turkey)."""
+    if len(b) < len(a):
+        a, b = b, a
+    return any(forms != b[w] for w, forms in a.items() if w in b)
 
 
 def positive_form(w: str) -> str:

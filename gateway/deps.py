@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -90,7 +91,7 @@ async def authenticate_and_limit(request: Request) -> Caller:
         raise
     return Caller(state=state, principal=principal, request_id=request.state.request_id,
                   response_headers=headers, receive=request.receive,
-                  cache_control=request.headers.get("cache-control"),
+                  cache_control=", ".join(request.headers.getlist("cache-control")) or None,  # every line
                   started=getattr(request.state, "started", None) or time.perf_counter(), notice=notice)
 
 
@@ -131,8 +132,8 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
         except ValidationError:
             try:
                 value = json.loads(body)
-            except Exception:  # not JSON, not UTF-8, nested too deep, an integer too long
-                raise await key_refusal(request) or _not_json() from None
+            except Exception as exc:  # not JSON, not UTF-8, nested too deep, an integer too long
+                raise await key_refusal(request) or _not_json(exc) from None
     caller = await authenticate_and_limit(request)
     if parsed is not None:
         return parsed, caller
@@ -149,7 +150,10 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
 _NOT_JSON = object()
 
 
-def _not_json() -> ApiError:
+def _not_json(exc: Exception | None = None) -> ApiError:
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):  # valid JSON, but no int
+        return ApiError(400, f"A number in the JSON body has more than {sys.get_int_max_str_digits()} digits; "
+                             "no field takes such a number.", "invalid_request_error", "invalid_value")
     return validation_error([{"type": "json_invalid", "loc": ("body",)}])
 
 

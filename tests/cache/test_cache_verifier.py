@@ -166,6 +166,59 @@ def test_qa_paraphrases_pass(verifier, q, c):
     assert verifier.check(c, q).ok
 
 
+# Found by the second cache QA (2026-12-03) at the default threshold: a multi-word comparative's
+# "than" swap, case-only differences (cosine 1.0), emoji (invisible to the embedder), operators
+# and code punctuation, and antonyms the lexicon lacked.
+@pytest.mark.parametrize("q,c,reason", [
+    ("Is Mercury closer to the sun than Venus?", "Is Venus closer to the sun than Mercury?", "relation"),
+    ("Is Tokyo more expensive to live in than Seoul?", "Is Seoul more expensive to live in than Tokyo?", "relation"),
+    ("Tell me about Turkey.", "Tell me about turkey.", "case"),
+    ("How many bytes in 1 MB?", "How many bytes in 1 Mb?", "case"),
+    ("What is the molar mass of CO?", "What is the molar mass of Co?", "case"),
+    ("What does 👍 mean?", "What does 👎 mean?", "symbol"),
+    ("What does 😀 mean in a text message?", "What does 😢 mean in a text message?", "symbol"),
+    ("Is 7 > 5?", "Is 7 < 5?", "symbol"),
+    ("Is x >= 10 true when x is 10?", "Is x > 10 true when x is 10?", "symbol"),
+    ("What is the difference between == and === in JavaScript?",
+     "What is the difference between = and == in JavaScript?", "symbol"),
+    ("What does rm -rf / do?", "What does rm -rf ./ do?", "symbol"),
+    ("What does print(x[-1]) print for x = [1, 2, 3]?", "What does print(x[1]) print for x = [1, 2, 3]?", "symbol"),
+    ("Is it -5 degrees outside?", "Is it 5 degrees outside?", "symbol"),
+    ("What year did World War 1 start?", "What year did World War 1 end?", "antonym"),
+    ("What time does the sun rise in June?", "What time does the sun set in June?", "antonym"),
+    ("Set an alarm for 7:30 am.", "Set an alarm for 7:30 pm.", "antonym"),
+    ("What is the dose of ibuprofen for a child?", "What is the dose of ibuprofen for an adult?", "antonym"),
+    ("What is the dose of paracetamol for adults?", "What is the dose of paracetamol for children?", "antonym"),
+    ("Should I take ibuprofen or acetaminophen for a headache?",
+     "Should I take ibuprofen and acetaminophen for a headache?", "antonym"),
+    ("How long can I leave cooked chicken in the fridge?", "How long can I leave raw chicken in the fridge?",
+     "antonym"),
+])
+def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
+    assert verifier.check(q, c) == Verdict(False, reason)
+    assert verifier.check(c, q) == Verdict(False, reason)
+
+
+# What the symbol and case guards must let through: case that says nothing (all lower case, Title
+# Case, a sentence's first word), and punctuation that is no symbol (hyphens, apostrophes, decimal
+# points, currency and percent signs, sentence marks, quotes, brackets, a dash between words).
+@pytest.mark.parametrize("q,c", [
+    ("what is the capital of france", "What is the capital of France?"),
+    ("What Is The Capital Of France?", "What is the capital of France?"),
+    ("Turkey: what is its capital?", "What is the capital of Turkey?"),
+    ("What's the state-of-the-art in NLP?", "What is the state of the art in NLP?"),
+    ("Is 3.5 bigger than 3.25?", "Is 3.5 bigger than 3.25??"),
+    ("What is 15% of $240?", "What's 15% of $240!"),
+    ("Explain the 'self' keyword (in Python).", "Explain the self keyword in Python"),
+    ("Python - what is it?", "Python: what is it?"),
+    ("How do I use git reset --hard?", "How do I run git reset --hard?"),
+    ("What does R&D stand for?", "What does R&D mean?"),
+])
+def test_symbol_and_case_guards_pass_what_says_nothing(verifier, q, c):
+    assert verifier.check(q, c).ok, verifier.check(q, c)
+    assert verifier.check(c, q).ok
+
+
 def test_a_contrast_member_alone_is_no_swap(verifier):
     """A member of a contrast class added or dropped on one side only is not a swap."""
     assert verifier.check("How long does quicksort take?", "How much time does quicksort take?").ok

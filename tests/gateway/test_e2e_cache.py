@@ -114,6 +114,11 @@ def test_no_cache_skips_the_lookup_and_still_stores(api_cached) -> None:  # noqa
     again = _post(api, key, _body(api, question))
     assert again.headers["x-cache"] == "hit"
     assert again.json()["choices"][0]["message"]["content"] == first.json()["choices"][0]["message"]["content"]
+    # repeated Cache-Control lines are one list (RFC 9110): the no-cache on the second line counts
+    for lines in (["max-age=0", "no-cache"], ["no-cache", "max-age=0"]):
+        resp = httpx.post(api.base_url + "/v1/chat/completions", json=_body(api, question), timeout=120,
+                          headers=[("authorization", f"Bearer {key}"), *(("cache-control", v) for v in lines)])
+        assert resp.status_code == 200 and resp.headers["x-cache"] == "bypass", lines
     # not cacheable (temperature > 0, no seed): no-cache stores nothing
     stores = cache.stats()["stores"]
     hot = _post(api, key, _body(api, f"Name a moon. ({time.time_ns()})", temperature=0.9),
