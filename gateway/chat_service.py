@@ -36,7 +36,7 @@ from gateway.errors import (
 )
 from gateway.formats import ChatFormat, CompletionFormat, TokenNames, make_usage, natural_pieces
 from gateway.generation import Generation, context_length_exceeded, far_too_long, logprob_entries
-from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, TextPart
+from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 from gateway.sse import SSEResponse
 
 log = logging.getLogger("pagegate.chat")
@@ -170,8 +170,15 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
         if m.role in ("tool", "function"):
             raise unsupported(f"messages[{i}].role", f"'{m.role}' messages are not supported: this model has no "
                                                      "tools; send the conversation without them.")
+        if m.refusal is not None and m.role != "assistant":
+            raise invalid_request(f"Only assistant messages may carry a refusal ('{m.role}' message).",
+                                  param=f"messages[{i}].refusal")
         for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
-            if not isinstance(part, TextPart):
+            if isinstance(part, RefusalPart):
+                if m.role != "assistant":
+                    raise invalid_request(f"Content parts of type 'refusal' are only allowed in assistant "
+                                          f"messages ('{m.role}' message).", param=f"messages[{i}].content[{j}].type")
+            elif not isinstance(part, TextPart):
                 raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{part.type}' are "
                                                                       "not supported: this model reads text only.")
     if body.tools or body.functions:

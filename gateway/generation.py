@@ -46,7 +46,7 @@ def far_too_long(chars: int, max_model_len: int, *, what: str = "messages") -> A
     """A prompt of more characters than ``max_model_len`` tokens can ever hold, refused before the
     tokenizer spends seconds on it."""
     return ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your {what} "
-                         f"hold {chars:,} characters, more than that many tokens can ever cover. Please reduce "
+                         f"{'holds' if what == 'prompt' else 'hold'} {chars:,} characters, more than that many tokens can ever cover. Please reduce "
                          f"the length of the {what}.", "invalid_request_error", "context_length_exceeded", what)
 
 

@@ -55,12 +55,21 @@ def _null_is(default: Any) -> BeforeValidator:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # NaN, Infinity, 1e400: "a finite number"
 
 
 class TextPart(_Request):
     type: Literal["text"]
     text: Text
+
+
+class RefusalPart(_Request):
+    """An earlier assistant turn's refusal (OpenAI's ``{"type": "refusal", "refusal": ...}``, what
+    its answers carry and clients send back): read as that turn's text. Only assistant turns may
+    hold one (the service refuses it elsewhere, as OpenAI does)."""
+
+    type: Literal["refusal"]
+    refusal: Text
 
 
 class OtherPart(_Request):
@@ -72,10 +81,13 @@ class OtherPart(_Request):
 
 def _part_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind == "refusal":
+        return "part(refusal)"
     return "part(text)" if kind == "text" or not isinstance(kind, str) else "part(other)"
 
 
-Part = Annotated[Annotated[TextPart, Tag("part(text)")] | Annotated[OtherPart, Tag("part(other)")], Discriminator(_part_kind)]
+Part = Annotated[Annotated[TextPart, Tag("part(text)")] | Annotated[RefusalPart, Tag("part(refusal)")]
+                 | Annotated[OtherPart, Tag("part(other)")], Discriminator(_part_kind)]
 
 
 class ChatMessage(_Request):
@@ -83,6 +95,7 @@ class ChatMessage(_Request):
     content: Annotated[Text | Annotated[list[Part], Field(min_length=1)] | None,
                        Field(validate_default=True)] = None
     name: Text | None = None
+    refusal: Text | None = None  # an assistant turn's refusal (OpenAI's answers carry it): its text when no content
     tool_calls: Any = None  # an earlier turn's tool calls: refused by the service (no tools here)
     function_call: Any = None
 
@@ -109,10 +122,11 @@ class ChatMessage(_Request):
 
     def text(self) -> str:
         if self.content is None:
-            return ""
+            return self.refusal or ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+        return "".join(part.text if isinstance(part, TextPart) else part.refusal
+                       for part in self.content if isinstance(part, TextPart | RefusalPart))
 
 
 class StreamOptions(_Request):

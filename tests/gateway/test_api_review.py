@@ -130,8 +130,10 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_the_tokenizer(
                                 chat(api, messages=[{"role": "user", "content": text}])),
                            400, param="messages", code="context_length_exceeded")
         assert "characters" in err["message"] and not calls
-        assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": text, "max_tokens": 1}), 400,
-                     param="prompt", code="context_length_exceeded")
+        assert "your messages hold " in err["message"]
+        err = assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": text, "max_tokens": 1}), 400,
+                           param="prompt", code="context_length_exceeded")
+        assert "your prompt holds " in err["message"]
         text = "hello " * (chars // 7)
         err = assert_error(post(api, "/v1/chat/completions",
                                 chat(api, messages=[{"role": "user", "content": text}])),

@@ -214,3 +214,51 @@ def test_health_and_metrics(api) -> None:  # noqa: ANN001
     loop = metrics["event_loop"]  # gateway.loop_lag, watching the server's loop
     assert set(loop) == {"lag_ms_max_last_minute", "stalls_last_minute", "stalls_total", "stall_threshold_ms",
                          "lag_ms_worst"} and loop["stall_threshold_ms"] == 50.0
+
+
+def test_an_assistant_refusal_is_read_as_its_text(api) -> None:  # noqa: ANN001
+    """OpenAI's answers carry refusals (a ``refusal`` content part, or the message's ``refusal``
+    field) and clients send the conversation back with them: the turn reads as that text."""
+    def prompt_tokens(assistant: dict) -> int:
+        resp = post(api, "/v1/chat/completions", chat(api, messages=[
+            {"role": "user", "content": "Tell me a secret."}, {"role": "assistant", **assistant},
+            {"role": "user", "content": "Why not?"}]))
+        assert resp.status_code == 200, resp.text
+        return resp.json()["usage"]["prompt_tokens"]
+
+    plain = prompt_tokens({"content": "I can't share that."})
+    assert prompt_tokens({"content": [{"type": "refusal", "refusal": "I can't share that."}]}) == plain
+    assert prompt_tokens({"content": None, "refusal": "I can't share that."}) == plain
+    assert prompt_tokens({"content": "I can't share that.", "refusal": None}) == plain
+    assert prompt_tokens({"content": "x"}) != plain  # (the count does see the turn's text)
+    assert_error(post(api, "/v1/chat/completions", chat(api, messages=[
+        {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}])), 400,
+        param="messages[0].content[0].type", code="invalid_value")
+    assert_error(post(api, "/v1/chat/completions", chat(api, messages=[
+        {"role": "user", "content": "hi", "refusal": "no"}])), 400, param="messages[0].refusal")
+    assert_error(post(api, "/v1/chat/completions", chat(api, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "refusal"}]}])), 400,
+        param="messages[1].content[0].refusal")
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+def test_a_number_that_is_not_finite_is_named_so(api, literal) -> None:  # noqa: ANN001
+    """JSON's NaN and infinities (and a literal too big for a float) are "not a finite number", not
+    "should be less than or equal to 2 (got nan)"."""
+    body = (b'{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, '
+            b'"temperature": %s}' % (api.model.encode(), literal))
+    err = assert_error(post(api, "/v1/chat/completions", content=body, headers={"content-type": "application/json"}),
+                       400, param="temperature")
+    assert "finite number" in err["message"] and "less than" not in err["message"], err
+
+
+def test_a_number_of_thousands_of_digits_is_named(api) -> None:  # noqa: ANN001
+    """Valid JSON that Python's int() refuses (over 4,300 digits) is not "could not parse"."""
+    body = b'{"model": "%s", "messages": [{"role": "user", "content": "Hi"}], "seed": %s}' % (
+        api.model.encode(), b"9" * 5000)
+    err = assert_error(post(api, "/v1/chat/completions", content=body, headers={"content-type": "application/json"}),
+                       400, code="invalid_value")
+    assert "digits" in err["message"] and "parse" not in err["message"]
+    resp = post(api, "/v1/chat/completions", content=body, key="pg-" + "x" * 43,
+                headers={"content-type": "application/json"})
+    assert_error(resp, 401)  # a caller without a valid key learns nothing about its body
