@@ -114,7 +114,8 @@ async def tenant_report(session: AsyncSession, *, tenant: Tenant, since: datetim
     elif group_by == "model":
         group_col, joins = U.model, []
     else:
-        label = func.coalesce(ApiKey.prefix + literal(" ") + func.coalesce(ApiKey.name, ""), "(no key)")
+        named = func.coalesce(literal(" ") + func.nullif(ApiKey.name, ""), "")  # no trailing space unnamed
+        label = func.coalesce(ApiKey.prefix + named, "(no key)")
         group_col, joins = label, [ApiKey]
     where = [U.tenant_id == tenant.id, U.created_at >= _utc(since), U.created_at < _utc(until)]
     report = await _run(session, group_col, joins, where, group_by, since, until)

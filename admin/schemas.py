@@ -82,7 +82,7 @@ def validated(model: type[BaseModel], data: dict) -> BaseModel:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN, Infinity: "a finite number"
 
 
 class TenantLimits(_Body):
@@ -130,13 +130,14 @@ def _model_names(models: list[str]) -> list[str]:
     return models
 
 
-ModelNames = Annotated[list[Annotated[str, Field(max_length=128)]], AfterValidator(_model_names)]
+ModelNames = Annotated[list[Annotated[str, Field(max_length=128), AfterValidator(lambda m: _printable(m))]],
+                      AfterValidator(_model_names)]
 
 
 def split_models(text: str) -> list[str]:
     """A comma-separated model list (CLI flag, dashboard field); ``InvalidField`` on an empty name."""
     try:
-        return _model_names([m.strip() for m in text.split(",")])
+        return _model_names([_printable(m.strip()) for m in text.split(",")])
     except ValueError as exc:
         raise InvalidField(f"allowed_models: {exc}", "allowed_models") from exc
 

@@ -29,7 +29,7 @@ class RequestAccount:
         self.started = started  # time.perf_counter() at arrival
         self.reservation: Any = None
         self.price: Any = None  # the price the reservation was made at: the row and the settlement use it
-        self.cache = "miss"  # hit | semantic-hit | miss | bypass
+        self.cache = "bypass"  # hit | semantic-hit | miss (looked up) | bypass (not looked up: the chat route sets it)
         self._closed = False
 
     async def reserve(self, *, prompt_tokens: int, max_tokens: int, min_tokens: int = 1) -> int:

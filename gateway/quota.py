@@ -57,7 +57,7 @@ from gateway.errors import ApiError
 from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
 from gateway.pricing import Price, PriceBook, units_to_usd, usd_to_units
-from gateway.quota_refusals import quota_refusal, tpm_headers, tpm_refusal
+from gateway.quota_refusals import quota_refusal, tpm_empty_s, tpm_headers, tpm_refusal
 from gateway.redis_lane import ScriptLane
 
 log = logging.getLogger("pagegate.quota")
@@ -252,9 +252,8 @@ class QuotaLedger:
                                      "quota_unavailable") for _ in asks]
         epoch = result[0].decode() if isinstance(result[0], bytes) else str(result[0])
         result = result[1:]
-        tpm_reset = 60.0 * (1.0 - frac)
         tpm_limit = principal.tpm_limit
-        reset_s = format_reset(tpm_reset)
+        reset_s = format_reset(tpm_empty_s(0, 1, frac))  # (a request served has just charged this minute)
         out: list[Reservation | ApiError] = []
         for i, ask in enumerate(asks):
             code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])

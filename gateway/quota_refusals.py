@@ -29,13 +29,23 @@ def tpm_wait_s(limit: int, prev: int, cur: int, frac: float, need: int) -> float
     return left_s + 60.0 * max(0.0, 1.0 - room / cur)  # in the next minute, as this one's drain
 
 
+def tpm_empty_s(prev: int, cur: int, frac: float) -> float:
+    """Seconds until the sliding TPM window counts nothing again, if nothing else is charged (what
+    OpenAI's ``x-ratelimit-reset-tokens`` says: the time until the limit is back to full): this
+    minute's tokens count, fading, until the next minute ends; the previous minute's until this one
+    does."""
+    if cur > 0:
+        return 60.0 * (1.0 - frac) + 60.0
+    return 60.0 * (1.0 - frac) if prev > 0 else 0.0
+
+
 def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int) -> ApiError:
     """429 for a request that does not fit the TPM window: its ``retry-after`` and
     ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first)."""
     if requested > limit:  # never fits: no retry-after, and the window's reset as an accepted request sees it
         return rate_limited(f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
                             f"Send fewer tokens.", retry_after_s=None,
-                            headers=tpm_headers(limit, used, format_reset(60.0 * (1.0 - frac))))
+                            headers=tpm_headers(limit, used, format_reset(tpm_empty_s(prev, cur, frac))))
     wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
     reset = format_reset(wait_s)
     headers = tpm_headers(limit, used, reset)
@@ -78,7 +88,11 @@ def describe_budget(p: Principal, tok_used: int, usd_units: int) -> str:
     if p.budget_tokens is not None:
         parts.append(f"{tok_used} of {p.budget_tokens} tokens used")
     if p.budget_usd is not None:
-        parts.append(f"{format_usd(units_to_usd(usd_units))} of {format_usd(Decimal(p.budget_usd))} used")
+        spent, budget = units_to_usd(usd_units), Decimal(p.budget_usd)
+        shown, of = format_usd(spent), format_usd(budget)
+        if shown == of and spent != budget:  # rounded alike ($0.00003 of $0.00003): the ledger's digits
+            shown = f"${spent.normalize():f}"
+        parts.append(f"{shown} of {of} used")
     return ", ".join(parts) or "budget exhausted"
 
 

@@ -58,6 +58,9 @@ def as_api_error(exc: Exception) -> ApiError | None:
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":
             return bad_request("The request body is not valid JSON.")
+        if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes | str):
+            # FastAPI reads a body without a JSON content type as bytes: it was never parsed
+            return bad_request("The request body must be a JSON object sent with content-type: application/json.")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -109,6 +112,10 @@ def admin_route_class(ctx: AdminContext, render: Callable[[Request, ApiError], R
             async def handle(request: Request) -> Response:
                 request.scope[SCOPE_KEY] = ctx
                 ctx.adopt(request.app)
+                if _holds_nul(request):  # no name, key, model or filter holds one (PostgreSQL refuses it: a 500)
+                    refusal = await _caller_refusal(ctx, request) if authenticate_first else None
+                    return render(request, refusal or bad_request(
+                        "The URL holds a NUL character (%00); no name, key, model or filter contains one."))
                 try:
                     return await handler(request)
                 except Exception as exc:
@@ -120,6 +127,11 @@ def admin_route_class(ctx: AdminContext, render: Callable[[Request, ApiError], R
             return handle
 
     return AdminRoute
+
+
+def _holds_nul(request: Request) -> bool:
+    return "\x00" in request.scope["path"] or any("\x00" in k or "\x00" in v
+                                                   for k, v in request.query_params.multi_items())
 
 
 def _exact_json(endpoint: Callable[..., Awaitable[Any]], status_code: int | None) -> Callable[..., Awaitable[Any]]:

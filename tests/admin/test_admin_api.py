@@ -465,3 +465,46 @@ async def test_every_timestamp_is_utc_to_the_second(client, auth):
              deleted["created_at"], deleted["updated_at"], deleted["deleted_at"], budget["deleted_at"],
              budget["period_start"], *(e["created_at"] for e in audit), audit[0]["after"]["deleted_at"]]
     assert all(isinstance(t, str) and when.fullmatch(t) for t in shown), shown
+
+
+async def test_a_nul_in_the_url_is_400_on_both_databases(client, auth):
+    """PostgreSQL refuses a NUL in any text value: a path or filter holding one was a 500."""
+    tenant = unique("nul")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    for method, path, params in (("GET", "/admin/v1/tenants/%00", None), ("GET", "/admin/v1/keys/pg-%00abc", None),
+                                 ("GET", "/admin/v1/keys", {"prefix": "\x00"}), ("GET", "/admin/v1/keys", {"tenant": "\x00"}),
+                                 ("GET", "/admin/v1/audit", {"target": "\x00"}), ("GET", "/admin/v1/audit", {"action": "a\x00"}),
+                                 ("GET", f"/admin/v1/tenants/{tenant}%00/report", None),
+                                 ("GET", "/admin/v1/tenants/%00/budget", None)):
+        resp = await client.request(method, path, params=params, headers=auth())
+        assert resp.status_code == 400 and "NUL" in resp.json()["error"]["message"], (path, params, resp.text)
+    resp = await client.put("/admin/v1/prices/a%00b", json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1},
+                            headers=auth())
+    assert resp.status_code == 400, resp.text
+    assert (await client.get("/admin/v1/tenants/%00")).status_code == 401  # the token still comes first
+
+
+async def test_model_names_are_printable(client, auth):
+    tenant = unique("models")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    for name in ("a\x00b", "\u2028x", "a\nb"):
+        resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", json={"allowed_models": [name]}, headers=auth())
+        assert resp.status_code == 400 and resp.json()["error"]["param"].startswith("allowed_models"), resp.text
+    assert (await client.get(f"/admin/v1/tenants/{tenant}/keys", headers=auth())).json()["data"] == []
+
+
+async def test_a_body_without_a_json_content_type_is_named_so(client, auth):
+    for ctype in ("text/plain", "application/x-www-form-urlencoded"):
+        resp = await client.post("/admin/v1/tenants", content=json.dumps({"name": unique("ct")}),
+                                 headers={**auth(), "content-type": ctype})
+        assert resp.status_code == 400, resp.text
+        assert "content-type: application/json" in resp.json()["error"]["message"], resp.text
+
+
+async def test_nan_and_infinity_are_not_finite_numbers(client, auth):
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        body = '{"name": "%s", "cache_threshold": %s}' % (unique("nan"), literal)
+        resp = await client.post("/admin/v1/tenants", content=body,
+                                 headers={**auth(), "content-type": "application/json"})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "cache_threshold", resp.text
+        assert "finite number" in resp.json()["error"]["message"], resp.text

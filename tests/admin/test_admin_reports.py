@@ -41,14 +41,15 @@ async def seeded(client, app, auth):
     tenants, keys = {}, defaultdict(list)
     for name in names:
         tenants[name] = (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).json()
-        for label in ("web", "batch"):
-            k = (await client.post(f"/admin/v1/tenants/{name}/keys", json={"name": label}, headers=auth())).json()
+        for label in ("web", "batch", None):  # (an unnamed key is shown by its prefix alone)
+            body = {"name": label} if label else {}
+            k = (await client.post(f"/admin/v1/tenants/{name}/keys", json=body, headers=auth())).json()
             keys[name].append(k)
     rows = []
     for name in names:
         tid = tenants[name]["id"]
         for i in range(40):
-            key = keys[name][i % 2]
+            key = keys[name][i % 3]
             hit = i % 5 == 0
             when = SINCE + timedelta(hours=rng.randrange(0, 72), minutes=rng.randrange(60))
             rows.append(usage_row(
@@ -107,7 +108,7 @@ async def test_report_groups_and_totals_equal_usage_rows(client, auth, seeded, g
     name = seeded["names"][0]
     tid = seeded["tenants"][name]["id"]
     mine = [r for r in seeded["rows"] if r.tenant_id == tid]
-    labels = {k["id"]: f"{k['prefix']} {k['name']}" for k in seeded["keys"][name]}
+    labels = {k["id"]: f"{k['prefix']} {k['name']}" if k["name"] else k["prefix"] for k in seeded["keys"][name]}
     group = {"day": lambda r: r.created_at.strftime("%Y-%m-%d"), "model": lambda r: r.model,
              "key": lambda r: labels.get(r.api_key_id, "(no key)")}[group_by]
     resp = await client.get(f"/admin/v1/tenants/{name}/report", headers=auth("admin:read"),
