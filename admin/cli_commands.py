@@ -98,6 +98,19 @@ def _warn_no_redis(ops: Management) -> None:
 
 TENANT_COLUMNS = ("name", "enabled", "rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_enabled")
 KEY_COLUMNS = ("id", "tenant", "prefix", "name", "allowed_models", "rpm", "revoked", "created_at")
+
+
+def _table_view(view: dict, *, tenant: bool = True) -> dict:
+    """A row for a table (not ``--json``): a limit of 0 reads ``unlimited`` and a tenant's unset one
+    ``default`` (the server's), as the dashboard shows them; a budget of 0 stays 0 (it refuses all)."""
+    out = dict(view)
+    for field in ("rpm", "tpm") if tenant else ("rpm",):
+        value = out.get(field)
+        if value == 0:
+            out[field] = "unlimited"
+        elif value is None and tenant:
+            out[field] = "default"
+    return out
 REPORT_COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "completion_tokens", "total_tokens",
                   "cost_usd", "cache_hits", "saved_usd", "p50_latency_ms", "p95_latency_ms")
 
@@ -131,7 +144,7 @@ def _limits(args: argparse.Namespace) -> dict:
 async def tenants_create(ops: Management, args: argparse.Namespace) -> int:
     tenant = await ops.create_tenant(name=args.name, **_limits(args))
     note(f"created tenant {tenant.name} (id {tenant.id})")
-    print(format_table(TENANT_COLUMNS, [[tenant_view(tenant)[c] for c in TENANT_COLUMNS]]))
+    print(format_table(TENANT_COLUMNS, [[_table_view(tenant_view(tenant))[c] for c in TENANT_COLUMNS]]))
     return 0
 
 
@@ -139,7 +152,7 @@ async def tenants_list(ops: Management, args: argparse.Namespace) -> int:
     if args.json:  # GET /tenants with every tenant on one page (by id)
         _print_json((await ops.tenant_page(limit=None)).as_dict())
         return 0
-    views = [tenant_view(t) for t in await ops.tenants()]
+    views = [_table_view(tenant_view(t)) for t in await ops.tenants()]
     print(format_table(("id", *TENANT_COLUMNS), [[v["id"], *(v[c] for c in TENANT_COLUMNS)] for v in views]))
     return 0
 
@@ -152,10 +165,11 @@ async def tenants_show(ops: Management, args: argparse.Namespace) -> int:
     if args.json:  # GET /tenants/{name}, with /budget and every key of /keys inside
         _print_json({**view, "budget": budget, "keys": keys.as_dict()})
         return 0
-    print(format_record([*view.items(), ("spent_tokens", budget["spent_tokens"]),
+    print(format_record([*_table_view(view).items(), ("spent_tokens", budget["spent_tokens"]),
                          ("spent_usd", budget["spent_usd"]), ("period_start", budget["period_start"])]))
     print()
-    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in keys.data]) if keys.data else "(no keys)")
+    print(format_table(KEY_COLUMNS, [[_table_view(k, tenant=False)[c] for c in KEY_COLUMNS] for k in keys.data])
+          if keys.data else "(no keys)")
     return 0
 
 
@@ -215,7 +229,7 @@ async def keys_list(ops: Management, args: argparse.Namespace) -> int:
     if args.json:
         _print_json(page.as_dict())
         return 0
-    print(format_table(KEY_COLUMNS, [[k[c] for c in KEY_COLUMNS] for k in page.data]))
+    print(format_table(KEY_COLUMNS, [[_table_view(k, tenant=False)[c] for c in KEY_COLUMNS] for k in page.data]))
     return 0
 
 

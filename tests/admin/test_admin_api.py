@@ -503,7 +503,7 @@ async def test_a_body_without_a_json_content_type_is_named_so(client, auth):
 
 async def test_nan_and_infinity_are_not_finite_numbers(client, auth):
     for literal in ("NaN", "Infinity", "-Infinity"):
-        body = '{"name": "%s", "cache_threshold": %s}' % (unique("nan"), literal)
+        body = f'{{"name": "{unique("nan")}", "cache_threshold": {literal}}}'
         resp = await client.post("/admin/v1/tenants", content=body,
                                  headers={**auth(), "content-type": "application/json"})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "cache_threshold", resp.text

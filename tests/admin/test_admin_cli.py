@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -538,3 +539,22 @@ def test_a_period_change_drops_the_new_periods_counter_or_warns_without_redis(en
     finally:
         client.delete(day)
         client.close()
+
+
+def test_tables_show_unlimited_and_default_limits_as_the_dashboard_does(env, capsys):
+    """A 0 rpm/tpm is no limit and an unset one the server's default, while a 0 budget refuses all:
+    a table printing 0 for both read the same."""
+    name = unique("zero")
+    assert run(capsys, "tenants", "create", name, "--rpm", "0", "--budget-tokens", "0")[0] == 0
+    code, out, _ = run(capsys, "tenants", "list")
+    line = next(ln for ln in out.splitlines() if f" {name} " in f" {ln} ").split()
+    assert code == 0 and line[3:6] == ["unlimited", "default", "0"], line
+    code, out, _ = run(capsys, "tenants", "show", name)
+    assert "unlimited" in out and "default" in out
+    code, out, err = run(capsys, "keys", "create", "--tenant", name, "--rpm", "0")
+    assert code == 0, err
+    code, out, _ = run(capsys, "keys", "list", "--tenant", name)
+    assert code == 0 and "unlimited" in out
+    code, out, _ = run(capsys, "tenants", "list", "--json")
+    row = next(t for t in json.loads(out)["data"] if t["name"] == name)
+    assert (row["rpm"], row["tpm"], row["budget_tokens"]) == (0, None, 0)  # --json keeps the API's values
