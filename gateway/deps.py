@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
@@ -21,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from engine.protocol import EngineClient
-from gateway.error_handlers import key_refusal, validation_error
+from gateway.error_handlers import key_refusal, too_many_digits, validation_error
 from gateway.errors import ApiError
 from gateway.settings import Settings
 
@@ -151,10 +150,7 @@ _NOT_JSON = object()
 
 
 def _not_json(exc: Exception | None = None) -> ApiError:
-    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):  # valid JSON, but no int
-        return ApiError(400, f"A number in the JSON body has more than {sys.get_int_max_str_digits()} digits; "
-                             "no field takes such a number.", "invalid_request_error", "invalid_value")
-    return validation_error([{"type": "json_invalid", "loc": ("body",)}])
+    return too_many_digits(exc) or validation_error([{"type": "json_invalid", "loc": ("body",)}])
 
 
 def _is_json(content_type: str | None) -> bool:

@@ -11,6 +11,8 @@ The catch-all 500 lives in ``gateway.middleware`` so that it also carries ``x-re
 
 from __future__ import annotations
 
+import sys
+
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -95,6 +97,15 @@ _HTTP_ERRORS = {  # Starlette's and FastAPI's own refusals, in OpenAI's words
 }
 
 
+def too_many_digits(exc: BaseException | None) -> ApiError | None:
+    """Valid JSON whose number Python's ``int()`` refuses (over ``sys.get_int_max_str_digits()``
+    digits): named as such rather than "could not parse"; None for any other failure."""
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return ApiError(400, f"A number in the JSON body has more than {sys.get_int_max_str_digits()} digits; "
+                             "no field takes such a number.", "invalid_request_error", "invalid_value")
+    return None
+
+
 def unknown_url() -> ApiError:
     """What an unknown URL gets (Starlette's 404, in OpenAI's words), for a route that matched it."""
     code, message = _HTTP_ERRORS[404]
@@ -150,7 +161,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:
-            refused = await key_refusal(request)
+            refused = await key_refusal(request) or too_many_digits(exc.__cause__)  # (FastAPI's body parse)
             if refused is not None:
                 return error_response(refused)
         if exc.status_code == 405:
