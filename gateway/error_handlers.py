@@ -12,7 +12,6 @@ The catch-all 500 lives in ``gateway.middleware`` so that it also carries ``x-re
 from __future__ import annotations
 
 import sys
-
 from typing import Any
 
 from fastapi import FastAPI, Request
