@@ -17,11 +17,12 @@ only if every guard agrees the two questions ask the same thing:
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
                rarity from the embedder's word-piece vocabulary rank), or each side a different
                member of one contrast class (time / space, length / width, lunch / dinner)
-    symbol     the symbols differ: operators and code punctuation (> / <, == / ===, x[-1] /
-               x[1], / / ./) and emoji (👍 / 👎), which the embedder does not see at all
-    case       both texts use capitals as writing does, and a word is spelt in different case
-               in the two (Turkey / turkey, MB / Mb, CO / Co); a text all in lower case (or
-               capitals, or Title Case) says nothing by its case and passes
+    symbol     the symbols differ: operators, code punctuation, options and slices (> / <,
+               == / ===, x[1:] / x[:1], ls -a / ls -l, / / ./), and emoji when both texts have
+               some (👍 / 👎), which the embedder does not see at all (``_symbols``)
+    case       a short word in two capitalised forms (MB / Mb, CO / Co), or, in two texts
+               written in prose case, a word that is also a name in lower case on one side
+               (Turkey / turkey, US / us); python / Python or NASA / Nasa pass (``_spelt_apart``)
 
 The ``relation`` guard is the only one that reads word order, and it reads it only around words
 that give a pair a direction: "to"/"into" and "from … to" (Celsius to Fahrenheit, English to
@@ -43,6 +44,7 @@ Each guard is a few set operations on memoised token analyses (well under a mill
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -95,12 +97,26 @@ _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content",
                      "symbol", "case"})
 # Runs of characters that are neither word characters nor spaces: operators, code punctuation,
-# emoji. A run of ordinary punctuation only (sentence marks, quotes, brackets, dashes) and the
-# currency, percent and degree signs (the unit guard reads those) is no symbol; neither is one
-# hyphen, apostrophe, ampersand or dot between two letters or digits (e-mail, it's, R&D, 3.5).
+# emoji (``_symbols``). Quotes, backticks and brackets around a run are no part of it ("`==`" is
+# "=="), nor the sentence marks after it ("C++?" is "++"); a run of ordinary punctuation only is no
+# symbol unless it stands alone ("??", "!!"); neither is one hyphen, apostrophe, dot or slash inside
+# a word ("e-mail", "it's", "3.5", "async/await"), nor an ampersand ("R&D", "salt & pepper").
 _SYMBOL_RUN = re.compile(r"[^\w\s]+")
 _PLAIN = frozenset(".,?!;:'\"’‘“”«»„()[]{}…–—-`$€£¥%°•·¿¡")
-_JOINERS = frozenset("-'’&.")
+_WRAPPING = frozenset("`'\"’‘“”«»„()[]{}")
+_TRAILING = ".,?!;:"
+_DASHES_AND_QUOTES = frozenset("-–—…'\"’‘“”«»„`.")
+_SUBSCRIPT = re.compile(r"(?<=\w)\[[^\]\s]{0,24}\]")  # x[1:], x[-1], s[::-1]: read verbatim
+# Written forms that mean the same as a symbol, normalised before the analysis: emphasis ("*best*"),
+# an HTML tag named ("<div>": div), arithmetic between numbers in words ("15 times 4": 15*4), and
+# times of day ("6 a.m.", "3pm": 6 am, 3 pm).
+_EMPHASIS = re.compile(r"(?<![\w*])(\*{1,2})(?=\w)([^*\n]*?\w)\1(?![\w*])")
+_TAG = re.compile(r"<(/?[A-Za-z][\w-]*)>")
+_ARITHMETIC = [(re.compile(r"(\d)\s*(?:\*\*|\^|to the power of)\s*(?=\d)", re.I), r"\1^"),
+               (re.compile(r"(\d)\s*(?:\*|×|x|times|multiplied by)\s*(?=\d)", re.I), r"\1*"),
+               (re.compile(r"(\d)\s*(?:/|÷|divided by)\s*(?=\d)", re.I), r"\1/"),
+               (re.compile(r"(\d)\s*(?:\+|plus)\s*(?=\d)", re.I), r"\1+")]
+_TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 _SENTENCE_END = frozenset(".?!")
 
 
@@ -121,7 +137,8 @@ class _Analysis:
     content: frozenset[str]  # stems of content words (no stopwords, filler, numbers, units)
     rare: frozenset[str]  # content stems that are rare words
     relations: frozenset[Relation]  # ordered pairs around direction words (cache/relations.py)
-    symbols: tuple[str, ...]  # operator / emoji runs, sorted
+    symbols: tuple[str, ...]  # operator and code-punctuation runs, sorted
+    emoji: tuple[str, ...]  # emoji (and other pictographs), sorted
     cased: bool  # the text uses capitals as writing does (not all lower, all upper or Title Case)
     spellings: dict[str, frozenset[str]]  # lower-cased word -> how it is written, off sentence starts
 
@@ -170,6 +187,7 @@ class Verifier:
         hit = self._memo.get(text)
         if hit is not None:
             return hit
+        original, text = text, _normalised(text)
         tokens = _TOKEN.findall(text.replace("’", "'"))
         words: set[str] = set()
         numbers: list[str] = []
@@ -241,6 +259,8 @@ class Verifier:
                 is_unit = True
             else:
                 st = stem(low)
+                if low in ("am", "pm") and prev_number:  # a time of day ("7:30 am"), not "I am"
+                    st = "@" + low
                 words.add(st)
                 if low in lx.NEGATIONS or low.endswith("n't") or low in lx.NEGATING_VERBS:
                     negated = True
@@ -282,8 +302,8 @@ class Verifier:
         cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
-                      _symbols(text), cased, {w: frozenset(forms) for w, forms in spellings.items()})
-        self._memo[text] = a
+                      *_symbols(text), cased, {w: frozenset(forms) for w, forms in spellings.items()})
+        self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
         return a
@@ -296,7 +316,7 @@ class Verifier:
         g = self.guards
         if "negation" in g and q.negated != c.negated:
             return Verdict(False, "negation")
-        if "antonym" in g and _antonym_swap(q.words - c.words, c.words - q.words):
+        if "antonym" in g and _antonym_swap(q.words - c.words, c.words - q.words, q.words, c.words):
             return Verdict(False, "antonym")
         if "number" in g and q.numbers != c.numbers:
             return Verdict(False, "number")
@@ -311,34 +331,90 @@ class Verifier:
         if "content" in g and (((q.rare - c.content) and (c.rare - q.content))
                                or _contrast_swap(q.content - c.content, c.content - q.content)):
             return Verdict(False, "content")
-        if "symbol" in g and q.symbols != c.symbols:
-            return Verdict(False, "symbol")
-        if "case" in g and q.cased and c.cased and _spelt_apart(q.spellings, c.spellings):
+        if "symbol" in g and (q.symbols != c.symbols or (q.emoji and c.emoji and q.emoji != c.emoji)):
+            return Verdict(False, "symbol")  # (emoji added or dropped are decoration: compared when both have some)
+        if "case" in g and _spelt_apart(q, c):
             return Verdict(False, "case")
         return Verdict(True)
 
 
-def _symbols(text: str) -> tuple[str, ...]:
-    """The text's symbol runs (see ``_SYMBOL_RUN``), sorted: a paraphrase may move them."""
-    found = []
+def _normalised(text: str) -> str:
+    """The forms of ``_EMPHASIS``, ``_TAG``, ``_ARITHMETIC`` and ``_TIME_OF_DAY`` written one way."""
+    if "*" in text:
+        text = _EMPHASIS.sub(r"\2", text)
+    if "<" in text:
+        text = _TAG.sub(r"\1", text)
+    if any(ch.isdigit() for ch in text):
+        for pattern, replacement in _ARITHMETIC:
+            text = pattern.sub(replacement, text)
+        text = _TIME_OF_DAY.sub(lambda m: " " + m.group(1).lower() + "m", text)
+    return text
+
+
+def _is_emoji(run: str) -> bool:
+    return any(ord(ch) > 127 and (unicodedata.category(ch) in ("So", "Sk", "Cs") or ch in "\ufe0f\u200d")
+               for ch in run)  # (not the ASCII "`" and "^", which Unicode files with the modifier symbols)
+
+
+def _symbols(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The text's symbols (see ``_SYMBOL_RUN``) and its emoji, each sorted: a paraphrase may move them."""
+    found: list[str] = []
+    emoji: list[str] = []
+    for m in _SUBSCRIPT.finditer(text):
+        found.append(m.group()[1:-1])
+    text = _SUBSCRIPT.sub(" ", text)
     for m in _SYMBOL_RUN.finditer(text):
         run, start, end = m.group(), m.start(), m.end()
-        if len(run) == 1 and run in _JOINERS and 0 < start and end < len(text) \
-                and text[start - 1].isalnum() and text[end].isalnum():
-            continue  # e-mail, it's, R&D, 3.5
-        # a "-" right before a letter or digit and not after one is a sign or an option ("-1", "x[-1]", "-rf")
-        signed = run[-1] == "-" and end < len(text) and text[end].isalnum() \
-            and (len(run) > 1 or start == 0 or not text[start - 1].isalnum())
-        if signed or not all(ch in _PLAIN for ch in run):
-            found.append(run)
-    return tuple(sorted(found))
+        if _is_emoji(run):
+            emoji.append(run)
+            continue
+        inside = 0 < start and end < len(text) and text[start - 1].isalnum() and text[end].isalnum()
+        if run == "&" or (inside and len(run) == 1 and (run in "-'’." or (run == "/" and text[start - 1].isalpha()
+                                                                          and text[end].isalpha()))):
+            continue  # R&D, salt & pepper, e-mail, it's, 3.5, async/await
+        if run[-1] == "-" and end < len(text) and text[end].isalnum() and (len(run) > 1 or not (
+                start and text[start - 1].isalnum())):  # a sign or an option: "-1", "-rf", "--hard"
+            option = re.match(r"\w*", text[end:]).group()
+            found.append(run.lstrip("".join(_WRAPPING)) + option)
+            continue
+        alone = (start == 0 or text[start - 1].isspace()) and (end == len(text) or text[end].isspace())
+        unwrapped = "".join(ch for ch in run if ch not in _WRAPPING)
+        core = unwrapped.rstrip(_TRAILING)
+        if core and not all(ch in _PLAIN for ch in core):
+            found.append(core)
+        elif alone and len(unwrapped) > 1 and not all(ch in _DASHES_AND_QUOTES for ch in unwrapped):
+            found.append(unwrapped)  # an operator of punctuation alone: "??", "!!", "?.", "`??`"
+    return tuple(sorted(found)), tuple(sorted(emoji))
 
 
-def _spelt_apart(a: dict[str, frozenset[str]], b: dict[str, frozenset[str]]) -> bool:
-    """A word both texts write off a sentence start, in different case (Turkey / turkey)."""
-    if len(b) < len(a):
-        a, b = b, a
-    return any(forms != b[w] for w, forms in a.items() if w in b)
+# Words that are also names when capitalised, so that "Tell me about Turkey." and "… turkey." differ.
+_CAPITONYMS = frozenset("""turkey china polish bill apple jaguar amazon may march august mark will rose nice
+    reading jersey chile guinea jordan georgia victoria sandy hope grace frank jack bob mercury""".split())
+
+
+def _spelt_apart(q: _Analysis, c: _Analysis) -> bool:
+    """A word both texts write off a sentence start, in case that changes what it names: a short
+    word in two capitalised forms (MB / Mb, CO / Co, mW / MW, Mbps / MBps; not NASA / Nasa or
+    JavaScript / Javascript, one name styled two ways), or, when both texts use capitals as
+    prose does, a word that is also a name written in lower case on one side (Turkey / turkey,
+    US / us)."""
+    a, b = q.spellings, c.spellings
+    prose = q.cased and c.cased
+    for w, forms in a.items():
+        other = b.get(w)
+        if other is None or other == forms:
+            continue
+        for x in forms:
+            for y in other:
+                if x == y:
+                    continue
+                if x.islower() or y.islower():
+                    capital = y if x.islower() else x
+                    if prose and (w in _CAPITONYMS or (capital.isupper() and w in lx.STOPWORDS)):
+                        return True
+                elif len(w) <= 3 or (len(w) == 4 and not (x.isupper() != y.isupper() and (x.istitle() or y.istitle()))):
+                    return True
+    return False
 
 
 def positive_form(w: str) -> str:
@@ -361,9 +437,23 @@ def positive_form(w: str) -> str:
     return next((f for f in forms if f in _GRADABLE), w)
 
 
-def _antonym_swap(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:
-    if _antonym_pair({positive_form(w) for w in only_q}, {positive_form(w) for w in only_c}):
-        return True
+_CHOICE = frozenset(stem(w) for w in """which whether who whom difference differences vs versus better best worse
+    compare compared""".split())
+
+
+def _antonym_swap(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str],
+                  all_q: frozenset[str] = frozenset(), all_c: frozenset[str] = frozenset()) -> bool:
+    """A word on one side has its antonym on the other only, and neither side already holds an
+    opposite of its own word ("from start to finish" / "from beginning to end" is no swap). "and" /
+    "or" count only where neither side asks to choose ("which", "better", "difference", ...)."""
+    if _CHOICE & (all_q | all_c):
+        only_q, only_c = only_q - {"and", "or"}, only_c - {"and", "or"}
+    base_q, base_c = {positive_form(w) for w in only_q}, {positive_form(w) for w in only_c}
+    poles_q, poles_c = {positive_form(w) for w in all_q}, {positive_form(w) for w in all_c}
+    for w in base_q:
+        for a in _ANTONYMS.get(w, ()):
+            if a in base_c and not (_ANTONYMS[w] & poles_q) and not (_ANTONYMS.get(a, set()) & poles_c):
+                return True
     return _negated_form(only_q, only_c)
 
 
@@ -371,10 +461,6 @@ def _contrast_swap(only_q: frozenset[str], only_c: frozenset[str]) -> bool:
     """One side has a member of a contrast class (lexicon.CONTRAST_CLASSES) and the other another."""
     classes_q = {_CONTRAST[w] for w in only_q if w in _CONTRAST}
     return any(_CONTRAST.get(w) in classes_q for w in only_c)
-
-
-def _antonym_pair(only_q: set[str], only_c: set[str]) -> bool:
-    return any(_ANTONYMS.get(w, frozenset()) & only_c for w in only_q)
 
 
 def _negated_form(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:

@@ -193,6 +193,16 @@ def test_qa_paraphrases_pass(verifier, q, c):
      "Should I take ibuprofen and acetaminophen for a headache?", "antonym"),
     ("How long can I leave cooked chicken in the fridge?", "How long can I leave raw chicken in the fridge?",
      "antonym"),
+    # (from the guards' own QA set: slices, options, operators of punctuation, times written with dots,
+    # capitonyms, an all-caps stopword, short units in two capitalised forms)
+    ("What is x[1:] in Python?", "What is x[:1] in Python?", "symbol"),
+    ("What does ls -a do?", "What does ls -l do?", "symbol"),
+    ("What does git push -f do?", "What does git push -u do?", "symbol"),
+    ("What does the ?? operator do in JavaScript?", "What does the ?. operator do in JavaScript?", "symbol"),
+    ("Set an alarm for 6 a.m.", "Set an alarm for 6 p.m.", "antonym"),
+    ("Is Apple a good investment?", "Is apple a good investment?", "case"),
+    ("Is it legal to work in the US?", "Is it legal to work in the us?", "case"),
+    ("Is 100 Mbps fast?", "Is 100 MBps fast?", "case"),
 ])
 def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     assert verifier.check(q, c) == Verdict(False, reason)
@@ -213,6 +223,28 @@ def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     ("Python - what is it?", "Python: what is it?"),
     ("How do I use git reset --hard?", "How do I run git reset --hard?"),
     ("What does R&D stand for?", "What does R&D mean?"),
+    # what the first version of the guards refused (a QA set of 200 paraphrases lost 98 at 0.90)
+    ("What does `==` do in Python?", "What does == do in Python?"),
+    ("What is **kwargs in Python?", "What is `**kwargs` in Python?"),
+    ("Best way to learn C++?", "What's the best way to learn C++"),
+    ("How do I use async/await in JavaScript?", "How do I use async and await in JavaScript?"),
+    ("What goes well with salt & pepper?", "What goes well with salt and pepper?"),
+    ("What is the *best* way to learn Spanish?", "What is the best way to learn Spanish?"),
+    ("What is 15 * 4?", "What is 15 times 4?"),
+    ("What is 2^10?", "What is 2 to the power of 10?"),
+    ("How does the spread operator ... work in JavaScript?", "How does the spread operator (...) work in JavaScript?"),
+    ("How do I make fluffy pancakes? 🥞", "How do I make fluffy pancakes?"),
+    ("Thanks! 🙏 Can you explain compound interest?", "Thanks! Can you explain compound interest?"),
+    ("What is NASA working on?", "What is Nasa working on?"),
+    ("Is JavaScript hard to learn?", "Is Javascript hard to learn?"),
+    ("How do I reverse a string in python?", "How do I reverse a string in Python?"),
+    ("What is the population of australia?", "What is the population of Australia?"),
+    ("Quick question: What is a closure?", "Quick question: what is a closure?"),
+    ("Let's meet at 3pm.", "Let's meet at 3 pm."),
+    ("Why am I so tired at 3 in the afternoon?", "Why am I so tired at 3 pm?"),
+    ("Can my kid take adult Tylenol?", "Can my child take grown-up Tylenol?"),
+    ("How do I write a story from start to finish?", "How do I write a story from beginning to end?"),
+    ("Should I learn Python or JavaScript first?", "Python and JavaScript: which should I learn first?"),
 ])
 def test_symbol_and_case_guards_pass_what_says_nothing(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
