@@ -30,9 +30,39 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto``: the GPU when torch sees one. A CUDA device this torch cannot use is a ValueError
+    (torch's own is an AssertionError deep inside the model's load)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}, but this torch sees no CUDA GPU (torch {torch.__version__}); "
+                         "use PAGEGATE_DEVICE=cpu or auto")
+    return device
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes a new allocation can take on ``device``: the GPU's free memory, or the host's
+    ``MemAvailable`` (Linux); None where it is not known."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_kv_pool(pool_bytes: float, device: torch.device) -> None:
+    """A KV pool larger than the memory left on its device is refused up front: allocated, it would
+    get the process killed by the kernel's OOM killer (or, for an absurd size, never finish)."""
+    free = available_memory(device)
+    if free is not None and pool_bytes > free:
+        raise ValueError(f"a KV cache of {pool_bytes / 2**30:,.1f} GiB (PAGEGATE_KV_CACHE_MEMORY_GB) does not fit "
+                         f"the {free / 2**30:,.1f} GiB of memory available on {device.type}; lower it")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -52,9 +82,9 @@ class LLMEngine:
         self.model = LlamaModel.from_dir(self.model_dir, device, dtype, config.linear_backend)
         self.tokenizer = load_tokenizer(self.model_dir)
         arch, bs = self.model.arch, config.block_size
-        num_blocks = config.num_blocks or max(
-            2, int(config.kv_cache_memory_gb * 2**30) // kv_bytes_per_block(self.model, bs)
-        )
+        block_bytes = kv_bytes_per_block(self.model, bs)
+        num_blocks = config.num_blocks or max(2, int(config.kv_cache_memory_gb * 2**30) // block_bytes)
+        check_kv_pool(num_blocks * block_bytes, device)
         if config.max_model_len and config.max_model_len > arch.max_position_embeddings:
             raise ValueError(
                 f"max_model_len {config.max_model_len} exceeds the model's {arch.max_position_embeddings}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's threshold too)
@@ -62,8 +63,8 @@ class SamplingParams:
             self.top_k = 0
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError("n must be an integer >= 1")
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):  # (NaN compares false)
+            raise ValueError("temperature must be a finite number >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
@@ -72,8 +73,10 @@ class SamplingParams:
             raise ValueError("max_tokens must be >= 1")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise ValueError("min_tokens must be between 0 and max_tokens")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError("repetition_penalty must be a finite number > 0")
+        if self.seed is not None and not -(2**63) <= self.seed <= 2**64 - 1:
+            raise ValueError("seed must be a 64-bit integer (from -2**63 to 2**64 - 1)")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise ValueError("presence_penalty must be in [-2, 2]")
         if not -2.0 <= self.frequency_penalty <= 2.0:

@@ -58,10 +58,23 @@ def sampling_params_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    from pydantic import ValidationError
+
+    try:
+        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        for text in (prompt, args.system):
+            if text is not None:
+                text.encode("utf-8")  # (undecodable bytes arrive as lone surrogates: the tokenizer fails)
+    except UnicodeError:
+        print("error: the prompt or system message is not valid UTF-8 text", file=sys.stderr)
+        return 2
     try:
         params = sampling_params_from_args(args)
         config = engine_config_from_args(args)
+    except ValidationError as exc:  # a PAGEGATE_* setting of the wrong type, as `serve` words it
+        wrong = "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        print(f"error: invalid settings: {wrong}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -184,12 +184,11 @@ def check_engine(settings: Settings) -> None:
     try:
         settings.engine_config()  # EngineConfig checks its values (block size, backends, device, ...)
         model_source(settings.model)
-        if settings.device.startswith("cuda"):
-            import torch
+        from engine.llm_engine import check_kv_pool, resolve_device
 
-            if not torch.cuda.is_available():
-                raise ValueError(f"device {settings.device!r}, but this torch sees no CUDA GPU "
-                                 f"(torch {torch.__version__}); use PAGEGATE_DEVICE=cpu or auto")
+        device = resolve_device(settings.device)  # (a CUDA device this torch cannot use: refused)
+        if settings.num_blocks is None:  # the pool's size before the model is loaded: its budget
+            check_kv_pool(settings.kv_cache_memory_gb * 2**30, device)
     except ValueError as exc:
         raise StartupError(f"cannot use the engine's settings: {exc}") from None
 

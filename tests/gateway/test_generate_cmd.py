@@ -49,6 +49,45 @@ def test_bad_sampling_flag_is_a_clear_error(capsys) -> None:
     args = build_parser().parse_args(["generate", "hi", "--top-p", "0"])
     assert args.func(args) == 2
     assert "top_p" in capsys.readouterr().err
+    for flags, word in ((["--temperature", "nan"], "temperature"), (["--temperature", "inf"], "temperature"),
+                        (["--seed", str(2**70)], "seed")):  # (found by QA: NaN sampled garbage)
+        args = build_parser().parse_args(["generate", "hi", *flags])
+        assert args.func(args) == 2
+        assert word in capsys.readouterr().err
+
+
+def test_a_setting_of_the_wrong_type_is_one_line(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PAGEGATE_NUM_THREADS", "abc")
+    args = build_parser().parse_args(["generate", "hi"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid settings: PAGEGATE_NUM_THREADS: "), err
+
+
+def test_text_that_is_not_utf8_is_a_clear_error() -> None:
+    """Found by QA: undecodable bytes (argv, stdin) reached the tokenizer and crashed it."""
+    env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), HF_HUB_OFFLINE="1")
+    for argv, stdin in (([b"a\xffb"], b""), ([b"-"], b"\xff\xfe bad"), ([b"hi", b"--system", b"a\xffb"], b"")):
+        res = subprocess.run([sys.executable, "-m", "gateway.cli", "generate", *argv], cwd=REPO, env=env,
+                             input=stdin, capture_output=True, timeout=120)
+        err = res.stderr.decode(errors="replace")
+        assert res.returncode == 2 and "not valid UTF-8" in err and "Traceback" not in err, err
+
+
+def test_a_kv_cache_beyond_memory_and_a_missing_gpu_are_clear_errors() -> None:
+    """Found by QA: PAGEGATE_KV_CACHE_MEMORY_GB=200 got the process OOM-killed, 1e9 hung, and
+    --device cuda on a CPU torch ended in torch's AssertionError."""
+    import torch
+
+    env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), PAGEGATE_DEVICE="cpu",
+               PAGEGATE_KV_CACHE_MEMORY_GB="1e9", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    res = subprocess.run([sys.executable, "-m", "gateway.cli", "generate", "hi", "--max-tokens", "2"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "error: a KV cache of 1,000,000,000.0 GiB" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    if not torch.cuda.is_available():
+        res = _cli("hi", "--device", "cuda", "--max-tokens", "2", timeout=300)
+        assert res.returncode == 2 and "sees no CUDA GPU" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 @pytest.mark.slow

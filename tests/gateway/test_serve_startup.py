@@ -53,7 +53,7 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
                                   "data-dir-under-a-file", "bad-setting", "unknown-model", "bad-engine-setting",
-                                  "max-model-len", "max-waiting", "bad-device",
+                                  "max-model-len", "max-waiting", "bad-device", "kv-beyond-memory",
                                   pytest.param("no-cuda", marks=pytest.mark.skipif(
                                       _cuda_available(), reason="this machine has a CUDA GPU"))])
 def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None:  # noqa: ANN001
@@ -77,6 +77,11 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
                         "error: cannot use the engine's settings: max_waiting must be >= 1"),
         "bad-device": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "bogus"},
                        "error: cannot use the engine's settings: device must be auto, cpu, cuda or cuda:N"),
+        # (found by QA: 200 GiB got the process OOM-killed, 1e9 never finished sizing its free list)
+        "kv-beyond-memory": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_KV_CACHE_MEMORY_GB": "1e9",
+                              "PAGEGATE_DEVICE": "cpu"},
+                             "error: cannot use the engine's settings: a KV cache of 1,000,000,000.0 GiB "
+                             "(PAGEGATE_KV_CACHE_MEMORY_GB) does not fit the "),
         "no-cuda": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "cuda"},
                     "error: cannot use the engine's settings: device 'cuda', but this torch sees no CUDA GPU"),
     }[case]
