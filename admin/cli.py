@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sqlite3
 import sys
 from decimal import Decimal
@@ -164,7 +165,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     admin = subparsers.add_parser("admin", help="manage tenants, keys, prices; cost reports; admin tokens")
     sub = admin.add_subparsers(dest="admin_cmd", required=True)
 
-    tenants = sub.add_parser("tenants", help="create, list, show, update, disable, enable tenants")
+    tenants = sub.add_parser("tenants", help="create, list, show, update, disable, enable, delete tenants")
     tsub = tenants.add_subparsers(dest="tenants_cmd", required=True)
     p = tsub.add_parser("create", help="add a tenant")
     p.add_argument("name")
@@ -269,6 +270,9 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     except (NotFound, Conflict, TenancyError, ValueError) as exc:
         cmd.note(f"error: {exc}")
         return 1
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted; no error, no flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (OSError, SQLAlchemyError, sqlite3.Error) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         cmd.note(f"error: cannot use the database at {safe_url(settings.database_url)}: {reason}")

