@@ -130,22 +130,30 @@ def _model_names(models: list[str]) -> list[str]:
     return models
 
 
-ModelNames = Annotated[list[Annotated[str, Field(max_length=128), AfterValidator(lambda m: _printable(m))]],
+ModelNames = Annotated[list[Annotated[str, Field(max_length=128), AfterValidator(lambda m: _model_name(m))]],
                       AfterValidator(_model_names)]
 
 
 def split_models(text: str) -> list[str]:
     """A comma-separated model list (CLI flag, dashboard field); ``InvalidField`` on an empty name."""
     try:
-        return _model_names([_printable(m.strip()) for m in text.split(",")])
+        return _model_names([_model_name(m.strip()) for m in text.split(",")])
     except ValueError as exc:
         raise InvalidField(f"allowed_models: {exc}", "allowed_models") from exc
 
 
 def _printable(name: str) -> str:
-    # a newline or other control character would break the CLI's tables and the audit listing
-    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name):
-        raise ValueError("must not contain control characters or line breaks")
+    # a newline or other control character would break the CLI's tables and the audit listing; a
+    # format character (a right-to-left override, a zero-width space) would show a name that is not it
+    if any(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in name):
+        raise ValueError("must not contain control, format or line-break characters")
+    return name
+
+
+def _model_name(name: str) -> str:
+    _printable(name)
+    if name.strip() and name != name.strip():  # (a blank one: the list's own rule says what is wrong)
+        raise ValueError("must not start or end with spaces")
     return name
 
 
@@ -161,4 +169,4 @@ class PriceSet(_Body):
 
 
 class PriceModel(_Body):
-    model: str = Field(min_length=1, max_length=128)
+    model: Annotated[str, Field(min_length=1, max_length=128), AfterValidator(_model_name)]

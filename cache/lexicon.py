@@ -71,7 +71,7 @@ ANTONYM_PAIRS = [
     ("increase", "lower"), ("rise", "fall"), ("gain", "loss"), ("import", "export"), ("wet", "dry"),
     ("thick", "thin"), ("soft", "hard"), ("loud", "quiet"), ("hard", "easy"), ("true", "untrue"),
     ("benefit", "risk"), ("pro", "con"), ("legal", "banned"), ("like", "hate"), ("keep", "discard"),
-    ("start", "end"), ("rise", "set"), ("@am", "@pm"), ("child", "adult"), ("children", "adults"),
+    ("start", "end"), ("start", "finish"), ("begin", "finish"), ("rise", "set"), ("@am", "@pm"), ("child", "adult"), ("children", "adults"),
     ("kid", "adult"), ("baby", "adult"), ("cooked", "raw"), ("and", "or"),
 ]
 # Adjectives whose -er/-est forms are comparatives ("faster", "biggest"): the antonym guard reduces

@@ -115,7 +115,16 @@ _TAG = re.compile(r"<(/?[A-Za-z][\w-]*)>")
 _ARITHMETIC = [(re.compile(r"(\d)\s*(?:\*\*|\^|to the power of)\s*(?=\d)", re.I), r"\1^"),
                (re.compile(r"(\d)\s*(?:\*|×|x|times|multiplied by)\s*(?=\d)", re.I), r"\1*"),
                (re.compile(r"(\d)\s*(?:/|÷|divided by)\s*(?=\d)", re.I), r"\1/"),
-               (re.compile(r"(\d)\s*(?:\+|plus)\s*(?=\d)", re.I), r"\1+")]
+               (re.compile(r"(\d)\s*(?:\+|plus)\s*(?=\d)", re.I), r"\1+"),
+               (re.compile(r"(\d)\s*(?:>=|(?:is\s+)?(?:greater|more|larger|bigger) than or equal to)\s*(?=\d)", re.I),
+                r"\1>="),
+               (re.compile(r"(\d)\s*(?:<=|(?:is\s+)?(?:less|smaller|fewer) than or equal to)\s*(?=\d)", re.I), r"\1<="),
+               (re.compile(r"(\d)\s*(?:>|(?:is\s+)?(?:greater|more|larger|bigger) than)\s*(?=\d)", re.I), r"\1>"),
+               (re.compile(r"(\d)\s*(?:<|(?:is\s+)?(?:less|smaller|fewer) than)\s*(?=\d)", re.I), r"\1<")]
+# Emoji written two ways are one: variation selectors, skin tones and joiners are not compared; and
+# emoji after a text's last sentence mark ("... language? 🤔") are a sign-off, not the question.
+_EMOJI_MARKS = re.compile("[\ufe0e\ufe0f\u200d\U0001f3fb-\U0001f3ff]")
+_SIGN_OFF = re.compile(r"(?<=[.?!])[\s\W]*$")
 _TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 _SENTENCE_END = frozenset(".?!")
 
@@ -363,10 +372,13 @@ def _symbols(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     for m in _SUBSCRIPT.finditer(text):
         found.append(m.group()[1:-1])
     text = _SUBSCRIPT.sub(" ", text)
+    sign_off = _SIGN_OFF.search(text)
     for m in _SYMBOL_RUN.finditer(text):
         run, start, end = m.group(), m.start(), m.end()
         if _is_emoji(run):
-            emoji.append(run)
+            run = _EMOJI_MARKS.sub("", run)
+            if run and not (sign_off and start >= sign_off.start()):
+                emoji.append(run)
             continue
         inside = 0 < start and end < len(text) and text[start - 1].isalnum() and text[end].isalnum()
         if run == "&" or (inside and len(run) == 1 and (run in "-'’." or (run == "/" and text[start - 1].isalpha()

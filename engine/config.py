@@ -3,10 +3,12 @@ build it; the engine reads nothing from the environment."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+MAX_THREADS = 1024  # torch intra-op threads at most (libgomp allocates per thread: 1e9 aborted)
 
 
 @dataclass(slots=True)
@@ -37,8 +39,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64):
             raise ValueError("block_size must be one of 8, 16, 32, 64")
-        if self.kv_cache_memory_gb <= 0:
-            raise ValueError("kv_cache_memory_gb must be > 0")
+        if not (math.isfinite(self.kv_cache_memory_gb) and self.kv_cache_memory_gb > 0):  # (NaN compares false)
+            raise ValueError("kv_cache_memory_gb must be a finite number > 0")
         if self.num_blocks is not None and self.num_blocks < 2:
             raise ValueError("num_blocks must be >= 2")
         if self.max_num_batched_tokens < self.block_size:
@@ -51,8 +53,8 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 2 (or unset: the model's context length)")
         if self.max_waiting < 1:
             raise ValueError("max_waiting must be >= 1")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError("num_threads must be >= 1 (or unset: torch's default)")
+        if self.num_threads is not None and not 1 <= self.num_threads <= MAX_THREADS:
+            raise ValueError(f"num_threads must be between 1 and {MAX_THREADS} (or unset: torch's default)")
         if self.device != "auto" and not _DEVICE.fullmatch(self.device):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         if self.attention_backend not in ("auto", "native", "torch", "triton"):

@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-        for text in (prompt, args.system):
+        for text in (prompt, args.system, *args.stop):
             if text is not None:
                 text.encode("utf-8")  # (undecodable bytes arrive as lone surrogates: the tokenizer fails)
     except UnicodeError:
-        print("error: the prompt or system message is not valid UTF-8 text", file=sys.stderr)
+        print("error: the prompt, system message or a stop string is not valid UTF-8 text", file=sys.stderr)
         return 2
     try:
         params = sampling_params_from_args(args)

@@ -508,3 +508,24 @@ async def test_nan_and_infinity_are_not_finite_numbers(client, auth):
                                  headers={**auth(), "content-type": "application/json"})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "cache_threshold", resp.text
         assert "finite number" in resp.json()["error"]["message"], resp.text
+
+
+async def test_price_model_names_are_printable_and_trimmed(client, auth):
+    """Found by QA: a price's model name took an ESC sequence and a CR (which then reached the
+    terminal through `prices list`), a right-to-left override, a leading space."""
+    body = {"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1}
+    for path in ("evil%1B%5B31mRED%0Dx", "m%07x", "m%C2%85x", "m%E2%80%AEx", "m%E2%80%8Bx", "%20m", "m%20"):
+        resp = await client.put(f"/admin/v1/prices/{path}", json=body, headers=auth())
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "model", (path, resp.text)
+    tenant = unique("rlo")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", json={"allowed_models": ["m\u202ex"]}, headers=auth())
+    assert resp.status_code == 400, resp.text
+
+
+async def test_a_number_of_thousands_of_digits_is_named_on_the_admin_api(client, auth):
+    tenant = unique("digits")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    resp = await client.patch(f"/admin/v1/tenants/{tenant}", content='{"rpm": ' + "9" * 5000 + "}",
+                              headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 400 and "digits" in resp.json()["error"]["message"], resp.text

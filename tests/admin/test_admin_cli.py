@@ -395,7 +395,7 @@ def test_key_names_with_control_characters_are_refused(env, capsys):
     name = unique("kname")
     run(capsys, "tenants", "create", name)
     code, out, err = run(capsys, "keys", "create", "--tenant", name, "--name", "web\nprod")
-    assert (code, out, err) == (1, "", "error: name: must not contain control characters or line breaks\n")
+    assert (code, out, err) == (1, "", "error: name: must not contain control, format or line-break characters\n")
     assert _db(env, lambda s: s.scalar(select(ApiKey.id).join(Tenant).where(Tenant.name == name))) is None
 
 

@@ -224,7 +224,7 @@ async def test_key_names_with_control_characters_are_refused(client, app, auth, 
     resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", json={"name": bad}, headers=auth())
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == "name"
-    assert resp.json()["error"]["message"] == "name: must not contain control characters or line breaks"
+    assert resp.json()["error"]["message"] == "name: must not contain control, format or line-break characters"
     assert (await client.get(f"/admin/v1/tenants/{tenant}/keys", headers=auth())).json()["data"] == []
 
 

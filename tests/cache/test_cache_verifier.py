@@ -203,6 +203,10 @@ def test_qa_paraphrases_pass(verifier, q, c):
     ("Is Apple a good investment?", "Is apple a good investment?", "case"),
     ("Is it legal to work in the US?", "Is it legal to work in the us?", "case"),
     ("Is 100 Mbps fast?", "Is 100 MBps fast?", "case"),
+    # (the re-check's finds)
+    ("What time does the meeting start?", "What time does the meeting finish?", "antonym"),
+    ("Is 5 greater than 3?", "Is 5 less than 3?", "symbol"),
+    ("What does this mean: 👍", "What does this mean: 👎", "symbol"),
 ])
 def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     assert verifier.check(q, c) == Verdict(False, reason)
@@ -245,6 +249,11 @@ def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     ("Can my kid take adult Tylenol?", "Can my child take grown-up Tylenol?"),
     ("How do I write a story from start to finish?", "How do I write a story from beginning to end?"),
     ("Should I learn Python or JavaScript first?", "Python and JavaScript: which should I learn first?"),
+    ("What does ❤️ mean in a text?", "What does ❤ mean in a text?"),  # (a variation selector)
+    ("What does 👍 mean?", "What does 👍🏻 mean?"),  # (a skin tone)
+    ("How do I learn a new language? 🤔", "How do I learn a new language? 🙂"),  # (a sign-off)
+    ("Is 5 greater than 3?", "Is 5 > 3?"),
+    ("Is 10 greater than or equal to 5?", "Is 10 >= 5?"),
 ])
 def test_symbol_and_case_guards_pass_what_says_nothing(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)

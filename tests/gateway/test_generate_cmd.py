@@ -62,12 +62,23 @@ def test_a_setting_of_the_wrong_type_is_one_line(capsys, monkeypatch) -> None:
     assert args.func(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: invalid settings: PAGEGATE_NUM_THREADS: "), err
+    # out of range, found by QA: inf was a traceback, NaN passed every check, 1e9 threads aborted in libgomp
+    for name, value, words in (("PAGEGATE_NUM_THREADS", "1000000000", "num_threads must be between"),
+                               ("PAGEGATE_KV_CACHE_MEMORY_GB", "inf", "kv_cache_memory_gb must be a finite"),
+                               ("PAGEGATE_KV_CACHE_MEMORY_GB", "nan", "kv_cache_memory_gb must be a finite")):
+        monkeypatch.delenv("PAGEGATE_NUM_THREADS", raising=False)
+        monkeypatch.setenv(name, value)
+        assert args.func(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        monkeypatch.delenv(name)
 
 
 def test_text_that_is_not_utf8_is_a_clear_error() -> None:
     """Found by QA: undecodable bytes (argv, stdin) reached the tokenizer and crashed it."""
     env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), HF_HUB_OFFLINE="1")
-    for argv, stdin in (([b"a\xffb"], b""), ([b"-"], b"\xff\xfe bad"), ([b"hi", b"--system", b"a\xffb"], b"")):
+    for argv, stdin in (([b"a\xffb"], b""), ([b"-"], b"\xff\xfe bad"), ([b"hi", b"--system", b"a\xffb"], b""),
+                        ([b"hi", b"--stop", b"\xff"], b"")):
         res = subprocess.run([sys.executable, "-m", "gateway.cli", "generate", *argv], cwd=REPO, env=env,
                              input=stdin, capture_output=True, timeout=120)
         err = res.stderr.decode(errors="replace")
