@@ -20,6 +20,8 @@ only if every guard agrees the two questions ask the same thing:
     symbol     the symbols differ: operators, code punctuation, options and slices (> / <,
                == / ===, x[1:] / x[:1], ls -a / ls -l, / / ./), and emoji when both texts have
                some (👍 / 👎), which the embedder does not see at all (``_symbols``)
+    choice     one side offers a choice and the other names one option only: "Is a tomato a fruit
+               or a vegetable?" / "Is a tomato a vegetable?" (``_one_option``)
     case       a short word in two capitalised forms (MB / Mb, CO / Co), or, in two texts
                written in prose case, a word that is also a name in lower case on one side
                (Turkey / turkey, US / us); python / Python or NASA / Nasa pass (``_spelt_apart``)
@@ -95,7 +97,7 @@ _GRADABLE = frozenset(stem(w) for w in lx.GRADABLE)
 _CONTRAST = {stem(w): k for k, words in enumerate(lx.CONTRAST_CLASSES) for w in words.split()}
 _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content",
-                     "symbol", "case"})
+                     "symbol", "case", "choice"})
 # Runs of characters that are neither word characters nor spaces: operators, code punctuation,
 # emoji (``_symbols``). Quotes, backticks and brackets around a run are no part of it ("`==`" is
 # "=="), nor the sentence marks after it ("C++?" is "++"); a run of ordinary punctuation only is no
@@ -150,6 +152,7 @@ class _Analysis:
     emoji: tuple[str, ...]  # emoji (and other pictographs), sorted
     cased: bool  # the text uses capitals as writing does (not all lower, all upper or Title Case)
     spellings: dict[str, frozenset[str]]  # lower-cased word -> how it is written, off sentence starts
+    choices: frozenset[frozenset[str]]  # the two words around each "or": "a fruit or a vegetable"
 
 
 def _num(s: str) -> str:
@@ -311,7 +314,8 @@ class Verifier:
         cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
-                      *_symbols(text), cased, {w: frozenset(forms) for w, forms in spellings.items()})
+                      *_symbols(text), cased, {w: frozenset(forms) for w, forms in spellings.items()},
+                      _choices(order))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -344,7 +348,28 @@ class Verifier:
             return Verdict(False, "symbol")  # (emoji added or dropped are decoration: compared when both have some)
         if "case" in g and _spelt_apart(q, c):
             return Verdict(False, "case")
+        if "choice" in g and (_one_option(q, c) or _one_option(c, q)):
+            return Verdict(False, "choice")
         return Verdict(True)
+
+
+def _choices(order: list[Word]) -> frozenset[frozenset[str]]:
+    """The nearest salient word on each side of every "or", inside its clause."""
+    found = set()
+    for i, w in enumerate(order):
+        if w.low != "or":
+            continue
+        left = next((x.key for x in reversed(order[:i]) if x.key or x.low in _BREAKS), None)
+        right = next((x.key for x in order[i + 1:] if x.key or x.low in _BREAKS), None)
+        if left and right and left != right:
+            found.add(frozenset((left, right)))
+    return frozenset(found)
+
+
+def _one_option(a: _Analysis, b: _Analysis) -> bool:
+    """``a`` offers a choice ("a fruit or a vegetable?") and ``b`` names one of its options only."""
+    return any(pair not in b.choices and len(pair & b.content) == 1 and len(pair - b.words) == 1
+               for pair in a.choices)
 
 
 def _normalised(text: str) -> str:

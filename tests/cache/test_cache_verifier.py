@@ -207,6 +207,8 @@ def test_qa_paraphrases_pass(verifier, q, c):
     ("What time does the meeting start?", "What time does the meeting finish?", "antonym"),
     ("Is 5 greater than 3?", "Is 5 less than 3?", "symbol"),
     ("What does this mean: 👍", "What does this mean: 👎", "symbol"),
+    ("Is a tomato a fruit or a vegetable?", "Is a tomato a vegetable?", "choice"),
+    ("Should I eat before or after a workout?", "Should I eat after a workout?", "choice"),
 ])
 def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     assert verifier.check(q, c) == Verdict(False, reason)
@@ -254,6 +256,8 @@ def test_second_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     ("How do I learn a new language? 🤔", "How do I learn a new language? 🙂"),  # (a sign-off)
     ("Is 5 greater than 3?", "Is 5 > 3?"),
     ("Is 10 greater than or equal to 5?", "Is 10 >= 5?"),
+    ("Should I eat before or after a workout?", "Is it better to eat before or after a workout?"),  # (both choose)
+    ("Tea or coffee: which is healthier?", "Which is healthier, tea or coffee?"),
 ])
 def test_symbol_and_case_guards_pass_what_says_nothing(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
