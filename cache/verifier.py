@@ -329,7 +329,7 @@ class Verifier:
         g = self.guards
         if "negation" in g and q.negated != c.negated:
             return Verdict(False, "negation")
-        if "antonym" in g and _antonym_swap(q.words - c.words, c.words - q.words, q.words, c.words):
+        if "antonym" in g and _antonym_swap(q.words, c.words):
             return Verdict(False, "antonym")
         if "number" in g and q.numbers != c.numbers:
             return Verdict(False, "number")
@@ -478,11 +478,11 @@ _CHOICE = frozenset(stem(w) for w in """which whether who whom difference differ
     compare compared""".split())
 
 
-def _antonym_swap(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str],
-                  all_q: frozenset[str] = frozenset(), all_c: frozenset[str] = frozenset()) -> bool:
+def _antonym_swap(all_q: frozenset[str], all_c: frozenset[str]) -> bool:
     """A word on one side has its antonym on the other only, and neither side already holds an
     opposite of its own word ("from start to finish" / "from beginning to end" is no swap). "and" /
     "or" count only where neither side asks to choose ("which", "better", "difference", ...)."""
+    only_q, only_c = all_q - all_c, all_c - all_q
     if _CHOICE & (all_q | all_c):
         only_q, only_c = only_q - {"and", "or"}, only_c - {"and", "or"}
     base_q, base_c = {positive_form(w) for w in only_q}, {positive_form(w) for w in only_c}

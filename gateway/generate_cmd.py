@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 
-from gateway.settings import Settings
+from gateway.settings import Settings, settings_errors
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
         params = sampling_params_from_args(args)
         config = engine_config_from_args(args)
     except ValidationError as exc:  # a PAGEGATE_* setting of the wrong type, as `serve` words it
-        wrong = "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        print(f"error: invalid settings: {wrong}", file=sys.stderr)
+        print(f"error: invalid settings: {settings_errors(exc)}", file=sys.stderr)
         return 2
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -23,7 +23,7 @@ import tempfile
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from gateway.settings import Settings
+from gateway.settings import Settings, settings_errors
 
 if TYPE_CHECKING:
     from gateway.redis_server import EmbeddedRedis
@@ -253,8 +253,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:  # e.g. PAGEGATE_PORT=abc
-        wrong = "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise StartupError(f"invalid settings: {wrong}") from None
+        raise StartupError(f"invalid settings: {settings_errors(exc)}") from None
     updates: dict = {}
     if args.host:
         updates["host"] = args.host

@@ -3,7 +3,7 @@ start and passed down. No other module reads the environment."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
@@ -124,3 +124,9 @@ class Settings(BaseSettings):
             linear_backend=self.linear_backend,
             num_threads=self.num_threads,
         )
+
+
+def settings_errors(exc: ValidationError) -> str:
+    """A ``Settings()`` refusal in one line, each wrong setting by its variable: what ``pagegate
+    serve`` and ``pagegate generate`` print after ``error: invalid settings:``."""
+    return "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())

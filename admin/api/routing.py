@@ -52,8 +52,8 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return bad_request(str(exc), exc.param)
     if isinstance(exc, TenancyError):
         return bad_request(str(exc))
-    if isinstance(exc, HTTPException) and exc.status_code == 400 and too_many_digits(exc.__cause__):
-        return bad_request(too_many_digits(exc.__cause__).message)  # FastAPI's body parse: int() refused it
+    if isinstance(exc, HTTPException) and exc.status_code == 400 and (digits := too_many_digits(exc.__cause__)):
+        return bad_request(digits.message)  # FastAPI's body parse: int() refused it
     if isinstance(exc, HTTPException):  # raised by FastAPI/Starlette themselves (e.g. a bad form body)
         return ApiError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
                         else "server_error", headers=dict(exc.headers or {}))
