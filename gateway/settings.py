@@ -3,7 +3,9 @@ start and passed down. No other module reads the environment."""
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationError
+import os
+
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.config import EngineConfig
@@ -43,6 +45,8 @@ class Settings(BaseSettings):
     # a PostgreSQL statement or connect that takes longer fails (503 where a request needed it;
     # the usage writer retries); SQLite waits on its busy timeout
     database_timeout_s: float = Field(default=5.0, gt=0)
+    # the directory of every local default: the SQLite database, the usage spool, the converted
+    # weights and the embedded Redis's snapshot; a path set on its own stays where it is set
     data_dir: str = "./data"
     usage_spool_dir: str = "./data/usage-spool"
     usage_flush_interval_s: float = 0.5
@@ -101,6 +105,21 @@ class Settings(BaseSettings):
     admin_jwt_issuer: str = "pagegate"
     admin_jwks_url: str | None = None  # URL or file path of a JWKS for RS256/ES256 tokens
     admin_token_ttl_s: int = 3600
+
+    @model_validator(mode="after")
+    def _under_data_dir(self) -> Settings:
+        """Moves the local defaults under ``data_dir`` when it is set and they are not."""
+        if "data_dir" not in self.model_fields_set:
+            return self
+        derived = {
+            "database_url": f"sqlite+aiosqlite:///{os.path.join(self.data_dir, 'pagegate.db')}",
+            "usage_spool_dir": os.path.join(self.data_dir, "usage-spool"),
+            "weights_cache_dir": os.path.join(self.data_dir, "weights"),
+        }
+        for name, value in derived.items():
+            if name not in self.model_fields_set:
+                setattr(self, name, value)
+        return self
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

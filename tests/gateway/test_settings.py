@@ -1,0 +1,50 @@
+"""Settings read from the environment: the local defaults follow ``PAGEGATE_DATA_DIR``."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):  # noqa: ANN001
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PAGEGATE_"):
+            monkeypatch.delenv(name)
+
+
+def test_the_defaults_are_under_dot_data() -> None:
+    s = Settings()
+    assert s.database_url == "sqlite+aiosqlite:///./data/pagegate.db"
+    assert (s.usage_spool_dir, s.weights_cache_dir) == ("./data/usage-spool", "./data/weights")
+
+
+def test_a_data_dir_moves_every_local_default(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: PAGEGATE_DATA_DIR moved only the embedded Redis; the SQLite database, the usage
+    spool and the converted weights stayed under ./data of the working directory."""
+    monkeypatch.setenv("PAGEGATE_DATA_DIR", str(tmp_path / "state"))
+    s = Settings()
+    assert s.database_url == f"sqlite+aiosqlite:///{tmp_path / 'state' / 'pagegate.db'}"
+    assert s.usage_spool_dir == str(tmp_path / "state" / "usage-spool")
+    assert s.weights_cache_dir == str(tmp_path / "state" / "weights")
+    assert s.engine_config().weights_cache_dir == s.weights_cache_dir
+
+
+def test_a_path_set_on_its_own_stays(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    monkeypatch.setenv("PAGEGATE_DATA_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("PAGEGATE_DATABASE_URL", "postgresql+asyncpg://u@h/db")
+    monkeypatch.setenv("PAGEGATE_WEIGHTS_CACHE_DIR", "/opt/weights")
+    s = Settings()
+    assert s.database_url == "postgresql+asyncpg://u@h/db"
+    assert s.weights_cache_dir == "/opt/weights"
+    assert s.usage_spool_dir == str(tmp_path / "state" / "usage-spool")
+
+
+def test_a_relative_data_dir_stays_relative(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("PAGEGATE_DATA_DIR", "var/pg")
+    s = Settings()
+    assert s.database_url == "sqlite+aiosqlite:///var/pg/pagegate.db"
+    assert s.usage_spool_dir == "var/pg/usage-spool"
