@@ -111,9 +111,10 @@ async def _generate(config, prompt: str, system: str | None, params, *, raw: boo
         try:
             async for out in engine.generate(ids, params, request_id=f"cli-{uuid.uuid4().hex[:12]}"):
                 for delta in out.deltas:
+                    # the first token, even one a stop string holds back (no text yet)
+                    if first is None and delta.num_tokens:
+                        first = time.perf_counter() - start
                     if delta.text:
-                        if first is None:
-                            first = time.perf_counter() - start
                         sys.stdout.write(delta.text)
                         sys.stdout.flush()
                     completion = delta.num_tokens

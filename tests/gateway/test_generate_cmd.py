@@ -4,6 +4,7 @@ through the CLI equals HF transformers' greedy output."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,10 @@ def test_streams_the_greedy_completion() -> None:
                              pad_token_id=tok.eos_token_id)
     expected = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert res.stdout == expected + "\n"
+
+    # a stop string that holds back the first tokens: nothing printed, yet the summary times the
+    # first token (found by QA: TTFT read "n/a" when the first text came late or never)
+    res = _cli(question, "--system", system, "--max-tokens", str(n), "--temperature", "0", "--stop", expected[:12])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "\n" and "finish=stop" in res.stderr, res.stderr
+    assert re.search(r"TTFT \d+ ms", res.stderr), res.stderr
