@@ -79,7 +79,9 @@ async def authenticate_and_limit(request: Request) -> Caller:
     state: AppState = request.app.state.pagegate
     if state.services is None:
         raise ApiError(503, "The gateway is starting.", "server_error", "unavailable")
-    principal = await state.services.auth.authenticate(request.headers.get("authorization"))
+    principal = request.scope["state"].get("principal")  # checked before the body (gateway.middleware)
+    if principal is None:
+        principal = await state.services.auth.authenticate(request.headers.get("authorization"))
     notice = request.state.engine_notice = announce_generation(request, state.engine)
     headers: dict[str, str] = request.state.response_headers
     try:

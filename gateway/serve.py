@@ -238,9 +238,17 @@ async def prestart(settings: Settings) -> str | None:
 
 
 def uvicorn_options(settings: Settings) -> dict:
-    """What ``uvicorn.run`` is given besides the app (uvloop and httptools: uvicorn's "auto")."""
+    """What ``uvicorn.Config`` is given besides the app: uvloop, and httptools with limits on a
+    request's head (``gateway.http_guard``). ``X-Forwarded-For`` is read only from the addresses
+    in ``forwarded_allow_ips`` (uvicorn's own default trusts it from 127.0.0.1, so any local client
+    could pick the address the per-address limit counts)."""
+    from gateway.http_guard import guarded_protocol
+
+    trusted = [a.strip() for a in settings.forwarded_allow_ips.split(",") if a.strip()]
     return {"host": settings.host, "port": settings.port, "log_level": settings.log_level.lower(),
-            "access_log": settings.access_log, "timeout_graceful_shutdown": 10}
+            "access_log": settings.access_log, "timeout_graceful_shutdown": 10,
+            "http": guarded_protocol(settings.max_header_bytes, settings.header_timeout_s),
+            "proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or None}
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

@@ -24,6 +24,14 @@ class Settings(BaseSettings):
     access_log: bool = True
     # a request body over this many bytes is refused with 413 (a whole context of text is ~100 KB)
     max_request_bytes: int = Field(default=8 * 2**20, ge=1024)
+    # a request's head (request line and headers) over this many bytes gets 431, and one not
+    # complete this long after its connection opened or its first byte came gets 408; either way
+    # the connection is closed (gateway/http_guard.py)
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096)
+    header_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # proxies whose X-Forwarded-For names the client (comma-separated addresses or networks, "*"
+    # for any); empty: the connection's own address, the client's for the per-address limit
+    forwarded_allow_ips: str = ""
     # browsers may call the API from these origins (comma-separated, "*" for any; empty: no CORS,
     # preflights get 405): the API keys then live in those pages, so list only your own apps
     cors_allow_origins: str = ""

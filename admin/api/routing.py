@@ -105,8 +105,10 @@ def admin_route_class(ctx: AdminContext, render: Callable[[Request, ApiError], R
     the dashboard passes one that redirects to its sign-in page or shows an error page).
 
     ``authenticate_first``: FastAPI reads and checks the body before any dependency runs, so a
-    body it cannot read (not JSON, wrong type) would be refused before the token was looked at;
-    such a refusal is then preceded by the token check, and an unauthenticated caller gets 401."""
+    body it cannot read (not JSON, wrong type) would be refused before the token was looked at,
+    and a large one would be parsed for nobody. A request that may carry a body (not GET or HEAD)
+    has its token checked before FastAPI reads anything; a refusal of an unreadable query is
+    preceded by the token check too: an unauthenticated caller gets 401."""
 
     class AdminRoute(APIRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -119,6 +121,12 @@ def admin_route_class(ctx: AdminContext, render: Callable[[Request, ApiError], R
                     refusal = await _caller_refusal(ctx, request) if authenticate_first else None
                     return render(request, refusal or bad_request(
                         "The URL holds a NUL character (%00); no name, key, model or filter contains one."))
+                if authenticate_first and request.method not in ("GET", "HEAD"):
+                    # before FastAPI reads the body: parsing a large one holds the event loop
+                    # (found by QA: 8 MB bodies without a token held every request for a second each)
+                    refusal = await _caller_refusal(ctx, request)
+                    if refusal is not None:
+                        return render(request, refusal)
                 try:
                     return await handler(request)
                 except Exception as exc:

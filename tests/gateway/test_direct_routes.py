@@ -128,15 +128,19 @@ def test_the_middleware_serves_both_routes(api) -> None:  # noqa: ANN001
     assert set(original) == {"/v1/chat/completions", "/v1/completions"}
 
 
-def test_the_body_is_read_before_the_key_and_the_limits(api) -> None:  # noqa: ANN001
-    """As FastAPI did: an oversized chunked body is a 413 even without a valid key, and a body that
-    is not JSON is refused before it takes a request from the key's per-minute window."""
+def test_the_key_then_the_body_then_the_limits(api) -> None:  # noqa: ANN001
+    """The key is checked before the body is read (an oversized chunked body without a valid key is
+    a 401, its body unread; with one, a 413), and a body that is not JSON is refused before it takes
+    a request from the key's per-minute window, as FastAPI's order had it."""
     def chunks():  # noqa: ANN202 - no content-length: the limit counts what arrives
         for _ in range(3):
             yield b"x" * (api.settings.max_request_bytes // 2 + 1)
 
     resp = httpx.post(api.base_url + "/v1/chat/completions", content=chunks(), timeout=60,
                       headers={"authorization": "Bearer pg-wrong", "content-type": "application/json"})
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+    resp = httpx.post(api.base_url + "/v1/chat/completions", content=chunks(), timeout=60,
+                      headers={"authorization": f"Bearer {api.key}", "content-type": "application/json"})
     assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
     _, key = api.make_tenant(rpm=2)
     for _ in range(3):

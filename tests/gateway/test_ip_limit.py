@@ -139,5 +139,29 @@ def test_http_429_before_authentication(api_loop, api_engine, redis_prefix, tmp_
             assert refused.headers["retry-after"] and refused.headers["x-request-id"].startswith("req_")
             assert client.get("/v1/models", headers=auth).status_code == 429
             assert client.get("/health").status_code == 200
+            # the admin API shares the address's window (found by QA: two clients without a token
+            # posting to /admin slowed every tenant's requests)
+            admin = client.post("/admin/v1/tenants", json={"name": "x"})
+            assert admin.status_code == 429 and admin.json()["error"]["code"] == "rate_limit_exceeded", admin.text
     finally:
+        api_loop.run(_stop(api.server, api.task))
+
+
+def test_the_admin_api_is_let_through_while_redis_is_down(api_loop, api_engine, redis_prefix, tmp_path):
+    """The per-address limit fails closed on /v1 but not on /admin, which needs only the database:
+    an admin can still revoke keys during a Redis outage."""
+    api = _launch(api_loop, api_engine, f"sqlite+aiosqlite:///{tmp_path / 'ip.db'}", tmp_path,
+                  redis_prefix, ip_rpm=3)
+    state = api.app.state.pagegate
+    saved = state.ip_limiter
+    state.ip_limiter = ClientIPLimiter(f"redis://127.0.0.1:{free_port()}/0", prefix=redis_prefix, rpm=3)
+    try:
+        with httpx.Client(base_url=api.base_url, timeout=30) as client:
+            v1 = client.get("/v1/models", headers={"authorization": f"Bearer {api.key}"})
+            assert v1.status_code == 503 and v1.json()["error"]["code"] == "store_unavailable", v1.text
+            admin = client.get("/admin/v1/tenants")
+            assert admin.status_code == 401 and admin.json()["error"]["code"] == "invalid_token", admin.text
+    finally:
+        api_loop.run(state.ip_limiter.aclose())
+        state.ip_limiter = saved
         api_loop.run(_stop(api.server, api.task))

@@ -1,0 +1,95 @@
+"""Limits on a request's head (its request line and headers), which uvicorn's httptools protocol
+does not have: a head larger than ``max_header_bytes`` gets 431 and the connection is closed, and
+a connection that has not finished sending a head ``header_timeout_s`` after it opened (or after
+its request began) gets 408 and is closed. Found by QA: one connection sending a 60 MB header held
+the event loop for 6 s (the parser joins the pieces of a value as they arrive), and 1,500 sockets
+each trickling a header line every 5 s were kept open for ever, until the process ran out of file
+descriptors.
+
+The head is counted by the bytes that arrive while it is incomplete, from the second read on (a
+read that begins a request may also end the previous one's body), so a head is refused once it
+passes the limit by at most one read of the socket (256 KiB). The body is not counted here: the
+middleware limits it (``PAGEGATE_MAX_REQUEST_BYTES``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def _reply(status: int, reason: str, message: str, code: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode("latin-1") + body
+
+
+def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with the two limits; pass it as ``uvicorn.Config(http=...)``."""
+    too_large = _reply(431, "Request Header Fields Too Large",
+                       f"The request's headers are too large; the limit is {max_header_bytes:,} bytes.",
+                       "request_header_too_large")
+    too_slow = _reply(408, "Request Timeout",
+                      f"The request's headers did not arrive within {header_timeout_s:g} s.", "request_timeout")
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._in_head = True  # nothing received yet: the first request's head is due
+            self._head_bytes = 0
+            self._head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            counting = self._in_head  # a read that begins a request is not counted (see above)
+            super().data_received(data)
+            if counting and self._in_head and not self.transport.is_closing():
+                self._head_bytes += len(data)
+                if self._head_bytes > max_header_bytes:
+                    self._refuse(too_large)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head = True
+            self._head_bytes = 0
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._disarm()
+            super().on_headers_complete()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if self._in_head and not self.transport.is_closing():
+                # a connection that sent nothing is closed quietly, one in the middle of a head is told
+                self._refuse(too_slow if self.scope is not None else b"")
+
+        def _refuse(self, reply: bytes) -> None:
+            self._in_head = False
+            self._disarm()
+            if reply:
+                self.transport.write(reply)
+            self.transport.close()
+
+    return GuardedHttpToolsProtocol
