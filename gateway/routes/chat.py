@@ -7,7 +7,7 @@ from gateway.chat_service import create_chat_completion
 from gateway.deps import CallerDep, read_and_admit
 from gateway.schemas import ChatCompletion, ChatCompletionRequest
 
-router = APIRouter(tags=["chat"])
+router = APIRouter(tags=["chat"], strict_content_type=False)  # a body without content-type is JSON
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion,

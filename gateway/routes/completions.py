@@ -7,7 +7,7 @@ from gateway.chat_service import create_completion
 from gateway.deps import CallerDep, read_and_admit
 from gateway.schemas import Completion, CompletionRequest
 
-router = APIRouter(tags=["completions"])
+router = APIRouter(tags=["completions"], strict_content_type=False)  # a body without content-type is JSON
 
 
 @router.post("/v1/completions", response_model=Completion,

@@ -6,7 +6,7 @@ from gateway.deps import CallerDep
 from gateway.embedding_service import create_embeddings
 from gateway.schemas import EmbeddingList, EmbeddingRequest
 
-router = APIRouter(tags=["embeddings"])
+router = APIRouter(tags=["embeddings"], strict_content_type=False)  # a body without content-type is JSON
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList)

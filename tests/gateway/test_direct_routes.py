@@ -89,6 +89,18 @@ def test_content_types_answered_as_fastapi_answers(api, content_type) -> None:  
     _same(*_both(api, "/v1/chat/completions", content, content_type))
 
 
+def test_a_json_body_without_a_content_type_is_served(api) -> None:  # noqa: ANN001
+    """Found by QA: ``requests.post(url, data=json.dumps(body))`` sends no content type, and the
+    body was refused as not JSON; FastAPI's non-strict reading (and vLLM's) takes it as JSON."""
+    content = json.dumps({"model": api.model, **BASE}).encode()
+    direct, fastapi = _both(api, "/v1/chat/completions", content, None)
+    assert direct.status_code == 200, direct.text
+    _same(direct, fastapi)
+    embedded = httpx.post(api.base_url + "/v1/embeddings", content=json.dumps({"model": api.settings.embedding_model, "input": "hi"}).encode(),
+                          headers={"authorization": f"Bearer {api.key}"}, timeout=60)
+    assert embedded.status_code == 200, embedded.text
+
+
 @pytest.mark.parametrize("fields", COMPLETIONS)
 def test_completions_answered_as_fastapi_answers(api, fields) -> None:  # noqa: ANN001
     content = json.dumps({"model": api.model, "max_tokens": 1, **fields}).encode()
