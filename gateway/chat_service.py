@@ -156,11 +156,59 @@ def token_names_for(body: ChatCompletionRequest | CompletionRequest, engine: Eng
     return TokenNames.for_engine(engine)
 
 
+# vLLM's extra fields this engine does not honour, each with the values that ask for nothing (a
+# client sending those loses nothing): any other value is refused, never silently dropped (found
+# by QA: guided_choice and min_p were ignored as unknown fields, and the answer was free text)
+_GUIDED = "Structured outputs (guided decoding) are not supported by this model."
+VLLM_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("guided_json", (None,), _GUIDED),
+    ("guided_regex", (None,), _GUIDED),
+    ("guided_choice", (None,), _GUIDED),
+    ("guided_grammar", (None,), _GUIDED),
+    ("structured_outputs", (None,), _GUIDED),
+    ("guided_decoding_backend", (None,), _GUIDED),
+    ("guided_whitespace_pattern", (None,), _GUIDED),
+    ("min_p", (None, 0, 0.0), "min_p sampling is not supported by this engine (use top_p or top_k)."),
+    ("use_beam_search", (None, False), "Beam search is not supported by this engine."),
+    ("length_penalty", (None, 1, 1.0), "length_penalty applies to beam search, which this engine does not do."),
+    ("include_stop_str_in_output", (None, False), "include_stop_str_in_output is not supported: the stop "
+                                                  "string is never part of the answer."),
+    ("prompt_logprobs", (None,), "Prompt logprobs are not supported by this engine."),
+    ("truncate_prompt_tokens", (None,), "truncate_prompt_tokens is not supported: send a shorter prompt."),
+    ("bad_words", (None, []), "bad_words is not supported (logit_bias can ban single tokens)."),
+    ("allowed_token_ids", (None,), "allowed_token_ids is not supported (logit_bias can ban or favour tokens)."),
+)
+VLLM_CHAT_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("echo", (None, False), "echo is not supported for chat completions (it is for /v1/completions)."),
+    ("continue_final_message", (None, False), "continue_final_message is not supported by this gateway."),
+    ("add_generation_prompt", (None, True), "add_generation_prompt must be true: the chat template always "
+                                            "ends with the assistant's turn."),
+)
+
+
+_VLLM_FIELDS = frozenset(f for f, _, _ in VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED)
+
+
+def _refuse_vllm_extras(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.stream_options is not None and body.stream_options.continuous_usage_stats not in (None, False):
+        raise unsupported("stream_options.continuous_usage_stats",
+                          "Usage in every chunk is not supported; include_usage sends it in a last chunk.")
+    if body.model_fields_set.isdisjoint(_VLLM_FIELDS):  # the common case: one set operation
+        return
+    fields = VLLM_UNHONOURED if isinstance(body, CompletionRequest) else VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED
+    for field, neutral, message in fields:
+        value = getattr(body, field)
+        if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
+            raise unsupported(field, message)
+
+
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
-    """Known OpenAI fields the engine cannot honour are refused, never silently dropped."""
+    """Known OpenAI fields (and vLLM extras) the engine cannot honour are refused, never silently
+    dropped."""
     if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               param="stream_options")
+    _refuse_vllm_extras(body)
     if isinstance(body, CompletionRequest):
         return
     if body.response_format is not None and body.response_format.type != "text":

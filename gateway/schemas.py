@@ -131,6 +131,7 @@ class ChatMessage(_Request):
 
 class StreamOptions(_Request):
     include_usage: StrictBool = False
+    continuous_usage_stats: Any = None  # vLLM's usage in every chunk: refused when true
 
 
 class ResponseFormat(_Request):
@@ -193,6 +194,23 @@ class _Sampling(_Request):
     repetition_penalty: Annotated[Float | None, Field(gt=0, le=10)] = None
     stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256)] = None
     logit_bias: Annotated[dict[StrictStr, Float] | None, AfterValidator(_logit_bias)] = None  # token id -> bias
+    # vLLM extras this engine does not honour: read only so that the service refuses them when set
+    # (``gateway.chat_service.VLLM_UNHONOURED``) instead of ignoring them as unknown fields
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
+    structured_outputs: Any = None
+    min_p: Any = None
+    use_beam_search: Any = None
+    length_penalty: Any = None
+    include_stop_str_in_output: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -219,6 +237,10 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Any = None  # refused: this model does not reason (OpenAI refuses it for such models)
     prediction: Any = None  # predicted outputs: refused
     web_search_options: Any = None  # refused
+    # vLLM's chat extras that would change the prompt or the answer: refused when set
+    echo: Any = None
+    continue_final_message: Any = None
+    add_generation_prompt: Any = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

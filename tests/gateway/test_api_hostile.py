@@ -71,6 +71,19 @@ CHAT_CASES = [
     ({"top_logprobs": 3}, 400, "top_logprobs"),  # needs logprobs: true
     ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"user": 5}, 400, "user"),
+    # vLLM extras the engine does not honour (found by QA: ignored as unknown fields, free text came back)
+    ({"guided_choice": ["yes", "no"]}, 400, "guided_choice"),
+    ({"guided_json": {"type": "object"}}, 400, "guided_json"),
+    ({"structured_outputs": {"choice": ["a"]}}, 400, "structured_outputs"),
+    ({"min_p": 0.99}, 400, "min_p"),
+    ({"use_beam_search": True}, 400, "use_beam_search"),
+    ({"include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
+    ({"prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ({"echo": True}, 400, "echo"),
+    ({"continue_final_message": True}, 400, "continue_final_message"),
+    ({"add_generation_prompt": False}, 400, "add_generation_prompt"),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
+     "stream_options.continuous_usage_stats"),
 ]
 
 
@@ -110,6 +123,10 @@ def test_hostile_chat_fields(api, fields, status, param) -> None:  # noqa: ANN00
     {"stop": ["x" * 10_000]},
     {"unknown_field": [1, {"x": None}]},  # unknown fields are ignored
     {"messages": [{"role": "assistant"}, {"role": "user", "content": "x"}]},  # an assistant turn without content
+    # vLLM extras at values that ask for nothing (what clients that send every default send)
+    {"min_p": 0, "use_beam_search": False, "include_stop_str_in_output": False, "guided_json": None,
+     "length_penalty": 1.0, "echo": False, "add_generation_prompt": True, "continue_final_message": False,
+     "bad_words": [], "stream": False},
 ])
 def test_odd_but_valid_chat_fields_are_served(api, fields) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/chat/completions", json={"model": api.model, **BASE, **fields})
@@ -165,6 +182,9 @@ def test_broken_auth_is_401(api, authorization) -> None:  # noqa: ANN001
     ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "max_tokens": 10**9}, "prompt"),
     ({"prompt": "x", "presence_penalty": 2.01}, "presence_penalty"),
+    ({"prompt": "x", "guided_regex": "[ab]"}, "guided_regex"),  # vLLM extras not honoured
+    ({"prompt": "x", "min_p": 0.1}, "min_p"),
+    ({"prompt": "x", "allowed_token_ids": [1, 2]}, "allowed_token_ids"),
 ])
 def test_hostile_completions(api, body, param) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/completions", json={"model": api.model, "max_tokens": 1, **body})
