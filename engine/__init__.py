@@ -7,6 +7,7 @@ load torch and are imported on first use, so ``import engine.config`` stays chea
 from engine.config import EngineConfig
 from engine.outputs import (
     CompletionDelta,
+    EngineClassFullError,
     EngineDeadError,
     EngineError,
     EngineOverloadedError,
@@ -20,6 +21,7 @@ from engine.sampling_params import SamplingParams
 __all__ = [
     "AsyncEngine",
     "CompletionDelta",
+    "EngineClassFullError",
     "EngineConfig",
     "EngineDeadError",
     "EngineError",

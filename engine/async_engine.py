@@ -28,6 +28,7 @@ from engine.arrivals import ArrivalNotice, BurstGate
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import (
+    EngineClassFullError,
     EngineDeadError,
     EngineOverloadedError,
     EngineStats,
@@ -103,6 +104,11 @@ class AsyncEngine:
         self._stopping = False
         self._dead: BaseException | None = None
         self._stats: EngineStats | None = None
+        # requests waiting per scheduling class: in the engine as of its last step (the step thread
+        # replaces the dict), and sent since the step thread last took its commands (under _cv)
+        self._waiting_by_class: dict[str | None, int] = {}
+        self._sent_by_class: dict[str | None, int] = {}
+        self._class_cap = config.class_waiting_cap
         self._tokenizer = None
         self._renderer: ChatRenderer | None = None
         # a prompt text longer than this can never fit max_model_len tokens (None: no bound known)
@@ -142,8 +148,9 @@ class AsyncEngine:
 
     @property
     def max_waiting(self) -> int:
-        """Requests the engine queues at most (each prompt of a batch takes a place)."""
-        return self.config.max_waiting
+        """Requests one caller's class may have queued at most (each prompt of a batch takes a
+        place): the queue's size, or a class's share of it when that is smaller."""
+        return min(self.config.max_waiting, self._class_cap)
 
     @property
     def is_dead(self) -> bool:
@@ -185,7 +192,7 @@ class AsyncEngine:
         ``notice``: this request's ``announce()``, consumed as it reaches the step thread (closed
         if it is refused before)."""
         try:
-            ids, stream = self._register(prompt, params, request_id)
+            ids, stream = self._register(prompt, params, request_id, priority_class=priority_class)
         except BaseException:
             if notice is not None:  # refused: the step thread must not wait for it
                 notice.close()
@@ -213,7 +220,7 @@ class AsyncEngine:
         consumer calls ``release(request_id)``; ``release(request_id, abort=True)`` stops it early.
         Raises what ``generate`` raises before its first yield."""
         try:
-            ids, _stream = self._register(prompt, params, request_id, sink)
+            ids, _stream = self._register(prompt, params, request_id, sink, priority_class=priority_class)
         except BaseException:
             if notice is not None:
                 notice.close()
@@ -226,7 +233,7 @@ class AsyncEngine:
             self._retire(request_id)
 
     def _register(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                  queue=None) -> tuple[list[int], _Stream]:  # noqa: ANN001
+                  queue=None, *, priority_class: str | None = None) -> tuple[list[int], _Stream]:  # noqa: ANN001
         """Check a new request and open its stream (raises what ``generate`` documents)."""
         engine = self._require()
         if self._dead is not None:
@@ -238,6 +245,11 @@ class AsyncEngine:
         stats = self._stats
         if stats is not None and stats.waiting + len(self._cmds) >= self.config.max_waiting:
             raise EngineOverloadedError("the engine's waiting queue is full; retry later")
+        if priority_class is not None:
+            held = self._waiting_by_class.get(priority_class, 0) + self._sent_by_class.get(priority_class, 0)
+            if held >= self._class_cap:
+                raise EngineClassFullError(f"this class already has {held} requests waiting (at most "
+                                           f"{self._class_cap}); retry later")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue() if queue is None else queue)
         self._streams[request_id] = stream
         if self._dead is not None:  # died between the check above and the registration
@@ -275,6 +287,9 @@ class AsyncEngine:
     def _send(self, cmd: _Add | _Abort, notice: ArrivalNotice | None = None) -> None:
         with self._cv:
             self._cmds.append(cmd)
+            if isinstance(cmd, _Add) and cmd.priority_class is not None:
+                sent = self._sent_by_class
+                sent[cmd.priority_class] = sent.get(cmd.priority_class, 0) + 1
             if self._burst.arrived(add=isinstance(cmd, _Add), notice=notice):
                 self._cv.notify()
 
@@ -291,14 +306,18 @@ class AsyncEngine:
                     if self._stopping:
                         return
                     cmds, self._cmds = self._cmds, []
+                    self._sent_by_class = {}
                     self._burst.taken()
                 for cmd in cmds:
                     self._apply(engine, cmd)
+                if cmds:
+                    self._waiting_by_class = engine.scheduler.waiting.counts()
                 if engine.has_unfinished_requests():
                     streams = self._streams
                     _deliver([(stream, out) for out in engine.step()
                               if (stream := streams.get(out.request_id)) is not None])
                     self._stats = engine.stats()
+                    self._waiting_by_class = engine.scheduler.waiting.counts()
         except BaseException as exc:  # noqa: BLE001 - any crash must release every waiter
             logger.exception("engine step loop crashed")
             self._dead = exc

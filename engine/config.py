@@ -25,6 +25,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget per step
     max_num_seqs: int = 64  # cap on running requests
     max_waiting: int = 1024  # beyond this, generate() raises EngineOverloadedError
+    # requests one scheduling class (the gateway's tenant) may have waiting; beyond it, generate()
+    # raises EngineClassFullError, so that one class cannot fill the queue for all (None: a quarter
+    # of max_waiting, at least 1). Requests without a class are not counted
+    max_waiting_per_class: int | None = None
     # AsyncEngine, woken from idle: wait while requests keep arriving within this gap (0: off) ...
     admission_gap_ms: float = 1.0
     admission_max_wait_ms: float = 10.0  # ... but never longer than this
@@ -35,6 +39,11 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU
     linear_backend: str = "auto"  # "auto" (oneDNN prepacked GEMM on CPU) | "onednn" | "torch" (F.linear)
     seed: int = 0
+
+    @property
+    def class_waiting_cap(self) -> int:
+        """``max_waiting_per_class``, or its default."""
+        return self.max_waiting_per_class or max(1, self.max_waiting // 4)
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32, 64):
@@ -53,6 +62,8 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 2 (or unset: the model's context length)")
         if self.max_waiting < 1:
             raise ValueError("max_waiting must be >= 1")
+        if self.max_waiting_per_class is not None and self.max_waiting_per_class < 1:
+            raise ValueError("max_waiting_per_class must be >= 1 (or unset: a quarter of max_waiting)")
         if self.num_threads is not None and not 1 <= self.num_threads <= MAX_THREADS:
             raise ValueError(f"num_threads must be between 1 and {MAX_THREADS} (or unset: torch's default)")
         if self.device != "auto" and not _DEVICE.fullmatch(self.device):

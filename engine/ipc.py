@@ -45,6 +45,7 @@ from typing import Any
 
 from engine.outputs import (
     CompletionDelta,
+    EngineClassFullError,
     EngineDeadError,
     EngineError,
     EngineOverloadedError,
@@ -154,6 +155,8 @@ class _Framed(asyncio.Protocol):
 def _encode_error(exc: BaseException) -> tuple:
     if isinstance(exc, PromptTooLongError):
         return ("too_long", exc.prompt_tokens, exc.max_model_len)
+    if isinstance(exc, EngineClassFullError):
+        return ("class_full", str(exc))
     if isinstance(exc, EngineOverloadedError):
         return ("overloaded", str(exc))
     if isinstance(exc, EngineDeadError):
@@ -169,6 +172,8 @@ def _decode_error(code: tuple) -> BaseException:
     kind = code[0]
     if kind == "too_long":
         return PromptTooLongError(code[1], code[2])
+    if kind == "class_full":
+        return EngineClassFullError(code[1])
     if kind == "overloaded":
         return EngineOverloadedError(code[1])
     if kind == "dead":

@@ -80,6 +80,11 @@ class EngineOverloadedError(EngineError):
     """The waiting queue is full; retry later."""
 
 
+class EngineClassFullError(EngineOverloadedError):
+    """This request's scheduling class (the gateway's tenant) already has its share of the waiting
+    queue (``EngineConfig.max_waiting_per_class``); retry later."""
+
+
 class EngineDeadError(EngineError):
     """The engine's step loop stopped on an unexpected error."""
 

@@ -61,6 +61,14 @@ class WaitingQueues:
     def add(self, seq: Sequence) -> None:
         self.classes.setdefault(seq.request.priority_class, deque()).append(seq)
 
+    def counts(self) -> dict[str | None, int]:
+        """Waiting sequences per class, preempted ones included."""
+        counts = {cls: len(q) for cls, q in self.classes.items()}
+        for seq in self.preempted:
+            cls = seq.request.priority_class
+            counts[cls] = counts.get(cls, 0) + 1
+        return counts
+
     def add_preempted(self, seq: Sequence) -> None:
         self.preempted.appendleft(seq)  # victims come newest first: keep admission order
 

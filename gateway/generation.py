@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.outputs import (
     CompletionDelta,
+    EngineClassFullError,
     EngineDeadError,
     EngineError,
     EngineOverloadedError,
@@ -26,7 +27,7 @@ from engine.outputs import (
 )
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
-from gateway.errors import ApiError, invalid_request, overloaded, shutting_down
+from gateway.errors import ApiError, invalid_request, overloaded, rate_limited, shutting_down
 
 
 def context_length_exceeded(prompt_tokens: int, max_model_len: int, max_tokens: int | None = None, *,
@@ -53,6 +54,9 @@ def far_too_long(chars: int, max_model_len: int, *, what: str = "messages") -> A
 def engine_error(err: EngineError) -> ApiError:
     if isinstance(err, PromptTooLongError):
         return context_length_exceeded(err.prompt_tokens, err.max_model_len)
+    if isinstance(err, EngineClassFullError):  # this tenant's share of the queue, not the server's
+        return rate_limited("Too many of your requests are waiting for the engine already; retry when some "
+                            "have finished.", retry_after_s=1.0)
     if isinstance(err, EngineOverloadedError):
         return overloaded()
     if isinstance(err, EngineDeadError):

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_waiting: int = 1024
+    # requests one tenant may have waiting for the engine (429 past it; found by QA: one tenant's
+    # batches filled the whole queue and every other tenant got 503); unset: a quarter of max_waiting
+    max_waiting_per_tenant: int | None = Field(default=None, ge=1)
     admission_gap_ms: float = 1.0  # engine: from idle, gather a burst while arrivals are this close
     admission_max_wait_ms: float = 10.0
     admission_notice_gap_ms: float = 0.2  # engine: after the last announced request (each /v1 generation is)
@@ -143,6 +146,7 @@ class Settings(BaseSettings):
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs,
             max_waiting=self.max_waiting,
+            max_waiting_per_class=self.max_waiting_per_tenant,
             admission_gap_ms=self.admission_gap_ms,
             admission_max_wait_ms=self.admission_max_wait_ms,
             admission_notice_gap_ms=self.admission_notice_gap_ms,

@@ -9,7 +9,7 @@ import pytest
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
-from engine.outputs import EngineDeadError, EngineOverloadedError, PromptTooLongError
+from engine.outputs import EngineClassFullError, EngineDeadError, EngineOverloadedError, PromptTooLongError
 from engine.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -141,6 +141,39 @@ async def test_errors_before_the_first_yield(make_engine):
     eng.config.max_waiting = 0
     with pytest.raises(EngineOverloadedError):
         await eng.generate([1], SamplingParams(), request_id="busy").__anext__()
+
+
+async def test_one_class_cannot_fill_the_waiting_queue(make_engine):
+    """Found by QA: one tenant's batches filled the whole waiting queue and every other tenant got
+    503. A class may have ``max_waiting_per_class`` requests waiting (sent and not yet taken by the
+    step thread count too); other classes, and requests without one, still get in."""
+    eng = await make_engine(max_waiting_per_class=3)
+    gate = threading.Event()
+    step = eng.engine.step
+
+    def held_step():
+        gate.wait(30)
+        return step()
+
+    eng.engine.step = held_step
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    tasks = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"a{i}", priority_class="a")) for i in range(3)]
+    await asyncio.sleep(0.2)  # registered; the first is in the engine, held in its step
+    try:
+        with pytest.raises(EngineClassFullError):
+            await eng.generate([1, 2], params, request_id="a3", priority_class="a").__anext__()
+        assert isinstance(EngineClassFullError("x"), EngineOverloadedError)  # callers that know only that
+        tasks.append(asyncio.ensure_future(collect(eng, [1, 2, 3], params, "b0", priority_class="b")))
+        tasks += [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"n{i}")) for i in range(4)]
+        await asyncio.sleep(0.2)
+        assert not any(t.done() for t in tasks)  # all accepted, none refused
+    finally:
+        gate.set()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+    assert all(len(tokens) == 2 for tokens, _text, _outs in results)
+    # the queue drained: the class is free again
+    tokens, _text, _outs = await asyncio.wait_for(collect(eng, [1, 2], params, "a4", priority_class="a"), 60)
+    assert len(tokens) == 2
 
 
 async def test_crashed_step_loop_fails_every_stream(make_engine):

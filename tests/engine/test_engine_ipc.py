@@ -15,6 +15,7 @@ from engine.async_engine import AsyncEngine
 from engine.ipc import EngineServer, RemoteEngine, _frame, _loads
 from engine.llm_engine import LLMEngine
 from engine.outputs import (
+    EngineClassFullError,
     EngineDeadError,
     EngineOverloadedError,
     EngineStats,
@@ -161,6 +162,11 @@ async def test_errors_cross_the_socket_as_the_engines_own(served):
     eng._stats = dataclasses.replace(eng._stats, waiting=5)  # as if 5 were waiting (idle: nothing overwrites it)
     with pytest.raises(EngineOverloadedError):
         await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "z")
+    # a class's share of the queue: its own class, so the gateway answers 429 rather than 503
+    eng._stats = dataclasses.replace(eng._stats, waiting=0)
+    eng._class_cap = 0
+    with pytest.raises(EngineClassFullError):
+        await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "w", priority_class="t1")
 
 
 async def test_notices_reach_the_engines_burst_gate(served):

@@ -262,6 +262,27 @@ def test_overloaded_engine_is_503_with_retry_after(api, api_engine) -> None:  # 
     assert rows[0].prompt_tokens == 0 and rows[0].cost_usd == 0
 
 
+def test_a_tenant_whose_share_of_the_queue_is_full_gets_429(api, api_engine) -> None:  # noqa: ANN001
+    """Found by QA: one tenant's batches filled the engine's whole waiting queue and every other
+    tenant got 503. Past its share (``PAGEGATE_MAX_WAITING_PER_TENANT``) a tenant gets 429 and
+    retries; the server is not overloaded for the others."""
+    import openai
+
+    saved = api_engine._class_cap
+    api_engine._class_cap = 0  # this tenant's share is full whatever it holds
+    try:
+        with pytest.raises(openai.RateLimitError) as err:
+            api.openai().chat.completions.create(model=api.model, max_tokens=1,
+                                                 messages=[{"role": "user", "content": "Hi"}])
+    finally:
+        api_engine._class_cap = saved
+    assert err.value.status_code == 429 and err.value.code == "rate_limit_exceeded"
+    assert "waiting for the engine" in err.value.message
+    assert int(err.value.response.headers["retry-after"]) >= 1
+    rows = api.usage_rows(err.value.response.headers["x-request-id"])
+    assert len(rows) == 1 and rows[0].status == "error" and rows[0].cost_usd == 0
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_leaves_while_its_request_is_queued_aborts_it_at_once(api, api_engine, stream) -> None:  # noqa: ANN001
     """The engine is held inside a step; a second request waits in its queue, and its client
