@@ -12,6 +12,9 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from gateway.aftercare import to_the_end
 from gateway.usage import UsageEvent
 
@@ -153,8 +156,13 @@ class RequestAccount:
             log.exception("usage record failed for %s", self.request_id)
 
     async def _settle(self, reservation: Any, prompt_tokens: int, completion_tokens: int) -> None:
+        quota = self._services.quota
         try:
-            await self._services.quota.settle(reservation, prompt_tokens=prompt_tokens,
-                                              completion_tokens=completion_tokens)
+            await quota.settle(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        except (RedisConnectionError, RedisTimeoutError) as exc:  # tried again later: never dropped
+            log.error("quota settle failed for %s: %s: %s (retried later)", self.request_id, type(exc).__name__, exc)
+            self._services.aftercare.retry_later(
+                lambda: quota.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+                f"(quota settlement of {self.request_id})")
         except Exception:
             log.exception("quota settle failed for %s", self.request_id)

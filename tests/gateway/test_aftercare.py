@@ -163,3 +163,70 @@ async def test_settlements_failing_while_redis_is_down_log_a_line_not_tracebacks
     assert len(redis_lines) == 1 and not redis_lines[0].exc_info
     bug = [r for r in caplog.records if "req_bug" in r.getMessage()]
     assert len(bug) == 1 and bug[0].exc_info is not None
+
+
+async def test_a_job_that_cannot_reach_redis_is_tried_again(caplog):
+    """Found by QA: a settlement that failed on a dropped Redis connection was logged and forgotten;
+    an hour later the ledger refunded its reservation whole and the tenant spent its tokens again.
+    Connection errors and timeouts are retried, with a back-off; other errors are not."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
+
+    care = Aftercare(0.01, retry_first_s=0.02)
+    calls = {"flaky": 0, "broken": 0}
+
+    async def flaky() -> None:
+        calls["flaky"] += 1
+        if calls["flaky"] <= 2:
+            raise RedisConnectionError("Connection reset by peer")
+
+    async def broken() -> None:
+        calls["broken"] += 1
+        raise ResponseError("a script error: retrying would not help")
+
+    care.submit(flaky, "(flaky)")
+    care.submit(broken, "(broken)")
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if calls["flaky"] == 3 and not care.retrying and not care.pending:
+            break
+    assert calls == {"flaky": 3, "broken": 1}
+    assert "retried later" in caplog.text
+
+
+async def test_drain_runs_the_jobs_waiting_for_a_retry_now():
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    care = Aftercare(60, retry_first_s=60)  # neither the batch nor the retry would come on its own
+    calls = []
+
+    async def once_down() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RedisTimeoutError("Timeout reading from socket")
+
+    care.submit(once_down)
+    await asyncio.wait_for(care.drain(), 5)
+    assert len(calls) == 1 and care.retrying == 1
+    await asyncio.wait_for(care.drain(), 5)
+    assert len(calls) == 2 and care.retrying == 0 and care.pending == 0
+
+
+async def test_a_job_is_given_up_after_the_retry_window(caplog, monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway import aftercare
+
+    monkeypatch.setattr(aftercare, "RETRY_FOR_S", 0.05)
+    care = Aftercare(0.005, retry_first_s=0.01)
+
+    async def down() -> None:
+        raise RedisConnectionError("Connection refused")
+
+    care.submit(down, "(req_x)")
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if care.abandoned:
+            break
+    assert care.abandoned == 1 and not care.retrying
+    assert "given up after" in caplog.text and "(req_x)" in caplog.text
