@@ -25,12 +25,11 @@ from gateway.tenancy import TenancyError
 
 
 def _usd(value: str) -> Decimal:
-    # plain decimal notation only: Decimal() also takes "1_000", " 5", "+5", "1e3", "nan"
+    # plain decimal notation only, as the API reads money strings: Decimal() also takes "1_000", " 5",
+    # "+5", "1e3", "nan", and "-0" (a negative zero, which passes ">= 0")
     if not PLAIN_DECIMAL.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"not an amount: {value!r} (digits and at most one point)")
+        raise argparse.ArgumentTypeError(f"not an amount: {value!r} (digits and at most one point, no sign)")
     amount = Decimal(value)
-    if amount < 0:
-        raise argparse.ArgumentTypeError("amounts must be >= 0")
     if amount >= 10 ** 10:
         raise argparse.ArgumentTypeError(f"at most 10 digits before the point: {value!r}")
     if amount != amount.quantize(Decimal("1e-8")):  # the money columns' scale (0.100000000 is fine)
@@ -67,7 +66,7 @@ def _positive(value: str) -> int:
 def _threshold(value: str) -> float:
     """A similarity threshold in (0, 1], in plain decimal notation as money is."""
     if not PLAIN_DECIMAL.fullmatch(value):  # float() also takes "0.9_5", " 1", "nan", "1e-1"
-        raise argparse.ArgumentTypeError(f"not a number: {value!r} (digits and at most one point)")
+        raise argparse.ArgumentTypeError(f"not a number: {value!r} (digits and at most one point, no sign)")
     x = float(value)
     if not 0 < x <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], not {value!r}")

@@ -16,14 +16,13 @@ from decimal import Decimal
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import Row, Select, case, func, select, update
+from sqlalchemy import Row, Select, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from admin import audit
 from admin.checks import TENANT_FIELDS, check_money, checked_new_tenant, checked_price, only
-from admin.reports import CACHE_HIT_VALUES
 from admin.schemas import (
     INT32_MAX,
     KeyCreate,
@@ -31,9 +30,9 @@ from admin.schemas import (
     validated,
 )
 from gateway import tenancy
-from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant, UsageRecord
+from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant
 from gateway.keys import NewKey
-from gateway.quota import forget_counter
+from gateway.quota import forget_counter, period_bounds, period_usage
 
 log = logging.getLogger("pagegate.admin")
 
@@ -101,13 +100,6 @@ async def _keyset_page(session: AsyncSession, query: Select, id_column: Instrume
     if limit is not None and len(rows) > limit:
         return rows[:limit], True
     return rows, False
-
-
-def period_start(period: str, now: datetime | None = None) -> datetime:
-    """Start (UTC) of the budget period containing ``now``: today 00:00 or the 1st of the month."""
-    now = (now or datetime.now(UTC)).astimezone(UTC)
-    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    return start.replace(day=1) if period == "month" else start
 
 
 @dataclass(slots=True)
@@ -208,19 +200,16 @@ class Management:
         return list((await self.session.execute(select(ModelPrice).order_by(ModelPrice.model))).scalars())
 
     async def budget(self, tenant: Tenant, now: datetime | None = None) -> dict:
-        """The tenant's budget and what usage rows say it spent in the current period (cache hits
-        used no engine tokens and cost nothing, as the gateway's quota ledger counts them)."""
-        start = period_start(tenant.budget_period, now)
-        engine_tokens = case((UsageRecord.cache.in_(CACHE_HIT_VALUES), 0),
-                             else_=UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
-        spent = (await self.session.execute(
-            select(func.coalesce(func.sum(engine_tokens), 0),
-                   func.coalesce(func.sum(UsageRecord.cost_usd), 0))
-            .where(UsageRecord.tenant_id == tenant.id, UsageRecord.created_at >= start))).one()
+        """The tenant's budget and what its usage rows in the current period ``[start, end)`` spent,
+        counted as the gateway's quota ledger counts them (``period_usage``: cache hits used no
+        engine tokens and cost nothing; a row dated past the period, by clock skew or a backfill,
+        is not this period's)."""
+        _, start, end = period_bounds(tenant.budget_period, now or datetime.now(UTC))
+        spent_tokens, spent_usd = await period_usage(self.session, tenant.id, start, end)
         return audit.jsonable({
             "tenant": tenant.name, "period": tenant.budget_period, "period_start": start,
             "budget_tokens": tenant.budget_tokens, "budget_usd": tenant.budget_usd,
-            "spent_tokens": int(spent[0]), "spent_usd": Decimal(str(spent[1])), "deleted_at": tenant.deleted_at,
+            "spent_tokens": spent_tokens, "spent_usd": spent_usd, "deleted_at": tenant.deleted_at,
         })
 
     # --- writes --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Cost and usage reports over ``usage_records``.
 
 Counts and sums are SQL aggregates (``GROUP BY`` day, model, key or tenant) that run the same on
-SQLite and PostgreSQL. p50/p95 latency use linear interpolation: PostgreSQL computes them in the
+SQLite and PostgreSQL; money is summed exactly on both (``gateway.pricing.usd_sum``). p50/p95 latency use linear interpolation: PostgreSQL computes them in the
 query with ``percentile_cont``; on SQLite (no such function) ``percentile`` below does the same
 arithmetic over the range's latencies, so both databases give the same answers. Times are UTC; a range is ``since <= created_at < until``.
 """
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from admin.audit import money
 from admin.schemas import InvalidField
 from gateway.db.models import ApiKey, Tenant, UsageRecord
+from gateway.pricing import summed_usd, usd_sum
 
 GROUPS = ("day", "model", "key")
 CACHE_HIT_VALUES = ("hit", "semantic-hit")  # cache outcomes that count as hits
@@ -73,24 +74,36 @@ def parse_time(value: str) -> datetime:
     """A range bound as the API and the CLI read it: an ISO 8601 date or datetime, extended
     (``2026-03-01``, ``2026-03-01T12:00Z``) or basic (``20260301``, ``20260301T1200``); naive
     means UTC. A bare number is refused rather than read as Unix seconds: ``20261203`` is a date
-    here, and the same digits must not mean 1970 to one surface and 2026 to another."""
+    here, and the same digits must not mean 1970 to one surface and 2026 to another. A time with no
+    UTC equivalent (``0001-01-01T00:00+05:00``) is refused here too, so both surfaces name the bound
+    (the API's 400 its ``param``, the CLI's usage error its option)."""
     try:
-        return datetime.fromisoformat(value)
+        parsed = datetime.fromisoformat(value)
     except ValueError as exc:
         if _BARE_NUMBER.fullmatch(value.strip()):
             raise InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
                                "datetime (2026-03-01T12:00Z), not Unix seconds") from exc
         raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or "
                            "2026-03-01T12:00Z)") from exc
+    _utc(parsed)
+    return parsed
 
 
 def default_range(since: datetime | None, until: datetime | None, *, days: int = 30) -> tuple[datetime, datetime]:
     """UTC ``[since, until)``; defaults to the last ``days`` days up to now."""
-    until = _utc(until) if until else datetime.now(UTC)
+    until = _utc(until, "until") if until else datetime.now(UTC)
     if since is not None:
-        return _utc(since), until
+        return _utc(since, "since"), until
     earliest = datetime.min.replace(tzinfo=UTC)
     return (until - timedelta(days=days) if until - earliest > timedelta(days=days) else earliest), until
+
+
+def calendar_days(days: int, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """UTC ``[since, until)`` of the last ``days`` calendar days, today included: from 00:00 of the
+    day ``days - 1`` days ago to 00:00 tomorrow. The dashboard's ranges (its tenant list and a
+    tenant's daily charts), so both pages count the same rows."""
+    today = (now or datetime.now(UTC)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=days - 1), today + timedelta(days=1)
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -117,7 +130,7 @@ async def tenant_report(session: AsyncSession, *, tenant: Tenant, since: datetim
         named = func.coalesce(literal(" ") + func.nullif(ApiKey.name, ""), "")  # no trailing space unnamed
         label = func.coalesce(ApiKey.prefix + named, "(no key)")
         group_col, joins = label, [ApiKey]
-    where = [U.tenant_id == tenant.id, U.created_at >= _utc(since), U.created_at < _utc(until)]
+    where = [U.tenant_id == tenant.id, U.created_at >= _utc(since, "since"), U.created_at < _utc(until, "until")]
     report = await _run(session, group_col, joins, where, group_by, since, until)
     report.tenant = tenant.name
     return report
@@ -127,7 +140,7 @@ async def summary(session: AsyncSession, *, since: datetime, until: datetime,
                   percentiles: bool = True) -> Report:
     """Every tenant's usage in ``[since, until)``, one row per tenant with usage. Without
     ``percentiles`` the latency columns stay None and no per-row pass over the range is made."""
-    where = [U.created_at >= _utc(since), U.created_at < _utc(until)]
+    where = [U.created_at >= _utc(since, "since"), U.created_at < _utc(until, "until")]
     return await _run(session, Tenant.name, [Tenant], where, "tenant", since, until, percentiles)
 
 
@@ -169,11 +182,12 @@ def from_csv(text: str) -> list[dict]:
     return rows
 
 
-def _utc(value: datetime) -> datetime:
+def _utc(value: datetime, param: str | None = None) -> datetime:
+    """``value`` in UTC (naive: already UTC); ``InvalidField`` naming ``param`` when it has none."""
     try:
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except OverflowError as exc:  # e.g. 0001-01-01T00:00+05:00 has no UTC equivalent
-        raise InvalidField(f"{value.isoformat()} is out of range (no UTC equivalent)") from exc
+        raise InvalidField(f"{value.isoformat()} is out of range (no UTC equivalent)", param) from exc
 
 
 def _day(dialect: str):
@@ -182,25 +196,26 @@ def _day(dialect: str):
     return func.strftime("%Y-%m-%d", U.created_at, type_=String)
 
 
-def _measures() -> list:
+def _measures(dialect: str) -> list:
     hit = case((U.cache.in_(CACHE_HIT_VALUES), 1), else_=0)
     return [
         func.count(U.id),
         func.coalesce(func.sum(U.prompt_tokens), 0),
         func.coalesce(func.sum(U.cached_prompt_tokens), 0),
         func.coalesce(func.sum(U.completion_tokens), 0),
-        func.coalesce(func.sum(U.cost_usd), 0),
+        usd_sum(U.cost_usd, dialect),
         func.coalesce(func.sum(hit), 0),
-        func.coalesce(func.sum(U.saved_usd), 0),
+        usd_sum(U.saved_usd, dialect),
     ]
 
 
-def _row(group: str, values, p50: float | None, p95: float | None) -> ReportRow:
+def _row(group: str, values, p50: float | None, p95: float | None, *, dialect: str) -> ReportRow:
     n, prompt, cached, completion, cost, hits, saved = values
     return ReportRow(group=group, requests=int(n), prompt_tokens=int(prompt), cached_prompt_tokens=int(cached),
                      completion_tokens=int(completion), total_tokens=int(prompt) + int(completion),
-                     cost_usd=_money(cost), cache_hits=int(hits), saved_usd=_money(saved),
-                     p50_latency_ms=_round(p50), p95_latency_ms=_round(p95))
+                     cost_usd=_money(summed_usd(cost, dialect)), cache_hits=int(hits),
+                     saved_usd=_money(summed_usd(saved, dialect)), p50_latency_ms=_round(p50),
+                     p95_latency_ms=_round(p95))
 
 
 def _quantiles(latencies: list[float]) -> tuple[float | None, float | None]:
@@ -219,30 +234,31 @@ async def _run(session: AsyncSession, group_col, joins: list, where: list, group
                 target, U.tenant_id == Tenant.id)
         return q.where(*where)
 
-    in_sql = percentiles and (await session.connection()).dialect.name == "postgresql"
-    measures = _measures()
+    dialect = (await session.connection()).dialect.name
+    in_sql = percentiles and dialect == "postgresql"
+    measures = _measures(dialect)
     if in_sql:
         measures += [func.percentile_cont(q).within_group(U.latency_ms) for q in (0.50, 0.95)]
     grouped = (await session.execute(
         base(group_col.label("g"), *measures).group_by(group_col).order_by(group_col))).all()
     total = tuple((await session.execute(base(*measures))).one())
     if in_sql:
-        rows = [_row(str(r[0]), r[1:8], r[8], r[9]) for r in grouped]
+        rows = [_row(str(r[0]), r[1:8], r[8], r[9], dialect=dialect) for r in grouped]
         return Report(group_by=group_by, since=_utc(since), until=_utc(until), rows=rows,
-                      total=_row("TOTAL", total[:7], total[7], total[8]))
+                      total=_row("TOTAL", total[:7], total[7], total[8], dialect=dialect))
     by_group: dict[str, list[float]] = defaultdict(list)
     everything: list[float] = []
     if percentiles:
         for g, latency in (await session.execute(base(group_col.label("g"), U.latency_ms))).all():
             by_group[str(g)].append(float(latency or 0.0))
             everything.append(float(latency or 0.0))
-    rows = [_row(str(r[0]), r[1:], *_quantiles(by_group[str(r[0])])) for r in grouped]
+    rows = [_row(str(r[0]), r[1:], *_quantiles(by_group[str(r[0])]), dialect=dialect) for r in grouped]
     return Report(group_by=group_by, since=_utc(since), until=_utc(until), rows=rows,
-                  total=_row("TOTAL", total, *_quantiles(everything)))
+                  total=_row("TOTAL", total, *_quantiles(everything), dialect=dialect))
 
 
-def _money(value) -> Decimal:
-    return Decimal(str(value)).quantize(Decimal("0.00000001")) if value is not None else Decimal(0)
+def _money(value: Decimal) -> Decimal:
+    return value.quantize(Decimal("0.00000001"))
 
 
 def _round(value: float | None) -> float | None:

@@ -26,9 +26,11 @@ Flag = Annotated[bool, Field(strict=True)]
 # Numbers written as text (CLI options, query parameters, money sent as a JSON string) are plain:
 # int() and Decimal() would also take "1_000", " 5", "+5", "٣" or "1e3", which no surface documents.
 WHOLE_NUMBER = re.compile(r"-?[0-9]+")  # the sign only so that bounds say "must be >= 0"
-PLAIN_DECIMAL = re.compile(r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)")
+# no sign: amounts are never negative, and "-0" would pass ">= 0" and be stored as a negative zero
+PLAIN_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 WHOLE_NUMBER_RULE = "must be a whole number in plain digits (0-9)"
-PLAIN_DECIMAL_RULE = "must be a plain decimal number: digits and at most one point (no '_', spaces, '+' or exponent)"
+PLAIN_DECIMAL_RULE = ("must be a plain decimal number: digits and at most one point (no sign, '_', spaces or "
+                      "exponent)")
 
 
 def plain_whole_number(value: object) -> object:
@@ -45,8 +47,14 @@ def _plain_money(value: object) -> object:
     return value
 
 
+def _unsigned_zero(value: Decimal) -> Decimal:
+    # a JSON -0.0 passes ">= 0"; stored as sent it would read back (and show) as -0.00000000
+    return value.copy_abs() if value == 0 else value
+
+
 # a JSON number or a string in plain decimal notation
-Money = Annotated[Decimal, BeforeValidator(_plain_money), Field(ge=0, max_digits=18, decimal_places=8)]
+Money = Annotated[Decimal, BeforeValidator(_plain_money), Field(ge=0, max_digits=18, decimal_places=8),
+                  AfterValidator(_unsigned_zero)]
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # the whole name (re.fullmatch: "$" would pass "acme\n")
 
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, Integer, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import ModelPrice
@@ -26,6 +26,23 @@ def usd_to_units(usd: Decimal) -> int:
 
 def units_to_usd(units: int) -> Decimal:
     return Decimal(units) / UNITS_PER_USD
+
+
+def usd_sum(column: ColumnElement, dialect: str) -> ColumnElement:
+    """``SUM(column)`` of a MONEY column, exact on both databases (0 over no rows); read its value
+    with ``summed_usd``. PostgreSQL adds NUMERIC exactly. SQLite keeps NUMERIC as a 64-bit float and
+    its SUM adds floats, whose error grows with the rows (630,000 rows gave 2482.56999999 for
+    2482.57), so there each row is rounded to its integer 1e-8 USD units and those are added."""
+    if dialect == "sqlite":
+        return func.coalesce(func.sum(cast(func.round(column * int(UNITS_PER_USD)), Integer)), 0)
+    return func.coalesce(func.sum(column), 0)
+
+
+def summed_usd(value: object, dialect: str) -> Decimal:
+    """The exact USD of a ``usd_sum`` read from ``dialect``."""
+    if dialect == "sqlite":
+        return units_to_usd(int(value or 0))
+    return Decimal(str(value or 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,7 @@ from gateway.db.models import UsageRecord
 from gateway.errors import ApiError
 from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
-from gateway.pricing import Price, PriceBook, units_to_usd, usd_to_units
+from gateway.pricing import Price, PriceBook, summed_usd, units_to_usd, usd_sum, usd_to_units
 from gateway.quota_refusals import quota_refusal, tpm_empty_s, tpm_headers, tpm_refusal
 from gateway.redis_lane import ScriptLane
 
@@ -394,13 +394,20 @@ def _mark_settled(reservation: Reservation, done: asyncio.Future) -> None:
         reservation.settled = True
 
 
-async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], tenant_id: int,
-                               start: datetime, end: datetime) -> tuple[int, Decimal]:
-    """Tokens (engine-served rows only) and cost of a tenant's usage rows in [start, end)."""
+async def period_usage(session: AsyncSession, tenant_id: int, start: datetime, end: datetime) -> tuple[int, Decimal]:
+    """Tokens (engine-served rows only) and exact cost of a tenant's usage rows in [start, end): what
+    its budget counts as spent (the counter's rebuild, and the admin's view of the budget)."""
+    dialect = (await session.connection()).dialect.name
     charged = case((UsageRecord.cache.in_(CACHE_HITS), 0),
                    else_=UsageRecord.prompt_tokens + UsageRecord.completion_tokens)
-    stmt = select(func.coalesce(func.sum(charged), 0), func.coalesce(func.sum(UsageRecord.cost_usd), 0)).where(
+    stmt = select(func.coalesce(func.sum(charged), 0), usd_sum(UsageRecord.cost_usd, dialect)).where(
         and_(UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= start, UsageRecord.created_at < end))
+    tokens, usd = (await session.execute(stmt)).one()
+    return int(tokens or 0), summed_usd(usd, dialect)
+
+
+async def period_usage_from_db(sessionmaker: async_sessionmaker[AsyncSession], tenant_id: int,
+                               start: datetime, end: datetime) -> tuple[int, Decimal]:
+    """``period_usage`` in a session of its own."""
     async with sessionmaker() as session:
-        tokens, usd = (await session.execute(stmt)).one()
-    return int(tokens or 0), Decimal(str(usd or 0))
+        return await period_usage(session, tenant_id, start, end)

@@ -66,7 +66,13 @@ def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, need_u
                   *, retry_after_s: float) -> ApiError:
     """429 ``insufficient_quota``. ``need``: the fewest tokens the request could be served with (its
     prompt and one per choice), costing ``need_units`` (1e-8 USD); more than the whole token or
-    money budget, it can never fit: said so, with ``x-should-retry: false`` and no ``retry-after``."""
+    money budget, it can never fit: said so, with ``x-should-retry: false`` and no ``retry-after``. A
+    budget of 0 refuses every request, whatever it costs (a free model's too), in every period."""
+    zero = [text for budget, text in ((p.budget_tokens, "0 tokens"), (p.budget_usd, "$0"))
+            if budget is not None and Decimal(budget) == 0]
+    if zero:  # no retry-after: no period has room
+        return insufficient_quota(f"Your budget is {' and '.join(zero)} a {p.budget_period}: every request is "
+                                  "refused until it is raised.", retry_after_s=None)
     never = None
     if p.budget_tokens is not None and need > p.budget_tokens:
         never = f"more than the whole budget of {p.budget_tokens} tokens a {p.budget_period}"

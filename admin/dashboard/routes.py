@@ -129,8 +129,7 @@ def _to_tenant_page(name: str) -> RedirectResponse:
 
 async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, new_key: str | None = None):
     tenant = await ops.tenant(name, include_deleted=True)  # read-only for a deleted one: its usage stays
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    since, until = today - timedelta(days=days - 1), today + timedelta(days=1)
+    since, until = reports.calendar_days(days)  # the tenant list's range too: one set of rows
     report = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by="day")
     by_day = {r.group: r for r in report.rows}
     day_names = [(since + timedelta(days=i)).strftime("%Y-%m-%d") for i in range(days)]
@@ -192,7 +191,9 @@ def add_routes(router: APIRouter) -> None:
     @router.get("/tenants", include_in_schema=False)
     async def tenants(viewer: ViewerDep, ctx: ContextDep, session: SessionDep) -> HTMLResponse:
         ops = _ops(ctx, session, viewer)
-        since, until = reports.default_range(None, None, days=DEFAULT_DAYS)
+        # the tenant page's range (UTC calendar days, today included), so a tenant's figures here
+        # are the ones its page shows
+        since, until = reports.calendar_days(DEFAULT_DAYS)
         usage = {r.group: r for r in (await reports.summary(session, since=since, until=until,
                                                             percentiles=False)).rows}
         return page("tenants.html", viewer=viewer, tenants=[tenant_view(t) for t in await ops.tenants()],

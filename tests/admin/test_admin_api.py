@@ -529,3 +529,38 @@ async def test_a_number_of_thousands_of_digits_is_named_on_the_admin_api(client,
     resp = await client.patch(f"/admin/v1/tenants/{tenant}", content='{"rpm": ' + "9" * 5000 + "}",
                               headers={**auth(), "content-type": "application/json"})
     assert resp.status_code == 400 and "digits" in resp.json()["error"]["message"], resp.text
+
+
+async def test_budget_spend_counts_only_the_current_period(client, app, auth):
+    """Found by QA: the budget view counted every row since the period's start, so a row dated after
+    the period (clock skew, a backfill) was spent this period, while the gateway's quota counts
+    ``[start, end)``. Both now count ``[start, end)``."""
+    name = unique("period")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name, "period": "month"}, headers=auth())).json()["id"]
+    now = datetime.now(UTC)
+    next_month = (now.replace(day=1, hour=0, minute=0, second=0, microsecond=0) + timedelta(days=32)).replace(day=1)
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add_all([
+            usage_row(tenant_id=tid, key_id=None, model="m", when=now, prompt=10, cached=0, completion=5,
+                      cost="0.5", latency=1.0),
+            usage_row(tenant_id=tid, key_id=None, model="m", when=next_month, prompt=1000, cached=0,
+                      completion=1000, cost="7", latency=1.0),  # the next period's first instant
+        ])
+        await s.commit()
+    spent = (await client.get(f"/admin/v1/tenants/{name}/budget", headers=auth("admin:read"))).json()
+    assert (spent["spent_tokens"], spent["spent_usd"]) == (15, 0.5)
+
+
+async def test_budget_spend_is_summed_exactly(client, app, auth):
+    """Found by QA: on SQLite the budget's spend was a float sum (2482.56999999 for 2482.57 over
+    630,000 rows); it is now the exact sum of the rows' 1e-8 USD units, as on PostgreSQL."""
+    cost, rows = "1234.56789012", 500  # as floats one after the other: 617283.94505999
+    name = unique("exact-spend")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).json()["id"]
+    period_start = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add_all([usage_row(tenant_id=tid, key_id=None, model="m", when=period_start + timedelta(seconds=i),
+                             prompt=1, cached=0, completion=1, cost=cost, latency=1.0) for i in range(rows)])
+        await s.commit()
+    resp = await client.get(f"/admin/v1/tenants/{name}/budget", headers=auth("admin:read"))
+    assert json.loads(resp.text, parse_float=Decimal)["spent_usd"] == Decimal(cost) * rows, resp.text

@@ -590,3 +590,24 @@ def test_the_cli_publishes_through_the_embedded_redis_of_make_run(env, capsys, m
         client.close()
         server.stop()
     assert running_embedded_url(tmp_path) is None
+
+
+def test_a_report_range_near_year_1_prints_four_digit_years(env, capsys):
+    """Found by QA: ``summary --until 0001-01-01`` said "--since (1-01-01 00:00) must be before
+    --until (1-01-01 00:00)": ``%Y`` writes year 1 as ``1``."""
+    code, out, err = run(capsys, "summary", "--until", "0001-01-01")
+    assert (code, out) == (2, "")
+    assert err == "error: --since (0001-01-01 00:00) must be before --until (0001-01-01 00:00) UTC\n"
+
+
+@pytest.mark.parametrize("argv", [("tenants", "create", "x", "--budget-usd", "-0"),
+                                  ("prices", "set", "m", "--prompt", "-0", "--completion", "1")])
+def test_a_signed_amount_is_a_usage_error(capsys, argv):
+    """Found by QA: the API took the money string "-0" (it passed ">= 0") and stored a negative
+    zero; the CLI did too. Amounts are digits with at most one point, without a sign, on every
+    surface: "-0" is refused as "+5" is."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(list(argv))
+    _, err = capsys.readouterr()
+    assert done.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert ": not a" in err and "no sign" in err, err

@@ -277,3 +277,29 @@ async def test_two_disables_at_once_record_one(db_url, settings):
         assert sorted(actions) == ["tenant.create", "tenant.disable"]
     finally:
         await db.dispose()
+
+
+async def test_a_signed_money_string_is_refused_and_a_negative_zero_number_is_stored_as_zero(client, auth):
+    """Found by QA: ``{"budget_usd": "-0"}`` was taken (it passes ">= 0") although a money string is
+    digits with at most one point, as "+5" is refused: it is now a 400 naming the field. A JSON
+    number ``-0.0`` is a number and is taken, as 0: stored and shown as 0.00000000, never -0.00000000."""
+    name = unique("negzero")
+    assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).status_code == 201
+    for method, path, body, param in (
+            ("PATCH", f"/admin/v1/tenants/{name}", {"budget_usd": "-0"}, "budget_usd"),
+            ("PUT", f"/admin/v1/tenants/{name}/budget", {"budget_usd": "-0.00"}, "budget_usd"),
+            ("POST", "/admin/v1/tenants", {"name": unique("nz"), "budget_usd": "-0"}, "budget_usd"),
+            ("PUT", f"/admin/v1/prices/m-{name}", {"prompt_usd_per_1m": "-0", "completion_usd_per_1m": 1},
+             "prompt_usd_per_1m")):
+        resp = await client.request(method, path, json=body, headers=auth())
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (body, resp.text)
+        assert "no sign" in resp.json()["error"]["message"]
+    for body in ("-0.0", "-0e0", "-0.00000000"):
+        resp = await client.patch(f"/admin/v1/tenants/{name}", content=f'{{"budget_usd": {body}}}',
+                                  headers={**auth(), "content-type": "application/json"})
+        assert resp.status_code == 200 and '"budget_usd":0.00000000' in resp.text, (body, resp.text)
+        got = await client.get(f"/admin/v1/tenants/{name}", headers=auth())
+        assert '"budget_usd":0.00000000' in got.text, (body, got.text)
+    resp = await client.put(f"/admin/v1/prices/m-{name}", content='{"prompt_usd_per_1m": -0.0, "completion_usd_per_1m": 1}',
+                            headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 200 and '"prompt_usd_per_1m":0.00000000' in resp.text, resp.text

@@ -4,7 +4,7 @@ management, charts fed by usage rows."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import httpx
@@ -242,3 +242,27 @@ async def test_money_keeps_its_decimals_and_zero_limits_read_unlimited(browser_l
     assert cells[:2] == ["unlimited", "1,500"] and "$0.00219437" in cells
     detail = (await browser_like.get(f"/admin/tenants/{name}")).text
     assert 'id="stat-cost">$0.00219437<' in detail and "RPM: unlimited · TPM: 1,500" in detail
+
+
+async def test_the_tenant_list_and_the_tenant_page_count_the_same_30_days(browser_like, app, client, auth, token):
+    """Found by QA: the tenant list summed a rolling now-30d..now while the tenant page summed 30 UTC
+    calendar days (today-29d 00:00 .. tomorrow 00:00), so a row between the two starts (or one
+    later today, by clock skew) was in one 30-day total and not in the other. Both now use the
+    calendar days the page's daily charts show."""
+    name = unique("window")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).json()["id"]
+    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    since, until = today - timedelta(days=29), today + timedelta(days=1)
+    async with app.state.admin_context.database.sessionmaker() as s:
+        for when, cost in ((since - timedelta(seconds=1), "0.25"),  # within now-30d, before the first day
+                           (datetime.now(UTC), "1"), (until - timedelta(seconds=1), "0.5")):  # later today
+            s.add(usage_row(tenant_id=tid, key_id=None, model="m", when=when, prompt=1, cached=0, completion=1,
+                            cost=cost, latency=5.0))
+        await s.commit()
+    await _sign_in(browser_like, token())
+    listing = (await browser_like.get("/admin/tenants")).text
+    row = re.search(rf'<tr>\s*<td><a href="/admin/tenants/{name}">.*?</tr>', listing, re.S).group(0)
+    cells = re.findall(r'<td class="num">([^<]*)</td>', row)
+    assert (cells[2], cells[4]) == ("2", "$1.50"), cells  # requests, cost
+    detail = (await browser_like.get(f"/admin/tenants/{name}")).text
+    assert 'id="stat-requests">2<' in detail and 'id="stat-cost">$1.50<' in detail

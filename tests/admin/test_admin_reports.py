@@ -233,3 +233,68 @@ async def test_api_and_cli_read_since_and_until_alike(client, auth, env, capsys)
         await asyncio.to_thread(cli.main, ["summary", "--since", "1764547200"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and "argument --since" in err and "Unix seconds" in err
+
+
+# 500 rows of this cost add up, as 64-bit floats one after the other, to 617283.94505999 rather than
+# 617283.94506 (the drift that 630,000 real rows of small costs showed QA)
+DRIFTING_COST, DRIFTING_ROWS = "1234.56789012", 500
+
+
+def test_the_drifting_rows_do_drift_as_floats():
+    total = 0.0
+    for _ in range(DRIFTING_ROWS):
+        total += float(DRIFTING_COST)
+    assert f"{total:.8f}" != str(Decimal(DRIFTING_COST) * DRIFTING_ROWS)
+
+
+async def test_money_sums_are_exact_on_every_database(client, app, auth):
+    """Found by QA: on SQLite (NUMERIC kept as a float) a report's cost and savings were float sums,
+    2482.56999999 for 2482.57 over 630,000 rows; money is now summed as integer 1e-8 USD units there
+    (PostgreSQL's NUMERIC sums were exact already)."""
+    name = unique("exact-sum")
+    tid = (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).json()["id"]
+    async with app.state.admin_context.database.sessionmaker() as s:
+        s.add_all([usage_row(tenant_id=tid, key_id=None, model="m", when=SINCE + timedelta(minutes=i), prompt=1,
+                             cached=0, completion=1, cost=DRIFTING_COST, saved=DRIFTING_COST, latency=1.0)
+                   for i in range(DRIFTING_ROWS)])
+        await s.commit()
+    exact = Decimal(DRIFTING_COST) * DRIFTING_ROWS
+    resp = await client.get(f"/admin/v1/tenants/{name}/report", headers=auth(),
+                            params={"since": SINCE.isoformat(), "until": UNTIL.isoformat()})
+    report = json.loads(resp.text, parse_float=Decimal)
+    assert (report["total"]["cost_usd"], report["total"]["saved_usd"]) == (exact, exact), resp.text
+    assert [r["cost_usd"] for r in report["rows"]] == [exact]
+    summary = json.loads((await client.get("/admin/v1/summary", headers=auth(), params={
+        "since": SINCE.isoformat(), "until": UNTIL.isoformat()})).text, parse_float=Decimal)
+    (row,) = [r for r in summary["rows"] if r["group"] == name]
+    assert (row["cost_usd"], row["saved_usd"]) == (exact, exact)
+
+
+async def test_a_bound_with_no_utc_equivalent_is_a_400_naming_it_and_a_cli_usage_error(client, auth, env, capsys):
+    """Found by QA: ``since=0001-01-01T00:00+05:00`` (before year 1 in UTC) or
+    ``until=9999-12-31T23:59-05:00`` (past year 9999) was a 400 with ``param: null`` where every
+    other bad bound names ``since``/``until``, and ``pagegate admin report --since …`` exited 1 where
+    every other bad ``--since`` is a usage error (exit 2)."""
+    import asyncio
+
+    from admin import cli
+
+    name = unique("no-utc")
+    await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+    for param, value in (("since", "0001-01-01T00:00+05:00"), ("until", "9999-12-31T23:59-05:00")):
+        for path in (f"/admin/v1/tenants/{name}/report", "/admin/v1/summary"):
+            resp = await client.get(path, params={param: value}, headers=auth())
+            error = resp.json()["error"]
+            assert resp.status_code == 400 and error["param"] == param, resp.text
+            assert error["message"].startswith(f"{param}: ") and "no UTC equivalent" in error["message"]
+        for argv in (["report", "--tenant", name, f"--{param}", value], ["summary", f"--{param}", value]):
+            with pytest.raises(SystemExit) as info:
+                await asyncio.to_thread(cli.main, argv)
+            err = capsys.readouterr().err
+            assert info.value.code == 2 and f"argument --{param}" in err and "no UTC equivalent" in err, err
+
+
+def test_calendar_days_end_tomorrow_and_include_today():
+    now = datetime(2026, 3, 31, 12, 30, tzinfo=UTC)
+    assert reports.calendar_days(30, now) == (datetime(2026, 3, 2, tzinfo=UTC), datetime(2026, 4, 1, tzinfo=UTC))
+    assert reports.calendar_days(1, now) == (datetime(2026, 3, 31, tzinfo=UTC), datetime(2026, 4, 1, tzinfo=UTC))

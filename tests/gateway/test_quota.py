@@ -220,6 +220,54 @@ async def test_settlement_runs_after_the_response_and_is_drained(tenancy, make_t
         tenancy.aftercare = original
 
 
+async def test_a_settlement_lost_to_a_redis_blip_is_retried(tenancy, make_tenant):
+    """Found by QA: the connection to Redis dropped just after a response, its settlement failed
+    and was forgotten, and an hour later the ledger refunded the whole reservation: the tenant's
+    counter never saw the tokens (17% over a daily budget). Through a proxy that resets every
+    connection for a while: the settlement is retried and lands once Redis answers again."""
+    import time
+    from urllib.parse import urlparse
+
+    from redis.asyncio import Redis
+
+    from gateway.accounting import RequestAccount
+    from gateway.aftercare import Aftercare
+    from tests.gateway.test_redis_lane import _Proxy
+
+    target = urlparse(tenancy.settings.redis_url)
+    proxy = _Proxy((target.hostname, target.port or 6379))
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxied = Redis.from_url(f"redis://127.0.0.1:{port}{target.path or '/0'}", socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
+    ledger = QuotaLedger(proxied, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    saved = tenancy.quota, tenancy.aftercare
+    tenancy.quota, tenancy.aftercare = ledger, Aftercare(0.01, retry_first_s=0.1)
+    try:
+        account = RequestAccount(tenancy, p, request_id=uuid.uuid4().hex, model="m", endpoint="chat.completions",
+                                 started=time.perf_counter())
+        assert await account.reserve(prompt_tokens=10, max_tokens=90) == 90
+        proxy.mode = "reset"
+        ledger._lane._proto.transport.abort()  # the live connection drops, as in a network blip
+        await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+        await asyncio.sleep(0.5)  # the settlement has failed, and failed again
+        assert tenancy.aftercare.retrying == 1
+        assert await saved[0].open_reservations(p.tenant_id) == 1  # still open, as Redis itself sees it
+        proxy.mode = "pass"
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if not tenancy.aftercare.retrying and not tenancy.aftercare.pending:
+                break
+        assert await saved[0].open_reservations(p.tenant_id) == 0
+        assert (await saved[0].usage(p.tenant_id))[0] == 15  # the real count, charged once
+    finally:
+        tenancy.quota, tenancy.aftercare = saved
+        await ledger._lane.aclose()
+        await proxied.aclose()
+        server.close()
+
+
 async def test_a_price_change_during_a_request_bills_it_as_its_budget_counts_it(tenancy, make_tenant):
     """The usage row and the quota settlement price a request alike: at the price its reservation
     was made at, even when the table changed (and was re-read) while it ran. Before, the row took
@@ -554,3 +602,37 @@ async def test_n_choices_are_refused_rather_than_clamped_below_n(tenancy, make_t
     assert e.value.code == "rate_limit_exceeded" and "requested 4" in e.value.message
     ok = await tenancy.quota.reserve(p, model="m", prompt_tokens=0, max_tokens=40, min_tokens=3)
     assert ok.max_tokens == 3
+
+
+@pytest.mark.parametrize("budget", [{"budget_usd": "0"}, {"budget_tokens": 0}, {"budget_tokens": 0, "budget_usd": "0"}])
+async def test_a_zero_budget_refuses_every_request_for_good(tenancy, make_tenant, budget):
+    """Found by QA: a $0 budget on a free model (the request costs $0, which is not more than $0)
+    was refused as "You exceeded your current quota for this month: $0.00 of $0.00 used … It
+    resets at …", with a retry-after to the next period and no ``x-should-retry: false``. A budget
+    of 0 refuses every request in every period: said so, without a retry-after."""
+    p = await _principal(tenancy, make_tenant, tpm=0, **budget)
+    with pytest.raises(ApiError) as e:
+        await tenancy.quota.reserve(p, model="free-model", prompt_tokens=5, max_tokens=10)
+    assert e.value.code == "insufficient_quota"
+    assert e.value.headers["x-should-retry"] == "false" and "retry-after" not in e.value.headers
+    assert e.value.message.startswith("Your budget is ") and "resets" not in e.value.message
+    assert ("0 tokens" in e.value.message) == ("budget_tokens" in budget)
+    assert ("$0 a" in e.value.message or "$0 and" in e.value.message) == ("budget_usd" in budget)
+
+
+async def test_the_period_usage_is_summed_exactly(tenancy, make_tenant):
+    """Found by QA: on SQLite the period's cost, from which a lost counter is rebuilt, was a float sum
+    (2482.56999999 for 2482.57 over 630,000 rows); it is now the exact sum of 1e-8 USD units."""
+    from gateway.db.models import UsageRecord
+    from gateway.quota import period_usage_from_db
+
+    tenant, _, _ = await make_tenant(tpm=0)
+    cost, rows = Decimal("1234.56789012"), 500  # as floats one after the other: 617283.94505999
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    async with tenancy.db.sessionmaker() as s:
+        s.add_all([UsageRecord(request_id=uuid.uuid4().hex, created_at=start, tenant_id=tenant.id, model="m",
+                               prompt_tokens=1, completion_tokens=1, cost_usd=cost, status="ok", cache="miss")
+                   for _ in range(rows)])
+        await s.commit()
+    end = datetime(2026, 4, 1, tzinfo=UTC)
+    assert await period_usage_from_db(tenancy.db.sessionmaker, tenant.id, start, end) == (2 * rows, cost * rows)
