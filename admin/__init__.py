@@ -31,7 +31,11 @@ def build_admin_router(settings: Settings, *, database: Database | None = None,
     ctx = AdminContext(settings, database=database, redis=redis)
     log = logging.getLogger("pagegate.admin")
     if settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default:
-        log.warning("PAGEGATE_ADMIN_JWT_SECRET is the built-in default: anyone can mint admin tokens; set your own")
+        if settings.dev_mode:
+            log.warning("PAGEGATE_ADMIN_JWT_SECRET is the built-in default: anyone can mint admin tokens; set your own")
+        else:
+            log.warning("PAGEGATE_ADMIN_JWT_SECRET is the built-in default: HS256 admin tokens are refused "
+                        "(outside --dev); set your own secret")
     elif len(settings.admin_jwt_secret.encode()) < 32:
         log.warning("PAGEGATE_ADMIN_JWT_SECRET is shorter than 32 bytes: HS256 admin tokens can be brute-forced")
 

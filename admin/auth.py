@@ -110,7 +110,10 @@ class AdminTokenVerifier:
 
     def __init__(self, settings: Settings, *, jwks: JwksSource | None = None) -> None:
         self.settings = settings
-        self._hmac = settings.admin_jwt_secret.encode()
+        # the built-in placeholder is public (it is in the source): outside dev mode (`make run`)
+        # no HS256 token is taken with it (found by QA: anyone could mint admin:write tokens)
+        placeholder = settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default
+        self._hmac: bytes | None = None if placeholder and not settings.dev_mode else settings.admin_jwt_secret.encode()
         # one decoder per algorithm: a token is checked only with the algorithm its key is for
         self._jwt = {alg: JsonWebToken([alg]) for alg in (*HMAC_ALGS, *ASYMMETRIC_ALGS)}
         self.jwks = jwks or (JwksSource(settings.admin_jwks_url) if settings.admin_jwks_url else None)
@@ -125,6 +128,9 @@ class AdminTokenVerifier:
         if not isinstance(alg, str):
             raise unauthorized("The admin token is malformed (no 'alg' header).")
         if alg in HMAC_ALGS:
+            if self._hmac is None:
+                raise unauthorized("HS256 admin tokens are refused: PAGEGATE_ADMIN_JWT_SECRET is the built-in "
+                                   "placeholder; set a secret of your own on the server (and for `pagegate admin token`).")
             key: bytes | Key = self._hmac
         elif alg in ASYMMETRIC_ALGS:
             key = await self._jwks_key(header.get("kid"), ASYMMETRIC_ALGS[alg])

@@ -18,10 +18,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
+_SECRET_QUERY_KEYS = frozenset({"password", "passwd", "pwd", "sslpassword"})
+
+
 def safe_url(url: str) -> str:
-    """The URL with any password hidden (it goes to a terminal or a log)."""
+    """The URL with any password hidden (it goes to a terminal or a log): the authority's, and one
+    given as a query parameter (``?password=``, which asyncpg and psycopg also read; found by QA in
+    clear in ``pagegate serve``'s error line)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        hidden = {k: "***" for k in parsed.query if k.lower() in _SECRET_QUERY_KEYS}
+        if hidden:
+            parsed = parsed.update_query_dict(hidden)
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except Exception:  # unparsable: nothing to hide that SQLAlchemy could find either
         return url
 

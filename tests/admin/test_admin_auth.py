@@ -310,3 +310,22 @@ async def test_a_body_is_not_read_before_the_token_is_checked(app, auth, method,
     reader = [(b"authorization", auth("admin:read")["authorization"].encode())]
     answer = await _answer_without_the_whole_body(app, method, path, reader)
     assert answer["status"] == 403 and answer["error"]["code"] == "insufficient_scope", answer
+
+
+async def test_the_placeholder_secret_signs_nothing_outside_dev_mode(db_url) -> None:  # noqa: ANN001, ARG001
+    """Found by QA: the built-in placeholder secret is in the source, so anyone could sign an
+    admin:write token for a server that kept it. Outside dev mode (`make run`) HS256 tokens are then
+    refused; in dev mode, and with a secret of one's own, they are taken."""
+    from gateway.settings import Settings
+
+    production = Settings(load_engine=False, dev_mode=False)
+    assert production.admin_jwt_secret == Settings.model_fields["admin_jwt_secret"].default
+    forged = mint_token(production, subject="mallory", scopes=("admin:read", "admin:write"), ttl_s=600)
+    with pytest.raises(ApiError) as refused:
+        await AdminTokenVerifier(production).verify(forged)
+    assert refused.value.status == 401 and "placeholder" in refused.value.message
+    dev = Settings(load_engine=False, dev_mode=True)
+    assert (await AdminTokenVerifier(dev).verify(forged)).subject == "mallory"
+    own = Settings(load_engine=False, admin_jwt_secret="x" * 40)
+    token = mint_token(own, subject="alice", scopes=("admin:read",), ttl_s=600)
+    assert (await AdminTokenVerifier(own).verify(token)).subject == "alice"

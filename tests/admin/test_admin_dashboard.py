@@ -166,6 +166,14 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
     assert resp.status_code == 404
     assert "<h1>404 · Not found</h1>" in resp.text and "No tenant named" in resp.text
     assert "evil.example" not in resp.text  # the Back link never leads off this server
+    # nor to a script with this server's host (found by QA)
+    resp = await c.get("/admin/tenants/nobody-here",
+                       headers={"referer": "javascript://admin.test/%0aalert(document.domain)"})
+    assert resp.status_code == 404 and "javascript:" not in resp.text
+    # pages are never framed by another site, nor sniffed
+    assert resp.headers["x-frame-options"] == "DENY"
+    assert resp.headers["content-security-policy"] == "frame-ancestors 'none'"
+    assert resp.headers["x-content-type-options"] == "nosniff"
     resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("big"), "rpm": str(2**31)},
                         headers={"referer": "http://admin.test/admin/tenants"})
     assert resp.status_code == 400 and "<h1>400 · Bad request</h1>" in resp.text

@@ -147,6 +147,19 @@ def test_safe_redis_url_hides_the_password(url: str, shown: str) -> None:
     assert safe_redis_url(url) == shown
 
 
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql+asyncpg://u:s3cret@h/db", "postgresql+asyncpg://u:***@h/db"),
+    # found by QA: a password given as a query parameter was printed in clear
+    ("postgresql+asyncpg://u@h:5999/db?password=s3cret&ssl=require", "postgresql+asyncpg://u@h:5999/db?password=***&ssl=require"),
+    ("postgresql+asyncpg://u@h/db?sslpassword=s3cret", "postgresql+asyncpg://u@h/db?sslpassword=***"),
+    ("sqlite+aiosqlite:///./data/pagegate.db", "sqlite+aiosqlite:///./data/pagegate.db"),
+])
+def test_safe_database_url_hides_the_password(url: str, shown: str) -> None:
+    from gateway.db.session import safe_url
+
+    assert safe_url(url) == shown
+
+
 def test_a_port_out_of_range_is_refused_not_wrapped(tmp_path) -> None:  # noqa: ANN001
     proc, _ = _serve(tmp_path, 70000, PAGEGATE_REDIS_URL=REDIS)  # getaddrinfo alone would bind 70000 - 65536
     assert _one_error_line(proc) == "error: cannot listen on 127.0.0.1:70000: a port is between 0 and 65535"
