@@ -169,6 +169,10 @@ class UsageWriter:
         self._spare: _Journal | None = None  # the next journal, made ready by the writer thread
         self._unjournaled: list[str] = []  # lines record() could not write (disk trouble)
         self._unjournaled_log = LogThrottle()  # one error per spell of disk trouble, not one per row
+        # the writer's own disk trouble (a full spool disk): one line per 10 s, no traceback (found
+        # by QA: a traceback every 0.5 s)
+        self._spare_log = LogThrottle()
+        self._writer_log = LogThrottle()
         self._jlock = threading.Lock()  # record() vs rotation, whatever thread calls record()
         self._spool_ready = False
         self._wake: asyncio.Event | None = None
@@ -271,6 +275,9 @@ class UsageWriter:
             try:
                 async with self._lock:
                     await self._flush_locked(force=False)
+            except OSError as exc:  # disk trouble (full, read-only): rows are back in memory meanwhile
+                self._writer_log.log(log, logging.ERROR, "usage writer: cannot write the spool: %s; rows "
+                                     "stay in memory and are tried again", exc)
             except Exception:  # never let the writer die; rows are on disk or back in memory
                 log.exception("usage writer: unexpected error")
 
@@ -307,8 +314,8 @@ class UsageWriter:
         try:
             spare = self._new_journal(reveal=False)
             spare.prefault()
-        except OSError:
-            log.warning("usage: cannot prepare the next journal", exc_info=True)
+        except OSError as exc:
+            self._spare_log.log(log, logging.WARNING, "usage: cannot prepare the next journal: %s", exc)
             return
         with self._jlock:
             if self._spare is None and not self._stopping:
@@ -374,8 +381,10 @@ class UsageWriter:
                 await self._insert(rows, path)
             except Exception as exc:  # database unreachable / down / timing out: keep the file
                 self._db_ok_after = time.monotonic() + self._backoff
-                log.warning("usage: database unavailable (%s); %d rows stay spooled, retry in %.1fs",
-                            type(exc).__name__, len(rows), self._backoff)
+                waiting = len(self.spooled_files())
+                log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), "
+                            "retry in %.1fs", type(exc).__name__, waiting, "" if waiting == 1 else "s",
+                            "s" if waiting == 1 else "", len(rows), self._backoff)
                 self._backoff = min(self._max_backoff, self._backoff * 2)
                 return False
             with contextlib.suppress(FileNotFoundError):
@@ -622,11 +631,16 @@ async def _touch_keys(conn, rows: list[dict]) -> None:  # noqa: ANN001 - AsyncCo
 def _write_durably(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no empty .tmp left behind for good (found by QA)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     _fsync_dir(path.parent)
 
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from decimal import Decimal
 
+import pytest
 from sqlalchemy import func, select, text
 
 from gateway.db.models import ApiKey, Tenant, UsageRecord
@@ -408,3 +409,19 @@ async def test_spare_journals_are_kept_while_their_owner_lives_and_dropped_after
         await other.close()
         await db.dispose()
     assert not [p for p in spool.iterdir() if p.is_file()]
+
+
+def test_a_failed_spool_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Found by QA: with the spool's disk full, a write failed after creating its ``.tmp`` file,
+    which then stayed for good (the replay ignores ``.tmp`` files)."""
+    import errno
+
+    from gateway import usage
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(usage.os, "fsync", full)
+    with pytest.raises(OSError):
+        usage._write_durably(tmp_path / "spool" / "rows.jsonl", '{"a": 1}\n')
+    assert list((tmp_path / "spool").iterdir()) == []
