@@ -26,6 +26,7 @@ from gateway.accounting import RequestAccount
 from gateway.aftercare import to_the_end
 from gateway.cache_glue import cache_body, cache_lookup, cache_policy, cache_store
 from gateway.deps import Caller
+from gateway.embedding_service import is_embedding_model
 from gateway.errors import (
     ApiError,
     insufficient_quota,
@@ -54,7 +55,8 @@ Store = Callable[[dict], Awaitable[None]]
 def resolve_engine(caller: Caller, model: str) -> EngineClient:
     engine = caller.state.engine
     if engine is None or model != engine.model_id:
-        raise model_not_found(model)
+        embedding = is_embedding_model(caller.state.settings, model) and caller.principal.may_use(model)
+        raise model_not_found(model, "/v1/embeddings (an embedding model)" if embedding else None)
     if not caller.principal.may_use(model):
         raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
                                 code="model_not_allowed")
@@ -84,10 +86,8 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
     """``requested`` if the context has room for it; unset: all the room left. ``min_tokens`` must
     not be more than that (vLLM refuses it too)."""
     room = max_model_len - prompt_tokens
-    if room < 1:
-        raise context_length_exceeded(prompt_tokens, max_model_len, what=what)
-    if requested is not None and requested > room:
-        raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)
+    if room < 1 or (requested is not None and requested > room):  # a requested completion is named in the
+        raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)  # message (found by QA)
     max_tokens = room if requested is None else requested
     if min_tokens > max_tokens:
         raise invalid_request(f"min_tokens ({min_tokens}) must not be more than max_tokens ({max_tokens}).",

@@ -21,10 +21,17 @@ def embedding_model_id(settings: Settings) -> str:
     return settings.embedding_model
 
 
+def is_embedding_model(settings: Settings, model: str) -> bool:
+    served = embedding_model_id(settings)
+    return model == served or model.lower() in _ALIASES | {served.lower()}
+
+
 def _check_model(caller: Caller, model: str) -> str:
     served = embedding_model_id(caller.state.settings)
-    if model != served and model.lower() not in _ALIASES | {served.lower()}:
-        raise model_not_found(model)
+    if not is_embedding_model(caller.state.settings, model):
+        engine = caller.state.engine
+        chat = engine is not None and model == engine.model_id and caller.principal.may_use(model)
+        raise model_not_found(model, "/v1/chat/completions and /v1/completions (a chat model)" if chat else None)
     if not caller.principal.may_use(served) and not caller.principal.may_use(model):
         raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
                                 code="model_not_allowed")

@@ -40,9 +40,12 @@ def permission_denied(message: str, *, code: str = "permission_denied") -> ApiEr
     return ApiError(403, message, "permission_error", code)
 
 
-def model_not_found(model: str) -> ApiError:
-    return ApiError(404, f"The model `{model}` does not exist or you do not have access to it.",
-                    "invalid_request_error", "model_not_found", "model")
+def model_not_found(model: str, served_by: str | None = None) -> ApiError:
+    """404. ``served_by``: the model exists, for this key, on another route (OpenAI says "This is
+    not a chat model" there); name that route instead of saying it does not exist (found by QA)."""
+    message = (f"The model `{model}` does not exist or you do not have access to it." if served_by is None
+               else f"The model `{model}` is not served here: it is served on {served_by}.")
+    return ApiError(404, message, "invalid_request_error", "model_not_found", "model")
 
 
 def rate_limited(message: str, *, retry_after_s: float | None, headers: dict[str, str] | None = None) -> ApiError:

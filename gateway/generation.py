@@ -33,9 +33,10 @@ from gateway.errors import ApiError, invalid_request, overloaded, rate_limited, 
 def context_length_exceeded(prompt_tokens: int, max_model_len: int, max_tokens: int | None = None, *,
                             what: str = "messages") -> ApiError:
     """``what``: "messages" (chat) or "prompt" (text completions), also the error's ``param``."""
-    if max_tokens is None:
+    if max_tokens is None:  # the prompt alone leaves no room for one completion token
         message = (f"This model's maximum context length is {max_model_len} tokens. However, your "
-                   f"{what} resulted in {prompt_tokens} tokens. Please reduce the length of the {what}.")
+                   f"{what} resulted in {prompt_tokens} tokens, which leaves no room for a completion. "
+                   f"Please reduce the length of the {what}.")
     else:
         message = (f"This model's maximum context length is {max_model_len} tokens. However, you requested "
                    f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {what}, {max_tokens} in "

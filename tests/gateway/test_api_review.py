@@ -138,7 +138,7 @@ def test_a_prompt_too_long_for_any_tokenization_is_refused_before_the_tokenizer(
         err = assert_error(post(api, "/v1/chat/completions",
                                 chat(api, messages=[{"role": "user", "content": text}])),
                            400, param="messages", code="context_length_exceeded")
-        assert "resulted in" in err["message"] and calls == [1]
+        assert "in the messages, 1 in the completion" in err["message"] and calls == [1]  # tokenized, then counted
     finally:
         engine.encode_chat = encode_chat
 

@@ -119,6 +119,13 @@ def test_context_length_exceeded(api) -> None:  # noqa: ANN001
     err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": "user", "content": long_text}])),
                        400, param="messages", code="context_length_exceeded")
     assert "maximum context length is 2048" in err["message"]
+    # a prompt that fills the context: the requested completion is named (found by QA: the message
+    # read "context 2048 ... your messages resulted in 2048 tokens"), and without one, the room it lacks
+    assert "1 in the completion" in err["message"], err
+    body = chat(api, messages=[{"role": "user", "content": long_text}])
+    del body["max_tokens"]
+    err = assert_error(post(api, "/v1/chat/completions", body), 400, param="messages", code="context_length_exceeded")
+    assert "leaves no room for a completion" in err["message"], err
     err = assert_error(post(api, "/v1/chat/completions", chat(api, max_tokens=5000)), 400, param="messages",
                        code="context_length_exceeded")
     assert "5000 in the completion" in err["message"]
@@ -133,6 +140,17 @@ def test_auth_and_model_errors(api) -> None:  # noqa: ANN001
     _tid, key = api.make_tenant(allowed_models=["some-other-model"])
     err = assert_error(post(api, "/v1/chat/completions", chat(api), key=key), 403)
     assert api.model in err["message"]
+    # a model this key may use, on the wrong route: that route is named (found by QA: "does not exist",
+    # though /v1/models lists it); for a key that may not use it, it still "does not exist"
+    embedding = api.settings.embedding_model
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, model=embedding)), 404, param="model",
+                       code="model_not_found")
+    assert "served on /v1/embeddings" in err["message"], err
+    err = assert_error(post(api, "/v1/embeddings", {"model": api.model, "input": "x"}), 404, param="model",
+                       code="model_not_found")
+    assert "served on /v1/chat/completions" in err["message"], err
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, model=embedding), key=key), 404)
+    assert "does not exist" in err["message"], err
     assert_error(httpx.get(api.base_url + "/v1/nowhere", timeout=30), 404)
     assert_error(httpx.delete(api.base_url + "/v1/models", timeout=30), 405)
 
