@@ -25,7 +25,9 @@ TokenCount = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
 Flag = Annotated[bool, Field(strict=True)]
 # Numbers written as text (CLI options, query parameters, money sent as a JSON string) are plain:
 # int() and Decimal() would also take "1_000", " 5", "+5", "٣" or "1e3", which no surface documents.
-WHOLE_NUMBER = re.compile(r"-?[0-9]+")  # the sign only so that bounds say "must be >= 0"
+# the sign only so that bounds say "must be >= 0"; "-0" is no number anyone means (found by QA: it
+# passed ">= 0" and made a tenant's rpm unlimited)
+WHOLE_NUMBER = re.compile(r"[0-9]+|-0*[1-9][0-9]*")
 # no sign: amounts are never negative, and "-0" would pass ">= 0" and be stored as a negative zero
 PLAIN_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
 WHOLE_NUMBER_RULE = "must be a whole number in plain digits (0-9)"

@@ -12,13 +12,12 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
-from gateway.aftercare import to_the_end
+from gateway.aftercare import TRANSIENT_REDIS_ERRORS, to_the_end
+from gateway.log_throttle import LogThrottle
 from gateway.usage import UsageEvent
 
 log = logging.getLogger("pagegate.accounting")
+_SETTLE_DOWN = LogThrottle()  # Redis down: one line per 10 s, not one per request
 
 
 class RequestAccount:
@@ -159,8 +158,9 @@ class RequestAccount:
         quota = self._services.quota
         try:
             await quota.settle(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        except (RedisConnectionError, RedisTimeoutError) as exc:  # tried again later: never dropped
-            log.error("quota settle failed for %s: %s: %s (retried later)", self.request_id, type(exc).__name__, exc)
+        except TRANSIENT_REDIS_ERRORS as exc:  # tried again later: never dropped
+            _SETTLE_DOWN.log(log, logging.ERROR, "quota settle failed for %s: %s: %s (retried later)",
+                             self.request_id, type(exc).__name__, exc)
             self._services.aftercare.retry_later(
                 lambda: quota.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
                 f"(quota settlement of {self.request_id})")

@@ -29,8 +29,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from redis.exceptions import ClusterDownError, ReadOnlyError, RedisError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.log_throttle import LogThrottle
@@ -42,6 +42,9 @@ _REDIS_DOWN = LogThrottle()
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 RETRY_FOR_S = 50 * 60.0  # the ledger refunds an unsettled reservation after an hour
+# Redis cannot do it now but will: unreachable, timing out, loading its data after a restart
+# (BusyLoadingError is a ConnectionError), a replica after a failover, a cluster re-sharding
+TRANSIENT_REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, TryAgainError, ClusterDownError)
 
 
 async def to_the_end(work: Awaitable[T]) -> T:
@@ -142,7 +145,7 @@ class Aftercare:
         results = await asyncio.gather(*waits, return_exceptions=True)
         for result, (job, label, waited_s) in zip(results, started_jobs, strict=True):
             if isinstance(result, RedisError):  # Redis down: one line per 10 s, not a traceback a request
-                retried = isinstance(result, RedisConnectionError | RedisTimeoutError)
+                retried = isinstance(result, TRANSIENT_REDIS_ERRORS)
                 _REDIS_DOWN.log(log, logging.ERROR, "request bookkeeping failed %s: %s: %s%s", label,
                                 type(result).__name__, result, " (retried later)" if retried else "")
                 if retried:

@@ -55,7 +55,9 @@ Store = Callable[[dict], Awaitable[None]]
 def resolve_engine(caller: Caller, model: str) -> EngineClient:
     engine = caller.state.engine
     if engine is None or model != engine.model_id:
-        embedding = is_embedding_model(caller.state.settings, model) and caller.principal.may_use(model)
+        settings = caller.state.settings  # (an alias of the embedding model is allowed as it is there)
+        embedding = is_embedding_model(settings, model) and (caller.principal.may_use(model)
+                                                             or caller.principal.may_use(settings.embedding_model))
         raise model_not_found(model, "/v1/embeddings (an embedding model)" if embedding else None)
     if not caller.principal.may_use(model):
         raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
@@ -177,12 +179,22 @@ VLLM_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("truncate_prompt_tokens", (None,), "truncate_prompt_tokens is not supported: send a shorter prompt."),
     ("bad_words", (None, []), "bad_words is not supported (logit_bias can ban single tokens)."),
     ("allowed_token_ids", (None,), "allowed_token_ids is not supported (logit_bias can ban or favour tokens)."),
+    ("skip_special_tokens", (None, True), "Special tokens are never part of the answer's text here."),
+    ("spaces_between_special_tokens", (None, True), "Special tokens are never part of the answer's text here."),
+    ("detokenize", (None, True), "The answer is always text (logprobs can show its tokens)."),
+    ("return_tokens_as_token_ids", (None, False), "Tokens are shown as text (logprobs' bytes give their bytes)."),
+    ("return_token_ids", (None, False), "Token ids are not returned by this gateway."),
+    ("logits_processors", (None, []), "Custom logits processors are not supported (logit_bias is)."),
+    ("priority", (None, 0), "Request priorities are not supported: the engine shares its time between tenants."),
 )
 VLLM_CHAT_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("echo", (None, False), "echo is not supported for chat completions (it is for /v1/completions)."),
     ("continue_final_message", (None, False), "continue_final_message is not supported by this gateway."),
     ("add_generation_prompt", (None, True), "add_generation_prompt must be true: the chat template always "
                                             "ends with the assistant's turn."),
+    ("chat_template", (None,), "The model's own chat template is always used."),
+    ("chat_template_kwargs", (None, {}), "The model's own chat template is always used, without arguments."),
+    ("documents", (None, []), "Documents for the chat template are not supported: put them in a message."),
 )
 
 

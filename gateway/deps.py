@@ -20,7 +20,13 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive
 
 from engine.protocol import EngineClient
-from gateway.error_handlers import key_refusal, too_many_digits, validation_error
+from gateway.error_handlers import (
+    content_type_refusal,
+    is_json_content_type,
+    key_refusal,
+    too_many_digits,
+    validation_error,
+)
 from gateway.errors import ApiError
 from gateway.settings import Settings
 
@@ -127,7 +133,8 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
         raise _not_json() from None
     parsed: M | None = None
     value: Any = _NOT_JSON
-    if body and _is_json(request.headers.get("content-type")):
+    content_type = request.headers.get("content-type")
+    if body and is_json_content_type(content_type):
         try:
             parsed = model.model_validate_json(body)
         except ValidationError:
@@ -140,8 +147,8 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
         return parsed, caller
     if not body:
         raise validation_error([{"type": "missing", "loc": ("body",)}])
-    if value is _NOT_JSON:
-        raise _not_json()
+    if value is _NOT_JSON:  # not read: its content type is not JSON's
+        raise content_type_refusal(content_type) or _not_json()
     try:
         return model.model_validate(value), caller
     except ValidationError as exc:
@@ -153,17 +160,6 @@ _NOT_JSON = object()
 
 def _not_json(exc: Exception | None = None) -> ApiError:
     return too_many_digits(exc) or validation_error([{"type": "json_invalid", "loc": ("body",)}])
-
-
-def _is_json(content_type: str | None) -> bool:
-    """``application/json`` or ``application/<anything>+json``, parameters ignored (FastAPI's test),
-    or no content type at all, as FastAPI reads it with ``strict_content_type=False`` (the ``/v1``
-    routers): ``requests.post(url, data=json.dumps(body))`` sends none (found by QA). A browser's
-    cross-site request cannot carry the API key, so this opens no CSRF."""
-    if not content_type:
-        return True
-    kind = content_type.partition(";")[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.aftercare import TRANSIENT_REDIS_ERRORS
 from gateway.auth import Principal
 from gateway.coalesce import Coalescer
 from gateway.db.models import UsageRecord
@@ -152,6 +153,9 @@ class QuotaLedger:
         self._prices = prices
         self._prefix = prefix
         self._before_rebuild = before_rebuild  # e.g. flush pending usage rows so the DB is complete
+        # where a job that Redis could not take now goes to be tried again (TenancyServices sets
+        # its aftercare's retry_later); None: such a job is dropped
+        self.retry_later: Callable[[Callable[[], Awaitable[object] | None], str], None] | None = None
         self.reservation_ttl_s = reservation_ttl_s
         self._reserve = redis.register_script(_script("quota_reserve.lua"))
         self._settle = redis.register_script(_script("quota_settle.lua"))
@@ -244,6 +248,14 @@ class QuotaLedger:
                     args[7] = 1  # no budget to enforce: go on without the counter (the next rebuild counts it)
                 result = await self._lane.run(self._reserve, keys=keys, args=args)
         except RedisError as exc:
+            if isinstance(exc, TRANSIENT_REDIS_ERRORS) and self.retry_later is not None:
+                # the script may have run and only its reply been lost: each reservation it may have
+                # made is given back once Redis answers (found by QA: it stayed charged for its
+                # one-hour TTL, and the tenant was refused meanwhile); one never made is a no-op
+                group = (principal.tenant_id, keys[0], keys[3])
+                for ask in asks:
+                    self.retry_later(partial(self._settlements.submit, group, (ask.id, 0, 0, "")),
+                                     f"(release of a reservation whose reply was lost: {ask.id})")
             return [store_unavailable("quota", cause=exc) for _ in asks]
         except QuotaUnavailable as exc:  # the database is down while the counter is rebuilt
             return [dataclasses.replace(exc, headers=dict(exc.headers)) for _ in asks]  # one each

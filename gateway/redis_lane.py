@@ -31,6 +31,7 @@ import collections
 import weakref
 from typing import Any
 
+from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.commands.core import AsyncScript
@@ -80,6 +81,14 @@ if hiredis is None:  # pragma: no cover
     pack_fast = pack  # noqa: F811
 
 
+def redis_error(message: str) -> Exception:
+    """An error reply as redis-py raises it: ``LOADING`` is a ``BusyLoadingError`` (a
+    ``ConnectionError``: Redis is restarting), ``READONLY`` a ``ReadOnlyError``, ``NOSCRIPT`` a
+    ``NoScriptError``, the rest a ``ResponseError`` (found by QA: every error reply was a
+    ``ResponseError``, so a settlement answered ``LOADING`` was dropped instead of retried)."""
+    return BaseParser.parse_error(message)
+
+
 def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
     """One RESP2 reply from ``buf[pos:]`` → (value, position after it); raises _Incomplete.
     Error replies come back as exception instances (not raised)."""
@@ -109,8 +118,7 @@ def parse(buf: bytes | bytearray, pos: int = 0) -> tuple[Any, int]:
     if kind == b"+":
         return line, pos
     if kind == b"-":
-        message = line.decode(errors="replace")
-        return (NoScriptError if message.startswith("NOSCRIPT") else ResponseError)(message), pos
+        return redis_error(line.decode(errors="replace")), pos
     raise RedisConnectionError(f"unexpected reply from Redis: {bytes(buf[pos - 2 - len(line) - 1:pos])!r}")
 
 
@@ -163,8 +171,8 @@ class _Protocol(asyncio.Protocol):
                 value = reader.gets()
                 if value is False:  # hiredis: no whole reply yet (a nil reply is None)
                     break
-                if isinstance(value, ResponseError) and str(value).startswith("NOSCRIPT"):
-                    value = NoScriptError(str(value))
+                if isinstance(value, ResponseError):  # hiredis gives every error reply as one class
+                    value = redis_error(str(value))
                 self._deliver(value)
         except Exception as exc:
             self._broken(exc)
@@ -172,7 +180,7 @@ class _Protocol(asyncio.Protocol):
     def _deliver(self, value: Any) -> None:
         fut = self.waiters.popleft()
         if not fut.done():  # a cancelled caller: its reply is dropped
-            if isinstance(value, ResponseError):
+            if isinstance(value, Exception):  # an error reply (redis_error); BusyLoadingError is no ResponseError
                 fut.set_exception(value)
             else:
                 fut.set_result(value)

@@ -211,6 +211,13 @@ class _Sampling(_Request):
     truncate_prompt_tokens: Any = None
     bad_words: Any = None
     allowed_token_ids: Any = None
+    skip_special_tokens: Any = None
+    spaces_between_special_tokens: Any = None
+    detokenize: Any = None
+    return_tokens_as_token_ids: Any = None
+    return_token_ids: Any = None
+    logits_processors: Any = None
+    priority: Any = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -241,6 +248,9 @@ class ChatCompletionRequest(_Sampling):
     echo: Any = None
     continue_final_message: Any = None
     add_generation_prompt: Any = None
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    documents: Any = None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -7,6 +7,7 @@ import os
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import URL
 
 from engine.config import EngineConfig
 
@@ -55,7 +56,7 @@ class Settings(BaseSettings):
     database_timeout_s: float = Field(default=5.0, gt=0)
     # the directory of every local default: the SQLite database, the usage spool, the converted
     # weights and the embedded Redis's snapshot; a path set on its own stays where it is set
-    data_dir: str = "./data"
+    data_dir: str = Field(default="./data", min_length=1)  # (empty: every file in the working directory)
     usage_spool_dir: str = "./data/usage-spool"
     usage_flush_interval_s: float = 0.5
     # the spooled rows go into the database this often, or as soon as usage_batch_size wait: each
@@ -122,8 +123,9 @@ class Settings(BaseSettings):
         """Moves the local defaults under ``data_dir`` when it is set and they are not."""
         if "data_dir" not in self.model_fields_set:
             return self
-        derived = {
-            "database_url": f"sqlite+aiosqlite:///{os.path.join(self.data_dir, 'pagegate.db')}",
+        database = URL.create("sqlite+aiosqlite", database=os.path.join(self.data_dir, "pagegate.db"))
+        derived = {  # (the URL escapes a "?" or "%" of the path, found by QA: "d?x" made a file "d")
+            "database_url": database.render_as_string(hide_password=False),
             "usage_spool_dir": os.path.join(self.data_dir, "usage-spool"),
             "weights_cache_dir": os.path.join(self.data_dir, "weights"),
         }

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -27,6 +28,8 @@ from gateway.quota import QuotaLedger
 from gateway.redis_lane import ScriptLane
 from gateway.settings import Settings
 from gateway.usage import UsageWriter
+
+log = logging.getLogger("pagegate.gateway")
 
 REDIS_MAX_CONNECTIONS = 512
 
@@ -50,6 +53,10 @@ class TenancyServices:
         if self.aftercare is not None:
             with contextlib.suppress(Exception):
                 await self.aftercare.drain()
+            if self.aftercare.retrying:  # Redis still unreachable: said, not silently dropped (found by QA)
+                log.error("%d quota settlements could not be made before the stop (Redis unreachable): their "
+                          "reservations are refunded whole after an hour, and those requests' tokens count "
+                          "against their budgets only from the counters' next rebuild", self.aftercare.retrying)
         with contextlib.suppress(Exception):
             await self.usage.close()
         with contextlib.suppress(Exception):
@@ -96,6 +103,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
             await usage.flush()
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
+    quota.retry_later = aftercare.retry_later
     services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
                                usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare)
     try:

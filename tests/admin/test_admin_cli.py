@@ -611,3 +611,14 @@ def test_a_signed_amount_is_a_usage_error(capsys, argv):
     _, err = capsys.readouterr()
     assert done.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert ": not a" in err and "no sign" in err, err
+
+
+@pytest.mark.parametrize("argv", [("tenants", "create", "x", "--rpm=-0"), ("tenants", "create", "x", "--tpm=-00"),
+                                  ("tenants", "create", "x", "--budget-tokens", "-0")])
+def test_a_negative_zero_count_is_a_usage_error(capsys, argv):
+    """Found by QA: ``--rpm=-0`` passed ">= 0" and made the tenant's rate unlimited; the dashboard's
+    form took it too (one pattern, ``admin.schemas.WHOLE_NUMBER``, serves both)."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(list(argv))
+    _, err = capsys.readouterr()
+    assert done.value.code == 2 and "not a whole number" in err, err

@@ -84,6 +84,13 @@ CHAT_CASES = [
     ({"add_generation_prompt": False}, 400, "add_generation_prompt"),
     ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
      "stream_options.continuous_usage_stats"),
+    ({"chat_template": "{{ messages }}"}, 400, "chat_template"),  # found by QA in a second pass
+    ({"chat_template_kwargs": {"enable_thinking": True}}, 400, "chat_template_kwargs"),
+    ({"skip_special_tokens": False}, 400, "skip_special_tokens"),
+    ({"return_tokens_as_token_ids": True}, 400, "return_tokens_as_token_ids"),
+    ({"logits_processors": ["x"]}, 400, "logits_processors"),
+    ({"documents": [{"text": "x"}]}, 400, "documents"),
+    ({"detokenize": False}, 400, "detokenize"),
 ]
 
 
@@ -126,7 +133,8 @@ def test_hostile_chat_fields(api, fields, status, param) -> None:  # noqa: ANN00
     # vLLM extras at values that ask for nothing (what clients that send every default send)
     {"min_p": 0, "use_beam_search": False, "include_stop_str_in_output": False, "guided_json": None,
      "length_penalty": 1.0, "echo": False, "add_generation_prompt": True, "continue_final_message": False,
-     "bad_words": [], "stream": False},
+     "bad_words": [], "stream": False, "skip_special_tokens": True, "chat_template_kwargs": {}, "priority": 0,
+     "detokenize": True, "return_token_ids": False},
 ])
 def test_odd_but_valid_chat_fields_are_served(api, fields) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/chat/completions", json={"model": api.model, **BASE, **fields})

@@ -101,6 +101,18 @@ def test_a_json_body_without_a_content_type_is_served(api) -> None:  # noqa: ANN
     assert embedded.status_code == 200, embedded.text
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+def test_a_body_of_another_content_type_is_told_so(api, path) -> None:  # noqa: ANN001
+    """Found by QA: curl's ``-d`` sends a form's content type, and "We could not parse the JSON body"
+    sent people to look for a mistake in their JSON. The refusal names the content type."""
+    content = json.dumps({"model": api.model, **BASE}).encode()
+    resp = httpx.post(api.base_url + path, content=content, timeout=60,
+                      headers={"authorization": f"Bearer {api.key}", "content-type": "application/x-www-form-urlencoded"})
+    err = resp.json()["error"]
+    assert resp.status_code == 400 and err["code"] == "invalid_json", err
+    assert "this request's is 'application/x-www-form-urlencoded'" in err["message"], err
+
+
 @pytest.mark.parametrize("fields", COMPLETIONS)
 def test_completions_answered_as_fastapi_answers(api, fields) -> None:  # noqa: ANN001
     content = json.dumps({"model": api.model, "max_tokens": 1, **fields}).encode()

@@ -268,6 +268,50 @@ async def test_a_settlement_lost_to_a_redis_blip_is_retried(tenancy, make_tenant
         server.close()
 
 
+async def test_a_reservation_whose_reply_was_lost_is_given_back(tenancy, make_tenant):
+    """Found by QA: Redis ran the reservation script but its reply never came (a timeout); the
+    request got its 503, and the reservation stayed charged for its one-hour TTL, refusing the
+    tenant meanwhile. It is given back once Redis answers again."""
+    from urllib.parse import urlparse
+
+    from redis.asyncio import Redis
+
+    from gateway.aftercare import Aftercare
+    from tests.gateway.test_redis_lane import _Proxy
+
+    target = urlparse(tenancy.settings.redis_url)
+    proxy = _Proxy((target.hostname, target.port or 6379))
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxied = Redis.from_url(f"redis://127.0.0.1:{port}{target.path or '/0'}", socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
+    ledger = QuotaLedger(proxied, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    care = Aftercare(0.01, retry_first_s=0.1)
+    ledger.retry_later = care.retry_later
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    try:
+        await ledger.reserve(p, model="m", prompt_tokens=1, max_tokens=1)  # the counter is built
+        await ledger.release(await ledger.reserve(p, model="m", prompt_tokens=1, max_tokens=1))
+        before = (await tenancy.quota.usage(p.tenant_id))[0]
+        proxy.mode = "deaf"  # Redis runs the script; the reply is lost
+        with pytest.raises(ApiError) as refused:
+            await ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+        assert refused.value.status == 503
+        assert await tenancy.quota.open_reservations(p.tenant_id) == 2  # the lost one is charged
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == before + 100
+        proxy.mode = "pass"
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if not care.retrying and not care.pending:
+                break
+        assert await tenancy.quota.open_reservations(p.tenant_id) == 1  # the first one, never settled here
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == before
+    finally:
+        await ledger._lane.aclose()
+        await proxied.aclose()
+        server.close()
+
+
 async def test_a_price_change_during_a_request_bills_it_as_its_budget_counts_it(tenancy, make_tenant):
     """The usage row and the quota settlement price a request alike: at the price its reservation
     was made at, even when the table changed (and was re-read) while it ran. Before, the row took

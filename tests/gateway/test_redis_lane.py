@@ -31,7 +31,7 @@ def test_pack_and_parse():
     err, _ = parse(b"-NOSCRIPT No matching script\r\n")
     assert isinstance(err, NoScriptError)
     err, _ = parse(b"-ERR wrong\r\n")
-    assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "ERR wrong"
+    assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "wrong"  # as redis-py reads it
 
 
 def test_hiredis_packs_the_same_bytes():
@@ -60,7 +60,7 @@ async def test_protocol_reads_replies_split_anywhere(reader):
     assert isinstance(futures[1].exception(), NoScriptError)
     assert futures[2].result() is None
     err = futures[3].exception()
-    assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "ERR wrong"
+    assert isinstance(err, ResponseError) and not isinstance(err, NoScriptError) and str(err) == "wrong"  # as redis-py reads it
     assert futures[4].result() == 7
     assert not proto.waiters
 
@@ -232,7 +232,8 @@ def test_a_call_on_a_lost_connection_fails_at_once():
 
 class _Proxy:
     """A TCP front for Redis that can reset every connection it accepts ("reset"), answer nothing
-    ("mute") or pass the bytes on ("pass")."""
+    ("mute"), pass the commands on and drop the replies ("deaf": Redis runs them, nobody hears)
+    or pass the bytes on ("pass")."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target, self.mode, self.tasks = target, "pass", set()
@@ -247,14 +248,15 @@ class _Proxy:
             return
         up_reader, up_writer = await asyncio.open_connection(*self.target)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, replies: bool) -> None:
             try:
                 while data := await src.read(65536):
-                    dst.write(data)
+                    if not (replies and self.mode == "deaf"):
+                        dst.write(data)
             finally:
                 dst.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True)
+        await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True), return_exceptions=True)
 
 
 async def test_redis_resetting_or_mute_fails_every_caller_and_the_lane_recovers(redis_prefix):
@@ -292,3 +294,30 @@ async def test_redis_resetting_or_mute_fails_every_caller_and_the_lane_recovers(
         await lane.aclose()
         await client.aclose()
         server.close()
+
+
+def test_error_replies_are_redis_pys_own_classes():
+    """Found by QA: every error reply was a ResponseError, so ``LOADING`` (Redis restarting; redis-py's
+    BusyLoadingError, a ConnectionError) was taken for a bad script and the settlement dropped."""
+    from redis.exceptions import BusyLoadingError, NoScriptError, ReadOnlyError, ResponseError
+
+    from gateway.redis_lane import _Protocol, parse
+
+    cases = [(b"-LOADING Redis is loading the dataset in memory\r\n", BusyLoadingError),
+             (b"-READONLY You can't write against a read only replica.\r\n", ReadOnlyError),
+             (b"-NOSCRIPT No matching script.\r\n", NoScriptError), (b"-ERR unknown command\r\n", ResponseError)]
+    for reply, cls in cases:
+        value, _ = parse(reply)
+        assert type(value) is cls, (reply, value)
+    loop = asyncio.new_event_loop()
+    try:
+        for hiredis in (True, False):
+            proto = _Protocol()
+            if not hiredis:
+                proto.reader = None
+            waiters = [loop.create_future() for _ in cases]
+            proto.waiters.extend(waiters)
+            proto.data_received(b"".join(reply for reply, _ in cases))
+            assert [type(w.exception()) for w in waiters] == [cls for _, cls in cases]
+    finally:
+        loop.close()

@@ -48,3 +48,22 @@ def test_a_relative_data_dir_stays_relative(monkeypatch) -> None:  # noqa: ANN00
     s = Settings()
     assert s.database_url == "sqlite+aiosqlite:///var/pg/pagegate.db"
     assert s.usage_spool_dir == "var/pg/usage-spool"
+
+
+@pytest.mark.parametrize("name", ["d?x", "d%41x", "a b#c"])
+def test_a_data_dir_with_url_characters_holds_the_database(monkeypatch, tmp_path, name) -> None:  # noqa: ANN001
+    """Found by QA: the URL was built by string formatting, so "d?x" put the database in a file
+    "d" and "d%41x" in "dAx", while the spool and the weights went to the right directory."""
+    from sqlalchemy.engine import make_url
+
+    monkeypatch.setenv("PAGEGATE_DATA_DIR", str(tmp_path / name))
+    s = Settings()
+    assert make_url(s.database_url).database == str(tmp_path / name / "pagegate.db")
+
+
+def test_an_empty_data_dir_is_refused(monkeypatch) -> None:  # noqa: ANN001
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("PAGEGATE_DATA_DIR", "")
+    with pytest.raises(ValidationError):
+        Settings()
