@@ -1,7 +1,9 @@
 """Limits on a request's head (its request line and headers), which uvicorn's httptools protocol
 does not have: a head larger than ``max_header_bytes`` gets 431 and the connection is closed, and
 a connection that has not finished sending a head ``header_timeout_s`` after it opened (or after
-its request began) gets 408 and is closed. Found by QA: one connection sending a 60 MB header held
+its request began, or after the first byte that came once its last response was sent) gets 408, or
+is closed quietly when it had begun no request (it sent nothing, or only line ends, or the rest of
+a body refused before it was read). Found by QA: one connection sending a 60 MB header held
 the event loop for 6 s (the parser joins the pieces of a value as they arrive), and 1,500 sockets
 each trickling a header line every 5 s were kept open for ever, until the process ran out of file
 descriptors.
@@ -70,6 +72,11 @@ def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asy
 
         def data_received(self, data: bytes) -> None:
             counting = self._in_head  # a read that begins a request is not counted (see above)
+            if self not in due and (self.cycle is None or self.cycle.response_complete):
+                # bytes after the last response that begin no request (a bare CRLF: httptools skips
+                # it without on_message_begin, and uvicorn's keep-alive timer stops at every read)
+                # start the clock too (found by QA: one CRLF every 3 s held a connection for good)
+                self._arm()
             super().data_received(data)
             if counting and self._in_head and not self.transport.is_closing():
                 self._head_bytes += len(data)
@@ -80,11 +87,15 @@ def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asy
             super().on_message_begin()
             self._in_head = True
             self._head_bytes = 0
-            self._arm()
+            if self not in due:  # (a clock started by bytes before it keeps running)
+                self._arm()
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._disarm()
+            if len(self.url) > max_header_bytes:  # a long URL within one read: refused as a head is
+                self._refuse(too_large)  # (httptools' parse_url fails past 64 KiB: a plain-text 400)
+                return
             super().on_headers_complete()
 
         def _arm(self) -> None:
@@ -98,9 +109,10 @@ def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asy
 
         def _head_timed_out(self) -> None:
             due.discard(self)
-            if self._in_head and not self.transport.is_closing():
-                # a connection that sent nothing is closed quietly, one in the middle of a head is told
-                self._refuse(too_slow if self.scope is not None else b"")
+            if not self.transport.is_closing():
+                # one in the middle of a head is told; one that sent nothing, or only bytes that begin
+                # no request (line ends, the rest of a refused request's body), is closed quietly
+                self._refuse(too_slow if self._in_head and self.scope is not None else b"")
 
         def _refuse(self, reply: bytes) -> None:
             self._in_head = False

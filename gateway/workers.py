@@ -112,7 +112,10 @@ class Supervisor:
         self.settings = settings
         self.run_dir = Path(tempfile.mkdtemp(prefix="pagegate-"))  # 0700: only this user reaches the socket
         self.socket_path = str(self.run_dir / "engine.sock")
-        self.env = {**os.environ, "PAGEGATE_REDIS_URL": settings.redis_url or "", "PAGEGATE_DEV_MODE": "false"}
+        # the children serve in the supervisor's mode (dev mode: the placeholder admin secret signs
+        # tokens; found by QA, `--dev --workers 2` refused them); the dev tenant is made here, once
+        self.env = {**os.environ, "PAGEGATE_REDIS_URL": settings.redis_url or "",
+                    "PAGEGATE_DEV_MODE": "true" if settings.dev_mode else "false"}
         if settings.load_engine:  # PAGEGATE_LOAD_ENGINE=false: workers without an engine (admin, embeddings)
             self.env["PAGEGATE_ENGINE_SOCKET"] = self.socket_path
         self.engine: subprocess.Popen | None = None

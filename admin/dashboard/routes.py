@@ -166,7 +166,8 @@ def add_routes(router: APIRouter) -> None:
 
     @router.get("/static/admin.css", include_in_schema=False)
     async def stylesheet() -> Response:
-        return Response(CSS, media_type="text/css", headers={"cache-control": "max-age=300"})
+        return Response(CSS, media_type="text/css", headers={"cache-control": "max-age=300",
+                                                             "x-content-type-options": "nosniff"})
 
     @router.get("/login", include_in_schema=False)
     async def login_form() -> HTMLResponse:

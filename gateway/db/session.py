@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from pathlib import Path
 
 from sqlalchemy import event
@@ -31,8 +32,9 @@ def safe_url(url: str) -> str:
         if hidden:
             parsed = parsed.update_query_dict(hidden)
         return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
-    except Exception:  # unparsable: nothing to hide that SQLAlchemy could find either
-        return url
+    except Exception:  # unparsable (a port "abc"): hide what looks like a password (found by QA)
+        url = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", url)
+        return re.sub(r"([?&](?:password|passwd|pwd|sslpassword)=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DBAPI callback

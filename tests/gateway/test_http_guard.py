@@ -112,6 +112,14 @@ async def test_a_head_over_the_limit_is_431_and_one_under_it_is_served(serve) ->
     assert time.monotonic() - started < 5
 
 
+async def test_a_long_url_is_431_too(serve) -> None:  # noqa: ANN001
+    """Found by QA: a URL of 64-100 KB sent in one read got uvicorn's plain-text 400 (httptools'
+    parse_url fails past 64 KiB) instead of the 431 in the error shape."""
+    port = await serve()
+    status, body = await _exchange(port, b"GET /?" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert status == 431 and json.loads(body)["error"]["code"] == "request_header_too_large", body
+
+
 async def test_a_large_body_in_the_heads_read_is_not_counted(serve) -> None:  # noqa: ANN001
     port = await serve(max_header_bytes=4096)
     body = b"x" * 300_000
@@ -143,3 +151,39 @@ async def test_x_forwarded_for_is_read_only_from_the_proxies_named(serve) -> Non
     port = await serve(forwarded_allow_ips="127.0.0.1")
     status, body = await _exchange(port, forged)
     assert status == 200 and json.loads(body)["client"] == "10.9.8.7", body
+
+
+async def test_bare_line_ends_after_a_response_do_not_keep_a_connection(serve) -> None:  # noqa: ANN001
+    """Found by QA: after one request, a CRLF every few seconds held the connection for good
+    (httptools skips it without beginning a message, and each read stopped uvicorn's keep-alive
+    timer). The head's clock starts at the first such byte."""
+    port = await serve(header_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(_get())
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        started = time.monotonic()
+        closed = False
+        while time.monotonic() - started < 5:
+            try:
+                writer.write(b"\r\n")
+                await writer.drain()
+            except ConnectionError:
+                closed = True
+                break
+            try:
+                if await asyncio.wait_for(reader.read(65536), 0.2) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                closed = True
+                break
+        assert closed and time.monotonic() - started < 3
+    finally:
+        writer.close()

@@ -153,6 +153,9 @@ def test_safe_redis_url_hides_the_password(url: str, shown: str) -> None:
     ("postgresql+asyncpg://u@h:5999/db?password=s3cret&ssl=require", "postgresql+asyncpg://u@h:5999/db?password=***&ssl=require"),
     ("postgresql+asyncpg://u@h/db?sslpassword=s3cret", "postgresql+asyncpg://u@h/db?sslpassword=***"),
     ("sqlite+aiosqlite:///./data/pagegate.db", "sqlite+aiosqlite:///./data/pagegate.db"),
+    # unparsable (a port that is no number): what looks like a password is hidden all the same
+    ("postgresql+asyncpg://u:s3cret@h:abc/db", "postgresql+asyncpg://u:***@h:abc/db"),
+    ("postgresql+asyncpg://u@[::1/db?Password=s3cret&x=1", "postgresql+asyncpg://u@[::1/db?Password=***&x=1"),
 ])
 def test_safe_database_url_hides_the_password(url: str, shown: str) -> None:
     from gateway.db.session import safe_url

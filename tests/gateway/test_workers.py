@@ -354,3 +354,19 @@ def test_the_engine_removes_its_socket_dir_only_when_its_supervisor_is_gone(tmp_
     other.mkdir()
     assert not forget_run_dir_if_orphaned(str(other / "engine.sock"), os.getppid() + 10**6)  # not ours
     assert other.exists()
+
+
+@pytest.mark.parametrize("dev", [True, False])
+def test_the_workers_serve_in_the_supervisors_mode(dev) -> None:  # noqa: ANN001
+    """Found by QA: ``--dev --workers 2`` ran its workers outside dev mode, so they refused the
+    tokens the dev banner tells one to mint (signed with the placeholder secret)."""
+    import shutil
+
+    from gateway.settings import Settings
+    from gateway.workers import Supervisor
+
+    sup = Supervisor(Settings(dev_mode=dev, redis_url="redis://127.0.0.1:6379/0", load_engine=False))
+    try:
+        assert sup.env["PAGEGATE_DEV_MODE"] == ("true" if dev else "false")
+    finally:
+        shutil.rmtree(sup.run_dir, ignore_errors=True)
