@@ -39,9 +39,11 @@ T = TypeVar("T")
 
 log = logging.getLogger("pagegate.aftercare")
 _REDIS_DOWN = LogThrottle()
+_GIVEN_UP = LogThrottle()
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 RETRY_FOR_S = 50 * 60.0  # the ledger refunds an unsettled reservation after an hour
+MAX_RETRYING = 20_000  # jobs waiting for a retry at most (a long outage under load): past it, given up
 # Redis cannot do it now but will: unreachable, timing out, loading its data after a restart
 # (BusyLoadingError is a ConnectionError), a replica after a failover, a cluster re-sharding
 TRANSIENT_REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, TryAgainError, ClusterDownError)
@@ -107,10 +109,10 @@ class Aftercare:
     def retry_later(self, job: Job, label: str = "", waited_s: float = 0.0) -> None:
         """Try ``job`` again after a back-off (it failed because Redis could not be reached), or give
         it up, logged, once it has been retried for ``RETRY_FOR_S``."""
-        if waited_s >= RETRY_FOR_S:
+        if waited_s >= RETRY_FOR_S or len(self._retries) >= MAX_RETRYING:
             self.abandoned += 1
-            log.error("request bookkeeping given up after %.0f s of retries %s: Redis could not be reached",
-                      waited_s, label)
+            _GIVEN_UP.log(log, logging.ERROR, "request bookkeeping given up after %.0f s of retries %s (%d "
+                          "waiting): Redis could not be reached", waited_s, label, len(self._retries))
             return
         delay = min(RETRY_MAX_S, max(self.retry_first_s, waited_s))  # 0.5, 0.5, 1, 2, 4, ... 30 s
         handle: asyncio.TimerHandle | None = None
