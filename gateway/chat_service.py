@@ -319,7 +319,9 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     prompts_in = body.prompts()
     limit = min(MAX_PROMPTS, getattr(engine, "max_waiting", None) or MAX_PROMPTS)  # each prompt takes a place
     if len(prompts_in) > limit:
-        raise invalid_request(f"At most {limit} prompts per request (got {len(prompts_in)}).", param="prompt")
+        why = "" if limit == MAX_PROMPTS else (" here: each prompt takes a place in the engine's waiting queue, "
+                                               f"of which a tenant may hold {limit}")
+        raise invalid_request(f"At most {limit} prompts per request{why} (got {len(prompts_in)}).", param="prompt")
     if body.suffix:
         raise unsupported("suffix")
     if body.logprobs is not None and body.echo:

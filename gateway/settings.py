@@ -3,9 +3,10 @@ start and passed down. No other module reads the environment."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL
 
@@ -117,6 +118,19 @@ class Settings(BaseSettings):
     admin_jwt_issuer: str = "pagegate"
     admin_jwks_url: str | None = None  # URL or file path of a JWKS for RS256/ES256 tokens
     admin_token_ttl_s: int = 3600
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: str) -> str:
+        """Each entry an address, a network or "*" (found by QA: a typo was taken, and silently
+        trusted no proxy)."""
+        for entry in (e.strip() for e in value.split(",")):
+            if entry and entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(f"{entry!r} is not an address, a network (10.0.0.0/8) or *") from None
+        return value
 
     @model_validator(mode="after")
     def _under_data_dir(self) -> Settings:

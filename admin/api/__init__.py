@@ -10,7 +10,8 @@ from admin.context import AdminContext
 
 
 def build_api_router(ctx: AdminContext) -> APIRouter:
-    router = APIRouter(prefix="/admin/v1", route_class=api_route_class(ctx), tags=["admin"])
+    # a body without a content type is JSON, as on /v1 (a bearer token: no cross-site form can send one)
+    router = APIRouter(prefix="/admin/v1", route_class=api_route_class(ctx), tags=["admin"], strict_content_type=False)
     for module in (tenants, keys, prices, reports, audit):
         module.add_routes(router)
     return router

@@ -63,7 +63,8 @@ def as_api_error(exc: Exception) -> ApiError | None:
             return bad_request("The request body is not valid JSON.")
         if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes | str):
             # FastAPI reads a body without a JSON content type as bytes: it was never parsed
-            return bad_request("The request body must be a JSON object sent with content-type: application/json.")
+            return bad_request("The request body must be a JSON object sent with content-type: application/json "
+                               "(or application/<type>+json, or none).")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")

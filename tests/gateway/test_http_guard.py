@@ -112,12 +112,36 @@ async def test_a_head_over_the_limit_is_431_and_one_under_it_is_served(serve) ->
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.parametrize("limit", [None, 8192])
+async def test_a_head_over_the_limit_in_one_read_is_431(serve, limit) -> None:  # noqa: ANN001
+    """Found by QA: a head over the limit that arrived in one read (100 KB at the default limit, 9 KB
+    at 8 KiB) was served; only heads spread over several reads were counted."""
+    port = await serve(**({} if limit is None else {"max_header_bytes": limit}))
+    size = (limit or 65536) + 1000
+    status, body = await _exchange(port, _get(b"x-big: " + b"a" * size + b"\r\n"))
+    assert status == 431, body
+    status, _ = await _exchange(port, _get(b"x-fits: " + b"a" * ((limit or 65536) - 500) + b"\r\n"))
+    assert status == 200
+
+
 async def test_a_long_url_is_431_too(serve) -> None:  # noqa: ANN001
     """Found by QA: a URL of 64-100 KB sent in one read got uvicorn's plain-text 400 (httptools'
     parse_url fails past 64 KiB) instead of the 431 in the error shape."""
     port = await serve()
     status, body = await _exchange(port, b"GET /?" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
     assert status == 431 and json.loads(body)["error"]["code"] == "request_header_too_large", body
+
+
+async def test_a_refusal_carries_a_request_id(serve) -> None:  # noqa: ANN001
+    port = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /?" + b"a" * 70_000 + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 431") and b"\r\nx-request-id: req_" in head, head
 
 
 async def test_a_large_body_in_the_heads_read_is_not_counted(serve) -> None:  # noqa: ANN001

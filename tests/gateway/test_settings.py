@@ -67,3 +67,15 @@ def test_an_empty_data_dir_is_refused(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setenv("PAGEGATE_DATA_DIR", "")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_forwarded_allow_ips_takes_addresses_networks_or_a_star(monkeypatch) -> None:  # noqa: ANN001
+    """Found by QA: a typo was taken silently, and trusted no proxy."""
+    from pydantic import ValidationError
+
+    for good in ("127.0.0.1", "10.0.0.0/8, ::1", "*", ""):
+        monkeypatch.setenv("PAGEGATE_FORWARDED_ALLOW_IPS", good)
+        assert Settings().forwarded_allow_ips == good
+    monkeypatch.setenv("PAGEGATE_FORWARDED_ALLOW_IPS", "10.0.0.1,garbage!!")
+    with pytest.raises(ValidationError, match="garbage"):
+        Settings()
