@@ -85,7 +85,7 @@ class Aftercare:
         self._timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task] = set()
         self._retries: dict[asyncio.TimerHandle, tuple[Job, str, float]] = {}
-        self.abandoned = 0  # jobs given up after RETRY_FOR_S of retries
+        self.abandoned = 0  # jobs given up: retried for RETRY_FOR_S, or past MAX_RETRYING waiting
 
     @property
     def inline(self) -> bool:

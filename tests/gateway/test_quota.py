@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import uuid
 from datetime import UTC, datetime
@@ -220,76 +221,82 @@ async def test_settlement_runs_after_the_response_and_is_drained(tenancy, make_t
         tenancy.aftercare = original
 
 
+@contextlib.asynccontextmanager
+async def _ledger_behind_a_proxy(tenancy, care):  # noqa: ANN001, ANN202
+    """A ledger on the test's Redis through ``_Proxy`` (its ``mode`` switches what reaches Redis and
+    what comes back), retrying through ``care``; yields (ledger, proxy)."""
+    from urllib.parse import urlparse
+
+    from redis.asyncio import Redis
+
+    from tests.gateway.test_redis_lane import _Proxy
+
+    target = urlparse(tenancy.settings.redis_url)
+    proxy = _Proxy((target.hostname, target.port or 6379))
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proxied = Redis.from_url(f"redis://127.0.0.1:{port}{target.path or '/0'}", socket_timeout=0.5,
+                             socket_connect_timeout=0.5)
+    ledger = QuotaLedger(proxied, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    ledger.retry_later = care.retry_later
+    try:
+        yield ledger, proxy
+    finally:
+        await ledger._lane.aclose()
+        await proxied.aclose()
+        server.close()
+
+
+async def _until_done(care) -> None:  # noqa: ANN001
+    """Until ``care`` has nothing pending or waiting for a retry (5 s at most)."""
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if not care.retrying and not care.pending:
+            return
+
+
 async def test_a_settlement_lost_to_a_redis_blip_is_retried(tenancy, make_tenant):
     """Found by QA: the connection to Redis dropped just after a response, its settlement failed
     and was forgotten, and an hour later the ledger refunded the whole reservation: the tenant's
     counter never saw the tokens (17% over a daily budget). Through a proxy that resets every
     connection for a while: the settlement is retried and lands once Redis answers again."""
     import time
-    from urllib.parse import urlparse
-
-    from redis.asyncio import Redis
 
     from gateway.accounting import RequestAccount
     from gateway.aftercare import Aftercare
-    from tests.gateway.test_redis_lane import _Proxy
 
-    target = urlparse(tenancy.settings.redis_url)
-    proxy = _Proxy((target.hostname, target.port or 6379))
-    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    proxied = Redis.from_url(f"redis://127.0.0.1:{port}{target.path or '/0'}", socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
-    ledger = QuotaLedger(proxied, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
+    care = Aftercare(0.01, retry_first_s=0.1)
     p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
     saved = tenancy.quota, tenancy.aftercare
-    tenancy.quota, tenancy.aftercare = ledger, Aftercare(0.01, retry_first_s=0.1)
-    try:
-        account = RequestAccount(tenancy, p, request_id=uuid.uuid4().hex, model="m", endpoint="chat.completions",
-                                 started=time.perf_counter())
-        assert await account.reserve(prompt_tokens=10, max_tokens=90) == 90
-        proxy.mode = "reset"
-        ledger._lane._proto.transport.abort()  # the live connection drops, as in a network blip
-        await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
-        await asyncio.sleep(0.5)  # the settlement has failed, and failed again
-        assert tenancy.aftercare.retrying == 1
-        assert await saved[0].open_reservations(p.tenant_id) == 1  # still open, as Redis itself sees it
-        proxy.mode = "pass"
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if not tenancy.aftercare.retrying and not tenancy.aftercare.pending:
-                break
-        assert await saved[0].open_reservations(p.tenant_id) == 0
-        assert (await saved[0].usage(p.tenant_id))[0] == 15  # the real count, charged once
-    finally:
-        tenancy.quota, tenancy.aftercare = saved
-        await ledger._lane.aclose()
-        await proxied.aclose()
-        server.close()
+    async with _ledger_behind_a_proxy(tenancy, care) as (ledger, proxy):
+        tenancy.quota, tenancy.aftercare = ledger, care
+        try:
+            account = RequestAccount(tenancy, p, request_id=uuid.uuid4().hex, model="m", endpoint="chat.completions",
+                                     started=time.perf_counter())
+            assert await account.reserve(prompt_tokens=10, max_tokens=90) == 90
+            proxy.mode = "reset"
+            ledger._lane._proto.transport.abort()  # the live connection drops, as in a network blip
+            await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+            await asyncio.sleep(0.5)  # the settlement has failed, and failed again
+            assert care.retrying == 1
+            assert await saved[0].open_reservations(p.tenant_id) == 1  # still open, as Redis itself sees it
+            proxy.mode = "pass"
+            await _until_done(care)
+            assert await saved[0].open_reservations(p.tenant_id) == 0
+            assert (await saved[0].usage(p.tenant_id))[0] == 15  # the real count, charged once
+        finally:
+            tenancy.quota, tenancy.aftercare = saved
 
 
 async def test_a_reservation_whose_reply_was_lost_is_given_back(tenancy, make_tenant):
     """Found by QA: Redis ran the reservation script but its reply never came (a timeout); the
     request got its 503, and the reservation stayed charged for its one-hour TTL, refusing the
     tenant meanwhile. It is given back once Redis answers again."""
-    from urllib.parse import urlparse
-
-    from redis.asyncio import Redis
-
     from gateway.aftercare import Aftercare
-    from tests.gateway.test_redis_lane import _Proxy
 
-    target = urlparse(tenancy.settings.redis_url)
-    proxy = _Proxy((target.hostname, target.port or 6379))
-    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    proxied = Redis.from_url(f"redis://127.0.0.1:{port}{target.path or '/0'}", socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
-    ledger = QuotaLedger(proxied, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
     care = Aftercare(0.01, retry_first_s=0.1)
-    ledger.retry_later = care.retry_later
     p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
-    try:
+    async with _ledger_behind_a_proxy(tenancy, care) as (ledger, proxy):
         await ledger.reserve(p, model="m", prompt_tokens=1, max_tokens=1)  # the counter is built
         await ledger.release(await ledger.reserve(p, model="m", prompt_tokens=1, max_tokens=1))
         before = (await tenancy.quota.usage(p.tenant_id))[0]
@@ -300,16 +307,9 @@ async def test_a_reservation_whose_reply_was_lost_is_given_back(tenancy, make_te
         assert await tenancy.quota.open_reservations(p.tenant_id) == 2  # the lost one is charged
         assert (await tenancy.quota.usage(p.tenant_id))[0] == before + 100
         proxy.mode = "pass"
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if not care.retrying and not care.pending:
-                break
+        await _until_done(care)
         assert await tenancy.quota.open_reservations(p.tenant_id) == 1  # the first one, never settled here
         assert (await tenancy.quota.usage(p.tenant_id))[0] == before
-    finally:
-        await ledger._lane.aclose()
-        await proxied.aclose()
-        server.close()
 
 
 async def test_a_price_change_during_a_request_bills_it_as_its_budget_counts_it(tenancy, make_tenant):
