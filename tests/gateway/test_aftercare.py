@@ -165,13 +165,17 @@ async def test_settlements_failing_while_redis_is_down_log_a_line_not_tracebacks
     assert len(bug) == 1 and bug[0].exc_info is not None
 
 
-async def test_a_job_that_cannot_reach_redis_is_tried_again(caplog):
+async def test_a_job_that_cannot_reach_redis_is_tried_again(caplog, monkeypatch):
     """Found by QA: a settlement that failed on a dropped Redis connection was logged and forgotten;
     an hour later the ledger refunded its reservation whole and the tenant spent its tokens again.
     Connection errors and timeouts are retried, with a back-off; other errors are not."""
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import ResponseError
 
+    from gateway import aftercare
+    from gateway.log_throttle import LogThrottle
+
+    monkeypatch.setattr(aftercare, "_REDIS_DOWN", LogThrottle())  # not held back by an earlier test's line
     care = Aftercare(0.01, retry_first_s=0.02)
     calls = {"flaky": 0, "broken": 0}
 
@@ -216,8 +220,10 @@ async def test_a_job_is_given_up_after_the_retry_window(caplog, monkeypatch):
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from gateway import aftercare
+    from gateway.log_throttle import LogThrottle
 
     monkeypatch.setattr(aftercare, "RETRY_FOR_S", 0.05)
+    monkeypatch.setattr(aftercare, "_GIVEN_UP", LogThrottle())
     care = Aftercare(0.005, retry_first_s=0.01)
 
     async def down() -> None:
