@@ -18,13 +18,16 @@ _NOT_KEYED = {"stream", "stream_options", "user"}
 
 
 def cache_policy(principal: Any, cache_control: str | None) -> CachePolicy:
-    directives = {d.strip().lower() for d in (cache_control or "").split(",")}
+    """``cache_control``: the request's ``Cache-Control`` lines joined (``Caller.cache_control``;
+    a lone ``Pragma: no-cache`` stands for ``no-cache`` there, RFC 9111 5.4). ``max-age=0`` asks
+    for nothing stored, as ``no-cache`` does (a browser's reload sends it)."""
+    directives = {d.strip().lower().replace(" ", "") for d in (cache_control or "").split(",")}
     return CachePolicy(
         enabled=bool(principal.cache_enabled),
         threshold=float(principal.cache_threshold),
         ttl_s=int(principal.cache_ttl_s),
         max_entries=int(principal.cache_max_entries),
-        no_cache="no-cache" in directives,
+        no_cache="no-cache" in directives or "max-age=0" in directives,
         no_store="no-store" in directives,
     )
 

@@ -98,8 +98,18 @@ async def authenticate_and_limit(request: Request) -> Caller:
         raise
     return Caller(state=state, principal=principal, request_id=request.state.request_id,
                   response_headers=headers, receive=request.receive,
-                  cache_control=", ".join(request.headers.getlist("cache-control")) or None,  # every line
+                  cache_control=_cache_control(request),
                   started=getattr(request.state, "started", None) or time.perf_counter(), notice=notice)
+
+
+def _cache_control(request: Request) -> str | None:
+    """Every ``Cache-Control`` line, as one list (RFC 9110); without one, ``Pragma: no-cache``
+    means ``no-cache`` (RFC 9111 5.4, HTTP/1.0 clients and proxies)."""
+    lines = request.headers.getlist("cache-control")
+    if lines:
+        return ", ".join(lines)
+    pragma = request.headers.get("pragma")
+    return "no-cache" if pragma is not None and "no-cache" in pragma.lower() else None
 
 
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})

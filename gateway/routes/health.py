@@ -1,5 +1,6 @@
 """GET /health (liveness + engine stats, no auth; HEAD as well, for load balancers) and GET
-/metrics (the same, as JSON numbers, with the event loop's lag: ``gateway.loop_lag``)."""
+/metrics (the same, as JSON numbers, with the event loop's lag: ``gateway.loop_lag``, and the
+semantic cache's counters)."""
 
 import dataclasses
 import os
@@ -41,5 +42,6 @@ async def metrics(state: StateDep) -> JSONResponse:
         stats = None
     loop_lag = state.loop_lag.snapshot() if state.loop_lag is not None else None
     # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
+    cache = state.cache.stats() if state.cache is not None else None  # this process's counters
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
-                         "event_loop": loop_lag, "pid": os.getpid()})
+                         "event_loop": loop_lag, "cache": cache, "pid": os.getpid()})

@@ -132,6 +132,26 @@ def test_no_cache_skips_the_lookup_and_still_stores(api_cached) -> None:  # noqa
     assert _post(api, key, both).headers["x-cache"] == "miss"
 
 
+def test_max_age_zero_and_pragma_skip_the_lookup_and_metrics_count(api_cached) -> None:  # noqa: ANN001
+    """``Cache-Control: max-age=0`` (a browser's reload) and, without a Cache-Control line,
+    HTTP/1.0's ``Pragma: no-cache`` skip the lookup as ``no-cache`` does; ``/metrics`` shows the
+    cache's counters."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    question = f"Name an ocean. ({time.time_ns()})"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
+    before = httpx.get(api.base_url + "/metrics", timeout=30).json()["cache"]
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "hit"
+    for headers in ({"cache-control": "max-age=0"}, {"cache-control": "MAX-AGE = 0"}, {"pragma": "no-cache"}):
+        assert _post(api, key, _body(api, question), **headers).headers["x-cache"] == "bypass", headers
+    # Cache-Control decides when both are sent; another max-age is not a refusal of stored answers
+    for headers in ({"pragma": "no-cache", "cache-control": "no-transform"}, {"cache-control": "max-age=60"}):
+        assert _post(api, key, _body(api, question), **headers).headers["x-cache"] == "hit", headers
+    after = httpx.get(api.base_url + "/metrics", timeout=30).json()["cache"]
+    assert after["hits"] - before["hits"] == 3 and after["bypasses"] - before["bypasses"] == 3
+    assert after["lookups"] - before["lookups"] == 6
+
+
 def test_greedy_temperatures_and_the_developer_role_share_entries(api_cached) -> None:  # noqa: ANN001
     api = api_cached
     _tid, key = api.make_tenant()
