@@ -16,8 +16,11 @@
 -- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else the
 -- counter's epoch ('' without a counter; settlements are matched against it), then per request
 -- 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after
---        or -2, tok_used, usd_used, 0, 0 (budget exhausted)
---        or -3, tpm_used, previous minute's count, this minute's count, 0 (TPM: when it fits again)
+--        or -2, tok_used, usd_used, and of those the tokens and money that open reservations hold
+--           (requests in flight) (budget exhausted)
+--        or -3, tpm_used, previous minute's count, this minute's count, and the TPM tokens open
+--           reservations hold (TPM: when it fits again, and whether only requests in flight fill it)
+-- What open reservations hold is summed only on a refusal, once per call (one HVALS).
 local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch')
 local counted = counter[1] ~= false
 if not counted and ARGV[8] ~= '1' then return {-1} end
@@ -48,6 +51,22 @@ if tpm > 0 then
   tpm_used = math.floor(prev * (1 - frac) + cur)
 end
 
+-- the tokens, money and TPM tokens that open reservations hold (made before this call, same epoch)
+local held = nil
+local function in_flight()
+  if not held then
+    held = {0, 0, 0}
+    for _, v in ipairs(redis.call('HVALS', KEYS[2])) do
+      local tok, usd, tpm_tok, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
+      if tok then
+        if counted and ep == epoch then held[1], held[2] = held[1] + tonumber(tok), held[2] + tonumber(usd) end
+        held[3] = held[3] + tonumber(tpm_tok)
+      end
+    end
+  end
+  return held
+end
+
 local out, open, deadlines = {epoch}, {}, {}
 local n_out, n_open = 1, 0
 local add_tok, add_usd, add_tpm = 0, 0, 0
@@ -75,9 +94,12 @@ for base = 9, #ARGV, 6 do
     elseif rem < allowed then allowed = rem end
   end
   if code == -2 then
-    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -2, tok_used, usd_used, 0, 0
+    local h = in_flight()  -- (this call's own grants are in flight too)
+    out[n_out + 1], out[n_out + 2], out[n_out + 3] = -2, tok_used, usd_used
+    out[n_out + 4], out[n_out + 5] = h[1] + add_tok, h[2] + add_usd
   elseif code == -3 then
-    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4], out[n_out + 5] = -3, tpm_used, prev, cur + add_tpm, 0
+    out[n_out + 1], out[n_out + 2], out[n_out + 3], out[n_out + 4] = -3, tpm_used, prev, cur + add_tpm
+    out[n_out + 5] = in_flight()[3] + add_tpm
   else
     local tokens = prompt + allowed
     local usd = math.ceil(prompt * pp + allowed * cp)

@@ -37,9 +37,9 @@ async def test_50_concurrent_reservations_never_exceed_budget(tenancy, make_tena
         ledger = other if i % 2 else tenancy.quota
         try:
             return await ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=20)
-        except ApiError as e:
-            assert e.status == 429 and e.code == "insufficient_quota"
-            assert int(e.headers["retry-after"]) >= 1
+        except ApiError as e:  # the budget's room is held by the accepted ones, still in flight
+            assert e.status == 429 and e.code == "rate_limit_exceeded" and "in flight" in e.message
+            assert e.headers["retry-after"] == "1" and "x-should-retry" not in e.headers
             return None
 
     results = await asyncio.gather(*(one(i) for i in range(50)))
@@ -54,15 +54,22 @@ async def test_50_concurrent_reservations_never_exceed_budget(tenancy, make_tena
     assert all(settled)
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 10 * 15
     assert await tenancy.quota.open_reservations(p.tenant_id) == 0
+    # spent for real, nothing in flight: the tenant is out of quota for the period
+    spend = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=140)
+    await tenancy.quota.settle(spend, prompt_tokens=10, completion_tokens=140)
+    with pytest.raises(ApiError) as out:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=20)
+    assert out.value.code == "insufficient_quota" and "300 of 300 tokens used" in out.value.message
+    assert out.value.headers["x-should-retry"] == "false"  # the month ends days later: the SDKs' retries would fail
 
 
 async def test_max_tokens_is_clamped_to_the_remaining_budget(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
     r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=500)
     assert r.max_tokens == 90 and r.clamped and r.reserved_tokens == 100
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(ApiError) as e:  # r holds the whole budget until it settles
         await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
-    assert e.value.code == "insufficient_quota" and "100 of 100 tokens" in e.value.message
+    assert e.value.code == "rate_limit_exceeded" and "0 used and 100 reserved of 100 tokens" in e.value.message
     await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=40)  # gives 50 back
     r2 = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=500)
     assert r2.max_tokens == 40
@@ -81,19 +88,22 @@ async def test_money_budget_clamps_at_model_prices(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, budget_usd="0.0003", tpm=0)
     r = await tenancy.quota.reserve(p, model="priced", prompt_tokens=100, max_tokens=1000)
     assert r.max_tokens == 100 and r.reserved_usd == Decimal("0.0003")
+    with pytest.raises(ApiError) as held:  # r holds the whole budget while it runs
+        await tenancy.quota.reserve(p, model="priced", prompt_tokens=1, max_tokens=1)
+    assert held.value.code == "rate_limit_exceeded" and held.value.headers["retry-after"] == "1"
+    assert "$0.00 used and $0.0003 reserved of $0.0003" in held.value.message
+    await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=100)  # all of it, spent
     with pytest.raises(ApiError) as e:
         await tenancy.quota.reserve(p, model="priced", prompt_tokens=1, max_tokens=1)
     assert e.value.code == "insufficient_quota"
     assert "$0.0003 of $0.0003 used" in e.value.message  # not "$0.0000 of $0.0000"
-    assert "x-should-retry" not in e.value.headers  # the next period has room for it
     with pytest.raises(ApiError) as never:  # $0.000302 for 300 prompt tokens and one: more than the budget
         await tenancy.quota.reserve(p, model="priced", prompt_tokens=300, max_tokens=5)
     assert "costing $0.000302," in never.value.message and "more than the whole budget of $0.0003" in never.value.message
     assert never.value.headers["x-should-retry"] == "false" and "retry-after" not in never.value.headers
     assert "retry-after" in e.value.headers  # the next period
-    await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=25)
     tok, usd = await tenancy.quota.usage(p.tenant_id)
-    assert (tok, usd) == (125, Decimal("0.00015"))
+    assert (tok, usd) == (200, Decimal("0.0003"))
     assert await tenancy.prices.cost("priced", 100, 25) == Decimal("0.00015")
     assert await tenancy.prices.cost("unpriced", 100, 25) == 0
 
@@ -490,13 +500,15 @@ async def test_a_request_running_while_redis_is_lost_is_charged_when_it_settles(
     after = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)  # rebuilt: 0 + 50 + 50
     assert after.epoch != before and running.epoch == after.epoch
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 100
-    with pytest.raises(ApiError):  # the running one is counted: no room left
+    with pytest.raises(ApiError) as held:  # the running one is counted: no room left while both run
         await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
+    assert "0 used and 100 reserved of 100 tokens" in held.value.message  # both held, as in flight
     assert await tenancy.quota.settle(running, prompt_tokens=10, completion_tokens=30) is True
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 50 + 40
+    assert await tenancy.quota.settle(after, prompt_tokens=10, completion_tokens=40) is True
     with pytest.raises(ApiError) as refused:  # 10 left: a prompt of 10 leaves no room for a completion
         await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
-    assert refused.value.code == "insufficient_quota"
+    assert refused.value.code == "insufficient_quota" and "90 of 100 tokens used" in refused.value.message
     # settled once: another instance settling it again adds nothing
     other = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix)
     running.settled = False
@@ -587,6 +599,7 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
         await asyncio.sleep(60 - time.time() % 60 + 0.1)
     p = await _principal(tenancy, make_tenant, tpm=100)
     accepted = await tenancy.quota.reserve(p, model="m", prompt_tokens=30, max_tokens=70)
+    await tenancy.quota.settle(accepted, prompt_tokens=30, completion_tokens=70)  # spent, not in flight
     before = time.time()
     with pytest.raises(ApiError) as e:
         await tenancy.quota.reserve(p, model="m", prompt_tokens=31, max_tokens=5)
@@ -607,6 +620,39 @@ async def test_a_tpm_refusal_says_when_the_request_fits(tenancy, make_tenant):
     for reset in (big.value.headers["x-ratelimit-reset-tokens"], accepted.headers["x-ratelimit-reset-tokens"]):
         left = 60 - time.time() % 60
         assert left + 60 - 2 <= _seconds(reset) <= left + 60 + 2, reset
+
+
+async def test_requests_without_max_tokens_are_not_told_the_quota_is_spent(tenancy, make_tenant):
+    """Found by QA: an OpenAI client sends no max_tokens, so each request holds all the room its
+    context leaves (~8,000 tokens) until it settles. Five at once against a 20,000-token budget:
+    two were refused with ``insufficient_quota``, "20000 of 20000 tokens used" and a retry-after of
+    27 days, after 223 tokens were really spent. A refusal that only requests in flight cause is a
+    429 ``rate_limit_exceeded`` naming them, retried in a second; the same for the TPM window."""
+    room, prompt = 8160, 30
+    p = await _principal(tenancy, make_tenant, budget_tokens=20_000, tpm=0)
+    got = await asyncio.gather(*(tenancy.quota.reserve(p, model="m", prompt_tokens=prompt, max_tokens=room)
+                                 for _ in range(5)), return_exceptions=True)
+    accepted = [r for r in got if not isinstance(r, BaseException)]
+    refused = [e for e in got if isinstance(e, BaseException)]
+    assert [r.max_tokens for r in accepted] == [room, room, 20_000 - 2 * (prompt + room) - prompt]
+    assert len(refused) == 2
+    for e in refused:
+        assert isinstance(e, ApiError) and e.code == "rate_limit_exceeded", e
+        assert e.headers["retry-after"] == "1" and e.headers["retry-after-ms"] == "1000"
+        assert "0 used and 20000 reserved of 20000 tokens" in e.message and "send max_tokens" in e.message
+    for r in accepted:  # they finish with short answers
+        await tenancy.quota.settle(r, prompt_tokens=prompt, completion_tokens=45)
+    again = await tenancy.quota.reserve(p, model="m", prompt_tokens=prompt, max_tokens=room)
+    assert again.max_tokens == room  # the retry a second later is served
+
+    q = await _principal(tenancy, make_tenant, tpm=200_000)
+    got = await asyncio.gather(*(tenancy.quota.reserve(q, model="m", prompt_tokens=prompt, max_tokens=room)
+                                 for _ in range(30)), return_exceptions=True)
+    refused = [e for e in got if isinstance(e, BaseException)]
+    assert len(refused) == 5  # 24 whole (8,190 tokens each), one clamped to the rest of the 200,000
+    for e in refused:
+        assert isinstance(e, ApiError) and e.code == "rate_limit_exceeded", e
+        assert e.headers["retry-after"] == "1" and "reserved by your requests in flight" in e.message
 
 
 def _seconds(reset: str) -> float:
