@@ -316,7 +316,7 @@ class EmbeddingRequest(_Request):
         | Annotated[TokenIds, Tag("input(ids)")]
         | Annotated[list[TokenIds], Field(min_length=1, max_length=2048), Tag("input(id lists)")],
         Discriminator(_input_kind)]
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64"] | None = None  # None (the SDK's encoding_format=None): float
     dimensions: Annotated[StrictInt | None, Field(ge=1)] = None
     user: Text | None = None
 
@@ -333,6 +333,19 @@ class EmbeddingRequest(_Request):
 
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class CompletionTokensDetails(BaseModel):
+    """OpenAI sends it with every usage: code reading ``usage.completion_tokens_details.reasoning_tokens``
+    must not meet a None. This model neither reasons apart nor speaks nor predicts: zeros."""
+    reasoning_tokens: int = 0
+    audio_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+_NO_COMPLETION_DETAILS = CompletionTokensDetails()
 
 
 class Usage(BaseModel):
@@ -340,6 +353,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = _NO_COMPLETION_DETAILS
 
 
 # logprobs, as OpenAI shapes them (``gateway.formats`` builds them as plain dicts: a long answer has

@@ -4,7 +4,7 @@ as the caller's key may use them."""
 from fastapi import APIRouter
 
 from gateway.deps import Caller, CallerDep
-from gateway.embedding_service import embedding_model_id
+from gateway.embedding_service import embedding_model_id, is_embedding_model
 from gateway.error_handlers import unknown_url
 from gateway.errors import model_not_found
 from gateway.schemas import ModelCard, ModelList
@@ -34,7 +34,9 @@ async def list_models(caller: CallerDep) -> ModelList:
 async def get_model(model_id: str, caller: CallerDep) -> ModelCard:
     if not model_id:  # "/v1/models/": an unknown URL (a trailing slash), not a model named ""
         raise unknown_url()
+    embedding = is_embedding_model(caller.state.settings, model_id)  # its aliases too, as /v1/embeddings takes them
+    served_embedding = embedding_model_id(caller.state.settings)
     for card in _cards(caller):
-        if card.id == model_id:
+        if card.id == model_id or (embedding and card.id == served_embedding):
             return card
     raise model_not_found(model_id)

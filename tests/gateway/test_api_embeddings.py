@@ -40,6 +40,10 @@ def test_float_base64_and_dimensions(api) -> None:  # noqa: ANN001
 
     decoded = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(decoded, np.array(floats["data"][0]["embedding"], dtype=np.float32), atol=1e-6)
+    # the SDK's encoding_format=None sends null: the default (floats), as a null chat field is
+    unset = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": "hello world", "encoding_format": None},
+                       headers=h, timeout=60)
+    assert unset.status_code == 200 and unset.json()["data"][0]["embedding"] == floats["data"][0]["embedding"]
     short = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": ["hello world"], "dimensions": 64},
                        headers=h, timeout=60).json()
     assert len(short["data"][0]["embedding"]) == 64

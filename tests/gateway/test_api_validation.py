@@ -208,6 +208,9 @@ def test_models_endpoints(api) -> None:  # noqa: ANN001
     card = httpx.get(f"{api.base_url}/v1/models/{api.model}", headers=h, timeout=30).json()
     assert card["id"] == api.model and card["object"] == "model" and card["max_model_len"] == 2048
     assert_error(httpx.get(api.base_url + "/v1/models/nope", headers=h, timeout=30), 404, code="model_not_found")
+    for alias in ("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2"):  # as /v1/embeddings takes them
+        card = httpx.get(f"{api.base_url}/v1/models/{alias}", headers=h, timeout=30)
+        assert card.status_code == 200 and card.json()["id"] == "all-MiniLM-L6-v2", alias
     _tid, key = api.make_tenant(allowed_models=["all-MiniLM-L6-v2"])
     limited = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30).json()
     assert [m["id"] for m in limited["data"]] == ["all-MiniLM-L6-v2"]

@@ -23,6 +23,9 @@ def test_sync_chat_and_stream(api_any) -> None:  # noqa: ANN001
     assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    # OpenAI sends the details with every usage; code reads them without a None check
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 0
+    assert reply.usage.prompt_tokens_details.audio_tokens == 0
     request_id = raw.headers["x-request-id"]
 
     stream = client.chat.completions.create(model=api_any.model, messages=MESSAGES, max_tokens=4, temperature=0,
@@ -32,6 +35,7 @@ def test_sync_chat_and_stream(api_any) -> None:  # noqa: ANN001
     assert text == reply.choices[0].message.content  # greedy: the same answer streamed
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # same prompt as just before
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens == 0
 
     rows = api_any.usage_rows(request_id)
     assert len(rows) == 1 and rows[0].status == "ok"
