@@ -20,7 +20,9 @@ While one batch is being encoded, new calls queue up; the next batch takes them 
 The model reads at most ``max_tokens`` tokens (MiniLM: 256 word-pieces, special tokens included)
 and embeds only the beginning of a longer text, so two long texts that differ after that point
 get the same vector. ``fits(text)`` says whether a text is read whole; the cache gives a text
-that does not fit no semantic tier.
+that does not fit no semantic tier. Nor does it give one to a text with a letter or digit the model's
+vocabulary lacks (``sees``): every such character is one and the same [UNK] to the model, so MiniLM
+embeds "如何减肥" (how to lose weight) and "如何增重" (how to gain weight) identically.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import ctypes
 import functools
 import logging
 import os
+import string
 import threading
 import warnings
 from collections import OrderedDict
@@ -108,6 +111,7 @@ class Embedder:
         self._fast = None  # (tokenizer, forward, max_len) when the direct path applies
         self.kind = "unloaded"  # "lean-onednn" | "lean" | "hf" | "hf-int8" | "encode", once loaded
         self.max_tokens = 0  # tokens the model reads (its max_seq_length), once loaded
+        self._sees_ascii = False  # whether the vocabulary holds every printable ASCII character, once loaded
         self._load_lock = threading.Lock()
         self._pending: list[tuple[str, asyncio.Future]] = []
         self._draining = False
@@ -124,6 +128,7 @@ class Embedder:
 
                 model = SentenceTransformer(self._path, device=self._device)
                 self.max_tokens = int(model.get_max_seq_length() or 512)
+                self._sees_ascii = self._unknown(model.tokenizer, " ".join(string.printable.strip())) == 0
                 self._fast = self._direct_path(model)
                 if self._fast is None:
                     self.kind = "encode"
@@ -216,6 +221,24 @@ class Embedder:
                 return False
         return self._count_tokens(text) <= self.max_tokens
 
+    def _sees(self, text: str) -> bool:
+        return self._unknown(self._load().tokenizer, text) == 0
+
+    @staticmethod
+    def _unknown(tok, text: str) -> int:  # noqa: ANN001 - a transformers tokenizer
+        """How many of ``text``'s word pieces are the unknown token and stand for a letter or digit
+        (an unknown emoji or symbol is left to the verifier, which compares those itself). A
+        tokenizer without offsets counts every unknown piece."""
+        unk = tok.unk_token_id
+        if unk is None:  # a byte-level vocabulary spells out any character
+            return 0
+        fast = getattr(tok, "is_fast", False)
+        enc = tok(text, add_special_tokens=False, truncation=False, verbose=False, return_attention_mask=False,
+                  return_token_type_ids=False, return_offsets_mapping=fast)
+        spans = enc["offset_mapping"] if fast else [(0, len(text))] * len(enc["input_ids"])
+        return sum(1 for i, (a, b) in zip(enc["input_ids"], spans, strict=True)
+                   if i == unk and any(ch.isalnum() for ch in text[a:b]))
+
     def _count_tokens(self, text: str) -> int:
         ids = self._load().tokenizer(text, truncation=False, verbose=False, return_attention_mask=False,
                                      return_token_type_ids=False)["input_ids"]
@@ -248,6 +271,16 @@ class Embedder:
         if len(text) * _TOKENS_PER_CHAR + _SPECIAL_TOKENS <= self.max_tokens:
             return True
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._fits, text)
+
+    async def sees(self, text: str) -> bool:
+        """Whether the model's vocabulary holds every letter and digit of ``text``: none of its word
+        pieces that stand for one is the unknown token. MiniLM's lacks most CJK characters (and
+        Arabic-Indic or full-width digits). ASCII text is decided without the tokenizer, which
+        otherwise runs on the worker thread (see ``fits``)."""
+        await self.ready()
+        if self._sees_ascii and text.isascii():
+            return True
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._sees, text)
 
     async def embed(self, text: str) -> np.ndarray:
         hit = self._memo.get(text)

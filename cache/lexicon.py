@@ -22,11 +22,27 @@ possible correct proper properly right exactly quickly easy easily simple simply
 anyone someone somebody something able anybody go going try trying write writing say saying
 """.split())
 
+# Negation words of the most used languages written in the Latin script, which the verifier also
+# reads ("Ich bin müde." / "Ich bin nicht müde."). Left out as English words: French "personne" and
+# "sans", Spanish "sin", Portuguese "sem", Polish "nic" (a NIC); and Vietnamese "không", which also
+# ends a yes/no question. French elisions ("n'est", "n'ai") are read by their "n'" (verifier).
+NEGATIONS_ABROAD = frozenset(w for line in """
+    de: nicht kein keine keinen keinem keiner keines nie niemals nichts niemand ohne
+    fr: ne pas jamais rien aucun aucune nullement
+    es: nunca nada nadie ningún ninguno ninguna jamás tampoco
+    it: non mai niente nulla nessuno nessuna senza
+    pt: não nenhum nenhuma ninguém
+    nl: niet geen nooit niets niemand zonder
+    sv da no: inte icke ej ingen inget inga aldrig ikke aldri utan uden
+    pl cs: nie nigdy nikt żaden nikdy
+    tr: değil hiç yok
+    id ms: tidak bukan jangan
+    """.splitlines() for w in line.partition(":")[2].split())
 NEGATIONS = frozenset("""
 not no never none nothing nobody nowhere neither nor cannot without isn't aren't wasn't weren't
 don't doesn't didn't won't wouldn't can't couldn't shouldn't mustn't hasn't haven't hadn't
 isnt arent wasnt werent dont doesnt didnt wont wouldnt cant couldnt shouldnt mustnt hasnt havent hadnt
-""".split())
+""".split()) | NEGATIONS_ABROAD
 
 ANTONYM_PAIRS = [
     ("enable", "disable"), ("activate", "deactivate"), ("add", "remove"), ("add", "delete"),
@@ -73,12 +89,24 @@ ANTONYM_PAIRS = [
     ("benefit", "risk"), ("pro", "con"), ("legal", "banned"), ("like", "hate"), ("keep", "discard"),
     ("start", "end"), ("start", "finish"), ("begin", "finish"), ("rise", "set"), ("@am", "@pm"), ("child", "adult"), ("children", "adults"),
     ("kid", "adult"), ("baby", "adult"), ("cooked", "raw"), ("and", "or"),
+    ("odd", "even"), ("won", "lost"), ("winner", "loser"), ("work", "fail"), ("work", "broken"),
+    ("close", "far"), ("many", "few"), ("simple", "detailed"), ("simple", "complex"),
+    ("simply", "detail"), ("briefly", "detail"), ("brief", "detailed"), ("briefly", "depth"),
 ]
 # Adjectives whose -er/-est forms are comparatives ("faster", "biggest"): the antonym guard reduces
 # those forms to these (and only these, so "offer" or "water" are never read as "off" or "wat").
 GRADABLE = frozenset("""big small large fast slow easy hard high low long short old new young wide
     narrow heavy light dark rich poor strong weak hot cold cheap thick thin soft loud quiet near
-    full empty wet dry safe healthy early late clean dirty happy sad""".split())
+    full empty wet dry safe healthy early late clean dirty happy sad close simple""".split())
+
+# Comparatives and superlatives not made with -er/-est, read as their base in the same way:
+# "closest" / "farthest" is close / far, "most" / "fewest" many / few. ("less" and "least" belong
+# to "little", but more / less and more / fewer are one opposition: both read as many / few.)
+IRREGULAR_COMPARATIVES = {
+    "better": "good", "best": "good", "worse": "bad", "worst": "bad", "farther": "far",
+    "farthest": "far", "further": "far", "furthest": "far", "more": "many", "most": "many",
+    "fewer": "few", "fewest": "few", "less": "few", "least": "few",
+}
 
 # Words that give the things around them a direction: "convert A to B", "from A to B",
 # "A bigger than B", "A north of B", "A before B" (cache/relations.py).
@@ -237,7 +265,11 @@ ENTITY_CLASSES = {
     "planet": "mercury venus earth mars jupiter saturn uranus neptune pluto moon sun",
     "color": "red blue green yellow orange purple pink black white gray grey brown",
     "animal": """cat cats dog dogs horse horses cow cows bird birds fish rabbit rabbits snake snakes
-        lion lions tiger tigers bear bears wolf wolves mouse mice""",
+        lion lions tiger tigers bear bears wolf wolves mouse mice spider spiders insect insects ant ants
+        bee bees wasp wasps mosquito mosquitoes tick ticks snail snails worm worms frog frogs shark sharks
+        whale whales dolphin dolphins pig pigs sheep goat goats duck ducks monkey monkeys elephant
+        elephants deer fox foxes owl owls eagle eagles penguin penguins turtle turtles hamster hamsters
+        parrot parrots rat rats""",
     "element": "hydrogen helium oxygen nitrogen carbon iron gold silver copper sodium",
 }
 ENTITY_WORDS = frozenset(w for words in ENTITY_CLASSES.values() for w in words.split())
@@ -245,8 +277,15 @@ ENTITY_WORDS = frozenset(w for words in ENTITY_CLASSES.values() for w in words.s
 # Common words that name different members of one kind, so that swapping one for another changes the
 # answer ("time complexity" / "space complexity"), yet each may be added or dropped alone. Unlike
 # an entity, a member counts only against another member of its class on the other side. No member
-# is a synonym of another (so no "memory" beside "space", no "mean" beside "average").
+# is a synonym of another (so no "memory" beside "space", no "mean" beside "average"); words joined
+# by "/" are one member ("often" / "frequently" is no swap, "often" / "sometimes" is).
 CONTRAST_CLASSES = [
+    "always usually/normally/generally/typically often/frequently sometimes/occasionally rarely/seldom",
+    "with/during/while before after",  # when to take, eat or do it: "aspirin with / before alcohol"
+    "past present future",
+    "yesterday today tomorrow",
+    "morning afternoon evening night",
+    "day/daily week/weekly month/monthly year/yearly/annual/annually",
     "time space",  # cost of an algorithm, resource of a schedule
     "length width height depth",
     "area volume perimeter circumference",
@@ -265,3 +304,17 @@ CONTRAST_CLASSES = [
     "debit credit",
     "stack queue",
 ]
+
+# What a question asks for, with the other ways English asks it: "What makes the sky blue?" asks why,
+# "What year was it built?" when, "In which city was Mozart born?" where. "what", "which" and "how"
+# alone ask for anything and are no kind.
+INTERROGATIVES = {
+    "reason": """why | how come | what for | for what reason | what makes | what made | what causes
+        | what caused | what is the reason | what's the reason | what was the reason | what are the reasons""",
+    "time": """when | since when | what time | what year | what date | what day | what month | what decade
+        | what century | what age | how long ago""",
+    "place": """where | what place | which place | what location | in what city | in which city | in what country
+        | in which country | what part of""",
+    "person": "who | whom | whose | what person | which person",
+    "amount": "how many | how much",
+}

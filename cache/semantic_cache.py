@@ -6,10 +6,12 @@ lookup:  policy gate (enabled, deterministic, no-cache)
          -> semantic tier: embed the final user message, k nearest entries in the same
             namespace (tenant + model + earlier turns + parameters) with cosine >= threshold,
             then the hard-negative verifier; the first candidate that passes is served.
-            A message longer than the embedder reads gets no semantic tier (miss "too-long").
+            A message longer than the embedder reads gets no semantic tier (miss "too-long"),
+            nor does one it cannot see: a letter outside the Latin script, or one the model's
+            vocabulary lacks (miss "unsupported-text"; ``Verifier.reads``, ``Embedder.sees``).
          The result says whether the answer may be stored (a miss, or a no-cache bypass).
 store:   same gate (plus no-store), embed, one atomic script: entry + TTL + cap eviction + log.
-         A message too long for the embedder is stored without a vector (exact tier only).
+         A message with no semantic tier is stored without a vector (exact tier only).
 
 Redis failures never escape: lookup answers bypass("redis-down"), store drops the entry; both
 log (at most once per ``_LOG_EVERY_S``) and count. redis-py reconnects by itself, so the cache
@@ -122,7 +124,7 @@ class SemanticCache:
         keys = self.store_.keys(namespace)
         reqs = [(canonicalize(namespace, b), r) for b, r in items]
         reqs = [(q, r) for q, r in reqs if q.deterministic and _complete(r)]
-        semantic = [bool(q.query) and await self.embedder.fits(q.query) for q, _ in reqs]
+        semantic = [bool(q.query) and await self._unsearchable(q.query) is None for q, _ in reqs]
         texts = [q.query for (q, _), s in zip(reqs, semantic, strict=True) if s]
         vecs = iter(await self.embedder.embed_many(texts)) if texts else iter(())
         entries = [NewEntry(q.exact_key, keys.ns(q.context_key), q.query or "", next(vecs) if s else None, r)
@@ -164,12 +166,11 @@ class SemanticCache:
         if not req.query:
             return self._miss("no-semantic-tier")
         try:
-            # The embedder reads only a long text's beginning: two long prompts that differ
-            # after it would get one vector, and one the other's answer.
-            if not await self.embedder.fits(req.query):
-                return self._miss("too-long")
+            unsearchable = await self._unsearchable(req.query)
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
             return self._embed_failed(e)
+        if unsearchable:
+            return self._miss(unsearchable)
         return await self._semantic(keys, req, events, policy)
 
     async def _semantic(self, keys: TenantKeys, req: CanonicalRequest, events: list | None,
@@ -201,6 +202,17 @@ class SemanticCache:
         self._stats.verifier_rejections += rejected
         return self._miss("verifier" if rejected else "expired")
 
+    async def _unsearchable(self, text: str) -> str | None:
+        """Why ``text`` gets no semantic tier, or None. "too-long": the embedder reads only a long
+        text's beginning, so two long prompts that differ after it would get one vector, and one the
+        other's answer. "unsupported-text": a text the guards cannot read, or with letters the
+        embedder does not see, would be served the answer of another with the same shape."""
+        if not await self.embedder.fits(text):
+            return "too-long"
+        if not self.verifier.reads(text) or not await self.embedder.sees(text):
+            return "unsupported-text"
+        return None
+
     async def _response(self, keys: TenantKeys, cand: Candidate) -> dict | None:
         if cand.response is not None:
             return cand.response
@@ -214,7 +226,7 @@ class SemanticCache:
         vec = None
         if req.query:
             try:
-                if await self.embedder.fits(req.query):  # too long: exact tier only
+                if await self._unsearchable(req.query) is None:  # else exact tier only
                     vec = await self.embedder.embed(req.query)
             except Exception as e:  # noqa: BLE001
                 self._embed_failed(e)

@@ -4,19 +4,25 @@ Sentence embeddings score "enable 2FA" vs "disable 2FA" at ~0.9+, and swapped nu
 entities not far below: a cosine threshold alone serves wrong answers. A candidate passes
 only if every guard agrees the two questions ask the same thing:
 
-    negation   one is negated (not, never, without, n't, avoid, prevent) and the other is not
+    negation   one is negated (not, never, without, n't, avoid, prevent; nicht, pas, no, non, …
+               in other languages of the Latin script) and the other is not
     antonym    a word on one side has its antonym (or un-/dis-/de- form) on the other only
     number     the numbers (digits, number words, ordinals, dates) differ, in order
     unit       the quantities (number + unit: 10 miles, $5) or the other units named
                (km/miles, °C/°F, USD/EUR, …) differ
     task       the requested operation on the content differs (summarize vs translate …)
+    interrogative  each asks for a kind of answer the other does not: a reason, a time, a place,
+               a person or an amount, however asked (why = how come = what makes; when = what
+               year; where = in which city); "what", "which" and "how" alone are no kind
     entity     a name on one side (capitalised, acronym, code-like, known entity class) is
                missing from the other
     relation   the same words stand in a reversed relation (cache/relations.py): the two sides
                of a direction, comparison or position swap places, or subject and object do
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
                rarity from the embedder's word-piece vocabulary rank), or each side a different
-               member of one contrast class (time / space, length / width, lunch / dinner)
+               member of one contrast class (time / space, length / width, lunch / dinner,
+               always / sometimes, with / before, past / present, today / tomorrow)
+    accent     a word on each side, the two the same but for accents (cá / cà, años / anos)
     symbol     the symbols differ: operators, code punctuation, options and slices (> / <,
                == / ===, x[1:] / x[:1], ls -a / ls -l, / / ./), and emoji when both texts have
                some (👍 / 👎), which the embedder does not see at all (``_symbols``)
@@ -37,14 +43,20 @@ moves back, so a paraphrase that merely reorders its words ("What is the capital
 "France's capital city is?") or swaps "from A to B" for "to B from A" still passes.
 
 The antonym guard also reads comparatives and superlatives of gradable adjectives as their base
-("faster" / "slower" as fast / slow, "bigger" as big, "easiest" as easy), for the antonym lookup
-only: no other guard sees them reduced, and no other word is ("water", "offer" stay whole).
+("faster" / "slower" as fast / slow, "bigger" as big, "easiest" as easy, and the irregular "best",
+"farthest", "most", "fewest" as good, far, many, few), for the antonym lookup only: no other guard
+sees them reduced, and no other word is ("water", "offer" stay whole).
+
+Words are read in any script, so that accented Latin words are whole ("müde", "años"). The guards
+do not read a text with letters outside the Latin script: ``reads`` says so, and the cache gives
+such a text no semantic tier.
 
 Each guard is a few set operations on memoised token analyses (well under a millisecond a pair).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import OrderedDict
@@ -56,7 +68,7 @@ from cache.relations import Relation, Word, relations, reversed_relation
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
-    r"|[A-Za-z][A-Za-z0-9'’+#]*(?:-[A-Za-z0-9]+)*"  # words (hyphenated compounds kept whole)
+    r"|[^\W\d_](?:[^\W_]|['’+#])*(?:-[^\W_]+)*"  # words, in any script (hyphenated compounds kept whole)
     r"|[$€£¥%°]"
     r"|[.?!;:,]"  # clause breaks: kept only for the relation guard's clauses
 )
@@ -94,10 +106,21 @@ _FILLER = frozenset(stem(w) for w in lx.FILLER) | lx.FILLER
 _ENTITY = frozenset(stem(w) for w in lx.ENTITY_WORDS) | lx.ENTITY_WORDS
 _TASK = {stem(w): t for w, t in lx.TASK_OF.items()} | dict(lx.TASK_OF)
 _GRADABLE = frozenset(stem(w) for w in lx.GRADABLE)
-_CONTRAST = {stem(w): k for k, words in enumerate(lx.CONTRAST_CLASSES) for w in words.split()}
+_IRREGULAR = {stem(w): stem(base) for w, base in lx.IRREGULAR_COMPARATIVES.items()}
+# stem -> (class, member); the words of one member are synonyms ("often/frequently")
+_CONTRAST = {stem(w): (k, m) for k, members in enumerate(lx.CONTRAST_CLASSES)
+             for m, member in enumerate(members.split()) for w in member.split("/")}
+# What a question asks for (lexicon.INTERROGATIVES): one named group per kind, its phrases longest
+# first, tried only at a word that starts with a phrase's first letter (4x faster than at every word).
+_PHRASES = {kind: sorted((p.split() for p in phrases.split("|") if p.strip()), key=len, reverse=True)
+            for kind, phrases in lx.INTERROGATIVES.items()}
+_FIRST_LETTERS = "".join(sorted({p[0][0] for ps in _PHRASES.values() for p in ps}))
+_ASKS = re.compile(rf"\b(?=[{_FIRST_LETTERS}])(?:" + "|".join(
+    f"(?P<{kind}>(?:" + "|".join(r"\s+".join(map(re.escape, p)) for p in ps) + r")\b)"
+    for kind, ps in _PHRASES.items()) + ")", re.I)
 _BREAKS = frozenset(".?!;:,")
-_GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "entity", "relation", "content",
-                     "symbol", "case", "choice"})
+_GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
+                     "content", "symbol", "case", "accent", "choice"})
 # Runs of characters that are neither word characters nor spaces: operators, code punctuation,
 # emoji (``_symbols``). Quotes, backticks and brackets around a run are no part of it ("`==`" is
 # "=="), nor the sentence marks after it ("C++?" is "++"); a run of ordinary punctuation only is no
@@ -153,6 +176,8 @@ class _Analysis:
     cased: bool  # the text uses capitals as writing does (not all lower, all upper or Title Case)
     spellings: dict[str, frozenset[str]]  # lower-cased word -> how it is written, off sentence starts
     choices: frozenset[frozenset[str]]  # the two words around each "or": "a fruit or a vegetable"
+    asks: frozenset[str]  # what the question asks for: "reason", "time", "place", "person", "amount"
+    forms: frozenset[str]  # every word as written, in lower case (accents kept)
 
 
 def _num(s: str) -> str:
@@ -174,6 +199,15 @@ class Verifier:
         self.guards = _GUARDS if guards is None else guards
         self._memo: OrderedDict[str, _Analysis] = OrderedDict()
         self._memo_size = memo_size
+
+    @staticmethod
+    def reads(text: str) -> bool:
+        """Whether the guards can read ``text``: every letter in it is in the Latin script. Their word
+        lists are English, and so was MiniLM's training: in Cyrillic, Greek, Arabic or CJK text
+        neither sees what a word means ("Как включить wifi?" / "Как выключить wifi?" embed at
+        0.98, and the guards would find no negation, number or antonym in either). The cache gives
+        such a text no semantic tier. Accents are Latin: "¿Cuántos años tienes?" is read."""
+        return text.isascii() or all(_latin(ch) for ch in text if ch.isalpha())
 
     @property
     def has_vocab(self) -> bool:
@@ -202,6 +236,7 @@ class Verifier:
         original, text = text, _normalised(text)
         tokens = _TOKEN.findall(text.replace("’", "'"))
         words: set[str] = set()
+        forms: set[str] = set()
         numbers: list[str] = []
         units: list[str] = []
         tasks: set[str] = set()
@@ -274,7 +309,8 @@ class Verifier:
                 if low in ("am", "pm") and prev_number:  # a time of day ("7:30 am"), not "I am"
                     st = "@" + low
                 words.add(st)
-                if low in lx.NEGATIONS or low.endswith("n't") or low in lx.NEGATING_VERBS:
+                forms.add(low)
+                if low in lx.NEGATIONS or low.endswith("n't") or low in lx.NEGATING_VERBS or low.startswith("n'"):
                     negated = True
                 elif low in lx.NUMBER_WORDS:
                     numbers.append(key := _num(str(lx.NUMBER_WORDS[low])))
@@ -314,8 +350,8 @@ class Verifier:
         cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
-                      *_symbols(text), cased, {w: frozenset(forms) for w, forms in spellings.items()},
-                      _choices(order))
+                      *_symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
+                      _choices(order), _asks(text), frozenset(forms))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -337,12 +373,16 @@ class Verifier:
             return Verdict(False, "unit")
         if "task" in g and q.tasks != c.tasks:
             return Verdict(False, "task")
+        if "interrogative" in g and (q.asks - c.asks) and (c.asks - q.asks):
+            return Verdict(False, "interrogative")
         if "entity" in g and ((q.entities - c.words - c.entities) or (c.entities - q.words - q.entities)):
             return Verdict(False, "entity")
         if "relation" in g and reversed_relation(q.relations, c.relations):
             return Verdict(False, "relation")
+        if "accent" in g and _accents_apart(q.forms - c.forms, c.forms - q.forms):
+            return Verdict(False, "accent")
         if "content" in g and (((q.rare - c.content) and (c.rare - q.content))
-                               or _contrast_swap(q.content - c.content, c.content - q.content)):
+                               or _contrast_swap(q.words - c.words, c.words - q.words)):
             return Verdict(False, "content")
         if "symbol" in g and (q.symbols != c.symbols or (q.emoji and c.emoji and q.emoji != c.emoji)):
             return Verdict(False, "symbol")  # (emoji added or dropped are decoration: compared when both have some)
@@ -373,7 +413,10 @@ def _one_option(a: _Analysis, b: _Analysis) -> bool:
 
 
 def _normalised(text: str) -> str:
-    """The forms of ``_EMPHASIS``, ``_TAG``, ``_ARITHMETIC`` and ``_TIME_OF_DAY`` written one way."""
+    """The forms of ``_EMPHASIS``, ``_TAG``, ``_ARITHMETIC`` and ``_TIME_OF_DAY`` written one way,
+    and accents composed (NFC: "é" typed as e + a combining accent is one letter of a word)."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFC", text)
     if "*" in text:
         text = _EMPHASIS.sub(r"\2", text)
     if "<" in text:
@@ -456,8 +499,11 @@ def _spelt_apart(q: _Analysis, c: _Analysis) -> bool:
 
 def positive_form(w: str) -> str:
     """The base of a comparative or superlative stem of a gradable adjective ("faster" -> "fast",
-    "bigger" -> "big", "easiest" -> "easy"), else ``w`` unchanged. A stem the antonym table knows
-    itself ("higher", "latest", "summer") keeps its own entry."""
+    "bigger" -> "big", "easiest" -> "easy", and the irregular "best" -> "good", "farthest" -> "far",
+    "fewest" -> "few"), else ``w`` unchanged. A stem the antonym table knows itself ("higher",
+    "latest", "summer") keeps its own entry."""
+    if w in _IRREGULAR:
+        return _IRREGULAR[w]
     if w in _ANTONYMS:
         return w
     for suffix in ("est", "er"):
@@ -495,9 +541,38 @@ def _antonym_swap(all_q: frozenset[str], all_c: frozenset[str]) -> bool:
 
 
 def _contrast_swap(only_q: frozenset[str], only_c: frozenset[str]) -> bool:
-    """One side has a member of a contrast class (lexicon.CONTRAST_CLASSES) and the other another."""
-    classes_q = {_CONTRAST[w] for w in only_q if w in _CONTRAST}
-    return any(_CONTRAST.get(w) in classes_q for w in only_c)
+    """One side has a member of a contrast class (lexicon.CONTRAST_CLASSES) and the other another
+    (not a synonym of it: "often" / "frequently" is one member)."""
+    members_q = {_CONTRAST[w] for w in only_q if w in _CONTRAST}
+    if not members_q:
+        return False
+    classes_q = {k for k, _ in members_q}
+    return any(m[0] in classes_q and m not in members_q for m in (_CONTRAST.get(w) for w in only_c) if m)
+
+
+def _asks(text: str) -> frozenset[str]:
+    """What ``text`` asks for (``_ASKS``). An all-capitals "WHO" in a text not written in capitals is
+    a name (the World Health Organization), not a question word."""
+    return frozenset(m.lastgroup for m in _ASKS.finditer(text.replace("’", "'"))
+                     if not (m.group().isupper() and len(m.group()) > 2 and not text.isupper()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _latin(ch: str) -> bool:  # (a compatibility form of a Latin letter too: the ordinal "ª" is an "a")
+    return "LATIN" in unicodedata.name(ch, "") or unicodedata.normalize("NFKD", ch).isascii()
+
+
+@functools.lru_cache(maxsize=4096)
+def _unaccented(word: str) -> str:
+    return "".join(ch for ch in unicodedata.normalize("NFD", word) if unicodedata.category(ch) != "Mn")
+
+
+def _accents_apart(only_q: frozenset[str], only_c: frozenset[str]) -> bool:
+    """A word on each side, the two the same but for accents (cá / cà, años / anos, naïve / naive):
+    MiniLM strips accents before it reads a word, so it scores such pairs 1.0."""
+    if all(w.isascii() for w in only_q) and all(w.isascii() for w in only_c):
+        return False
+    return not {_unaccented(w) for w in only_q}.isdisjoint(_unaccented(w) for w in only_c)
 
 
 def _negated_form(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:

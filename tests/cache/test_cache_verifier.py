@@ -108,10 +108,13 @@ def test_comparative_opposites_are_rejected(verifier, q, c):
 @pytest.mark.parametrize("word,base", [
     ("faster", "fast"), ("fastest", "fast"), ("bigger", "big"), ("biggest", "big"), ("easier", "easy"),
     ("easiest", "easy"), ("larger", "large"), ("safer", "safe"), ("hotter", "hot"), ("thinner", "thin"),
-    ("smaller", "small"),
+    ("smaller", "small"), ("closest", "close"), ("nearest", "near"), ("simpler", "simple"),
+    # irregular: read as their base all the same
+    ("best", "good"), ("worse", "bad"), ("farthest", "far"), ("further", "far"), ("most", "many"),
+    ("fewest", "few"), ("less", "few"),
     # not comparatives of a gradable adjective, or known to the antonym table as they are
     ("water", "water"), ("offer", "offer"), ("banner", "banner"), ("easter", "easter"), ("summer", "summer"),
-    ("higher", "higher"), ("latest", "latest"), ("best", "best"), ("user", "user"),
+    ("higher", "higher"), ("latest", "latest"), ("user", "user"), ("closet", "closet"),
 ])
 def test_positive_form_reduces_comparatives_only(word, base):
     assert positive_form(stem(word)) == stem(base)
@@ -286,3 +289,75 @@ def test_stem_is_consistent():
 
 def test_no_guards_means_none():
     assert Verifier(guards=frozenset()).check("How do I enable SSO?", "How do I disable SSO?").ok
+
+
+# Found by the third cache QA (0.85 to 0.95): question words are stopwords, so "Where" / "When" was
+# invisible; frequency adverbs, "with" / "before", tenses and times of day are common words the
+# content guard does not count; irregular comparatives and a few antonyms the lexicon lacked.
+@pytest.mark.parametrize("q,c,reason", [
+    ("Where was Albert Einstein born?", "When was Albert Einstein born?", "interrogative"),
+    ("Who wrote Hamlet?", "When was Hamlet written?", "interrogative"),
+    ("Why did the Roman Empire fall?", "What year did the Roman Empire fall?", "interrogative"),
+    ("How much does a Tesla cost?", "Why does a Tesla cost so much?", "interrogative"),
+    ("Why does my phone always die?", "Why does my phone sometimes die?", "content"),
+    ("Does it often snow in London?", "Does it rarely snow in London?", "content"),
+    ("Is it okay to take aspirin with alcohol?", "Is it okay to take aspirin before alcohol?", "content"),
+    ("Should I drink water during a workout?", "Should I drink water after a workout?", "content"),
+    ("What is the past tense of run?", "What is the present tense of run?", "content"),
+    ("What is the weather today in Paris?", "What is the weather tomorrow in Paris?", "content"),
+    ("Translate to French: good morning", "Translate to French: good night", "content"),
+    ("How much water should I drink a day?", "How much water should I drink a week?", "content"),
+    ("Is Earth the closest planet to the Sun?", "Is Earth the farthest planet from the Sun?", "antonym"),
+    ("Which country has the most people?", "Which country has the fewest people?", "antonym"),
+    ("Should I drink more water?", "Should I drink less water?", "antonym"),
+    ("Is the number odd?", "Is the number even?", "antonym"),
+    ("Who won the World Cup in 2018?", "Who lost the World Cup final in 2018?", "antonym"),
+    ("Why is my code failing?", "Why is my code working?", "antonym"),
+    ("Explain quantum physics simply.", "Explain quantum physics in detail.", "antonym"),
+    ("How many legs does a spider have?", "How many legs does an insect have?", "entity"),
+])
+def test_third_qa_hard_negatives_are_rejected(verifier, q, c, reason):
+    assert verifier.check(q, c) == Verdict(False, reason)
+    assert verifier.check(c, q) == Verdict(False, reason)
+
+
+# The same kind of question asked another way, and a synonym of a contrast member, still pass.
+@pytest.mark.parametrize("q,c", [
+    ("Why is the sky blue?", "What makes the sky blue?"),
+    ("Why is the ocean salty?", "What causes the ocean to be salty?"),
+    ("Why do onions make you cry?", "What is the reason onions make you cry?"),
+    ("How come cats purr?", "Why do cats purr?"),
+    ("When did World War II end?", "What year did World War II end?"),
+    ("At what age do babies start talking?", "When do babies start talking?"),
+    ("Where was Mozart born?", "In what city was Mozart born?"),
+    ("Who painted The Starry Night?", "The Starry Night was painted by whom?"),
+    ("How many bones are in the human body?", "What is the number of bones in the human body?"),
+    ("Who is the CEO of Apple?", "What is the name of Apple's CEO?"),  # (a kind on one side only)
+    ("Why do I feel tired when I wake up?", "What makes me tired after waking up?"),
+    ("What does WHO recommend for a fever?", "What does the WHO recommend for fever?"),  # (a name)
+    ("How often should I water a cactus?", "How frequently should I water a cactus?"),
+    ("Can I take ibuprofen while pregnant?", "Can I take ibuprofen during pregnancy?"),
+    ("Why does my phone always die?", "Why does my phone keep dying?"),
+    ("Which planet is closest to the Sun?", "What is the nearest planet to the Sun?"),
+    ("What is the best way to learn Spanish?", "What's a good way to learn Spanish?"),
+    ("Explain quantum physics simply.", "Explain quantum physics in simple terms."),
+    ("Is 7 an odd number?", "Is the number 7 odd?"),
+    ("How many calories should I eat per day?", "How many calories should I eat daily?"),
+])
+def test_third_qa_paraphrases_pass(verifier, q, c):
+    assert verifier.check(q, c).ok, verifier.check(q, c)
+    assert verifier.check(c, q).ok
+
+
+def test_what_a_question_asks_for(verifier):
+    asks = {t: verifier.analyse(t).asks for t in (
+        "What makes the sky blue?", "What time does the shop open?", "In which country is Kilimanjaro?",
+        "The Mona Lisa was painted by whom?", "How many moons does Mars have?", "What is a closure?",
+        "How do I reset my password?", "Which city is Australia's capital?", "WHO guidance on masks",
+        "WHERE IS MY ORDER")}
+    assert asks == {
+        "What makes the sky blue?": {"reason"}, "What time does the shop open?": {"time"},
+        "In which country is Kilimanjaro?": {"place"}, "The Mona Lisa was painted by whom?": {"person"},
+        "How many moons does Mars have?": {"amount"}, "What is a closure?": set(),
+        "How do I reset my password?": set(), "Which city is Australia's capital?": set(),
+        "WHO guidance on masks": set(), "WHERE IS MY ORDER": {"place"}}
