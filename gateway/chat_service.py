@@ -446,9 +446,11 @@ async def _close(gen: Generation | None, account: RequestAccount, outcome: dict)
 
 
 def _outcome(gen: Generation, status: str, delivered: bool = True) -> dict:
-    if status == "error" and not (gen.taken and delivered):
-        # refused by the engine (overloaded, stopped, bad ids), or a JSON answer that failed (the
-        # engine stopped, the server shutting down; an SDK retries the 503): nothing to charge
+    if (status == "error" and not (gen.taken and delivered)) or (status == "aborted" and not gen.computed):
+        # refused by the engine (overloaded, stopped, bad ids), a JSON answer that failed (the
+        # engine stopped, the server shutting down; an SDK retries the 503), or a client that left
+        # while its request still waited in the engine's queue (found by QA: billed its prompt,
+        # which the engine never computed): nothing to charge
         return dict(status=status, finish_reason=None, prompt_tokens=0, cached_prompt_tokens=0,
                     completion_tokens=0, ttft_ms=None)
     return dict(status=status, finish_reason=gen.finish_reason if gen.finished else None,

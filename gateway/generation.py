@@ -235,6 +235,12 @@ class Generation:
         return out.deltas
 
     @property
+    def computed(self) -> bool:
+        """Whether the engine has answered at all (its first output comes after the prompt's
+        prefill): a request stopped before that cost the engine nothing it could bill."""
+        return self.taken or self._pending is not None
+
+    @property
     def completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.choices)
 

@@ -156,6 +156,9 @@ class QuotaLedger:
         # where a job that Redis could not take now goes to be tried again (TenancyServices sets
         # its aftercare's retry_later); None: such a job is dropped
         self.retry_later: Callable[[Callable[[], Awaitable[object] | None], str], None] | None = None
+        # settles this process's requests that have ended but not yet settled (their settlements
+        # wait ``settle_delay_ms`` in the aftercare) and says whether there were any; None: none wait
+        self.settle_pending: Callable[[], Awaitable[bool]] | None = None
         self.reservation_ttl_s = reservation_ttl_s
         self._reserve = redis.register_script(_script("quota_reserve.lua"))
         self._settle = redis.register_script(_script("quota_settle.lua"))
@@ -213,9 +216,14 @@ class QuotaLedger:
                  principal.tpm_limit)
         return await self._batches.submit(group, _Ask(principal, model, price, prompt_tokens, max_tokens, min_tokens))
 
-    async def _reserve_batch(self, group: tuple, asks: list[_Ask]) -> list[Reservation | ApiError]:
+    async def _reserve_batch(self, group: tuple, asks: list[_Ask], *, settled: bool = False
+                             ) -> list[Reservation | ApiError]:
         """One script call for the reservations of one tenant made in one event-loop iteration
-        (``gateway.coalesce``), taken one after the other: a Reservation or an ApiError for each."""
+        (``gateway.coalesce``), taken one after the other: a Reservation or an ApiError for each.
+        Those refused while reservations are open are tried once more after this process's ended
+        requests have settled (``settle_pending``): a client that sends its next request as soon as
+        its answer arrives finds its last reservation still open for ``settle_delay_ms``, and was
+        told its budget was held by requests in flight when it had none (found by QA)."""
         principal = asks[0].principal  # the group shares the tenant, its budgets, period and TPM
         budget_usd = group[3]
         now = time.time()
@@ -267,8 +275,12 @@ class QuotaLedger:
         tpm_limit = principal.tpm_limit
         reset_s = format_reset(tpm_empty_s(0, 1, frac))  # (a request served has just charged this minute)
         out: list[Reservation | ApiError] = []
+        held: list[int] = []  # refused while reservations were open
         for i, ask in enumerate(asks):
             code, a, b = int(result[5 * i]), int(result[5 * i + 1]), int(result[5 * i + 2])
+            if (code == -2 and (int(result[5 * i + 3]) or int(result[5 * i + 4]))) or (
+                    code == -3 and int(result[5 * i + 4])):  # (what open reservations hold, in the reply)
+                held.append(i)
             if code == -2:
                 out.append(quota_refusal(principal, a, b, ask.prompt_tokens + ask.min_tokens,
                                          ask.price.cost_units(ask.prompt_tokens, ask.min_tokens), period_end,
@@ -293,6 +305,10 @@ class QuotaLedger:
         self._epochs[keys[0]] = epoch
         if seen is not None and epoch and seen != epoch:  # rebuilt by another process meanwhile
             await self._adopt(principal.tenant_id, keys[0], current=epoch)
+        if held and not settled and self.settle_pending is not None and await self.settle_pending():
+            again = await self._reserve_batch(group, [asks[i] for i in held], settled=True)
+            for i, result_i in zip(held, again, strict=True):
+                out[i] = result_i
         return out
 
     async def _adopt(self, tenant_id: int, key: str, current: str | None = None) -> None:

@@ -104,6 +104,14 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     quota.retry_later = aftercare.retry_later
+
+    async def settle_pending() -> bool:
+        if not aftercare.pending:
+            return False
+        await aftercare.drain()
+        return True
+
+    quota.settle_pending = settle_pending
     services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
                                usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare)
     try:

@@ -287,7 +287,7 @@ def test_a_tenant_whose_share_of_the_queue_is_full_gets_429(api, api_engine) -> 
 def test_a_client_that_leaves_while_its_request_is_queued_aborts_it_at_once(api, api_engine, stream) -> None:  # noqa: ANN001
     """The engine is held inside a step; a second request waits in its queue, and its client
     gives up. The request is aborted and recorded then, not once the engine gets to it (it used to
-    be prefilled and sampled first, 20 s later under load)."""
+    be prefilled and sampled first, 20 s later under load), and costs nothing."""
     import threading
 
     gate = threading.Event()
@@ -318,9 +318,10 @@ def test_a_client_that_leaves_while_its_request_is_queued_aborts_it_at_once(api,
         rows = []
         while time.monotonic() < deadline and not rows:
             rows = [r for r in api.usage_rows() if r.status == "aborted" and r.completion_tokens == 0
-                    and r.ttft_ms is None and r.latency_ms < 5000]
+                    and r.ttft_ms is None and r.latency_ms < 5000 and r.prompt_tokens == 0 and r.cost_usd == 0]
             time.sleep(0.1)
-        assert rows, "the queued request was not aborted while the engine was busy"
+        # and billed nothing: the engine never computed its prompt (found by QA: it was billed the prompt)
+        assert rows, "the queued request was not aborted (and billed nothing) while the engine was busy"
         assert not gate.is_set()  # (all of this while the engine was still held)
     finally:
         gate.set()

@@ -102,7 +102,9 @@ def test_the_quota_reserves_for_the_whole_batch(api) -> None:  # noqa: ANN001
     with pytest.raises(openai.RateLimitError) as left:  # what is left covers no batch of three
         client.completions.create(model=api.model, prompt=[PROMPTS[0]] * 3, max_tokens=1)
     assert f"needs at least {3 * prompt_tokens + 3} tokens" in left.value.message
-    assert "x-should-retry" not in left.value.response.headers  # a later period has room
+    assert left.value.code == "insufficient_quota"  # its own last request settled first: nothing in flight
+    assert "retry-after" in left.value.response.headers  # a later period has room, days away: the SDKs
+    assert left.value.response.headers["x-should-retry"] == "false"  # would retry it twice in vain
     with pytest.raises(openai.RateLimitError) as never:  # more than the whole budget: said so
         client.completions.create(model=api.model, prompt=[PROMPTS[0]] * 4, max_tokens=1)
     assert never.value.code == "insufficient_quota" and "more than the whole budget" in never.value.message

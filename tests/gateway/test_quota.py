@@ -655,6 +655,24 @@ async def test_requests_without_max_tokens_are_not_told_the_quota_is_spent(tenan
         assert e.headers["retry-after"] == "1" and "reserved by your requests in flight" in e.message
 
 
+async def test_a_request_sent_as_the_last_one_ends_finds_it_settled(tenancy, make_tenant):
+    """A client that sends its next request as soon as its answer arrives finds that answer's
+    reservation still open (settlements wait ``settle_delay_ms`` in the aftercare): a refusal while
+    reservations are open settles this process's ended requests first and tries again (found by QA:
+    "your requests in flight hold the rest of your budget" to a client with none in flight)."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
+    quota, care = tenancy.quota, tenancy.aftercare
+    care.delay_s = 30.0  # (the settlement would not run by itself during this test)
+    ended = await quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)  # the whole budget
+    care.submit(lambda: quota.settle_soon(ended, prompt_tokens=10, completion_tokens=20), "(test)")
+    assert care.pending == 1
+    nxt = await quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+    assert nxt.max_tokens == 60 and care.pending == 0  # 100 - 30 spent - its prompt
+    with pytest.raises(ApiError) as held:  # nxt is in flight for real: nothing to settle, said so
+        await quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+    assert held.value.code == "rate_limit_exceeded" and "30 used and 70 reserved of 100" in held.value.message
+
+
 def _seconds(reset: str) -> float:
     minutes, rest = reset.split("m", 1) if "m" in reset.rstrip("ms") else ("0", reset)
     return int(minutes) * 60 + (int(rest[:-2]) / 1000 if rest.endswith("ms") else int(rest[:-1]))
