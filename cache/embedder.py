@@ -28,6 +28,7 @@ embeds "如何减肥" (how to lose weight) and "如何增重" (how to gain weigh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import functools
 import logging
@@ -36,6 +37,7 @@ import string
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -92,6 +94,21 @@ def _set_thread_omp_threads(n: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Load a sentence-transformers model without transformers' "Loading weights" progress bar,
+    which a server's log receives as carriage-return noise on the first embedding (found by QA)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 class Embedder:
     """``await embed(text)`` -> L2-normalised float32 vector of size ``dim``."""
 
@@ -126,7 +143,8 @@ class Embedder:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 from sentence_transformers import SentenceTransformer
 
-                model = SentenceTransformer(self._path, device=self._device)
+                with quiet_loading():
+                    model = SentenceTransformer(self._path, device=self._device)
                 self.max_tokens = int(model.get_max_seq_length() or 512)
                 self._sees_ascii = self._unknown(model.tokenizer, " ".join(string.printable.strip())) == 0
                 self._fast = self._direct_path(model)

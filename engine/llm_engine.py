@@ -292,7 +292,7 @@ class LLMEngine:
             kv_blocks_total=kv.pool.num_blocks,
             kv_blocks_used=kv.num_used_blocks,
             kv_usage=kv.usage,
-            kv_utilization=kv.utilization(),
+            kv_utilization=kv.utilization() if kv.num_used_blocks else 0.0,  # idle: nothing held, not "full"
             prefix_hit_rate=kv.prefix_hit_rate,
             preemptions=self.scheduler.num_preemptions,
             steps=self.num_steps,

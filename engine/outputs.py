@@ -55,7 +55,7 @@ class EngineStats:
     kv_blocks_total: int
     kv_blocks_used: int
     kv_usage: float  # fraction of blocks in use
-    kv_utilization: float  # tokens held / slots of the allocated blocks
+    kv_utilization: float  # tokens held / slots of the allocated blocks (0.0 with none allocated)
     prefix_hit_rate: float  # prompt tokens served from cache / prompt tokens looked up
     preemptions: int
     steps: int

@@ -36,7 +36,13 @@ from gateway.errors import (
     unsupported,
 )
 from gateway.formats import ChatFormat, CompletionFormat, TokenNames, make_usage, natural_pieces
-from gateway.generation import Generation, context_length_exceeded, far_too_long, logprob_entries
+from gateway.generation import (
+    Generation,
+    context_length_exceeded,
+    far_too_long,
+    logprob_entries,
+    row_finish_reason,
+)
 from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 from gateway.sse import SSEResponse
 
@@ -586,7 +592,7 @@ async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: 
     ttft_ms = (time.perf_counter() - account.started) * 1000  # the whole answer is ready: its first token too
 
     async def close() -> None:
-        await account.close_surely(status="ok", finish_reason=reasons[0] if reasons else None,
+        await account.close_surely(status="ok", finish_reason=row_finish_reason(reasons),
                                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                                    ttft_ms=ttft_ms, cache_hit=True)
 

@@ -100,8 +100,11 @@ class Embedder:
                  max_batch_texts: int = 512) -> None:
         from sentence_transformers import SentenceTransformer
 
+        from cache.embedder import quiet_loading
+
         self.model_path = model_path or bundled_model_path()
-        self.model = SentenceTransformer(self.model_path, device=device)
+        with quiet_loading():
+            self.model = SentenceTransformer(self.model_path, device=device)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimensions = int(get_dim() or DIMENSIONS)
         self.max_input_tokens = int(self.model.get_max_seq_length() or 512)  # longer inputs are refused

@@ -67,6 +67,12 @@ def engine_error(err: EngineError) -> ApiError:
     return ApiError(500, "The engine failed to process the request.", "server_error", "engine_error")
 
 
+def row_finish_reason(reasons: list[str | None]) -> str | None:
+    """The one finish reason a usage row keeps for ``n`` choices: ``length`` when any choice was cut
+    short (the answer is not whole), else the first choice's."""
+    return "length" if "length" in reasons else (reasons[0] if reasons else None)
+
+
 @dataclass(slots=True)
 class ChoiceState:
     text: list[str] = field(default_factory=list)
@@ -246,8 +252,7 @@ class Generation:
 
     @property
     def finish_reason(self) -> str | None:
-        reasons = [c.finish_reason for c in self.choices]
-        return "length" if "length" in reasons else reasons[0]
+        return row_finish_reason([c.finish_reason for c in self.choices])
 
     @property
     def ttft_ms(self) -> float | None:

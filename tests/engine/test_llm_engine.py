@@ -126,6 +126,7 @@ def test_parallel_sampling_children_differ_and_are_seeded(engine):
 
 def test_stats_and_request_metrics(tiny_model_dir, engine_config):
     e = LLMEngine(engine_config(tiny_model_dir, num_blocks=64, max_num_batched_tokens=256))
+    assert e.stats().kv_utilization == 0.0  # idle: nothing held (it read 1.0, "full", found by QA)
     system = list(range(100, 148))  # 3 full blocks
     e.generate([system + [1]], SamplingParams(max_tokens=2, **GREEDY))
     e.add_request("m", system + [2, 3], SamplingParams(max_tokens=5, **GREEDY))

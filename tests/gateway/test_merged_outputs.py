@@ -101,3 +101,14 @@ async def test_leaving_early_stops_every_stream() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_a_usage_row_keeps_length_when_any_choice_was_cut() -> None:
+    """One rule for the engine's answers and the cache's replays (found by QA: a replay kept the
+    first choice's reason, the engine's path ``length`` if any choice had it)."""
+    from gateway.generation import row_finish_reason
+
+    assert row_finish_reason(["stop", "length"]) == "length"
+    assert row_finish_reason(["length", "stop"]) == "length"
+    assert row_finish_reason(["stop", "stop"]) == "stop"
+    assert row_finish_reason([None]) is None and row_finish_reason([]) is None
