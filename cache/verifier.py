@@ -22,15 +22,20 @@ only if every guard agrees the two questions ask the same thing:
                rarity from the embedder's word-piece vocabulary rank), or each side a different
                member of one contrast class (time / space, length / width, lunch / dinner,
                always / sometimes, with / before, past / present, today / tomorrow)
+    choice     one side offers a choice and the other names one option only: "Is a tomato a fruit
+               or a vegetable?" / "Is a tomato a vegetable?" (``_one_option``)
+
+and three that compare how the two are written, where the embedder sees no difference; they live in
+cache/spelling.py, with the written-form normalisation (emphasis, HTML tags, arithmetic in words,
+times of day) that every guard reads through:
+
     accent     a word on each side, the two the same but for accents (cá / cà, años / anos)
     symbol     the symbols differ: operators, code punctuation, options and slices (> / <,
                == / ===, x[1:] / x[:1], ls -a / ls -l, / / ./), and emoji when both texts have
-               some (👍 / 👎), which the embedder does not see at all (``_symbols``)
-    choice     one side offers a choice and the other names one option only: "Is a tomato a fruit
-               or a vegetable?" / "Is a tomato a vegetable?" (``_one_option``)
+               some (👍 / 👎), which the embedder does not see at all (``spelling.symbols``)
     case       a short word in two capitalised forms (MB / Mb, CO / Co), or, in two texts
                written in prose case, a word that is also a name in lower case on one side
-               (Turkey / turkey, US / us); python / Python or NASA / Nasa pass (``_spelt_apart``)
+               (Turkey / turkey, US / us); python / Python or NASA / Nasa pass (``spelling.spelt_apart``)
 
 The ``relation`` guard is the only one that reads word order, and it reads it only around words
 that give a pair a direction: "to"/"into" and "from … to" (Celsius to Fahrenheit, English to
@@ -56,15 +61,14 @@ Each guard is a few set operations on memoised token analyses (well under a mill
 
 from __future__ import annotations
 
-import functools
 import re
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cache import lexicon as lx
 from cache.relations import Relation, Word, relations, reversed_relation
+from cache.spelling import accents_apart, is_latin, normalised, spelt_apart, symbols
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
@@ -121,36 +125,6 @@ _ASKS = re.compile(rf"\b(?=[{_FIRST_LETTERS}])(?:" + "|".join(
 _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
                      "content", "symbol", "case", "accent", "choice"})
-# Runs of characters that are neither word characters nor spaces: operators, code punctuation,
-# emoji (``_symbols``). Quotes, backticks and brackets around a run are no part of it ("`==`" is
-# "=="), nor the sentence marks after it ("C++?" is "++"); a run of ordinary punctuation only is no
-# symbol unless it stands alone ("??", "!!"); neither is one hyphen, apostrophe, dot or slash inside
-# a word ("e-mail", "it's", "3.5", "async/await"), nor an ampersand ("R&D", "salt & pepper").
-_SYMBOL_RUN = re.compile(r"[^\w\s]+")
-_PLAIN = frozenset(".,?!;:'\"’‘“”«»„()[]{}…–—-`$€£¥%°•·¿¡")
-_WRAPPING = frozenset("`'\"’‘“”«»„()[]{}")
-_TRAILING = ".,?!;:"
-_DASHES_AND_QUOTES = frozenset("-–—…'\"’‘“”«»„`.")
-_SUBSCRIPT = re.compile(r"(?<=\w)\[[^\]\s]{0,24}\]")  # x[1:], x[-1], s[::-1]: read verbatim
-# Written forms that mean the same as a symbol, normalised before the analysis: emphasis ("*best*"),
-# an HTML tag named ("<div>": div), arithmetic between numbers in words ("15 times 4": 15*4), and
-# times of day ("6 a.m.", "3pm": 6 am, 3 pm).
-_EMPHASIS = re.compile(r"(?<![\w*])(\*{1,2})(?=\w)([^*\n]*?\w)\1(?![\w*])")
-_TAG = re.compile(r"<(/?[A-Za-z][\w-]*)>")
-_ARITHMETIC = [(re.compile(r"(\d)\s*(?:\*\*|\^|to the power of)\s*(?=\d)", re.I), r"\1^"),
-               (re.compile(r"(\d)\s*(?:\*|×|x|times|multiplied by)\s*(?=\d)", re.I), r"\1*"),
-               (re.compile(r"(\d)\s*(?:/|÷|divided by)\s*(?=\d)", re.I), r"\1/"),
-               (re.compile(r"(\d)\s*(?:\+|plus)\s*(?=\d)", re.I), r"\1+"),
-               (re.compile(r"(\d)\s*(?:>=|(?:is\s+)?(?:greater|more|larger|bigger) than or equal to)\s*(?=\d)", re.I),
-                r"\1>="),
-               (re.compile(r"(\d)\s*(?:<=|(?:is\s+)?(?:less|smaller|fewer) than or equal to)\s*(?=\d)", re.I), r"\1<="),
-               (re.compile(r"(\d)\s*(?:>|(?:is\s+)?(?:greater|more|larger|bigger) than)\s*(?=\d)", re.I), r"\1>"),
-               (re.compile(r"(\d)\s*(?:<|(?:is\s+)?(?:less|smaller|fewer) than)\s*(?=\d)", re.I), r"\1<")]
-# Emoji written two ways are one: variation selectors, skin tones and joiners are not compared; and
-# emoji after a text's last sentence mark ("... language? 🤔") are a sign-off, not the question.
-_EMOJI_MARKS = re.compile("[\ufe0e\ufe0f\u200d\U0001f3fb-\U0001f3ff]")
-_SIGN_OFF = re.compile(r"(?<=[.?!])[\s\W]*$")
-_TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 _SENTENCE_END = frozenset(".?!")
 
 
@@ -207,7 +181,7 @@ class Verifier:
         neither sees what a word means ("Как включить wifi?" / "Как выключить wifi?" embed at
         0.98, and the guards would find no negation, number or antonym in either). The cache gives
         such a text no semantic tier. Accents are Latin: "¿Cuántos años tienes?" is read."""
-        return text.isascii() or all(_latin(ch) for ch in text if ch.isalpha())
+        return text.isascii() or all(is_latin(ch) for ch in text if ch.isalpha())
 
     @property
     def has_vocab(self) -> bool:
@@ -233,7 +207,7 @@ class Verifier:
         hit = self._memo.get(text)
         if hit is not None:
             return hit
-        original, text = text, _normalised(text)
+        original, text = text, normalised(text)
         tokens = _TOKEN.findall(text.replace("’", "'"))
         words: set[str] = set()
         forms: set[str] = set()
@@ -350,7 +324,7 @@ class Verifier:
         cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
-                      *_symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
+                      *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
                       _choices(order), _asks(text), frozenset(forms))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
@@ -379,14 +353,14 @@ class Verifier:
             return Verdict(False, "entity")
         if "relation" in g and reversed_relation(q.relations, c.relations):
             return Verdict(False, "relation")
-        if "accent" in g and _accents_apart(q.forms - c.forms, c.forms - q.forms):
+        if "accent" in g and accents_apart(q.forms - c.forms, c.forms - q.forms):
             return Verdict(False, "accent")
         if "content" in g and (((q.rare - c.content) and (c.rare - q.content))
                                or _contrast_swap(q.words - c.words, c.words - q.words)):
             return Verdict(False, "content")
         if "symbol" in g and (q.symbols != c.symbols or (q.emoji and c.emoji and q.emoji != c.emoji)):
             return Verdict(False, "symbol")  # (emoji added or dropped are decoration: compared when both have some)
-        if "case" in g and _spelt_apart(q, c):
+        if "case" in g and spelt_apart(q.spellings, c.spellings, prose=q.cased and c.cased):
             return Verdict(False, "case")
         if "choice" in g and (_one_option(q, c) or _one_option(c, q)):
             return Verdict(False, "choice")
@@ -410,91 +384,6 @@ def _one_option(a: _Analysis, b: _Analysis) -> bool:
     """``a`` offers a choice ("a fruit or a vegetable?") and ``b`` names one of its options only."""
     return any(pair not in b.choices and len(pair & b.content) == 1 and len(pair - b.words) == 1
                for pair in a.choices)
-
-
-def _normalised(text: str) -> str:
-    """The forms of ``_EMPHASIS``, ``_TAG``, ``_ARITHMETIC`` and ``_TIME_OF_DAY`` written one way,
-    and accents composed (NFC: "é" typed as e + a combining accent is one letter of a word)."""
-    if not text.isascii():
-        text = unicodedata.normalize("NFC", text)
-    if "*" in text:
-        text = _EMPHASIS.sub(r"\2", text)
-    if "<" in text:
-        text = _TAG.sub(r"\1", text)
-    if any(ch.isdigit() for ch in text):
-        for pattern, replacement in _ARITHMETIC:
-            text = pattern.sub(replacement, text)
-        text = _TIME_OF_DAY.sub(lambda m: " " + m.group(1).lower() + "m", text)
-    return text
-
-
-def _is_emoji(run: str) -> bool:
-    return any(ord(ch) > 127 and (unicodedata.category(ch) in ("So", "Sk", "Cs") or ch in "\ufe0f\u200d")
-               for ch in run)  # (not the ASCII "`" and "^", which Unicode files with the modifier symbols)
-
-
-def _symbols(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The text's symbols (see ``_SYMBOL_RUN``) and its emoji, each sorted: a paraphrase may move them."""
-    found: list[str] = []
-    emoji: list[str] = []
-    for m in _SUBSCRIPT.finditer(text):
-        found.append(m.group()[1:-1])
-    text = _SUBSCRIPT.sub(" ", text)
-    sign_off = _SIGN_OFF.search(text)
-    for m in _SYMBOL_RUN.finditer(text):
-        run, start, end = m.group(), m.start(), m.end()
-        if _is_emoji(run):
-            run = _EMOJI_MARKS.sub("", run)
-            if run and not (sign_off and start >= sign_off.start()):
-                emoji.append(run)
-            continue
-        inside = 0 < start and end < len(text) and text[start - 1].isalnum() and text[end].isalnum()
-        if run == "&" or (inside and len(run) == 1 and (run in "-'’." or (run == "/" and text[start - 1].isalpha()
-                                                                          and text[end].isalpha()))):
-            continue  # R&D, salt & pepper, e-mail, it's, 3.5, async/await
-        if run[-1] == "-" and end < len(text) and text[end].isalnum() and (len(run) > 1 or not (
-                start and text[start - 1].isalnum())):  # a sign or an option: "-1", "-rf", "--hard"
-            option = re.match(r"\w*", text[end:]).group()
-            found.append(run.lstrip("".join(_WRAPPING)) + option)
-            continue
-        alone = (start == 0 or text[start - 1].isspace()) and (end == len(text) or text[end].isspace())
-        unwrapped = "".join(ch for ch in run if ch not in _WRAPPING)
-        core = unwrapped.rstrip(_TRAILING)
-        if core and not all(ch in _PLAIN for ch in core):
-            found.append(core)
-        elif alone and len(unwrapped) > 1 and not all(ch in _DASHES_AND_QUOTES for ch in unwrapped):
-            found.append(unwrapped)  # an operator of punctuation alone: "??", "!!", "?.", "`??`"
-    return tuple(sorted(found)), tuple(sorted(emoji))
-
-
-# Words that are also names when capitalised, so that "Tell me about Turkey." and "… turkey." differ.
-_CAPITONYMS = frozenset("""turkey china polish bill apple jaguar amazon may march august mark will rose nice
-    reading jersey chile guinea jordan georgia victoria sandy hope grace frank jack bob mercury""".split())
-
-
-def _spelt_apart(q: _Analysis, c: _Analysis) -> bool:
-    """A word both texts write off a sentence start, in case that changes what it names: a short
-    word in two capitalised forms (MB / Mb, CO / Co, mW / MW, Mbps / MBps; not NASA / Nasa or
-    JavaScript / Javascript, one name styled two ways), or, when both texts use capitals as
-    prose does, a word that is also a name written in lower case on one side (Turkey / turkey,
-    US / us)."""
-    a, b = q.spellings, c.spellings
-    prose = q.cased and c.cased
-    for w, forms in a.items():
-        other = b.get(w)
-        if other is None or other == forms:
-            continue
-        for x in forms:
-            for y in other:
-                if x == y:
-                    continue
-                if x.islower() or y.islower():
-                    capital = y if x.islower() else x
-                    if prose and (w in _CAPITONYMS or (capital.isupper() and w in lx.STOPWORDS)):
-                        return True
-                elif len(w) <= 3 or (len(w) == 4 and not (x.isupper() != y.isupper() and (x.istitle() or y.istitle()))):
-                    return True
-    return False
 
 
 def positive_form(w: str) -> str:
@@ -555,24 +444,6 @@ def _asks(text: str) -> frozenset[str]:
     a name (the World Health Organization), not a question word."""
     return frozenset(m.lastgroup for m in _ASKS.finditer(text.replace("’", "'"))
                      if not (m.group().isupper() and len(m.group()) > 2 and not text.isupper()))
-
-
-@functools.lru_cache(maxsize=4096)
-def _latin(ch: str) -> bool:  # (a compatibility form of a Latin letter too: the ordinal "ª" is an "a")
-    return "LATIN" in unicodedata.name(ch, "") or unicodedata.normalize("NFKD", ch).isascii()
-
-
-@functools.lru_cache(maxsize=4096)
-def _unaccented(word: str) -> str:
-    return "".join(ch for ch in unicodedata.normalize("NFD", word) if unicodedata.category(ch) != "Mn")
-
-
-def _accents_apart(only_q: frozenset[str], only_c: frozenset[str]) -> bool:
-    """A word on each side, the two the same but for accents (cá / cà, años / anos, naïve / naive):
-    MiniLM strips accents before it reads a word, so it scores such pairs 1.0."""
-    if all(w.isascii() for w in only_q) and all(w.isascii() for w in only_c):
-        return False
-    return not {_unaccented(w) for w in only_q}.isdisjoint(_unaccented(w) for w in only_c)
 
 
 def _negated_form(only_q: set[str] | frozenset[str], only_c: set[str] | frozenset[str]) -> bool:
