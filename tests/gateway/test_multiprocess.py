@@ -241,4 +241,5 @@ async def test_budget_holds_for_50_concurrent_reservations_from_two_processes(tm
     accepted = [r for r in results if isinstance(r, int)]
     assert len(results) == 50
     assert len(accepted) == 10 and sum(accepted) <= 300
-    assert set(r for r in results if not isinstance(r, int)) == {"insufficient_quota"}
+    # refused while the accepted ones ran (their reservations held the budget), or after they had spent it
+    assert set(r for r in results if not isinstance(r, int)) <= {"rate_limit_exceeded", "insufficient_quota"}
