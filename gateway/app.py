@@ -144,7 +144,7 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
     if origins:  # outermost: a preflight is answered before any limit or key check
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "PATCH", "PUT", "DELETE"],  # the admin API's too
                            allow_headers=["*"],  # the SDKs send their own (x-stainless-*, openai-*)
                            expose_headers=CORS_EXPOSED_HEADERS, max_age=600)
     for router in ROUTERS:

@@ -23,7 +23,7 @@ import tempfile
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from gateway.settings import Settings, settings_errors
+from gateway.settings import Settings, python_log_level, settings_errors
 
 if TYPE_CHECKING:
     from gateway.redis_server import EmbeddedRedis
@@ -52,18 +52,18 @@ def served_model_id(settings: Settings) -> str:
     return served_name(settings.model)
 
 
-async def bootstrap_dev(settings: Settings) -> str | None:
+async def bootstrap_dev(settings: Settings) -> tuple[str, str] | None:
     """On a database without (live) tenants: a ``default`` tenant and one key
-    (``tenancy.bootstrap_dev_tenant``); returns the key."""
+    (``tenancy.bootstrap_dev_tenant``); returns (the tenant's name, the key)."""
     from gateway import tenancy
     from gateway.db.session import Database
 
     db = Database(settings.database_url, timeout_s=settings.database_timeout_s)
     try:
         async with db.sessionmaker() as session:
-            key = await tenancy.bootstrap_dev_tenant(session)
+            made = await tenancy.bootstrap_dev_tenant(session)
             await session.commit()
-            return key
+            return made
     finally:
         await db.dispose()
 
@@ -81,7 +81,7 @@ def cli_name() -> str:
     return relative if not relative.startswith("..") and os.sep in relative else os.path.abspath(argv0)
 
 
-def dev_banner(settings: Settings, key: str) -> str:
+def dev_banner(settings: Settings, key: str, tenant: str = "default") -> str:
     base = f"http://{settings.host}:{settings.port}/v1"
     cli = cli_name()
     model = served_model_id(settings)
@@ -94,7 +94,7 @@ def dev_banner(settings: Settings, key: str) -> str:
            f'print(reply.choices[0].message.content)')
     return "\n".join([
         "",
-        "pagegate dev mode: created tenant 'default' and this API key (shown once, keep it):",
+        f"pagegate dev mode: created tenant '{tenant}' and this API key (shown once, keep it):",
         "",
         f"    {key}",
         "",
@@ -218,8 +218,8 @@ def start_embedded_redis(embedded: EmbeddedRedis) -> str:
         raise StartupError(f"cannot start the embedded Redis in {embedded.dir}: {reason}") from None
 
 
-async def prestart(settings: Settings) -> str | None:
-    """Upgrade the schema; in dev mode bootstrap an empty database. Returns a new dev key, if any.
+async def prestart(settings: Settings) -> tuple[str, str] | None:
+    """Upgrade the schema; in dev mode bootstrap an empty database. Returns (tenant, key) made, if any.
     Raises StartupError when the database cannot be used."""
     from gateway.db.session import Database, safe_url
 
@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             settings = _settings(args)
-            logging.basicConfig(level=settings.log_level.upper(),
+            logging.basicConfig(level=python_log_level(settings),
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             # cheapest first, and all before the engine loads (which takes seconds)
             check_port(settings.host, settings.port)
@@ -297,13 +297,13 @@ def run(args: argparse.Namespace) -> int:
                 settings = settings.model_copy(update={"redis_url": start_embedded_redis(embedded)})
             check_redis(settings.redis_url, settings.redis_timeout_s)
             check_engine(settings)
-            key = asyncio.run(prestart(settings))
+            made = asyncio.run(prestart(settings))
         except StartupError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return 1
         if settings.dev_mode:
-            if key is not None:
-                print(dev_banner(settings, key), flush=True)
+            if made is not None:  # (found by QA: named 'default' when it was default-2)
+                print(dev_banner(settings, made[1], made[0]), flush=True)
             else:
                 cli = cli_name()
                 print(f"pagegate dev mode: the database already has tenants; create a key with "

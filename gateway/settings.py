@@ -20,7 +20,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     dev_mode: bool = False  # `make run`: create a default tenant + key on an empty database
-    log_level: str = "info"
+    log_level: str = "info"  # critical | error | warning (warn) | info | debug | trace, any case
     # uvicorn's access log (one line per request at log level info); every request also has its
     # usage row. Off saves ~0.08 ms of event-loop CPU per request (README, Overhead)
     access_log: bool = True
@@ -51,19 +51,19 @@ class Settings(BaseSettings):
     redis_prefix: str = "pg:"  # every Redis key starts with this
     # a Redis that stops answering (not refusing connections) fails a call after this long: the
     # limits and quotas then answer 503 instead of hanging every request
-    redis_timeout_s: float = Field(default=2.0, gt=0)
+    redis_timeout_s: float = Field(default=2.0, gt=0, allow_inf_nan=False)
     # a PostgreSQL statement or connect that takes longer fails (503 where a request needed it;
     # the usage writer retries); SQLite waits on its busy timeout
-    database_timeout_s: float = Field(default=5.0, gt=0)
+    database_timeout_s: float = Field(default=5.0, gt=0, allow_inf_nan=False)
     # the directory of every local default: the SQLite database, the usage spool, the converted
     # weights and the embedded Redis's snapshot; a path set on its own stays where it is set
     data_dir: str = Field(default="./data", min_length=1)  # (empty: every file in the working directory)
     usage_spool_dir: str = "./data/usage-spool"
-    usage_flush_interval_s: float = 0.5
+    usage_flush_interval_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
     # the spooled rows go into the database this often, or as soon as usage_batch_size wait: each
     # insert's thread hand-offs slow the engine's steps (~4% at one insert every 0.5 s, ~1% at 2 s)
     usage_db_interval_s: float = Field(default=2.0, ge=0)
-    usage_batch_size: int = 500
+    usage_batch_size: int = Field(default=500, ge=1)
     # a request's quota settlement runs this long after its response, in batches
     # (gateway/aftercare.py); 0: before the response
     settle_delay_ms: float = Field(default=20.0, ge=0)
@@ -101,23 +101,36 @@ class Settings(BaseSettings):
     gc_freeze: bool = True
 
     # tenancy defaults
-    default_rpm: int = 600
-    default_tpm: int = 200_000
-    ip_rpm: int = 6000  # per client address on /v1, before auth (slowapi); 0: off
-    key_cache_ttl_s: float = 30.0  # local auth cache; revocations are pushed through Redis
+    # (0: no limit; a negative value was taken as none, silently: refused, as the admin API refuses it)
+    default_rpm: int = Field(default=600, ge=0)
+    default_tpm: int = Field(default=200_000, ge=0)
+    ip_rpm: int = Field(default=6000, ge=0)  # per client address on /v1, before auth (slowapi); 0: off
+    key_cache_ttl_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)  # revocations are pushed through Redis
 
     # semantic cache
     cache_enabled: bool = True
-    cache_threshold: float = 0.90
-    cache_ttl_s: int = 86_400
-    cache_max_entries: int = 10_000
+    # the ranges the admin API takes for a tenant's own values (admin/schemas.py)
+    cache_threshold: float = Field(default=0.90, gt=0, le=1)
+    cache_ttl_s: int = Field(default=86_400, ge=1)
+    cache_max_entries: int = Field(default=10_000, ge=1)
     embedding_model: str = "all-MiniLM-L6-v2"
 
     # admin
     admin_jwt_secret: str = Field(default="change-me-admin-secret-at-least-32-bytes!!")
     admin_jwt_issuer: str = "pagegate"
     admin_jwks_url: str | None = None  # URL or file path of a JWKS for RS256/ES256 tokens
-    admin_token_ttl_s: int = 3600
+    admin_token_ttl_s: int = Field(default=3600, ge=1)
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        """One of uvicorn's levels, any case; "warn" is "warning" (found by QA: "warn" and "trace"
+        were tracebacks at start)."""
+        level = value.strip().lower()
+        level = "warning" if level == "warn" else level
+        if level not in LOG_LEVELS:
+            raise ValueError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+        return level
 
     @field_validator("forwarded_allow_ips")
     @classmethod
@@ -171,6 +184,14 @@ class Settings(BaseSettings):
             linear_backend=self.linear_backend,
             num_threads=self.num_threads,
         )
+
+
+LOG_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10, "trace": 5}  # trace: uvicorn's
+
+
+def python_log_level(settings: Settings) -> int:
+    """``logging``'s number for ``settings.log_level`` (uvicorn's "trace" is 5, below debug)."""
+    return LOG_LEVELS[settings.log_level]
 
 
 def settings_errors(exc: ValidationError) -> str:

@@ -197,17 +197,18 @@ async def set_price(session: AsyncSession, *, model: str, prompt_usd_per_1m: Dec
     return row
 
 
-async def bootstrap_dev_tenant(session: AsyncSession, *, name: str = "default") -> str | None:
+async def bootstrap_dev_tenant(session: AsyncSession, *, name: str = "default") -> tuple[str, str] | None:
     """Development mode: on a database without (live) tenants create tenant ``name`` and one key
-    (flushed, not committed), and return the key (to print once); None when tenants exist. A
-    deleted tenant keeps its name: then the new one is ``name-2`` (or the next free number)."""
+    (flushed, not committed), and return (the tenant's name, the key) (to print once); None when
+    tenants exist. A deleted tenant keeps its name: then the new one is ``name-2`` (or the next
+    free number), and that is the name returned."""
     if (await session.execute(select(Tenant.id).where(Tenant.deleted_at.is_(None)).limit(1))).first() is not None:
         return None
     taken = set((await session.execute(select(Tenant.name).where(Tenant.name.startswith(name)))).scalars())
     free = next(n for n in (name, *(f"{name}-{i}" for i in range(2, 10**6))) if n not in taken)
     tenant = await create_tenant(session, name=free)
     _, new = await create_api_key(session, tenant_id=tenant.id, name="dev")
-    return new.key
+    return free, new.key
 
 
 def invalidation_channel(prefix: str) -> str:

@@ -23,6 +23,7 @@ from gateway.aftercare import Aftercare
 from gateway.auth import Authenticator
 from gateway.db.session import Database
 from gateway.limits import RequestLimiter
+from gateway.peer_flush import PeerFlush
 from gateway.pricing import PriceBook
 from gateway.quota import QuotaLedger
 from gateway.redis_lane import ScriptLane
@@ -32,6 +33,10 @@ from gateway.usage import UsageWriter
 log = logging.getLogger("pagegate.gateway")
 
 REDIS_MAX_CONNECTIONS = 512
+# how long a counter's rebuild waits for the other processes to write their usage rows, and a
+# refusal while reservations are open for them to settle their ended requests
+PEER_FLUSH_TIMEOUT_S = 2.0
+PEER_SETTLE_TIMEOUT_S = 0.5
 
 
 @dataclass(slots=True)
@@ -46,6 +51,7 @@ class TenancyServices:
     prices: PriceBook
     redis_url: str = ""
     aftercare: Aftercare | None = None  # requests' quota settlements, run after their responses
+    peers: PeerFlush | None = None  # the other processes on this Redis, asked to settle and flush
 
     async def close(self) -> None:
         """Run the deferred settlements, drain the usage writer (rows not written stay spooled),
@@ -57,6 +63,9 @@ class TenancyServices:
                 log.error("%d quota settlements could not be made before the stop (Redis unreachable): their "
                           "reservations are refunded whole after an hour, and those requests' tokens count "
                           "against their budgets only from the counters' next rebuild", self.aftercare.retrying)
+        if self.peers is not None:
+            with contextlib.suppress(Exception):
+                await self.peers.close()
         with contextlib.suppress(Exception):
             await self.usage.close()
         with contextlib.suppress(Exception):
@@ -97,26 +106,36 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
 
     aftercare = Aftercare(settings.settle_delay_ms / 1000)
 
-    async def flush_usage() -> None:
-        await aftercare.drain()  # settlements of requests that just ended
-        with contextlib.suppress(Exception):  # DB down: rebuild sees what reached the DB
-            await usage.flush()
+    async def bookkeeping(usage_rows: bool) -> None:
+        """This process's: settlements of requests that just ended, and (``usage_rows``) the usage
+        rows still in its journal written to the database."""
+        await aftercare.drain()
+        if usage_rows:
+            with contextlib.suppress(Exception):  # DB down: the rebuild sees what reached the DB
+                await usage.flush()
+
+    peers = PeerFlush(redis, settings.redis_prefix, bookkeeping)
+
+    async def flush_usage() -> None:  # before a period counter is rebuilt from the database
+        await bookkeeping(True)
+        await peers.ask(usage=True, timeout_s=PEER_FLUSH_TIMEOUT_S)
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     quota.retry_later = aftercare.retry_later
 
-    async def settle_pending() -> bool:
-        if not aftercare.pending:
-            return False
-        await aftercare.drain()
-        return True
+    async def settle_pending() -> bool:  # before a refusal while reservations are open
+        had = bool(aftercare.pending)
+        if had:
+            await aftercare.drain()
+        return await peers.ask(usage=False, timeout_s=PEER_SETTLE_TIMEOUT_S) > 0 or had
 
     quota.settle_pending = settle_pending
     services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
-                               usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare)
+                               usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare, peers=peers)
     try:
         await usage.start()
         await auth.start()
+        await peers.start()
         prices.start()
     except BaseException:
         await services.close()

@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.settings import Settings
+from gateway.settings import Settings, python_log_level
 
 log = logging.getLogger("pagegate.workers")
 
@@ -270,7 +270,7 @@ def _engine_main(socket_path: str) -> int:
     from gateway.heap import tune_gc
 
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=python_log_level(settings), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     apply_gil_switch_interval(settings)
 
     async def main() -> None:
@@ -327,7 +327,7 @@ def _worker_main(fd: int, index: int) -> int:
     from gateway.shutdown import DrainingServer
 
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(),
+    logging.basicConfig(level=python_log_level(settings),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     sock = socket.socket(fileno=fd)
     server = DrainingServer(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))

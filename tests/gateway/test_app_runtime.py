@@ -87,6 +87,10 @@ async def test_cors_only_for_the_configured_origins(tmp_path, sqlite_url, redis_
         assert "x-stainless-os" in resp.headers["access-control-allow-headers"].lower()
         refused = await client.options("/v1/chat/completions", headers={**preflight, "origin": "https://evil.example"})
         assert refused.status_code == 400
+        for method in ("PATCH", "PUT", "DELETE"):  # a browser admin app (found by QA: "Disallowed CORS method")
+            admin = await client.options("/admin/v1/tenants/x", headers={**preflight,
+                                                                        "access-control-request-method": method})
+            assert admin.status_code == 200 and method in admin.headers["access-control-allow-methods"], method
         call = await client.get("/v1/models", headers={"origin": "https://admin.example", "authorization": "Bearer no"})
         assert call.status_code == 401 and call.json()["error"]["code"] == "invalid_api_key"
         assert call.headers["access-control-allow-origin"] == "https://admin.example"

@@ -22,6 +22,8 @@ def test_the_banner_names_the_dashboard_and_a_callable_cli(monkeypatch, tmp_path
     assert serve.cli_name() == os.path.join(".venv", "bin", "pagegate")
     banner = serve.dev_banner(Settings(port=18999, load_engine=False), "pg-example")
     assert "pg-example" in banner and "http://127.0.0.1:18999/admin" in banner
+    assert "created tenant 'default'" in banner
+    assert "created tenant 'default-2'" in serve.dev_banner(Settings(load_engine=False), "pg-x", "default-2")
     assert "`.venv/bin/pagegate admin token`" in banner
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")  # on PATH (an activated virtualenv)
     assert serve.cli_name() == "pagegate"

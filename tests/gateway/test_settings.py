@@ -79,3 +79,33 @@ def test_forwarded_allow_ips_takes_addresses_networks_or_a_star(monkeypatch) -> 
     monkeypatch.setenv("PAGEGATE_FORWARDED_ALLOW_IPS", "10.0.0.1,garbage!!")
     with pytest.raises(ValidationError, match="garbage"):
         Settings()
+
+
+def test_the_log_level_is_one_of_uvicorns_in_any_case(monkeypatch) -> None:  # noqa: ANN001
+    """Found by QA: "warn" and "trace" were tracebacks at start, not one ``error:`` line."""
+    from pydantic import ValidationError
+
+    from gateway.settings import python_log_level
+
+    for given, level, number in (("warn", "warning", 30), ("DEBUG", "debug", 10), ("trace", "trace", 5)):
+        monkeypatch.setenv("PAGEGATE_LOG_LEVEL", given)
+        settings = Settings()
+        assert (settings.log_level, python_log_level(settings)) == (level, number)
+    monkeypatch.setenv("PAGEGATE_LOG_LEVEL", "loud")
+    with pytest.raises(ValidationError, match="'loud' is not one of critical"):
+        Settings()
+
+
+@pytest.mark.parametrize("name, value", [
+    ("CACHE_THRESHOLD", "1.5"), ("CACHE_THRESHOLD", "0"), ("CACHE_TTL_S", "-1"), ("CACHE_MAX_ENTRIES", "0"),
+    ("USAGE_BATCH_SIZE", "0"), ("USAGE_FLUSH_INTERVAL_S", "0"), ("ADMIN_TOKEN_TTL_S", "-10"),
+    ("DEFAULT_RPM", "-1"), ("IP_RPM", "-5"), ("REDIS_TIMEOUT_S", "inf"), ("DATABASE_TIMEOUT_S", "nan"),
+])
+def test_server_defaults_out_of_range_are_refused(monkeypatch, name, value) -> None:  # noqa: ANN001
+    """Found by QA: the admin API refused these per tenant while the server-wide defaults took them
+    (a negative RPM meant no limit, silently; an infinite Redis timeout failed later, blaming Redis)."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv(f"PAGEGATE_{name}", value)
+    with pytest.raises(ValidationError):
+        Settings()

@@ -66,9 +66,9 @@ async def test_set_price_upserts(tenancy):
 
 async def test_bootstrap_dev_tenant_only_on_an_empty_database(tenancy):
     async with tenancy.db.sessionmaker() as s:
-        key = await svc.bootstrap_dev_tenant(s)
+        name, key = await svc.bootstrap_dev_tenant(s)
         await s.commit()
-    assert key and key.startswith("pg-")
+    assert name == "default" and key.startswith("pg-")
     assert (await tenancy.auth.authenticate(f"Bearer {key}")).tenant_name == "default"
     async with tenancy.db.sessionmaker() as s:
         assert await svc.bootstrap_dev_tenant(s) is None
@@ -77,8 +77,9 @@ async def test_bootstrap_dev_tenant_only_on_an_empty_database(tenancy):
 
     async with tenancy.db.sessionmaker() as s:
         await svc.update_tenant(s, tenant_name="default", deleted_at=datetime.now(UTC))
-        key2 = await svc.bootstrap_dev_tenant(s)
+        name2, key2 = await svc.bootstrap_dev_tenant(s)
         await s.commit()
+    assert name2 == "default-2"  # the name the dev banner prints
     assert (await tenancy.auth.authenticate(f"Bearer {key2}")).tenant_name == "default-2"
 
 

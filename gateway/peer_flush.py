@@ -1,0 +1,136 @@
+"""Asking every gateway process that shares this Redis to do its bookkeeping now, and waiting for
+their answers: settle the requests that have ended (their settlements wait ``settle_delay_ms`` in
+the aftercare) and, when asked, write the usage rows still in their journals to the database.
+
+One process's view needs the others' work done in two places:
+
+- a period counter rebuilt from the database (Redis flushed or restarted, a new period): the rows
+  of requests the other processes settled while the counter was missing, still in their journals
+  (written every ``usage_flush_interval_s``), were not in the sum, and the tenant could spend them
+  again (found by QA: 11-16% over a budget with ``--workers 2`` and a FLUSHDB under load);
+- a refusal while reservations are open: the requests another process has ended may hold them
+  for its ``settle_delay_ms`` (found by QA: a client whose previous request ended on the other
+  worker was told that requests in flight held its budget, on every other request).
+
+``PUBLISH`` answers how many subscribers received the message: the asker waits for that many
+answers, less its own, each an ``RPUSH`` on a list named by the message's token, for at most
+``timeout_s``. A process that cannot answer in time is not waited for past it (the counter is then
+as right as before this existed). Processes that never subscribed (the admin CLI) are not asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+from gateway.ids import new_hex_id
+from gateway.log_throttle import LogThrottle
+
+log = logging.getLogger("pagegate.peers")
+_TROUBLE = LogThrottle()
+_ACK_TTL_S = 30
+
+
+class PeerFlush:
+    """``await ask(usage=...)`` asks the other processes to run ``local(usage)`` and returns how
+    many answered; ``start()`` subscribes this process so that it answers theirs."""
+
+    def __init__(self, redis: Redis, prefix: str, local: Callable[[bool], Awaitable[None]]) -> None:
+        self._redis = redis
+        self._channel = f"{prefix}peers:flush"
+        self._ack_prefix = f"{prefix}peers:ack:"
+        self._local = local
+        self._id = new_hex_id()
+        self._listener: asyncio.Task | None = None
+        self._subscribed = False
+        self._answering: set[asyncio.Task] = set()
+
+    async def start(self, timeout_s: float = 5.0) -> None:
+        ready = asyncio.Event()
+        self._listener = asyncio.ensure_future(self._listen(ready))
+        with contextlib.suppress(TimeoutError):  # Redis slow to answer: the listener keeps trying
+            await asyncio.wait_for(ready.wait(), timeout_s)
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._listener, *self._answering) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._listener = None
+
+    async def ask(self, *, usage: bool, timeout_s: float) -> int:
+        """How many other processes did it within ``timeout_s`` (0 when there are none)."""
+        token = new_hex_id()
+        ack_key = self._ack_prefix + token
+        try:
+            receivers = int(await self._redis.publish(
+                self._channel, json.dumps({"from": self._id, "token": token, "usage": usage})))
+            expected = receivers - (1 if self._subscribed else 0)
+            answered = 0
+            deadline = time.monotonic() + timeout_s
+            while answered < expected:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # (short waits: the connection's socket timeout must outlast each one)
+                if await self._redis.blpop([ack_key], timeout=max(0.01, min(left, 0.5))) is not None:
+                    answered += 1
+            return answered
+        except Exception as exc:  # noqa: BLE001 - best effort: the caller goes on with what it has
+            _TROUBLE.log(log, logging.WARNING, "asking the other gateway processes to settle failed: %s: %s",
+                         type(exc).__name__, exc)
+            return 0
+        finally:
+            with contextlib.suppress(Exception):
+                await self._redis.delete(ack_key)
+
+    async def _listen(self, ready: asyncio.Event) -> None:
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._channel)
+                self._subscribed = True
+                ready.set()
+                async for message in pubsub.listen():
+                    if message and message.get("type") == "message":
+                        self._answer(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Redis away: try again
+                _TROUBLE.log(log, logging.WARNING, "the peer flush listener lost Redis; retrying: %s: %s",
+                             type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+            finally:
+                self._subscribed = False
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    def _answer(self, data: bytes | str) -> None:
+        try:
+            msg = json.loads(data)
+            if msg.get("from") == self._id:
+                return
+            token, usage = str(msg["token"]), bool(msg.get("usage"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        task = asyncio.ensure_future(self._do(token, usage))  # a slow database must not hold other answers
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _do(self, token: str, usage: bool) -> None:
+        try:
+            await self._local(usage)
+        except Exception:  # noqa: BLE001 - answered all the same: the asker must not wait in vain
+            log.exception("settling for another gateway process failed")
+        key = self._ack_prefix + token
+        with contextlib.suppress(Exception):
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.rpush(key, self._id)
+            pipe.expire(key, _ACK_TTL_S)
+            await pipe.execute()

@@ -1,0 +1,63 @@
+"""The other gateway processes on the same Redis settle their ended requests and write their usage
+rows when one process needs them (``gateway.peer_flush``): two ``TenancyServices`` in one test
+process are two processes to each other (each has its own id, aftercare and journal)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from gateway.errors import ApiError
+from gateway.tenancy_services import build_tenancy
+from gateway.usage import UsageEvent
+
+TENANCY_REDIS_URL = "redis://127.0.0.1:6379/2"  # (the conftest's; tests here must not import it)
+
+
+async def _other(settings, tmp_path, **changes):  # noqa: ANN001, ANN202
+    """A second gateway process on the same database and Redis (its own journal)."""
+    return await build_tenancy(settings.model_copy(update={"usage_spool_dir": str(tmp_path / "spool-b"), **changes}),
+                               redis_url=TENANCY_REDIS_URL)
+
+
+async def test_a_refusal_asks_the_other_processes_to_settle_their_ended_requests(tenancy, tenancy_settings,
+                                                                                make_tenant, tmp_path):
+    """Found by QA with ``--workers 2``: a client whose previous request ended on the other worker
+    was refused, "your requests in flight hold the rest of your budget", on every other request."""
+    other = await _other(tenancy_settings, tmp_path)
+    try:
+        _, key, _ = await make_tenant(budget_tokens=100, tpm=0)
+        p = await tenancy.auth.authenticate(f"Bearer {key}")
+        other.aftercare.delay_s = 30.0  # (its settlement would not run by itself during this test)
+        ended = await other.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)  # the whole budget
+        other.aftercare.submit(lambda: other.quota.settle_soon(ended, prompt_tokens=10, completion_tokens=20),
+                               "(test)")
+        nxt = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+        assert nxt.max_tokens == 60 and other.aftercare.pending == 0  # 100 - 30 spent - its prompt
+        with pytest.raises(ApiError) as held:  # in flight for real: the others had nothing to settle
+            await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+        assert held.value.code == "rate_limit_exceeded" and "30 used and 70 reserved" in held.value.message
+    finally:
+        await other.close()
+
+
+async def test_a_rebuilt_counter_counts_the_rows_still_in_other_processes_journals(tenancy, tenancy_settings,
+                                                                                   make_tenant, tmp_path):
+    """Found by QA: with ``--workers 2`` and a FLUSHDB under load, a tenant spent 11-16% over its
+    budget: the counter was rebuilt from the database while the other worker's rows of the last
+    half second were still in its journal."""
+    other = await _other(tenancy_settings, tmp_path, usage_flush_interval_s=3600.0)  # rows stay in its journal
+    try:
+        tenant, key, _ = await make_tenant(budget_tokens=1000, tpm=0)
+        p = await tenancy.auth.authenticate(f"Bearer {key}")
+        done = await other.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=40)
+        await other.quota.settle(done, prompt_tokens=10, completion_tokens=40)
+        other.usage.record(UsageEvent(request_id=uuid.uuid4().hex, tenant_id=tenant.id, model="m", status="ok",
+                                      prompt_tokens=10, completion_tokens=40))
+        keys = [k async for k in tenancy.redis.scan_iter(match=f"{tenancy.settings.redis_prefix}{{t:{tenant.id}}}*")]
+        await tenancy.redis.delete(*keys)  # Redis lost (flushed, restarted empty)
+        rebuilt = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=1000)
+        assert rebuilt.max_tokens == 1000 - 50 - 10  # the other's 50 tokens, from its journal, counted
+    finally:
+        await other.close()
