@@ -89,11 +89,13 @@ def logprob_entries(delta: CompletionDelta) -> list[tuple] | None:
     return [(t, lp, top) for t, (lp, top) in zip(delta.token_ids, delta.logprobs, strict=False)]
 
 
-async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, request_id: str,
-                         prompt_lengths: list[int]) -> AsyncIterator[RequestOutput]:
+async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, request_id: str
+                         ) -> AsyncIterator[RequestOutput]:
     """Several engine requests of ``n`` choices each as one: choice ``j`` of request ``p`` becomes
-    choice ``p * n + j``, prompt and cached tokens are the sums (a prompt not yet computed counts its
-    length, as one request's does), finished when all are. Each output
+    choice ``p * n + j``, prompt and cached tokens are the sums over the prompts the engine has
+    answered (one not yet computed counts nothing: a client that leaves then is not billed for it,
+    as a single request that leaves before its first output is not; found by QA: a batch of eight
+    long prompts left at its first event was billed all 13,672 prompt tokens), finished when all are. Each output
     carries whatever has arrived, from the first request's first on (waiting for every prefill
     would hold the answer back while requests beyond the engine's running batch wait for others to
     finish, and leave their tokens unbilled if the client left meanwhile). A refusal at submission
@@ -117,7 +119,7 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
                 await aclose()  # (cancelled: the engine's stream stops its request as it unwinds)
 
     tasks = [asyncio.create_task(pump(p, agen), name=f"{request_id}.{p}") for p, agen in enumerate(agens)]
-    prompt_tokens, cached = list(prompt_lengths), [0] * count
+    prompt_tokens, cached = [0] * count, [0] * count
     done = [False] * count  # finished (or its stream ended)
     opened = False  # an output went out
     try:
@@ -183,7 +185,7 @@ class Generation:
                                              **extra))
         except EngineError as err:
             raise engine_error(err) from err
-        agen = agens[0] if len(agens) == 1 else merged_outputs(agens, params.n, request_id, [len(p) for p in prompts])
+        agen = agens[0] if len(agens) == 1 else merged_outputs(agens, params.n, request_id)
         return cls(agen, n=params.n * len(prompts), prompt_tokens=sum(len(p) for p in prompts), started=started)
 
     async def start(self) -> None:

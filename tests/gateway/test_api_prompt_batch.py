@@ -133,7 +133,8 @@ def test_leaving_a_streamed_batch_stops_every_prompt(api, api_engine) -> None:  
 def test_a_batch_larger_than_the_running_batch_streams_at_once_and_bills_what_ran(api, api_engine) -> None:  # noqa: ANN001
     """24 prompts with room for 16 sequences: the stream starts with the first prompts' tokens while
     the last ones still wait for a slot (not after every prefill), and a client that leaves then is
-    billed the tokens generated so far and every prompt."""
+    billed the tokens generated so far and the prompts that ran, not those still waiting (found by
+    QA: every prompt was billed)."""
     from engine.request import SeqStatus
 
     prompts = [f"Story {i}: once upon a time" for i in range(24)]
@@ -152,7 +153,8 @@ def test_a_batch_larger_than_the_running_batch_streams_at_once_and_bills_what_ra
         time.sleep(0.05)
     row, = api.usage_rows(request_id)
     assert row.status == "aborted" and row.completion_tokens > 0
-    assert row.prompt_tokens == sum(len(api.app.state.pagegate.engine.encode(p)) for p in prompts)
+    lengths = [len(api.app.state.pagegate.engine.encode(p)) for p in prompts]
+    assert min(lengths) <= row.prompt_tokens <= sum(lengths) - len(waiting) * min(lengths)
 
 
 def test_a_batch_larger_than_the_engines_waiting_queue_is_a_400(api, api_engine) -> None:  # noqa: ANN001

@@ -56,7 +56,7 @@ async def collect(agen) -> list[RequestOutput]:  # noqa: ANN001
 async def test_choices_are_renumbered_and_tokens_summed() -> None:
     a = FakeStream([out("a", [[1], [2]], 5, cached=4), out("a", [[3], [4]], 5, finished=True, cached=4)])
     b = FakeStream([out("b", [[7], [8]], 3), out("b", [[9], [9]], 3, finished=True)], gap=0.01)
-    outs = await collect(merged_outputs(streams_of(a, b), 2, "r", [5, 3]))
+    outs = await collect(merged_outputs(streams_of(a, b), 2, "r"))
     assert outs[-1].finished and not any(o.finished for o in outs[:-1])
     by_choice: dict[int, list[int]] = {}
     for o in outs:
@@ -64,13 +64,13 @@ async def test_choices_are_renumbered_and_tokens_summed() -> None:
             by_choice.setdefault(d.index, []).extend(d.token_ids)
     assert by_choice == {0: [1, 3], 1: [2, 4], 2: [7, 9], 3: [8, 9]}
     assert (outs[-1].prompt_tokens, outs[-1].cached_prompt_tokens) == (8, 4)
-    assert outs[0].prompt_tokens == 8  # a prompt not yet computed counts its length
+    assert outs[0].prompt_tokens == 5  # a prompt not yet computed counts nothing (billed if the client left)
 
 
 async def test_a_refusal_of_any_comes_before_the_first_output_and_stops_the_others() -> None:
     a = FakeStream([out("a", [[1]], 4), out("a", [[2]], 4, finished=True)])
     b = FakeStream([out("b", [[1]], 4)], error=EngineOverloadedError("full"), error_at=0)
-    gen = Generation(merged_outputs(streams_of(a, b), 1, "r", [4, 4]), n=2, prompt_tokens=8, started=0.0)
+    gen = Generation(merged_outputs(streams_of(a, b), 1, "r"), n=2, prompt_tokens=8, started=0.0)
     with pytest.raises(ApiError) as err:
         await gen.start()
     assert err.value.status == 503
@@ -83,20 +83,20 @@ async def test_an_error_after_others_finished_ends_the_whole_after_what_came_wit
     b = FakeStream([out("b", [[5]], 2), out("b", [[6]], 2)], error=RuntimeError("boom"), error_at=2, gap=0.01)
     seen: list[int] = []
     with pytest.raises(RuntimeError, match="boom"):
-        async for o in merged_outputs(streams_of(a, b), 1, "r", [2, 2]):
+        async for o in merged_outputs(streams_of(a, b), 1, "r"):
             seen += [t for d in o.deltas for t in d.token_ids]
     assert sorted(seen) == [1, 5, 6]  # every token that arrived was handed on (and so billed)
 
 
 async def test_leaving_early_stops_every_stream() -> None:
     slow = [FakeStream([out(s, [[i]], 1) for i in range(100)], gap=0.01) for s in "abc"]
-    agen = merged_outputs(streams_of(*slow), 1, "r", [1, 1, 1])
+    agen = merged_outputs(streams_of(*slow), 1, "r")
     first = await anext(agen)
     assert first.deltas
     await agen.aclose()
     assert all(f.stopped for f in slow)
     task = asyncio.ensure_future(collect(merged_outputs(streams_of(*[FakeStream([out("d", [[1]], 1)] * 100,
-                                                                                  gap=0.01)]), 1, "r", [1])))
+                                                                                  gap=0.01)]), 1, "r")))
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
