@@ -48,7 +48,8 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
     model = _check_model(caller, body.model)
     if body.token_ids():
         raise unsupported("input", "Token ids as input are not supported: send the text, as a string or a list of "
-                                   f"strings ({model} reads it with its own tokenizer).")
+                                   f"strings ({model} reads it with its own tokenizer). LangChain's OpenAIEmbeddings "
+                                   "sends token ids unless given check_embedding_ctx_length=False.")
     texts = body.inputs()
     if any(not t for t in texts):
         raise invalid_request("Input must not contain empty strings.", param="input")

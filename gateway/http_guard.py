@@ -16,7 +16,12 @@ middleware limits it (``PAGEGATE_MAX_REQUEST_BYTES``).
 The time limit costs no timer per request: the connections whose head is due sit in one set, and
 one sweep a second (a quarter of the limit when that is shorter) closes those past it, so a
 request pays a set insert and a removal (a timer armed and cancelled per request cost ~2-5 µs of
-the event loop's time)."""
+the event loop's time).
+
+It also frames a response to an HTTP/1.0 request that has no ``content-length`` (a stream) by
+closing the connection, as HTTP/1.0 does: httptools' protocol sent ``transfer-encoding: chunked``,
+which RFC 9112 6.1 forbids for a 1.0 request, and a strict 1.0 client read the chunk sizes as data
+(found by QA)."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import asyncio
 import json
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.middleware import new_request_id
 
@@ -36,6 +41,35 @@ def _reply(status: int, reason: str, message: str, code: str) -> tuple[bytes, by
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(body)}\r\nconnection: close\r\n")
     return head.encode("latin-1"), body
+
+
+class CloseDelimitedCycle(RequestResponseCycle):
+    """An HTTP/1.0 request's cycle: a response without a ``content-length`` (no HEAD, 204 or 304)
+    is sent as it comes and ends with the connection's close, no chunked framing."""
+
+    _close_delimited = False
+
+    async def send(self, message: Any) -> None:
+        if not self.response_started:
+            if (message["type"] == "http.response.start" and self.scope["method"] != "HEAD"
+                    and message.get("status") not in (204, 304)
+                    and not any(name.lower() == b"content-length" for name, _ in message.get("headers", ()))):
+                self.chunked_encoding = False  # (not None: no transfer-encoding is added)
+                self.keep_alive = False  # a "connection: close" header, and the close ends the body
+                self._close_delimited = True
+        elif self._close_delimited and message["type"] == "http.response.body" and not self.response_complete:
+            if self.flow.write_paused and not self.disconnected:
+                await self.flow.drain()
+            if self.disconnected:
+                return
+            self.transport.write(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.response_complete = True
+                self.message_event.set()
+                self.transport.close()
+                self.on_response()
+            return
+        await super().send(message)
 
 
 def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asyncio.Protocol]:
@@ -108,6 +142,9 @@ def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asy
                 self._refuse(too_large)  # (and a URL past 64 KiB: httptools' parse_url would fail)
                 return
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope and self.scope.get("http_version") == "1.0":
+                cycle.__class__ = CloseDelimitedCycle  # (before its task first runs: it sends through this)
 
         def on_body(self, body: bytes) -> None:
             if not self.transport.is_closing():  # (refused: the rest of this read is not served)

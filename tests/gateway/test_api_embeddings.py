@@ -58,6 +58,12 @@ def test_float_base64_and_dimensions(api) -> None:  # noqa: ANN001
         assert resp.status_code == 400, (bad, resp.text)
     with pytest.raises(openai.NotFoundError):
         api.openai().embeddings.create(model="text-embedding-3-small", input="x")
+    # token ids (tiktoken's, as LangChain's OpenAIEmbeddings sends by default) mean nothing to MiniLM
+    for ids in ([15339, 1917], [[15339, 1917], [9906]]):
+        resp = httpx.post(url, json={"model": "all-MiniLM-L6-v2", "input": ids}, headers=h, timeout=60)
+        err = resp.json()["error"]
+        assert resp.status_code == 400 and (err["param"], err["code"]) == ("input", "unsupported_parameter"), ids
+        assert "check_embedding_ctx_length=False" in err["message"]  # what a LangChain user must set
 
 
 def test_concurrent_calls_are_batched(api) -> None:  # noqa: ANN001

@@ -25,6 +25,13 @@ async def _app(scope, receive, send) -> None:  # noqa: ANN001
         message = await receive()
         size += len(message.get("body", b""))
         more = message.get("more_body", False)
+    if scope["path"] == "/stream":  # a body of unknown length, in pieces (a server-sent event stream)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for i in range(3):
+            await send({"type": "http.response.body", "body": b"data: %d\n\n" % i, "more_body": True})
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        return
     body = json.dumps({"client": scope["client"][0], "size": size}).encode()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -211,3 +218,26 @@ async def test_bare_line_ends_after_a_response_do_not_keep_a_connection(serve) -
         assert closed and time.monotonic() - started < 3
     finally:
         writer.close()
+
+
+async def test_a_stream_to_an_http_1_0_client_ends_with_the_connection_not_in_chunks(serve) -> None:  # noqa: ANN001
+    """Found by QA: a stream to an HTTP/1.0 request came with ``transfer-encoding: chunked``, which
+    RFC 9112 forbids for 1.0 (a strict client reads the chunk sizes as data); HTTP/1.1 keeps chunks."""
+    port = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /stream HTTP/1.0\r\nhost: x\r\n\r\n")
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)  # to the end: the server closes it
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
+    assert b"connection: close" in head.lower()
+    assert body == b"data: 0\n\ndata: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert b"transfer-encoding: chunked" in data.lower() and data.endswith(b"0\r\n\r\n")
+    status, _ = await _exchange(port, b"GET / HTTP/1.0\r\nhost: x\r\n\r\n")  # a length: as before
+    assert status == 200
