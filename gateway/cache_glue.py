@@ -27,9 +27,16 @@ def cache_policy(principal: Any, cache_control: str | None) -> CachePolicy:
         threshold=float(principal.cache_threshold),
         ttl_s=int(principal.cache_ttl_s),
         max_entries=int(principal.cache_max_entries),
-        no_cache="no-cache" in directives or "max-age=0" in directives,
+        no_cache="no-cache" in directives or any(_max_age_zero(d) for d in directives),
         no_store="no-store" in directives,
     )
+
+
+def _max_age_zero(directive: str) -> bool:
+    """``max-age=0`` however written (``00``, ``"0"``)."""
+    name, _, value = directive.partition("=")
+    value = value.strip('"')
+    return name == "max-age" and value.isdigit() and int(value) == 0
 
 
 def cache_body(body: ChatCompletionRequest) -> dict:

@@ -109,7 +109,9 @@ def _cache_control(request: Request) -> str | None:
     if lines:
         return ", ".join(lines)
     pragma = request.headers.get("pragma")
-    return "no-cache" if pragma is not None and "no-cache" in pragma.lower() else None
+    if pragma is None:
+        return None
+    return "no-cache" if "no-cache" in {d.strip().lower() for d in pragma.split(",")} else None
 
 
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})

@@ -21,6 +21,11 @@ def embedding_model_id(settings: Settings) -> str:
     return settings.embedding_model
 
 
+def embedding_aliases() -> frozenset[str]:
+    """The other names of the bundled MiniLM that ``/v1/embeddings`` takes (in lower case)."""
+    return frozenset(_ALIASES)
+
+
 def is_embedding_model(settings: Settings, model: str) -> bool:
     served = embedding_model_id(settings)
     return model == served or model.lower() in _ALIASES | {served.lower()}

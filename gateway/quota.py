@@ -285,10 +285,12 @@ class QuotaLedger:
                 out.append(quota_refusal(principal, a, b, ask.prompt_tokens + ask.min_tokens,
                                          ask.price.cost_units(ask.prompt_tokens, ask.min_tokens), period_end,
                                          retry_after_s=max(1.0, period_end.timestamp() - now),
-                                         held_tok=int(result[5 * i + 3]), held_units=int(result[5 * i + 4])))
+                                         held_tok=int(result[5 * i + 3]), held_units=int(result[5 * i + 4]),
+                                         completes=ask.max_tokens > 0))
             elif code == -3:
                 out.append(tpm_refusal(tpm_limit, a, int(result[5 * i + 2]), int(result[5 * i + 3]), frac,
-                                        ask.prompt_tokens + ask.min_tokens, held=int(result[5 * i + 4])))
+                                        ask.prompt_tokens + ask.min_tokens, held=int(result[5 * i + 4]),
+                                        completes=ask.max_tokens > 0))
             else:
                 headers = tpm_headers(tpm_limit, int(result[5 * i + 4]), reset_s) if tpm_limit > 0 else {}
                 reservation = Reservation(

@@ -42,17 +42,19 @@ def tpm_empty_s(prev: int, cur: int, frac: float) -> float:
 # A refusal that only requests in flight cause (their reservations hold the room until they
 # finish, seconds at most): retried this soon, by the openai SDKs too.
 IN_FLIGHT_RETRY_S = 1.0
+_OR_MAX_TOKENS = {True: ", or send max_tokens", False: ""}
 _IN_FLIGHT_WHY = ("each holds its max_tokens until it finishes and gives back what it did not use; one sent "
                   "without max_tokens holds all the room its context leaves")
 
 
 def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int,
-                held: int = 0) -> ApiError:
+                held: int = 0, *, completes: bool = True) -> ApiError:
     """429 for a request that does not fit the TPM window: its ``retry-after`` and
     ``x-ratelimit-reset-tokens`` say when it would (other traffic may take that room first).
     ``held``: the window's tokens that open reservations hold (requests in flight); a request that
     would fit without them is told so and to retry in a second, when they have given back what
-    they did not use."""
+    they did not use. ``completes``: the request asks for completion tokens (an embedding asks for
+    none: no advice to send ``max_tokens``)."""
     if requested > limit:  # never fits: no retry-after, and the window's reset as an accepted request sees it
         return rate_limited(f"Request too large for tokens per minute: limit {limit}, requested {requested}. "
                             f"Send fewer tokens.", retry_after_s=None,
@@ -62,7 +64,7 @@ def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, request
         headers = tpm_headers(limit, used, format_reset(IN_FLIGHT_RETRY_S))
         return rate_limited(f"Rate limit reached for tokens per minute: limit {limit}, used {used}, of which {held} "
                             f"are reserved by your requests in flight ({_IN_FLIGHT_WHY}); requested {requested}. It "
-                            f"may fit once they finish: please try again in a second, or send max_tokens.",
+                            f"may fit once they finish: please try again in a second{_OR_MAX_TOKENS[completes]}.",
                             retry_after_s=IN_FLIGHT_RETRY_S, headers=headers)
     wait_s = tpm_wait_s(limit, prev, cur, frac, requested) + 0.001  # just past the moment it fits
     reset = format_reset(wait_s)
@@ -81,7 +83,7 @@ def tpm_headers(limit: int, used: int, reset: str) -> dict[str, str]:
 
 
 def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, need_units: int, period_end: datetime,
-                  *, retry_after_s: float, held_tok: int = 0, held_units: int = 0) -> ApiError:
+                  *, retry_after_s: float, held_tok: int = 0, held_units: int = 0, completes: bool = True) -> ApiError:
     """429 ``insufficient_quota``. ``need``: the fewest tokens the request could be served with (its
     prompt and one per choice), costing ``need_units`` (1e-8 USD); more than the whole token or
     money budget, it can never fit: said so, with ``x-should-retry: false`` and no ``retry-after``. A
@@ -113,7 +115,7 @@ def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, need_u
         return rate_limited(
             f"Your requests in flight hold the rest of your budget for this {p.budget_period}: "
             f"{describe_budget(p, tok_used, usd_units, held_tok, held_units)} ({_IN_FLIGHT_WHY}). This request "
-            "may fit once they finish: please try again in a second, or send max_tokens.",
+            f"may fit once they finish: please try again in a second{_OR_MAX_TOKENS[completes]}.",
             retry_after_s=IN_FLIGHT_RETRY_S)
     err = insufficient_quota(
         f"You exceeded your current quota for this {p.budget_period}: "

@@ -211,6 +211,9 @@ def test_models_endpoints(api) -> None:  # noqa: ANN001
     for alias in ("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2"):  # as /v1/embeddings takes them
         card = httpx.get(f"{api.base_url}/v1/models/{alias}", headers=h, timeout=30)
         assert card.status_code == 200 and card.json()["id"] == "all-MiniLM-L6-v2", alias
+    _tid, alias_key = api.make_tenant(allowed_models=["sentence-transformers/all-MiniLM-L6-v2"])  # found by QA
+    by_alias = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {alias_key}"}, timeout=30)
+    assert [m["id"] for m in by_alias.json()["data"]] == ["all-MiniLM-L6-v2"]
     _tid, key = api.make_tenant(allowed_models=["all-MiniLM-L6-v2"])
     limited = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30).json()
     assert [m["id"] for m in limited["data"]] == ["all-MiniLM-L6-v2"]

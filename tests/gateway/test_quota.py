@@ -644,6 +644,9 @@ async def test_requests_without_max_tokens_are_not_told_the_quota_is_spent(tenan
         await tenancy.quota.settle(r, prompt_tokens=prompt, completion_tokens=45)
     again = await tenancy.quota.reserve(p, model="m", prompt_tokens=prompt, max_tokens=room)
     assert again.max_tokens == room  # the retry a second later is served
+    with pytest.raises(ApiError) as embedding:  # an embedding (no completion): no max_tokens to send
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=20_000 - (prompt + room) - 10, max_tokens=0)
+    assert "in flight" in embedding.value.message and "or send max_tokens" not in embedding.value.message
 
     q = await _principal(tenancy, make_tenant, tpm=200_000)
     got = await asyncio.gather(*(tenancy.quota.reserve(q, model="m", prompt_tokens=prompt, max_tokens=room)
