@@ -10,15 +10,20 @@ written; some general lexicon gaps it revealed were then filled, so it is no lon
 swaps, comparatives and word-order paraphrases, written together with the order-aware guard's
 "dev" pairs but before the guard was run on them, and never used to change it), "qa" (the third
 cache QA's false hits: other scripts, accents, question words, one-word swaps; with paraphrases
-for the guards they led to, which were written against it) and "heldout4" (pairs of those kinds
-written before those guards ran on them, and never used to change them). "original" is the first
-four splits, the 282 pairs before "qa".
+for the guards they led to, which were written against it), "heldout4" (pairs of those kinds
+written before those guards ran on them, and never used to change them), "qa4" (the cache re-check
+QA's Latin-script pairs, /tmp/qa_recheck pairs2.jsonl and three of pairs1.jsonl: negations and
+on/off swaps in 20 other languages, "dısable" typed with a dotless ı, two French/Spanish
+near-duplicates) and "heldout5" (English keyword-style queries, and English requests quoting another
+language, written before the English-text rule (cache/language.py) ran on them; its share of two
+thirds was then chosen among candidates measured on the whole set, this split included). "original"
+is the first four splits, the 282 pairs before "qa".
 
 Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache._unsearchable``:
-another script, or letters the embedder does not see) is served only by the exact tier, whatever its
-cosine: its "+verif" column counts it as a miss.
+not English in Latin letters, or letters the embedder does not see) is served only by the exact
+tier, whatever its cosine: its "+verif" column counts it as a miss.
 
-    .venv/bin/python bench/cache_quality.py [--split all|original|dev|heldout|...|heldout4] [--e2e]
+    .venv/bin/python bench/cache_quality.py [--split all|original|dev|heldout|...|heldout5] [--e2e]
 
 --e2e also runs every pair through the real SemanticCache (Redis DB 4) at the default
 threshold and checks it agrees with the offline computation.
@@ -47,7 +52,7 @@ PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
 THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
 DEFAULT_T = 0.90  # the gateway's default (PAGEGATE_CACHE_THRESHOLD)
 SUMMARY_T = (0.85, DEFAULT_T)
-SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4"]
+SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5"]
 ORIGINAL = SPLITS[:4]
 
 

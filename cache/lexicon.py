@@ -22,10 +22,12 @@ possible correct proper properly right exactly quickly easy easily simple simply
 anyone someone somebody something able anybody go going try trying write writing say saying
 """.split())
 
-# Negation words of the most used languages written in the Latin script, which the verifier also
-# reads ("Ich bin müde." / "Ich bin nicht müde."). Left out as English words: French "personne" and
-# "sans", Spanish "sin", Portuguese "sem", Polish "nic" (a NIC); and Vietnamese "không", which also
-# ends a yes/no question. French elisions ("n'est", "n'ai") are read by their "n'" (verifier).
+# Negation words of the most used languages written in the Latin script. The cache reads English
+# only (cache/language.py), so the verifier meets them in English that quotes another language:
+# "Translate to English: Ich bin müde." / "… Ich bin nicht müde.". Left out as English words: French
+# "personne" and "sans", Spanish "sin", Portuguese "sem", Polish "nic" (a NIC); and Vietnamese
+# "không", which also ends a yes/no question. French elisions ("n'est", "n'ai") are read by their
+# "n'" (verifier).
 NEGATIONS_ABROAD = frozenset(w for line in """
     de: nicht kein keine keinen keinem keiner keines nie niemals nichts niemand ohne
     fr: ne pas jamais rien aucun aucune nullement
@@ -43,6 +45,19 @@ not no never none nothing nobody nowhere neither nor cannot without isn't aren't
 don't doesn't didn't won't wouldn't can't couldn't shouldn't mustn't hasn't haven't hadn't
 isnt arent wasnt werent dont doesnt didnt wont wouldnt cant couldnt shouldnt mustnt hasnt havent hadnt
 """.split()) | NEGATIONS_ABROAD
+
+# English function words that mark a text as English (cache/language.py): none is a common word of
+# another language written in the Latin script, so not "is", "in", "to", "a", "do", "was", "will",
+# "are", "can", "for", "have" (Dutch, German, Slavic, Romanian, Danish … words too).
+FUNCTION_WORDS = frozenset("""
+the this that these those there here what which who whom whose when where why how
+you your yours she him his they them their its it our ours us
+does did doing done has had having been being were would should could shall might must
+with from into onto about above across after against among around before behind below beneath
+between beyond during through toward towards until upon within without than then
+and but because although though while whether either neither nor if or up
+not never nothing nobody none cannot some any every each both all many much
+""".split())
 
 ANTONYM_PAIRS = [
     ("enable", "disable"), ("activate", "deactivate"), ("add", "remove"), ("add", "delete"),

@@ -7,8 +7,9 @@ lookup:  policy gate (enabled, deterministic, no-cache)
             namespace (tenant + model + earlier turns + parameters) with cosine >= threshold,
             then the hard-negative verifier; the first candidate that passes is served.
             A message longer than the embedder reads gets no semantic tier (miss "too-long"),
-            nor does one it cannot see: a letter outside the Latin script, or one the model's
-            vocabulary lacks (miss "unsupported-text"; ``Verifier.reads``, ``Embedder.sees``).
+            nor does one the verifier cannot read or the embedder cannot see: not English, in
+            Latin letters, or with a letter the model's vocabulary lacks (miss
+            "unsupported-text"; ``Verifier.reads``, ``Embedder.sees``).
          The result says whether the answer may be stored (a miss, or a no-cache bypass).
 store:   same gate (plus no-store), embed, one atomic script: entry + TTL + cap eviction + log.
          A message with no semantic tier is stored without a vector (exact tier only).
@@ -205,8 +206,9 @@ class SemanticCache:
     async def _unsearchable(self, text: str) -> str | None:
         """Why ``text`` gets no semantic tier, or None. "too-long": the embedder reads only a long
         text's beginning, so two long prompts that differ after it would get one vector, and one the
-        other's answer. "unsupported-text": a text the guards cannot read, or with letters the
-        embedder does not see, would be served the answer of another with the same shape."""
+        other's answer. "unsupported-text": a text the guards cannot read (another script or
+        language), or with letters the embedder does not see, would be served the answer of another
+        with the same shape."""
         if not await self.embedder.fits(text):
             return "too-long"
         if not self.verifier.reads(text) or not await self.embedder.sees(text):

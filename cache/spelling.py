@@ -12,8 +12,8 @@ These guards compare what it does not see, character by character:
     accent   a word on each side, the same but for accents: cá / cà, años / anos (``accents_apart``)
 
 Before any guard, meaning or spelling, reads a text, ``normalised`` writes one way the forms that
-mean the same: emphasis, an HTML tag named, arithmetic in words, times of day, composed accents.
-``is_latin`` tells which letters the verifier's word lists can read (``Verifier.reads``).
+mean the same: emphasis, an HTML tag named, arithmetic in words, times of day, composed accents, and
+Latin letters typed as others (ı, ligatures, ſ, full-width letters: ``cache.language.folded``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import unicodedata
 from collections.abc import Mapping
 
 from cache import lexicon as lx
+from cache.language import folded
 
 # Runs of characters that are neither word characters nor spaces: operators, code punctuation,
 # emoji (``symbols``). Quotes, backticks and brackets around a run are no part of it ("`==`" is
@@ -59,9 +60,10 @@ _TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 
 def normalised(text: str) -> str:
     """The forms of ``_EMPHASIS``, ``_TAG``, ``_ARITHMETIC`` and ``_TIME_OF_DAY`` written one way,
-    and accents composed (NFC: "é" typed as e + a combining accent is one letter of a word)."""
+    accents composed (NFC: "é" typed as e + a combining accent is one letter of a word), and Latin
+    letters typed as others folded ("dısable", "conﬁgure": ``cache.language.folded``)."""
     if not text.isascii():
-        text = unicodedata.normalize("NFC", text)
+        text = folded(unicodedata.normalize("NFC", text))
     if "*" in text:
         text = _EMPHASIS.sub(r"\2", text)
     if "<" in text:
@@ -138,11 +140,6 @@ def spelt_apart(a: Mapping[str, frozenset[str]], b: Mapping[str, frozenset[str]]
                 elif len(w) <= 3 or (len(w) == 4 and not (x.isupper() != y.isupper() and (x.istitle() or y.istitle()))):
                     return True
     return False
-
-
-@functools.lru_cache(maxsize=4096)
-def is_latin(ch: str) -> bool:  # (a compatibility form of a Latin letter too: the ordinal "ª" is an "a")
-    return "LATIN" in unicodedata.name(ch, "") or unicodedata.normalize("NFKD", ch).isascii()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -4,8 +4,8 @@ Sentence embeddings score "enable 2FA" vs "disable 2FA" at ~0.9+, and swapped nu
 entities not far below: a cosine threshold alone serves wrong answers. A candidate passes
 only if every guard agrees the two questions ask the same thing:
 
-    negation   one is negated (not, never, without, n't, avoid, prevent; nicht, pas, no, non, …
-               in other languages of the Latin script) and the other is not
+    negation   one is negated (not, never, without, n't, avoid, prevent; and nicht, pas, non, …
+               of other Latin-script languages, which English text may quote) and the other is not
     antonym    a word on one side has its antonym (or un-/dis-/de- form) on the other only
     number     the numbers (digits, number words, ordinals, dates) differ, in order
     unit       the quantities (number + unit: 10 miles, $5) or the other units named
@@ -52,9 +52,10 @@ The antonym guard also reads comparatives and superlatives of gradable adjective
 "farthest", "most", "fewest" as good, far, many, few), for the antonym lookup only: no other guard
 sees them reduced, and no other word is ("water", "offer" stay whole).
 
-Words are read in any script, so that accented Latin words are whole ("müde", "años"). The guards
-do not read a text with letters outside the Latin script: ``reads`` says so, and the cache gives
-such a text no semantic tier.
+Words are read in any script, so that accented Latin words are whole ("müde", "años"), and after
+the written forms are made one (``spelling.normalised``: "dısable" is "disable"). The guards read
+English in Latin letters only: ``reads`` says whether a text is that (cache/language.py), and the
+cache gives any other text no semantic tier.
 
 Each guard is a few set operations on memoised token analyses (well under a millisecond a pair).
 """
@@ -66,9 +67,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cache import language
 from cache import lexicon as lx
 from cache.relations import Relation, Word, relations, reversed_relation
-from cache.spelling import accents_apart, is_latin, normalised, spelt_apart, symbols
+from cache.spelling import accents_apart, normalised, spelt_apart, symbols
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
@@ -174,14 +176,12 @@ class Verifier:
         self._memo: OrderedDict[str, _Analysis] = OrderedDict()
         self._memo_size = memo_size
 
-    @staticmethod
-    def reads(text: str) -> bool:
-        """Whether the guards can read ``text``: every letter in it is in the Latin script. Their word
-        lists are English, and so was MiniLM's training: in Cyrillic, Greek, Arabic or CJK text
-        neither sees what a word means ("Как включить wifi?" / "Как выключить wifi?" embed at
-        0.98, and the guards would find no negation, number or antonym in either). The cache gives
-        such a text no semantic tier. Accents are Latin: "¿Cuántos años tienes?" is read."""
-        return text.isascii() or all(is_latin(ch) for ch in text if ch.isalpha())
+    def reads(self, text: str) -> bool:
+        """Whether the guards can read ``text``: English, in Latin letters (``cache.language.reads``).
+        Their word lists are English, and so was MiniLM's training: in another script or language
+        neither sees the word that changes a question ("Как включить / выключить wifi?" embed at
+        0.98, "Hoe zet ik wifi aan / uit?" at 0.946). The cache gives any other text no semantic tier."""
+        return language.reads(text, self._vocab)
 
     @property
     def has_vocab(self) -> bool:
@@ -196,8 +196,7 @@ class Verifier:
     def _is_rare(self, w: str) -> bool:
         if not self._vocab:
             return False
-        for form in (w, w.rstrip("s"), w + "e", w[:-2] if w.endswith("ed") else w,
-                     w[:-3] if w.endswith("ing") else w):
+        for form in language.inflections(w):
             rank = self._vocab.get(form)
             if rank is not None:
                 return rank > self._rare_rank
