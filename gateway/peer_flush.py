@@ -13,7 +13,9 @@ One process's view needs the others' work done in two places:
   worker was told that requests in flight held its budget, on every other request).
 
 ``PUBLISH`` answers how many subscribers received the message: the asker waits for that many
-answers, less its own, each an ``RPUSH`` on a list named by the message's token, for at most
+answers, less its own, on a channel named by the prefix and the Redis database number (Pub/Sub
+ignores the database: found by QA, a deployment on another database of the same server received
+every request and answered where the asker never looked, so each one waited its whole timeout), each an ``RPUSH`` on a list named by the message's token, for at most
 ``timeout_s``. A process that cannot answer in time is not waited for past it (the counter is then
 as right as before this existed). Processes that never subscribed (the admin CLI) are not asked.
 """
@@ -43,7 +45,8 @@ class PeerFlush:
 
     def __init__(self, redis: Redis, prefix: str, local: Callable[[bool], Awaitable[None]]) -> None:
         self._redis = redis
-        self._channel = f"{prefix}peers:flush"
+        db = redis.connection_pool.connection_kwargs.get("db", 0)
+        self._channel = f"{prefix}peers:flush:db{db}"
         self._ack_prefix = f"{prefix}peers:ack:"
         self._local = local
         self._id = new_hex_id()
@@ -70,7 +73,8 @@ class PeerFlush:
         ack_key = self._ack_prefix + token
         try:
             receivers = int(await self._redis.publish(
-                self._channel, json.dumps({"from": self._id, "token": token, "usage": usage})))
+                self._channel, json.dumps({"from": self._id, "token": token, "usage": usage,
+                                           "until": time.time() + timeout_s})))
             expected = receivers - (1 if self._subscribed else 0)
             answered = 0
             deadline = time.monotonic() + timeout_s
@@ -116,18 +120,20 @@ class PeerFlush:
             msg = json.loads(data)
             if msg.get("from") == self._id:
                 return
-            token, usage = str(msg["token"]), bool(msg.get("usage"))
+            token, usage, until = str(msg["token"]), bool(msg.get("usage")), float(msg.get("until") or 0)
         except (ValueError, KeyError, TypeError, AttributeError):
             return
-        task = asyncio.ensure_future(self._do(token, usage))  # a slow database must not hold other answers
+        task = asyncio.ensure_future(self._do(token, usage, until))  # a slow database must not hold other answers
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
 
-    async def _do(self, token: str, usage: bool) -> None:
+    async def _do(self, token: str, usage: bool, until: float) -> None:
         try:
             await self._local(usage)
         except Exception:  # noqa: BLE001 - answered all the same: the asker must not wait in vain
             log.exception("settling for another gateway process failed")
+        if until and time.time() > until:  # the asker has stopped waiting: no answer left behind
+            return
         key = self._ack_prefix + token
         with contextlib.suppress(Exception):
             pipe = self._redis.pipeline(transaction=False)

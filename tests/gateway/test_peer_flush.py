@@ -61,3 +61,31 @@ async def test_a_rebuilt_counter_counts_the_rows_still_in_other_processes_journa
         assert rebuilt.max_tokens == 1000 - 50 - 10  # the other's 50 tokens, from its journal, counted
     finally:
         await other.close()
+
+
+async def test_processes_on_another_redis_database_are_not_asked(tenancy, redis_prefix):
+    """Found by QA: Pub/Sub ignores the database number, so a deployment on another database of
+    the same server received every request and answered on its own database, where the asker never
+    looked: each refusal waited its whole timeout. The channel names the database."""
+    from redis.asyncio import Redis
+
+    from gateway.peer_flush import PeerFlush
+
+    asked: list[bool] = []
+
+    async def bookkeeping(usage: bool) -> None:
+        asked.append(usage)
+
+    other_db = Redis.from_url(TENANCY_REDIS_URL.rsplit("/", 1)[0] + "/3")
+    same_db = Redis.from_url(TENANCY_REDIS_URL)
+    elsewhere, alongside = PeerFlush(other_db, redis_prefix, bookkeeping), PeerFlush(same_db, redis_prefix, bookkeeping)
+    await elsewhere.start()
+    await alongside.start()
+    try:
+        assert await tenancy.peers.ask(usage=True, timeout_s=2.0) == 1  # the one on the same database
+        assert asked == [True]
+    finally:
+        for peer in (elsewhere, alongside):
+            await peer.close()
+        await other_db.aclose()
+        await same_db.aclose()
