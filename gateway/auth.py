@@ -31,6 +31,7 @@ from gateway.db.models import ApiKey, Tenant
 from gateway.errors import ApiError, invalid_api_key, permission_denied
 from gateway.keys import hash_key, looks_like_key
 from gateway.log_throttle import LogThrottle
+from gateway.pubsub import listen_forever
 from gateway.settings import Settings
 from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
 
@@ -252,25 +253,13 @@ class Authenticator:
             log.debug("auth: %s", what, exc_info=exc)
 
     async def _listen(self, ready: asyncio.Event) -> None:
-        channel = invalidation_channel(self._prefix)
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(channel)
-                ready.set()
-                async for message in pubsub.listen():
-                    if message and message.get("type") == "message":
-                        data = message["data"]
-                        self._drop(data.decode() if isinstance(data, bytes) else str(data))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._log_redis_trouble("invalidation listener lost Redis; retrying", exc)
-                self._drop("all")  # we may have missed messages
-                await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+        def lost(exc: Exception) -> None:
+            self._log_redis_trouble("invalidation listener lost Redis; retrying", exc)
+            self._drop("all")  # we may have missed messages
+
+        await listen_forever(self._redis, invalidation_channel(self._prefix),
+                             lambda data: self._drop(data.decode() if isinstance(data, bytes) else str(data)),
+                             on_subscribed=ready.set, on_lost=lost)
 
 
 def _bearer(header: str | None) -> str | None:

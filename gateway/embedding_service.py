@@ -14,21 +14,17 @@ from gateway.errors import ApiError, invalid_request, model_not_found, permissio
 from gateway.schemas import EmbeddingItem, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from gateway.settings import Settings
 
-_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+# the other names of the bundled MiniLM that /v1/embeddings takes (in lower case)
+EMBEDDING_ALIASES = frozenset({"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"})
 
 
 def embedding_model_id(settings: Settings) -> str:
     return settings.embedding_model
 
 
-def embedding_aliases() -> frozenset[str]:
-    """The other names of the bundled MiniLM that ``/v1/embeddings`` takes (in lower case)."""
-    return frozenset(_ALIASES)
-
-
 def is_embedding_model(settings: Settings, model: str) -> bool:
     served = embedding_model_id(settings)
-    return model == served or model.lower() in _ALIASES | {served.lower()}
+    return model == served or model.lower() in EMBEDDING_ALIASES | {served.lower()}
 
 
 def _check_model(caller: Caller, model: str) -> str:

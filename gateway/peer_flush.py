@@ -13,10 +13,10 @@ One process's view needs the others' work done in two places:
   worker was told that requests in flight held its budget, on every other request).
 
 ``PUBLISH`` answers how many subscribers received the message: the asker waits for that many
-answers, less its own, on a channel named by the prefix and the Redis database number (Pub/Sub
-ignores the database: found by QA, a deployment on another database of the same server received
-every request and answered where the asker never looked, so each one waited its whole timeout), each an ``RPUSH`` on a list named by the message's token, for at most
-``timeout_s``. A process that cannot answer in time is not waited for past it (the counter is then
+answers, less its own, each an ``RPUSH`` on a list named by the message's token, for at most
+``timeout_s``. The channel is named by the prefix and the Redis database number (Pub/Sub ignores
+the database: found by QA, a deployment on another database of the same server received every
+request and answered where the asker never looked, so each one waited its whole timeout). A process that cannot answer in time is not waited for past it (the counter is then
 as right as before this existed). Processes that never subscribed (the admin CLI) are not asked.
 """
 
@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 
 from gateway.ids import new_hex_id
 from gateway.log_throttle import LogThrottle
+from gateway.pubsub import listen_forever
 
 log = logging.getLogger("pagegate.peers")
 _TROUBLE = LogThrottle()
@@ -76,6 +77,8 @@ class PeerFlush:
                 self._channel, json.dumps({"from": self._id, "token": token, "usage": usage,
                                            "until": time.time() + timeout_s})))
             expected = receivers - (1 if self._subscribed else 0)
+            if expected <= 0:  # alone: nothing to wait for, and no list to remove
+                return 0
             answered = 0
             deadline = time.monotonic() + timeout_s
             while answered < expected:
@@ -95,25 +98,19 @@ class PeerFlush:
                 await self._redis.delete(ack_key)
 
     async def _listen(self, ready: asyncio.Event) -> None:
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self._channel)
-                self._subscribed = True
-                ready.set()
-                async for message in pubsub.listen():
-                    if message and message.get("type") == "message":
-                        self._answer(message["data"])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Redis away: try again
-                _TROUBLE.log(log, logging.WARNING, "the peer flush listener lost Redis; retrying: %s: %s",
-                             type(exc).__name__, exc)
-                await asyncio.sleep(0.5)
-            finally:
-                self._subscribed = False
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+        def subscribed() -> None:
+            self._subscribed = True
+            ready.set()
+
+        def lost(exc: Exception) -> None:
+            self._subscribed = False
+            _TROUBLE.log(log, logging.WARNING, "the peer flush listener lost Redis; retrying: %s: %s",
+                         type(exc).__name__, exc)
+
+        try:
+            await listen_forever(self._redis, self._channel, self._answer, on_subscribed=subscribed, on_lost=lost)
+        finally:
+            self._subscribed = False
 
     def _answer(self, data: bytes | str) -> None:
         try:
