@@ -416,12 +416,12 @@ def test_a_failed_spool_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     which then stayed for good (the replay ignores ``.tmp`` files)."""
     import errno
 
-    from gateway import usage
+    from gateway import usage_journal
 
     def full(_fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(usage.os, "fsync", full)
+    monkeypatch.setattr(usage_journal.os, "fsync", full)
     with pytest.raises(OSError):
-        usage._write_durably(tmp_path / "spool" / "rows.jsonl", '{"a": 1}\n')
+        usage_journal.write_durably(tmp_path / "spool" / "rows.jsonl", '{"a": 1}\n')
     assert list((tmp_path / "spool").iterdir()) == []
