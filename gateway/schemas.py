@@ -195,7 +195,7 @@ class _Sampling(_Request):
     stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256)] = None
     logit_bias: Annotated[dict[StrictStr, Float] | None, AfterValidator(_logit_bias)] = None  # token id -> bias
     # vLLM extras this engine does not honour: read only so that the service refuses them when set
-    # (``gateway.chat_service.VLLM_UNHONOURED``) instead of ignoring them as unknown fields
+    # (``gateway.request_checks.VLLM_UNHONOURED``) instead of ignoring them as unknown fields
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None

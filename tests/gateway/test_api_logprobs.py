@@ -137,8 +137,8 @@ def test_logprobs_bypass_the_semantic_cache(api_cached) -> None:  # noqa: ANN001
 
 def test_a_model_without_a_tokenizer_refuses_logprobs_by_name() -> None:
     """Token ids in, but no tokenizer to name the tokens: a 400 naming logprobs, not a failed stream."""
-    from gateway.chat_service import token_names_for
     from gateway.errors import ApiError
+    from gateway.request_checks import token_names_for
     from gateway.schemas import CompletionRequest
 
     class NoTokenizer:

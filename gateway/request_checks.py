@@ -1,0 +1,233 @@
+"""What a chat or text completion request is checked for before it runs: the model and the key's
+right to it (404 / 403), the prompt's size against the context (400), ``max_tokens``, the sampling
+fields, and the OpenAI fields and vLLM extras the engine cannot honour (refused, never silently
+dropped). The pipeline that calls these is ``gateway/chat_service.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from engine.protocol import EngineClient
+from engine.sampling_params import SamplingParams
+from gateway.deps import Caller
+from gateway.embedding_service import is_embedding_model
+from gateway.errors import invalid_request, model_not_found, permission_denied, unsupported
+from gateway.formats import TokenNames
+from gateway.generation import context_length_exceeded, far_too_long
+from gateway.schemas import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
+
+LONG_PROMPT_CHARS = 8_000  # prompts longer than this are tokenized on a worker thread
+
+
+def resolve_engine(caller: Caller, model: str) -> EngineClient:
+    engine = caller.state.engine
+    if engine is None or model != engine.model_id:
+        settings = caller.state.settings  # (an alias of the embedding model is allowed as it is there)
+        embedding = is_embedding_model(settings, model) and (caller.principal.may_use(model)
+                                                             or caller.principal.may_use(settings.embedding_model))
+        raise model_not_found(model, "/v1/embeddings (an embedding model)" if embedding else None)
+    if not caller.principal.may_use(model):
+        raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
+                                code="model_not_allowed")
+    return engine
+
+
+def refuse_far_too_long(engine: EngineClient, size: int, *, what: str = "messages") -> None:
+    """A prompt of ``size`` characters that can never fit the context: 400 before the tokenizer (or
+    the cache's embedder) spends seconds on it."""
+    limit = getattr(engine, "max_prompt_chars", None)
+    if limit is not None and size > limit:
+        raise far_too_long(size, engine.max_model_len, what=what)
+
+
+async def tokenize(engine: EngineClient, fn: Callable[[Any], list[int]], arg: Any, size: int, *,
+                   what: str = "messages") -> list[int]:
+    """``fn(arg)``'s token ids; ``size`` characters. A long text is tokenized on a worker thread
+    (the engine's tokenizer releases the GIL for those)."""
+    refuse_far_too_long(engine, size, what=what)
+    if size > LONG_PROMPT_CHARS:
+        return list(await asyncio.to_thread(fn, arg))
+    return list(fn(arg))
+
+
+def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int, *, min_tokens: int = 0,
+                       what: str = "messages") -> int:
+    """``requested`` if the context has room for it; unset: all the room left. ``min_tokens`` must
+    not be more than that (vLLM refuses it too)."""
+    room = max_model_len - prompt_tokens
+    if room < 1 or (requested is not None and requested > room):  # a requested completion is named in the
+        raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)  # message (found by QA)
+    max_tokens = room if requested is None else requested
+    if min_tokens > max_tokens:
+        raise invalid_request(f"min_tokens ({min_tokens}) must not be more than max_tokens ({max_tokens}).",
+                              param="min_tokens")
+    return max_tokens
+
+
+def vocab_size(engine: EngineClient) -> int | None:
+    """The model's vocabulary size, when the engine tells it."""
+    size = getattr(engine, "vocab_size", None)  # AsyncEngine has it; a remote upstream may not
+    return None if size is None else int(size)
+
+
+def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest, engine: EngineClient) -> None:
+    """400 for token ids outside the model's vocabulary (the engine would index its logits with
+    them). Every sampling field the schema accepts is honoured by the engine, none is ignored."""
+    vocab = vocab_size(engine)
+    if body.stop_token_ids and vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
+        raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab}).", param="stop_token_ids")
+    if body.logit_bias and vocab is not None:
+        outside = next((k for k in body.logit_bias if int(k) >= vocab), None)
+        if outside is not None:
+            raise invalid_request(f"Invalid key in 'logit_bias': {outside}. Maximum value is {vocab - 1}.",
+                                  param="logit_bias")
+
+
+def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            n=body.n,
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_p=1.0 if body.top_p is None else float(body.top_p),
+            top_k=body.top_k or 0,
+            seed=body.seed,
+            max_tokens=max_tokens,
+            min_tokens=min(body.min_tokens, max_tokens),
+            stop=body.stop_list(),
+            stop_token_ids=list(body.stop_token_ids or []),
+            ignore_eos=body.ignore_eos,
+            repetition_penalty=1.0 if body.repetition_penalty is None else float(body.repetition_penalty),
+            presence_penalty=float(body.presence_penalty or 0.0),
+            frequency_penalty=float(body.frequency_penalty or 0.0),
+            logprobs=logprobs_asked(body),
+            logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
+        )
+    except ValueError as err:
+        message = str(err)
+        raise invalid_request(message, param=message.split()[0]) from err
+
+
+def logprobs_asked(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many most likely tokens to show per position (0: only the chosen one's), None: no logprobs."""
+    if isinstance(body, CompletionRequest):
+        return body.logprobs
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def token_names_for(body: ChatCompletionRequest | CompletionRequest, engine: EngineClient) -> TokenNames | None:
+    """The engine's token names when the request asked for logprobs (the formats show them)."""
+    if logprobs_asked(body) is None:
+        return None
+    try:
+        engine.token_bytes([])  # a model without a tokenizer cannot name its tokens
+    except ValueError as err:
+        raise unsupported("logprobs", f"logprobs are not available: {err}.") from err
+    return TokenNames.for_engine(engine)
+
+
+# vLLM's extra fields this engine does not honour, each with the values that ask for nothing (a
+# client sending those loses nothing): any other value is refused, never silently dropped (found
+# by QA: guided_choice and min_p were ignored as unknown fields, and the answer was free text)
+_GUIDED = "Structured outputs (guided decoding) are not supported by this model."
+VLLM_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("guided_json", (None,), _GUIDED),
+    ("guided_regex", (None,), _GUIDED),
+    ("guided_choice", (None,), _GUIDED),
+    ("guided_grammar", (None,), _GUIDED),
+    ("structured_outputs", (None,), _GUIDED),
+    ("guided_decoding_backend", (None,), _GUIDED),
+    ("guided_whitespace_pattern", (None,), _GUIDED),
+    ("min_p", (None, 0, 0.0), "min_p sampling is not supported by this engine (use top_p or top_k)."),
+    ("use_beam_search", (None, False), "Beam search is not supported by this engine."),
+    ("length_penalty", (None, 1, 1.0), "length_penalty applies to beam search, which this engine does not do."),
+    ("include_stop_str_in_output", (None, False), "include_stop_str_in_output is not supported: the stop "
+                                                  "string is never part of the answer."),
+    ("prompt_logprobs", (None,), "Prompt logprobs are not supported by this engine."),
+    ("truncate_prompt_tokens", (None,), "truncate_prompt_tokens is not supported: send a shorter prompt."),
+    ("bad_words", (None, []), "bad_words is not supported (logit_bias can ban single tokens)."),
+    ("allowed_token_ids", (None,), "allowed_token_ids is not supported (logit_bias can ban or favour tokens)."),
+    ("skip_special_tokens", (None, True), "Special tokens are never part of the answer's text here."),
+    ("spaces_between_special_tokens", (None, True), "Special tokens are never part of the answer's text here."),
+    ("detokenize", (None, True), "The answer is always text (logprobs can show its tokens)."),
+    ("return_tokens_as_token_ids", (None, False), "Tokens are shown as text (logprobs' bytes give their bytes)."),
+    ("return_token_ids", (None, False), "Token ids are not returned by this gateway."),
+    ("logits_processors", (None, []), "Custom logits processors are not supported (logit_bias is)."),
+    ("priority", (None, 0), "Request priorities are not supported: the engine shares its time between tenants."),
+)
+VLLM_CHAT_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("echo", (None, False), "echo is not supported for chat completions (it is for /v1/completions)."),
+    ("continue_final_message", (None, False), "continue_final_message is not supported by this gateway."),
+    ("add_generation_prompt", (None, True), "add_generation_prompt must be true: the chat template always "
+                                            "ends with the assistant's turn."),
+    ("chat_template", (None,), "The model's own chat template is always used."),
+    ("chat_template_kwargs", (None, {}), "The model's own chat template is always used, without arguments."),
+    ("documents", (None, []), "Documents for the chat template are not supported: put them in a message."),
+)
+
+
+_VLLM_FIELDS = frozenset(f for f, _, _ in VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED)
+
+
+def _refuse_vllm_extras(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.stream_options is not None and body.stream_options.continuous_usage_stats not in (None, False):
+        raise unsupported("stream_options.continuous_usage_stats",
+                          "Usage in every chunk is not supported; include_usage sends it in a last chunk.")
+    if body.model_fields_set.isdisjoint(_VLLM_FIELDS):  # the common case: one set operation
+        return
+    fields = VLLM_UNHONOURED if isinstance(body, CompletionRequest) else VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED
+    for field, neutral, message in fields:
+        value = getattr(body, field)
+        if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
+            raise unsupported(field, message)
+
+
+def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """Known OpenAI fields (and vLLM extras) the engine cannot honour are refused, never silently
+    dropped."""
+    if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
+        raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                              param="stream_options")
+    _refuse_vllm_extras(body)
+    if isinstance(body, CompletionRequest):
+        return
+    if body.response_format is not None and body.response_format.type != "text":
+        raise unsupported("response_format", f"response_format of type '{body.response_format.type}' is not "
+                                             "supported by this model (only 'text').")
+    for i, m in enumerate(body.messages):
+        if m.role in ("tool", "function"):
+            raise unsupported(f"messages[{i}].role", f"'{m.role}' messages are not supported: this model has no "
+                                                     "tools; send the conversation without them.")
+        if m.refusal is not None and m.role != "assistant":
+            raise invalid_request(f"Only assistant messages may carry a refusal ('{m.role}' message).",
+                                  param=f"messages[{i}].refusal")
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            if isinstance(part, RefusalPart):
+                if m.role != "assistant":
+                    raise invalid_request(f"Content parts of type 'refusal' are only allowed in assistant "
+                                          f"messages ('{m.role}' message).", param=f"messages[{i}].content[{j}].type")
+            elif not isinstance(part, TextPart):
+                raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{part.type}' are "
+                                                                      "not supported: this model reads text only.")
+    if body.tools or body.functions:
+        raise unsupported("tools" if body.tools else "functions", "Tools are not supported by this model.")
+    for i, m in enumerate(body.messages):  # dropped, the conversation would read differently
+        for field in ("tool_calls", "function_call"):
+            if getattr(m, field):
+                raise unsupported(f"messages[{i}].{field}", "Tool calls are not supported by this model; "
+                                                            "send the conversation without them.")
+    if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
+        raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",
+                          "Tools are not supported by this model.")
+    if body.top_logprobs is not None and not body.logprobs:  # as OpenAI answers it
+        raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
+    if body.modalities and set(body.modalities) != {"text"}:
+        raise unsupported("modalities", "Only text output is supported.")
+    if body.audio is not None:
+        raise unsupported("audio", "Audio output is not supported.")
+    for field, what in (("reasoning_effort", "Reasoning effort is not supported by this model."),
+                        ("prediction", "Predicted outputs are not supported by this model."),
+                        ("web_search_options", "Web search is not supported by this model.")):
+        if getattr(body, field) is not None:
+            raise unsupported(field, what)
