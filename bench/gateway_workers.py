@@ -77,7 +77,7 @@ async def make_bench(settings: Settings, engine, key: str):  # noqa: ANN001, ANN
 
 async def front(args: argparse.Namespace) -> None:
     """Reads ``<mode> <clients> <requests>`` lines, runs them, answers a JSON line of latencies."""
-    from engine.ipc import RemoteEngine
+    from engine.remote_engine import RemoteEngine
 
     settings = bench_settings(Path(args.tmp), args.redis_url, args.prefix)
     engine = RemoteEngine(args.socket)

@@ -108,7 +108,7 @@ def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, voc
 async def stream_outputs(queue: asyncio.Queue, stop: Callable[[], None]) -> AsyncIterator[RequestOutput]:
     """A request's ``RequestOutput``s from its queue until the finished one; an exception put in
     the queue ends the stream with it. Left early (closed, cancelled), it calls ``stop()`` (the
-    request is aborted). ``engine.async_engine.AsyncEngine`` and ``engine.ipc.RemoteEngine`` both
+    request is aborted). ``engine.async_engine.AsyncEngine`` and ``engine.remote_engine.RemoteEngine`` both
     stream this way."""
     finished = False
     try:

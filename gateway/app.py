@@ -3,7 +3,7 @@ lifespan and tears it down in reverse order:
 
     Redis url (PAGEGATE_REDIS_URL, else an embedded Redis server)
     → tenancy services (database, Redis client, auth, limits, quota, usage writer, prices)
-    → engine (in-process AsyncEngine, or ``engine.ipc.RemoteEngine`` when ``engine_socket`` names an
+    → engine (in-process AsyncEngine, or ``engine.remote_engine.RemoteEngine`` when ``engine_socket`` names an
       engine process; none when handed one or ``load_engine=False``)
     → semantic cache (when ``cache_enabled``)
     → per-client-IP limit on /v1 (slowapi, when ``ip_rpm`` > 0)
@@ -47,7 +47,7 @@ CORS_EXPOSED_HEADERS = [
 
 async def _build_engine(settings: Settings) -> EngineClient:
     if settings.engine_socket:  # a worker of `pagegate serve --workers N`: the engine has its own process
-        from engine.ipc import RemoteEngine
+        from engine.remote_engine import RemoteEngine
 
         remote = RemoteEngine(settings.engine_socket)
         await remote.start()  # waits for the engine process to listen; loads the tokenizer here

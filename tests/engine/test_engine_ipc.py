@@ -12,7 +12,8 @@ import pytest
 
 from engine import ipc
 from engine.async_engine import AsyncEngine
-from engine.ipc import EngineServer, RemoteEngine, _frame, _loads
+from engine.ipc import EngineServer
+from engine.ipc_wire import frame, loads
 from engine.llm_engine import LLMEngine
 from engine.outputs import (
     EngineClassFullError,
@@ -22,6 +23,7 @@ from engine.outputs import (
     EngineStoppingError,
     PromptTooLongError,
 )
+from engine.remote_engine import RemoteEngine
 from engine.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -218,11 +220,11 @@ def test_the_wire_refuses_foreign_classes():
     import os
 
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-        _loads(pickle.dumps([("x", os.system)]))
+        loads(pickle.dumps([("x", os.system)]))
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):  # requests travel as tuples
-        _loads(pickle.dumps([SamplingParams(max_tokens=3)]))
+        loads(pickle.dumps([SamplingParams(max_tokens=3)]))
     stats = EngineStats(1, 2, 3, 4, 0.5, 0.5, 0.1, 0, 9, 9)
-    assert _loads(_frame([("stats", stats, False)])[4:]) == [("stats", stats, False)]
+    assert loads(frame([("stats", stats, False)])[4:]) == [("stats", stats, False)]
 
 
 async def test_a_front_handed_a_wave_is_waited_for_until_it_speaks(served, monkeypatch):

@@ -268,7 +268,8 @@ def test_workers_without_an_engine(tmp_path) -> None:
 def test_a_worker_whose_engine_is_gone_answers_503(api, api_engine, tmp_path) -> None:  # noqa: ANN001
     """The gateway on a RemoteEngine whose engine process went away: 503 engine_unavailable (the
     notice is not taken, generate says why), never a 500; /health 503."""
-    from engine.ipc import EngineServer, RemoteEngine
+    from engine.ipc import EngineServer
+    from engine.remote_engine import RemoteEngine
 
     async def dead_remote() -> RemoteEngine:
         server = EngineServer(api_engine, tmp_path / "engine.sock")
