@@ -73,7 +73,7 @@ def _money_back(value: Any) -> Any:
 def record(session: AsyncSession, *, actor: str, action: str, target: str,
            before: dict | None = None, after: dict | None = None, detail: str | None = None) -> AuditLog:
     """Add an audit row to ``session``; it commits with the change it describes."""
-    row = AuditLog(actor=actor[:128], action=action, target=target[:128],
+    row = AuditLog(actor=actor, action=action, target=target,
                    before=storable(before), after=storable(after), detail=detail)
     session.add(row)
     return row

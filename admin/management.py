@@ -362,18 +362,27 @@ class Management:
         """Set a model's price; also whether it changed (the price it has: no audit row)."""
         price = checked_price(self._dialect(), model=model, prompt_usd_per_1m=prompt_usd_per_1m,
                               completion_usd_per_1m=completion_usd_per_1m)
-        existing = await self.session.get(ModelPrice, model)
-        if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
-                price.prompt_usd_per_1m, price.completion_usd_per_1m):
-            return existing, False  # the price it has: nothing to record
-        before = price_view(existing) if existing is not None else None
-        row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
-                                      completion_usd_per_1m=price.completion_usd_per_1m)
-        await self.session.refresh(row)
-        audit.record(self.session, actor=self.actor, action="price.set", target=f"model:{model}",
-                     before=before, after=price_view(row))
-        await self.session.commit()
-        return row, True
+        for attempt in range(3):
+            existing = await self.session.get(ModelPrice, model, populate_existing=True)
+            if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
+                    price.prompt_usd_per_1m, price.completion_usd_per_1m):
+                return existing, False  # the price it has: nothing to record
+            before = price_view(existing) if existing is not None else None
+            try:
+                row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
+                                              completion_usd_per_1m=price.completion_usd_per_1m)
+                await self.session.refresh(row)
+                audit.record(self.session, actor=self.actor, action="price.set", target=f"model:{model}",
+                             before=before, after=price_view(row))
+                await self.session.commit()
+                return row, True
+            # a first price for the model inserted and committed by another admin between our read and
+            # our insert (found by QA: concurrent PUTs of a new model's price were 500s): read it, update
+            except IntegrityError as exc:
+                await self.session.rollback()
+                if attempt == 2:
+                    raise Conflict(f"The price of {model!r} is being changed concurrently; try again.") from exc
+        raise AssertionError("unreachable")
 
     def _dialect(self) -> str:
         return self.session.get_bind().dialect.name

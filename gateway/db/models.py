@@ -110,9 +110,9 @@ class AuditLog(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now(), index=True)
-    actor: Mapped[str] = mapped_column(String(128))  # JWT subject, or "cli"
+    actor: Mapped[str] = mapped_column(Text)  # JWT subject, or "cli" (whole: migration 0003)
     action: Mapped[str] = mapped_column(String(64))  # e.g. tenant.update, key.revoke
-    target: Mapped[str] = mapped_column(String(128))
+    target: Mapped[str] = mapped_column(Text)  # e.g. tenant:NAME, model:NAME
     before: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)

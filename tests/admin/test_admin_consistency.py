@@ -303,3 +303,28 @@ async def test_a_signed_money_string_is_refused_and_a_negative_zero_number_is_st
     resp = await client.put(f"/admin/v1/prices/m-{name}", content='{"prompt_usd_per_1m": -0.0, "completion_usd_per_1m": 1}',
                             headers={**auth(), "content-type": "application/json"})
     assert resp.status_code == 200 and '"prompt_usd_per_1m":0.00000000' in resp.text, resp.text
+
+
+async def test_concurrent_first_prices_of_a_model_are_all_answered(client, app, auth):
+    """Found by QA: concurrent PUTs of a model without a price raced on its insert and some were 500s
+    (a duplicate primary key). Each is answered; the price is one of those sent."""
+    model = unique("race-model")
+    replies = await asyncio.gather(*[
+        client.put(f"/admin/v1/prices/{model}", json={"prompt_usd_per_1m": i, "completion_usd_per_1m": 1},
+                   headers=auth()) for i in range(PARALLEL)])
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    prices = {p["model"]: p for p in (await client.get("/admin/v1/prices", headers=auth())).json()["data"]}
+    assert Decimal(str(prices[model]["prompt_usd_per_1m"])) in {Decimal(i) for i in range(PARALLEL)}
+    assert 1 <= await _audit_count(app, "price.set", f"model:{model}") <= PARALLEL
+
+
+async def test_the_audit_log_keeps_long_targets_and_actors_whole(client, auth):
+    """Found by QA: ``tenant:`` plus a 128-character name (and a long token subject) was cut to 128
+    characters, so filtering by the tenant's target found nothing."""
+    base = unique("t")
+    name = base + "n" * (128 - len(base))
+    assert len(name) == 128
+    actor = "svc-" + "a" * 296
+    assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth(sub=actor))).status_code == 201
+    rows = (await client.get("/admin/v1/audit", params={"target": f"tenant:{name}"}, headers=auth())).json()["data"]
+    assert [(r["action"], r["actor"]) for r in rows] == [("tenant.create", actor)]
