@@ -8,9 +8,17 @@ import os
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from engine.config import EngineConfig
+
+# what a PostgreSQL URL's query may hold: asyncpg's connect arguments that are text (SQLAlchemy
+# passes the query through; anything else was a TypeError at the first connect)
+_ASYNCPG_QUERY = frozenset({
+    "ssl", "direct_tls", "timeout", "command_timeout", "statement_cache_size", "max_cached_statement_lifetime",
+    "max_cacheable_statement_size", "prepared_statement_cache_size", "target_session_attrs", "passfile",
+    "service", "servicefile", "krbsrvname", "gsslib", "host", "port",
+})
 
 
 class Settings(BaseSettings):
@@ -131,6 +139,40 @@ class Settings(BaseSettings):
         if level not in LOG_LEVELS:
             raise ValueError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
         return level
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        """The async driver of a supported database, named or not: ``postgresql://`` (and
+        ``postgres://``, ``postgresql+psycopg2://``…) is read with asyncpg, ``sqlite://`` with
+        aiosqlite, and libpq's ``sslmode`` becomes asyncpg's ``ssl`` (found by QA: the URL most users
+        type was a traceback in the admin CLI); another database is refused by name."""
+        try:
+            url = make_url(value.strip())
+        except Exception:  # noqa: BLE001 - SQLAlchemy's ArgumentError, or a bad port
+            raise ValueError("not a database URL (e.g. postgresql+asyncpg://user:pass@host/db or "
+                             "sqlite+aiosqlite:///./data/pagegate.db)") from None
+        backend = url.drivername.partition("+")[0]
+        if backend in ("postgresql", "postgres"):
+            unknown = sorted(set(url.query) - _ASYNCPG_QUERY - {"sslmode"})
+            if unknown:
+                raise ValueError(f"unknown connection parameter {unknown[0]!r} in the URL (asyncpg takes "
+                                 f"{', '.join(sorted(_ASYNCPG_QUERY))}; sslmode is read as ssl)")
+        if url.drivername in ("postgresql+asyncpg", "sqlite+aiosqlite") and "sslmode" not in url.query:
+            return value  # (as written: a URL rendered again may escape characters of a path)
+        if backend in ("postgresql", "postgres"):
+            url = url.set(drivername="postgresql+asyncpg")
+            if "sslmode" in url.query:
+                mode = url.query["sslmode"]
+                url = url.difference_update_query(["sslmode"])
+                if "ssl" not in url.query:
+                    url = url.update_query_dict({"ssl": mode})
+        elif backend == "sqlite":
+            url = url.set(drivername="sqlite+aiosqlite")
+        else:
+            raise ValueError(f"the {backend!r} database is not supported: use PostgreSQL "
+                             "(postgresql+asyncpg://user:pass@host/db) or SQLite (sqlite+aiosqlite:///path)")
+        return url.render_as_string(hide_password=False)
 
     @field_validator("forwarded_allow_ips")
     @classmethod

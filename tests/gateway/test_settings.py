@@ -109,3 +109,41 @@ def test_server_defaults_out_of_range_are_refused(monkeypatch, name, value) -> N
     monkeypatch.setenv(f"PAGEGATE_{name}", value)
     with pytest.raises(ValidationError):
         Settings()
+
+
+@pytest.mark.parametrize(("given", "used"), [
+    ("postgresql://postgres@127.0.0.1:5432/test", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"),
+    ("postgres://u:p%40ss@db.example/app", "postgresql+asyncpg://u:p%40ss@db.example/app"),
+    ("postgresql+psycopg2://u@h/d?sslmode=require", "postgresql+asyncpg://u@h/d?ssl=require"),
+    ("postgresql+asyncpg://u@h/d?sslmode=disable&ssl=prefer", "postgresql+asyncpg://u@h/d?ssl=prefer"),
+    ("sqlite:////tmp/x.db", "sqlite+aiosqlite:////tmp/x.db"),
+    ("sqlite+aiosqlite:///./d?x/pagegate.db", "sqlite+aiosqlite:///./d?x/pagegate.db"),  # as written
+])
+def test_a_database_url_is_read_with_the_async_driver(given: str, used: str) -> None:
+    """Found by QA: ``postgresql://`` (the URL most users type) and ``?sslmode=require`` were
+    tracebacks in the admin CLI (no psycopg; asyncpg has no ``sslmode``)."""
+    assert Settings(database_url=given, load_engine=False).database_url == used
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("mysql://u@h/d", "the 'mysql' database is not supported"),
+    ("nonsense", "not a database URL"),
+    ("postgresql://u@h/d?application_name=x", "unknown connection parameter 'application_name'"),
+])
+def test_an_unusable_database_url_is_refused_by_name(given: str, says: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        Settings(database_url=given, load_engine=False)
+    assert says in err.value.errors()[0]["msg"]
+
+
+def test_the_admin_cli_reads_a_plain_postgresql_url(monkeypatch, capsys, pg_url) -> None:  # noqa: ANN001
+    """End to end on the PostgreSQL here (a migrated database): a plain ``postgresql://`` URL with
+    libpq's ``sslmode`` lists the tenants, no traceback."""
+    from admin.cli import main
+
+    plain = pg_url.replace("postgresql+asyncpg://", "postgresql://") + "?sslmode=disable"
+    monkeypatch.setenv("PAGEGATE_DATABASE_URL", plain)
+    monkeypatch.setenv("PAGEGATE_REDIS_URL", "redis://127.0.0.1:6379/15")
+    assert main(["tenants", "list", "--json"]) == 0, capsys.readouterr().err
