@@ -36,6 +36,9 @@ def build_admin_router(settings: Settings, *, database: Database | None = None,
         else:
             log.warning("PAGEGATE_ADMIN_JWT_SECRET is the built-in default: HS256 admin tokens are refused "
                         "(outside --dev); set your own secret")
+    elif not settings.admin_jwt_secret:
+        log.warning("PAGEGATE_ADMIN_JWT_SECRET is empty: HS256 admin tokens are refused; set a secret of your own"
+                    + ("" if settings.admin_jwks_url else " (or PAGEGATE_ADMIN_JWKS_URL: no admin token works now)"))
     elif len(settings.admin_jwt_secret.encode()) < 32:
         log.warning("PAGEGATE_ADMIN_JWT_SECRET is shorter than 32 bytes: HS256 admin tokens can be brute-forced")
 

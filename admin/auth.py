@@ -70,9 +70,16 @@ def bearer_token(authorization: str) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+MAX_SUBJECT_CHARS = 256  # a token's subject: who the audit log says made a change
+
+
 def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str, ...] | list[str] = ALL_SCOPES,
                ttl_s: int | None = None, now: int | None = None) -> str:
     """An HS256 admin token signed with ``settings.admin_jwt_secret``."""
+    if not settings.admin_jwt_secret:
+        raise ValueError("PAGEGATE_ADMIN_JWT_SECRET is empty: set the server's secret to mint a token with it")
+    if not subject.strip() or len(subject) > MAX_SUBJECT_CHARS or not subject.isprintable():
+        raise ValueError(f"a token's subject must be 1 to {MAX_SUBJECT_CHARS} printable characters")
     unknown = set(scopes) - set(ALL_SCOPES)
     if unknown:
         raise ValueError(f"unknown scope(s): {', '.join(sorted(unknown))}")
@@ -113,7 +120,11 @@ class AdminTokenVerifier:
         # the built-in placeholder is public (it is in the source): outside dev mode (`make run`)
         # no HS256 token is taken with it (found by QA: anyone could mint admin:write tokens)
         placeholder = settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default
-        self._hmac: bytes | None = None if placeholder and not settings.dev_mode else settings.admin_jwt_secret.encode()
+        # an empty secret signs nothing: HS256 is off (identity-provider tokens may still be taken)
+        self._hmac_off = ("PAGEGATE_ADMIN_JWT_SECRET is empty" if not settings.admin_jwt_secret else
+                          "PAGEGATE_ADMIN_JWT_SECRET is the built-in placeholder" if placeholder and not settings.dev_mode
+                          else None)
+        self._hmac: bytes | None = None if self._hmac_off else settings.admin_jwt_secret.encode()
         # one decoder per algorithm: a token is checked only with the algorithm its key is for
         self._jwt = {alg: JsonWebToken([alg]) for alg in (*HMAC_ALGS, *ASYMMETRIC_ALGS)}
         self.jwks = jwks or (JwksSource(settings.admin_jwks_url) if settings.admin_jwks_url else None)
@@ -129,8 +140,8 @@ class AdminTokenVerifier:
             raise unauthorized("The admin token is malformed (no 'alg' header).")
         if alg in HMAC_ALGS:
             if self._hmac is None:
-                raise unauthorized("HS256 admin tokens are refused: PAGEGATE_ADMIN_JWT_SECRET is the built-in "
-                                   "placeholder; set a secret of your own on the server (and for `pagegate admin token`).")
+                raise unauthorized(f"HS256 admin tokens are refused: {self._hmac_off}; set a secret of your own "
+                                   "on the server (and for `pagegate admin token`).")
             key: bytes | Key = self._hmac
         elif alg in ASYMMETRIC_ALGS:
             key = await self._jwks_key(header.get("kid"), ASYMMETRIC_ALGS[alg])
@@ -148,8 +159,14 @@ class AdminTokenVerifier:
             raise unauthorized(f"The admin token lacks a required claim: {exc.description}") from exc
         except JoseError as exc:
             raise unauthorized(f"The admin token's claims are invalid: {exc.description}") from exc
-        if not isinstance(claims["sub"], str):
+        sub = claims["sub"]
+        if not isinstance(sub, str):
             raise unauthorized("The admin token's claims are invalid: 'sub' must be a string.")
+        # it is the audit log's actor, printed by the CLI and stored by PostgreSQL (found by QA: a NUL
+        # was a 500, a line break forged a line of `pagegate admin audit`)
+        if not sub.strip() or len(sub) > MAX_SUBJECT_CHARS or not sub.isprintable():
+            raise unauthorized(f"The admin token's claims are invalid: 'sub' must be 1 to {MAX_SUBJECT_CHARS} "
+                               "printable characters.")
         return AdminPrincipal(subject=claims["sub"], scopes=_scopes(claims), claims=dict(claims))
 
     async def _jwks_key(self, kid: str | None, kty: str) -> Key:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -81,8 +82,39 @@ def cli_name() -> str:
     return relative if not relative.startswith("..") and os.sep in relative else os.path.abspath(argv0)
 
 
+def _is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
+
+
+def client_origin(settings: Settings) -> str:
+    """Where a client on this machine reaches the server: a wildcard host (0.0.0.0, ::) is not an
+    address to call (found by QA: the banner said curl http://0.0.0.0:8000)."""
+    host = settings.host.strip("[]")
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
+
+
+def check_dev_mode(settings: Settings) -> None:
+    """Dev mode takes admin tokens signed with the built-in secret, which is public: only on a
+    loopback address (found by QA: ``--dev --host 0.0.0.0`` let anyone on the network mint an
+    admin:write token). With a secret of one's own it may listen anywhere, with a warning."""
+    if not settings.dev_mode or _is_loopback(settings.host):
+        return
+    if settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default:
+        raise StartupError(f"dev mode (--dev, PAGEGATE_DEV_MODE) on {settings.host} would let anyone who reaches "
+                           "the port sign admin tokens with the built-in secret, which is public: listen on "
+                           "127.0.0.1 (the default), or set PAGEGATE_ADMIN_JWT_SECRET to a secret of your own")
+    logging.getLogger("pagegate").warning("dev mode on %s, an address others may reach: it creates a tenant and "
+                                          "prints its key when the database has none", settings.host)
+
+
 def dev_banner(settings: Settings, key: str, tenant: str = "default") -> str:
-    base = f"http://{settings.host}:{settings.port}/v1"
+    base = f"{client_origin(settings)}/v1"
     cli = cli_name()
     model = served_model_id(settings)
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello in French."}],
@@ -106,7 +138,7 @@ def dev_banner(settings: Settings, key: str, tenant: str = "default") -> str:
         *("    " + line for line in sdk.splitlines()),
         "",
         f"Admin: `{cli} admin --help` (tenants, keys, prices, reports); the dashboard at",
-        f"    http://{settings.host}:{settings.port}/admin, signed in with a token from `{cli} admin token`.",
+        f"    {client_origin(settings)}/admin, signed in with a token from `{cli} admin token`.",
         "",
     ])
 
@@ -285,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
             logging.basicConfig(level=python_log_level(settings),
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             # cheapest first, and all before the engine loads (which takes seconds)
+            check_dev_mode(settings)
             check_port(settings.host, settings.port)
             check_spool_dir(settings.usage_spool_dir)
             # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the
@@ -308,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                 cli = cli_name()
                 print(f"pagegate dev mode: the database already has tenants; create a key with "
                       f"`{cli} admin keys create --tenant NAME` (`{cli} admin tenants list` names them); "
-                      f"the dashboard is at http://{settings.host}:{settings.port}/admin.", flush=True)
+                      f"the dashboard is at {client_origin(settings)}/admin.", flush=True)
         if settings.workers > 1:
             from gateway.workers import run_workers
 

@@ -329,3 +329,29 @@ async def test_the_placeholder_secret_signs_nothing_outside_dev_mode(db_url) -> 
     own = Settings(load_engine=False, admin_jwt_secret="x" * 40)
     token = mint_token(own, subject="alice", scopes=("admin:read",), ttl_s=600)
     assert (await AdminTokenVerifier(own).verify(token)).subject == "alice"
+
+
+async def test_an_empty_secret_says_so(db_url) -> None:  # noqa: ANN001, ARG001
+    """Found by QA: with PAGEGATE_ADMIN_JWT_SECRET empty every token was 'signature is invalid' and
+    `pagegate admin token` failed in Authlib's words."""
+    from gateway.settings import Settings
+
+    empty = Settings(load_engine=False, admin_jwt_secret="")
+    with pytest.raises(ValueError, match="PAGEGATE_ADMIN_JWT_SECRET is empty"):
+        mint_token(empty, subject="alice")
+    token = sign({"alg": "HS256"}, _claims(empty), b"some-other-secret-of-at-least-32-bytes")
+    with pytest.raises(ApiError) as refused:
+        await AdminTokenVerifier(empty).verify(token)
+    assert refused.value.status == 401 and "PAGEGATE_ADMIN_JWT_SECRET is empty" in refused.value.message
+
+
+@pytest.mark.parametrize("sub", ["nul\u0000byte", "line1\nFAKE audit line", " ", "", "x" * 257])
+async def test_a_subject_that_cannot_be_an_audit_actor_is_401(client, settings, sub) -> None:  # noqa: ANN001
+    """Found by QA: a NUL in a validly signed token's ``sub`` was a 500 on PostgreSQL (the audit
+    row's insert), a line break forged a line of `pagegate admin audit`."""
+    tok = sign({"alg": "HS256"}, _claims(settings, sub=sub), SECRET.encode())
+    error = _assert_error(await client.post("/admin/v1/tenants", json={"name": "never-made"},
+                                            headers={"authorization": f"Bearer {tok}"}), 401, "invalid_token")
+    assert "'sub'" in error["message"]
+    with pytest.raises(ValueError, match="subject"):
+        mint_token(settings, subject=sub)

@@ -183,3 +183,37 @@ def test_an_engine_that_cannot_load_is_one_line_and_exit_1(tmp_path, workers) ->
     assert "Traceback" not in proc.stderr and 'File "' not in proc.stderr, proc.stderr
     failures = [line for line in proc.stderr.splitlines() if "cannot start the gateway: " in line]
     assert len(failures) == 1, proc.stderr
+
+
+@pytest.mark.parametrize(("host", "refused"), [
+    ("127.0.0.1", False), ("localhost", False), ("::1", False), ("[::1]", False), ("127.0.0.2", False),
+    ("0.0.0.0", True), ("::", True), ("192.0.2.7", True), ("gateway.example", True),
+])
+def test_dev_mode_with_the_public_secret_listens_on_loopback_only(host: str, refused: bool) -> None:
+    """Found by QA: ``--dev --host 0.0.0.0`` let anyone who reached the port sign an admin:write
+    token with the built-in (public) secret. With a secret of one's own it may listen anywhere."""
+    from gateway.serve import StartupError, check_dev_mode
+    from gateway.settings import Settings
+
+    dev = Settings(load_engine=False, dev_mode=True, host=host)
+    if refused:
+        with pytest.raises(StartupError, match="built-in secret, which is public"):
+            check_dev_mode(dev)
+    else:
+        check_dev_mode(dev)
+    check_dev_mode(dev.model_copy(update={"admin_jwt_secret": "x" * 40}))
+    check_dev_mode(dev.model_copy(update={"dev_mode": False}))
+
+
+@pytest.mark.parametrize(("host", "origin"), [
+    ("0.0.0.0", "http://127.0.0.1:8123"), ("::", "http://[::1]:8123"), ("::1", "http://[::1]:8123"),
+    ("127.0.0.1", "http://127.0.0.1:8123"), ("gateway.example", "http://gateway.example:8123"),
+])
+def test_the_dev_banner_names_an_address_a_client_can_call(host: str, origin: str) -> None:
+    """Found by QA: the banner told users to curl http://0.0.0.0:PORT."""
+    from gateway.serve import client_origin, dev_banner
+    from gateway.settings import Settings
+
+    settings = Settings(load_engine=False, host=host, port=8123)
+    assert client_origin(settings) == origin
+    assert f"{origin}/v1/chat/completions" in dev_banner(settings, "pg-KEY")
