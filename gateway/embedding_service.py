@@ -8,6 +8,7 @@ import base64
 import numpy as np
 
 from gateway.accounting import RequestAccount
+from gateway.auth import Principal
 from gateway.deps import Caller
 from gateway.embedder import AtLeast
 from gateway.errors import ApiError, invalid_request, model_not_found, permission_denied, unsupported
@@ -27,13 +28,20 @@ def is_embedding_model(settings: Settings, model: str) -> bool:
     return model == served or model.lower() in EMBEDDING_ALIASES | {served.lower()}
 
 
+def may_use_embedding_model(principal: Principal, settings: Settings) -> bool:
+    """A key may use the embedding model when it allows it by any of its names (the served id or an
+    alias, any case): the names are one model (found by QA: a key allowing it by an alias was listed
+    the model, then refused it under its served id)."""
+    return principal.allowed_models is None or any(is_embedding_model(settings, m) for m in principal.allowed_models)
+
+
 def _check_model(caller: Caller, model: str) -> str:
     served = embedding_model_id(caller.state.settings)
     if not is_embedding_model(caller.state.settings, model):
         engine = caller.state.engine
         chat = engine is not None and model == engine.model_id and caller.principal.may_use(model)
         raise model_not_found(model, "/v1/chat/completions and /v1/completions (a chat model)" if chat else None)
-    if not caller.principal.may_use(served) and not caller.principal.may_use(model):
+    if not may_use_embedding_model(caller.principal, caller.state.settings):
         raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
                                 code="model_not_allowed")
     return served

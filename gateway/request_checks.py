@@ -12,7 +12,7 @@ from typing import Any
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.deps import Caller
-from gateway.embedding_service import is_embedding_model
+from gateway.embedding_service import is_embedding_model, may_use_embedding_model
 from gateway.errors import invalid_request, model_not_found, permission_denied, unsupported
 from gateway.formats import TokenNames
 from gateway.generation import context_length_exceeded, far_too_long
@@ -25,8 +25,7 @@ def resolve_engine(caller: Caller, model: str) -> EngineClient:
     engine = caller.state.engine
     if engine is None or model != engine.model_id:
         settings = caller.state.settings  # (an alias of the embedding model is allowed as it is there)
-        embedding = is_embedding_model(settings, model) and (caller.principal.may_use(model)
-                                                             or caller.principal.may_use(settings.embedding_model))
+        embedding = is_embedding_model(settings, model) and may_use_embedding_model(caller.principal, settings)
         raise model_not_found(model, "/v1/embeddings (an embedding model)" if embedding else None)
     if not caller.principal.may_use(model):
         raise permission_denied(f"This API key is not allowed to use the model `{model}`.",

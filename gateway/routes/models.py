@@ -4,7 +4,7 @@ as the caller's key may use them."""
 from fastapi import APIRouter
 
 from gateway.deps import Caller, CallerDep
-from gateway.embedding_service import EMBEDDING_ALIASES, embedding_model_id, is_embedding_model
+from gateway.embedding_service import embedding_model_id, is_embedding_model, may_use_embedding_model
 from gateway.error_handlers import unknown_url
 from gateway.errors import model_not_found
 from gateway.schemas import ModelCard, ModelList
@@ -22,10 +22,8 @@ def _cards(caller: Caller) -> list[ModelCard]:
     served = embedding_model_id(state.settings)
     cards.append(ModelCard(id=served, created=created, max_model_len=256))
     principal = caller.principal
-    # a key that names the embedding model by an alias that /v1/embeddings takes may use it: listed too
-    by_alias = principal.allowed_models is not None and any(
-        m.lower() in EMBEDDING_ALIASES for m in principal.allowed_models)
-    return [c for c in cards if principal.may_use(c.id) or (c.id == served and by_alias)]
+    embedding = may_use_embedding_model(principal, state.settings)  # by any of its names
+    return [c for c in cards if (embedding if c.id == served else principal.may_use(c.id))]
 
 
 @router.get("/v1/models", response_model=ModelList)

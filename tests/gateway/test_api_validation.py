@@ -214,6 +214,10 @@ def test_models_endpoints(api) -> None:  # noqa: ANN001
     _tid, alias_key = api.make_tenant(allowed_models=["sentence-transformers/all-MiniLM-L6-v2"])  # found by QA
     by_alias = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {alias_key}"}, timeout=30)
     assert [m["id"] for m in by_alias.json()["data"]] == ["all-MiniLM-L6-v2"]
+    for name in ("all-MiniLM-L6-v2", "all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2"):  # QA: the listed
+        used = httpx.post(api.base_url + "/v1/embeddings", headers={"authorization": f"Bearer {alias_key}"},  # id was 403
+                          json={"model": name, "input": "hi"}, timeout=60)
+        assert used.status_code == 200, (name, used.text)
     _tid, key = api.make_tenant(allowed_models=["all-MiniLM-L6-v2"])
     limited = httpx.get(api.base_url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30).json()
     assert [m["id"] for m in limited["data"]] == ["all-MiniLM-L6-v2"]
