@@ -134,8 +134,10 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
                     state.embedder.close()
 
     # no 307 to the URL without its trailing slash: an unknown URL is a 404 in OpenAI's shape
+    # the OpenAPI document stays (/openapi.json, for client generators); no /docs or /redoc pages:
+    # they load their scripts from a CDN (found by QA: undocumented, and useless offline)
     app = FastAPI(title="pagegate", version="0.1.0", lifespan=lifespan, redirect_slashes=False,
-                  description="OpenAI-compatible multi-tenant LLM gateway")
+                  description="OpenAI-compatible multi-tenant LLM gateway", docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.state.unanswered = Unanswered()  # requests without a response yet (gateway.shutdown)
     app.add_middleware(GatewayMiddleware, max_bytes=settings.max_request_bytes, direct=DIRECT,

@@ -170,6 +170,13 @@ def guarded_protocol(max_header_bytes: int, header_timeout_s: float) -> type[asy
                 # no request (line ends, the rest of a refused request's body), is closed quietly
                 self._refuse(too_slow if self._in_head and self.scope is not None else None)
 
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes that are not HTTP (a ``content-length`` next to a
+            ``transfer-encoding``, two ``content-length``s, a folded header…): an OpenAI error object
+            with a request id, as every refusal of the gateway (found by QA: it was text/plain)."""
+            self._refuse(_reply(400, "Bad Request", f"{msg.rstrip('.')}: the request is not valid HTTP/1.1.",
+                                "invalid_http_request"))
+
         def _refuse(self, reply: tuple[bytes, bytes] | None) -> None:
             self._in_head = False
             self._disarm()

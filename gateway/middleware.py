@@ -210,7 +210,11 @@ class GatewayMiddleware:
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.max_bytes:
                     return ApiError(413, too_large(self.max_bytes, int(value)), code="request_too_large")
-            elif name == b"authorization" and authorization is None:  # the first, as Starlette reads it
+            elif name == b"authorization":
+                if authorization is not None:  # one credential a request (found by QA: the first won,
+                    return ApiError(  # so a proxy adding its own could be overridden by the client's)
+                        400, "This request has more than one Authorization header; send exactly one.",
+                        code="duplicate_authorization_header")
                 authorization = value
         if scope["method"] == "POST" and scope["path"] in KEY_FIRST:
             return await _key_first(scope, authorization)

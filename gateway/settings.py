@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -173,6 +174,22 @@ class Settings(BaseSettings):
             raise ValueError(f"the {backend!r} database is not supported: use PostgreSQL "
                              "(postgresql+asyncpg://user:pass@host/db) or SQLite (sqlite+aiosqlite:///path)")
         return url.render_as_string(hide_password=False)
+
+    @field_validator("admin_jwks_url")
+    @classmethod
+    def _jwks_url(cls, value: str | None) -> str | None:
+        """https://, a file, or http:// on this machine only: signing keys fetched in clear from
+        another host could be replaced on the way, and with them any admin token (found by QA)."""
+        if value and value.lower().startswith("http://"):
+            host = (urlsplit(value).hostname or "").lower()
+            try:
+                loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = False
+            if not loopback:
+                raise ValueError("an http:// key set from another host could be replaced on its way, and with it "
+                                 "any admin token: use https:// (http:// is taken for 127.0.0.1 and localhost)")
+        return value
 
     @field_validator("forwarded_allow_ips")
     @classmethod

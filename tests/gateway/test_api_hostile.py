@@ -174,6 +174,19 @@ def test_broken_auth_is_401(api, authorization) -> None:  # noqa: ANN001
     assert err["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models", "/admin/v1/tenants"])
+def test_two_authorization_headers_are_refused(api, path) -> None:  # noqa: ANN001
+    """Found by QA: the first of two Authorization headers won, so a client could put its own before
+    one a proxy adds. One credential a request: either order is a 400."""
+    bad = "Bearer pg-" + "A" * 43
+    for first, second in ((f"Bearer {api.key}", bad), (bad, f"Bearer {api.key}")):
+        headers = [("authorization", first), ("authorization", second), ("content-type", "application/json")]
+        method = "POST" if path.endswith("completions") else "GET"
+        resp = httpx.request(method, api.base_url + path, headers=headers, timeout=60,
+                             json={"model": api.model, **BASE} if method == "POST" else None)
+        assert_error(resp, 400, code="duplicate_authorization_header")
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": [10**12]}, "prompt"),
     ({"prompt": [-1]}, "prompt"),
@@ -243,3 +256,11 @@ def test_engine_survives_the_hostile_requests(api) -> None:  # noqa: ANN001
                                                      "stop_token_ids": [2]})
     assert resp.status_code == 200, resp.text
     assert resp.json()["usage"]["completion_tokens"] == 1
+
+
+def test_the_openapi_document_is_served_and_no_cdn_pages(api) -> None:  # noqa: ANN001
+    """Found by QA: /docs and /redoc were served, undocumented, with scripts from a CDN."""
+    spec = httpx.get(api.base_url + "/openapi.json", timeout=30)
+    assert spec.status_code == 200 and "/v1/chat/completions" in spec.json()["paths"]
+    for page in ("/docs", "/redoc"):
+        assert_error(httpx.get(api.base_url + page, timeout=30), 404, code="not_found")

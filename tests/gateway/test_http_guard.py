@@ -151,6 +151,30 @@ async def test_a_refusal_carries_a_request_id(serve) -> None:  # noqa: ANN001
     assert head.startswith(b"HTTP/1.1 431") and b"\r\nx-request-id: req_" in head, head
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\nabcd",
+    b"GET / HTTP/1.1\r\nhost: x\r\nx-a: 1\r\n folded\r\n\r\n",
+    b"GET / HTTP/1.1\r\nhost: x\r\nx-a: 1\r2\r\n\r\n",
+])
+async def test_bytes_that_are_not_http_get_an_error_object_with_a_request_id(serve, request_bytes) -> None:  # noqa: ANN001
+    """Found by QA: uvicorn answered these (rightly refused) requests with a text/plain 400 without
+    ``x-request-id``; every refusal of the gateway is an OpenAI error object with one."""
+    port = await serve()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request_bytes)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"\r\nx-request-id: req_" in head, data
+    assert b"content-type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_http_request" and "not valid HTTP" in error["message"]
+
+
 async def test_a_large_body_in_the_heads_read_is_not_counted(serve) -> None:  # noqa: ANN001
     port = await serve(max_header_bytes=4096)
     body = b"x" * 300_000

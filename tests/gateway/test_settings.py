@@ -147,3 +147,20 @@ def test_the_admin_cli_reads_a_plain_postgresql_url(monkeypatch, capsys, pg_url)
     monkeypatch.setenv("PAGEGATE_DATABASE_URL", plain)
     monkeypatch.setenv("PAGEGATE_REDIS_URL", "redis://127.0.0.1:6379/15")
     assert main(["tenants", "list", "--json"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("url", "taken"), [
+    ("https://idp.example/.well-known/jwks.json", True), ("/etc/pagegate/jwks.json", True),
+    ("file:///etc/jwks.json", True), ("http://127.0.0.1:8080/jwks", True), ("http://localhost/jwks", True),
+    ("http://[::1]/jwks", True), ("http://idp.example/jwks", False), ("HTTP://10.0.0.1/jwks", False),
+])
+def test_an_admin_key_set_in_clear_is_taken_from_this_machine_only(url: str, taken: bool) -> None:
+    """Found by QA: an http:// JWKS from another host was fetched silently; whoever sits on the path
+    could hand the server their own signing key."""
+    from pydantic import ValidationError
+
+    if taken:
+        assert Settings(admin_jwks_url=url, load_engine=False).admin_jwks_url == url
+    else:
+        with pytest.raises(ValidationError, match="use https://"):
+            Settings(admin_jwks_url=url, load_engine=False)
