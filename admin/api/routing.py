@@ -61,10 +61,15 @@ def as_api_error(exc: Exception) -> ApiError | None:
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":
             return bad_request("The request body is not valid JSON.")
-        if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes | str):
+        if tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes):
             # FastAPI reads a body without a JSON content type as bytes: it was never parsed
             return bad_request("The request body must be a JSON object sent with content-type: application/json "
                                "(or application/<type>+json, or none).")
+        if tuple(first.get("loc", ())) == ("body",) and not isinstance(first.get("input"), dict | None):
+            kind = type(first.get("input")).__name__  # parsed JSON, not an object (found by QA: a string was
+            kind = {"str": "a string", "list": "an array", "int": "a number", "float": "a number",  # told to
+                    "bool": "a boolean"}.get(kind, kind)  # send the content type it had sent)
+            return bad_request(f"The request body must be a JSON object, not {kind}.")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")

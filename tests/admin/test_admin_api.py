@@ -505,6 +505,23 @@ async def test_a_body_without_a_json_content_type_is_named_so(client, auth):
     assert resp.status_code == 201 and resp.json()["name"] == name, resp.text
 
 
+async def test_a_json_body_that_is_not_an_object_is_named_so(client, auth):
+    """Found by QA: a JSON string body sent as application/json was told to send that content type."""
+    for body, kind in (('"x"', "a string"), ("[1]", "an array"), ("5", "a number"), ("true", "a boolean")):
+        resp = await client.post("/admin/v1/tenants", content=body,
+                                 headers={**auth(), "content-type": "application/json"})
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["message"] == f"The request body must be a JSON object, not {kind}.", resp.text
+
+
+async def test_a_key_is_created_without_a_body(client, auth):
+    """Every key field is optional: no body is an empty one (found by QA: it was 'Field required')."""
+    tenant = unique("nobody")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    resp = await client.post(f"/admin/v1/tenants/{tenant}/keys", headers=auth())
+    assert resp.status_code == 201 and resp.json()["key"].startswith("pg-"), resp.text
+
+
 async def test_nan_and_infinity_are_not_finite_numbers(client, auth):
     for literal in ("NaN", "Infinity", "-Infinity"):
         body = f'{{"name": "{unique("nan")}", "cache_threshold": {literal}}}'
