@@ -598,7 +598,7 @@ def test_a_report_range_near_year_1_prints_four_digit_years(env, capsys):
     --until (1-01-01 00:00)": ``%Y`` writes year 1 as ``1``."""
     code, out, err = run(capsys, "summary", "--until", "0001-01-01")
     assert (code, out) == (2, "")
-    assert err == "error: --since (0001-01-01 00:00) must be before --until (0001-01-01 00:00) UTC\n"
+    assert err == "error: --since (0001-01-01 00:00:00) must be before --until (0001-01-01 00:00:00) UTC\n"
 
 
 @pytest.mark.parametrize("argv", [("tenants", "create", "x", "--budget-usd", "-0"),
@@ -623,3 +623,13 @@ def test_a_negative_zero_count_is_a_usage_error(capsys, argv):
         cli.main(list(argv))
     _, err = capsys.readouterr()
     assert done.value.code == 2 and "not a whole number" in err, err
+
+
+def test_a_report_names_its_range_to_the_second_and_latencies_as_measured(env, capsys):
+    """Found by QA: a range within one minute printed as ``21:30 .. 21:30``; a latency of 15 ms as
+    ``15.00`` (money's cents)."""
+    from admin.tables import cell_text
+
+    code, _, err = run(capsys, "summary", "--since", "2026-12-04T21:30:40Z", "--until", "2026-12-04T21:30:47Z")
+    assert code == 0 and err.startswith("2026-12-04 21:30:40 .. 2026-12-04 21:30:47 UTC"), err
+    assert [cell_text(v) for v in (15.0, 333.7, 0.9, 1234.5)] == ["15", "333.7", "0.9", "1,234.5"]
