@@ -57,9 +57,13 @@ class AppState:
 
                         self.embedder = await SharedEmbedder.load(cache_embedder)
                     else:
+                        from cache.embedder import resolve_model_path
                         from gateway.embedder import Embedder
 
-                        self.embedder = await asyncio.to_thread(Embedder)
+                        # the model /v1/models names, as the cache's embedder loads it (found by QA:
+                        # without the cache the bundled MiniLM answered whatever the setting said)
+                        path = resolve_model_path(self.settings.embedding_model)
+                        self.embedder = await asyncio.to_thread(Embedder, path)
         return self.embedder
 
 

@@ -242,6 +242,35 @@ def check_engine(settings: Settings) -> None:
         raise StartupError(f"cannot use the engine's settings: {exc}") from None
 
 
+def check_embedding_model(settings: Settings) -> None:
+    """``PAGEGATE_EMBEDDING_MODEL`` names a model that can be loaded: the bundled MiniLM, a local
+    sentence-transformers directory, or (offline) one in the Hugging Face cache. Checked without
+    loading it (found by QA: a wrong path started, then every embedding was a 500 and the cache
+    turned itself off)."""
+    from cache.embedder import resolve_model_path
+
+    name = settings.embedding_model
+    try:
+        path = resolve_model_path(name)
+    except ImportError as exc:  # the bundled model's package is missing
+        raise StartupError(f"cannot use the embedding model {name!r}: {exc}") from None
+    folder = os.path.expanduser(path)
+    if os.path.isdir(folder):
+        if not any(os.path.exists(os.path.join(folder, f)) for f in ("modules.json", "config.json")):
+            raise StartupError(f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL): {folder} holds "
+                               "no sentence-transformers model (no modules.json or config.json)")
+        return
+    if path.startswith(("/", ".", "~")) or path.count("/") > 1:  # a path, not a hub id ("org/name")
+        raise StartupError(f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL): no such directory")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        from huggingface_hub import try_to_load_from_cache
+
+        repos = (path, f"sentence-transformers/{path}") if "/" not in path else (path,)
+        if not any(isinstance(try_to_load_from_cache(r, "config.json"), str) for r in repos):
+            raise StartupError(f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL): not a local "
+                               "directory, and not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+
+
 def start_embedded_redis(embedded: EmbeddedRedis) -> str:
     try:
         return embedded.start()
@@ -330,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
                 settings = settings.model_copy(update={"redis_url": start_embedded_redis(embedded)})
             check_redis(settings.redis_url, settings.redis_timeout_s)
             check_engine(settings)
+            check_embedding_model(settings)
             made = asyncio.run(prestart(settings))
         except StartupError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -217,3 +217,23 @@ def test_the_dev_banner_names_an_address_a_client_can_call(host: str, origin: st
     settings = Settings(load_engine=False, host=host, port=8123)
     assert client_origin(settings) == origin
     assert f"{origin}/v1/chat/completions" in dev_banner(settings, "pg-KEY")
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("all-MiniLM-L6-v2", None), ("sentence-transformers/all-MiniLM-L6-v2", None),
+    ("/nonexistent/model", "no such directory"), ("./models/x", "no such directory"),
+    ("/tmp", "holds no sentence-transformers model"),
+    ("some-org/not-downloaded-model", "not in the Hugging Face cache"),
+])
+def test_an_unusable_embedding_model_is_refused_at_start(monkeypatch, name, says) -> None:  # noqa: ANN001
+    """Found by QA: a wrong PAGEGATE_EMBEDDING_MODEL started, then every embedding was a 500."""
+    from gateway.serve import StartupError, check_embedding_model
+    from gateway.settings import Settings
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    settings = Settings(load_engine=False, embedding_model=name)
+    if says is None:
+        check_embedding_model(settings)
+    else:
+        with pytest.raises(StartupError, match=says):
+            check_embedding_model(settings)
