@@ -72,9 +72,14 @@ class IncrementalDetokenizer:
         self.prefix_offset = self.read_offset = len(self.ids)
 
     def _held_back(self) -> int:
+        """The longest end of the text not yet released that begins a stop string. Released text
+        cannot be held back, so only that end is searched: a few characters a token, whatever the
+        stop strings' length (found by QA: 16 stops of 100,000 characters re-scanned the whole answer
+        on every token, 0.2-0.46 s a step at 32,000 characters, on the engine's one thread)."""
         text, held = self.text, 0
+        unreleased = len(text) - self.emitted
         for s in self.stop:
-            for k in range(min(len(s) - 1, len(text)), held, -1):
+            for k in range(min(len(s) - 1, unreleased), held, -1):
                 if text.endswith(s[:k]):
                     held = k
                     break

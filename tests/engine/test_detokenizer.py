@@ -80,3 +80,32 @@ def test_without_tokenizer_text_is_empty():
     detok = IncrementalDetokenizer(None, [1, 2], ["x"])
     assert not detok.add_token(5)
     assert detok.take_delta(True) == ""
+
+
+class _CountingStop(str):
+    """A stop string that counts the prefixes taken of it (the held-back search's work)."""
+
+    taken = 0
+
+    def __getitem__(self, key):  # noqa: ANN001, ANN204
+        type(self).taken += 1
+        return str.__getitem__(self, key)
+
+
+def test_the_held_back_search_reads_only_unreleased_text() -> None:
+    """Found by QA: 16 stop strings of 100,000 characters were matched against the whole answer on
+    every token (0.2-0.46 s a step at 32,000 characters, on the engine's thread). Text already
+    released cannot be held back: only the unreleased end is searched, whatever the stops' length."""
+    stop = _CountingStop("Q" * 100_000)
+    d = IncrementalDetokenizer(None, [], [stop] * 16)
+    released = ""
+    for _ in range(2000):  # 16,000 characters, a few a token
+        d.text += "abcdefg "
+        released += d.take_delta(False)
+    assert released == d.text
+    assert _CountingStop.taken <= 16 * 2000 * 8  # at most the new characters a token, per stop
+    _CountingStop.taken = 0
+    d.text += "QQQ"  # the start of a stop: held back, then released with what breaks it
+    assert d.take_delta(False) == "" and d.take_delta(False) == ""
+    d.text += "x"
+    assert d.take_delta(False) == "QQQx"
