@@ -242,7 +242,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("token", help="mint an HS256 admin token (PAGEGATE_ADMIN_JWT_SECRET)")
     p.add_argument("--scope", type=_scopes, action="append", help="admin:read and/or admin:write (default: both)")
     p.add_argument("--ttl", type=_ttl, default=None,
-                   help=f"lifetime in seconds, at most {MAX_TOKEN_TTL_S} (default: admin_token_ttl_s)")
+                   help=f"lifetime in seconds, at most {MAX_TOKEN_TTL_S} (default: PAGEGATE_ADMIN_TOKEN_TTL_S, 3600)")
     p.add_argument("--sub", type=_subject, default="admin", help="subject recorded in the audit log (default: admin)")
     p.set_defaults(run=None)
 

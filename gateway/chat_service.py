@@ -120,7 +120,8 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     if len(prompts_in) > limit:
         why = "" if limit == MAX_PROMPTS else (" here: each prompt takes a place in the engine's waiting queue, "
                                                f"of which a tenant may hold {limit}")
-        raise invalid_request(f"At most {limit} prompts per request{why} (got {len(prompts_in)}).", param="prompt")
+        noun = "prompt" if limit == 1 else "prompts"
+        raise invalid_request(f"At most {limit} {noun} per request{why} (got {len(prompts_in)}).", param="prompt")
     if body.suffix:
         raise unsupported("suffix")
     if body.logprobs is not None and body.echo:

@@ -70,7 +70,7 @@ def insufficient_quota(message: str, *, retry_after_s: float | None) -> ApiError
 def shutting_down() -> ApiError:
     """503 for a request the server stopped because it is shutting down (``gateway.shutdown``)."""
     return ApiError(503, "The server is shutting down and stopped this request before it finished; retry it.",
-                    "server_error", "server_shutting_down")
+                    "server_error", "server_shutting_down", headers={"retry-after": "1"})
 
 
 def overloaded(message: str = "The engine is overloaded; retry shortly.", retry_after_s: float = 1.0) -> ApiError:

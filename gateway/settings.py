@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     load_engine: bool = True  # False: no in-process engine (admin-only process)
     # sys.setswitchinterval while serving (Python's default: 5 ms): how long the engine's step
     # thread may keep the GIL once the event loop asks for it; 0: leave Python's default
-    gil_switch_interval_ms: float = 1.0
+    gil_switch_interval_ms: float = Field(default=1.0, ge=0, le=1000, allow_inf_nan=False)
     # once started: freeze every object alive then (the model, torch, the libraries: ~425k) out of
     # the garbage collector's sight, so full collections stop walking them (~240 ms each); see
     # gateway/heap.py

@@ -385,9 +385,10 @@ class UsageWriter:
             except Exception as exc:  # database unreachable / down / timing out: keep the file
                 self._db_ok_after = time.monotonic() + self._backoff
                 waiting = len(self.spooled_files())
-                log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), "
-                            "retry in %.1fs", type(exc).__name__, waiting, "" if waiting == 1 else "s",
-                            "s" if waiting == 1 else "", len(rows), self._backoff)
+                log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
+                            type(exc).__name__, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
+                            len(rows), f"written at the next start (in {self._spool})" if self._stopping  # (QA: it
+                            else f"retry in {self._backoff:.1f}s")  # said "retry in 8.0s" as the process exited)
                 self._backoff = min(self._max_backoff, self._backoff * 2)
                 return False
             with contextlib.suppress(FileNotFoundError):

@@ -1,5 +1,7 @@
-"""Tenants can be deleted: ``tenants.deleted_at`` (null while the tenant exists). A deleted tenant
-keeps its row, name and usage history; admin lists leave it out.
+"""Tenants can be deleted (tenants.deleted_at).
+
+``tenants.deleted_at`` is null while the tenant exists. A deleted tenant keeps its row, name and
+usage history; admin lists leave it out.
 
 Revision ID: 0002
 Revises: 0001

@@ -1,5 +1,6 @@
-"""The audit log keeps its actor and target whole: ``audit_log.actor`` and ``audit_log.target``
-become TEXT (they were VARCHAR(128), and were cut to fit: ``tenant:`` plus a 128-character tenant
+"""The audit log keeps its actor and target whole (TEXT columns).
+
+``audit_log.actor`` and ``audit_log.target`` become TEXT (they were VARCHAR(128), and were cut to fit: ``tenant:`` plus a 128-character tenant
 name, or a long JWT subject, was stored shortened, and a filter by the whole target found nothing).
 
 Revision ID: 0003

@@ -164,3 +164,13 @@ def test_an_admin_key_set_in_clear_is_taken_from_this_machine_only(url: str, tak
     else:
         with pytest.raises(ValidationError, match="use https://"):
             Settings(admin_jwks_url=url, load_engine=False)
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e12"])
+def test_the_gil_switch_interval_is_range_checked(monkeypatch, value: str) -> None:
+    """Found by QA: -1 and nan were taken silently (as 0), 1e12 had no bound."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("PAGEGATE_GIL_SWITCH_INTERVAL_MS", value)
+    with pytest.raises(ValidationError):
+        Settings()

@@ -87,6 +87,7 @@ def test_requests_running_at_the_graceful_timeout_end_with_a_503(api, api_loop, 
         with pytest.raises(openai.InternalServerError) as refused:
             whole.result(30)
         assert refused.value.status_code == 503 and refused.value.code == "server_shutting_down"
+        assert refused.value.response.headers["retry-after"] == "1"  # as the other 503s (found by QA)
         with pytest.raises(openai.InternalServerError) as answered:  # by the middleware: JSON, not a bare 500
             embeddings.result(30)
         assert answered.value.status_code == 503 and answered.value.code == "server_shutting_down"
