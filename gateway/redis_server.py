@@ -55,6 +55,33 @@ class EmbeddedRedis:
         log.info("embedded Redis at %s", self.url)
         return self.url
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (also when another process on the same data dir started it)."""
+        if self._proc is not None:
+            return self._proc.pid
+        with contextlib.suppress(Exception):
+            return self._lite.pid if self._lite is not None else None
+        return None
+
+    def watch(self, on_lost: Callable[[], None], *, every_s: float = 1.0) -> Callable[[], None]:
+        """Call ``on_lost()`` once (from a daemon thread) if the server stops while in use (found by
+        QA: killed, every request was a 503 for good while /health said ok). Returns the function
+        that stops the watch (before ``stop()``: its own shutdown is not a loss)."""
+        import threading
+
+        pid, quit_ = self.pid, threading.Event()
+
+        def run() -> None:
+            while not quit_.wait(every_s):
+                if pid and not _running(pid):
+                    if not quit_.is_set():
+                        on_lost()
+                    return
+
+        threading.Thread(target=run, name="embedded-redis-watch", daemon=True).start()
+        return quit_.set
+
     def _start_binary(self, binary: str) -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

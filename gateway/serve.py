@@ -21,6 +21,8 @@ import shlex
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -340,6 +342,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: --workers must be between 1 and 64", file=sys.stderr, flush=True)
         return 2
     embedded = None
+    lost: list = []  # non-empty once the embedded Redis is gone (``_embedded_redis_lost``)
+    unwatch: Callable[[], None] = lambda: None  # noqa: E731
     try:
         try:
             settings = _settings(args)
@@ -357,6 +361,7 @@ def run(args: argparse.Namespace) -> int:
 
                 embedded = EmbeddedRedis(settings.data_dir)
                 settings = settings.model_copy(update={"redis_url": start_embedded_redis(embedded)})
+                unwatch = embedded.watch(partial(_embedded_redis_lost, lost))
             check_redis(settings.redis_url, settings.redis_timeout_s)
             check_engine(settings)
             check_embedding_model(settings)
@@ -375,7 +380,8 @@ def run(args: argparse.Namespace) -> int:
         if settings.workers > 1:
             from gateway.workers import run_workers
 
-            return run_workers(settings)
+            status = run_workers(settings)
+            return 1 if lost else status
         import uvicorn
 
         from gateway.app import create_app
@@ -386,15 +392,28 @@ def run(args: argparse.Namespace) -> int:
             with contextlib.suppress(KeyboardInterrupt):
                 server.run()
         except SystemExit as exc:
-            if exc.code == 3:  # uvicorn's "startup failed" (it logged why): our start-up failures' status
+            if exc.code == 3 or lost:  # uvicorn's "startup failed" (it logged why), or Redis lost
                 return 1
             raise
         if not server.started:  # (uvicorn releases that return instead of exiting 3)
             return 1
     finally:
+        unwatch()
         if embedded is not None:
             embedded.stop()
-    return 0
+    return 1 if lost else 0
+
+
+def _embedded_redis_lost(lost: list) -> None:
+    """The embedded Redis this server started (or shares) is gone: every request would be a 503
+    while /health says ok, so stop the whole server (status 1) for a process manager, or the user,
+    to start it again with a fresh Redis from its snapshot."""
+    lost.append(True)
+    logging.getLogger("pagegate").error(
+        "the embedded Redis stopped (killed?): limits, quotas and the cache cannot work without it; pagegate "
+        "serve stops (exit status 1) so that it can be started again (set PAGEGATE_REDIS_URL to use a Redis "
+        "of your own)")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 if __name__ == "__main__":  # python -m gateway.serve

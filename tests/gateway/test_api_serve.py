@@ -150,3 +150,26 @@ def test_an_unusable_database_is_one_line_and_exit_1(tmp_path) -> None:  # noqa:
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "app:***@127.0.0.1" in lines[0] and "secret" not in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_lost_embedded_redis_stops_the_server_with_status_1(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: with the embedded Redis killed, every request was a 503 for good while /health
+    said ok; the server now stops (status 1) so a process manager, or the user, starts it again."""
+    import json
+
+    from gateway.redis_server import _running
+
+    port = free_port()
+    proc = _start(tmp_path, port)
+    try:
+        _wait_healthy(proc, port)
+        registry = json.loads((tmp_path / "redis" / "pagegate.rdb.settings").read_text())
+        pid = int(Path(registry["pidfile"]).read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+    assert proc.returncode == 1, out
+    assert "the embedded Redis stopped" in out
+    assert not _running(pid)
