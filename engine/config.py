@@ -38,7 +38,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" | "native" (C decode kernel, CPU) | "torch" | "triton"
     num_threads: int | None = None  # torch intra-op threads on CPU
     linear_backend: str = "auto"  # "auto" (oneDNN prepacked GEMM on CPU) | "onednn" | "torch" (F.linear)
-    seed: int = 0
+    # the source of the seeds of requests that send none; None: a fresh one each start (unseeded
+    # sampling differs between runs, as OpenAI's does; found by QA: every start drew the same answers)
+    seed: int | None = None
 
     @property
     def class_waiting_cap(self) -> int:

@@ -8,6 +8,7 @@ result therefore depends only on its logits and its generator, never on its batc
 
 from __future__ import annotations
 
+import os
 from itertools import chain
 
 import torch
@@ -23,9 +24,9 @@ def make_generator(seed: int) -> torch.Generator:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: list[int] | None = None, seed: int = 0) -> None:
+    def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None) -> None:
         self.eos_token_ids = list(eos_token_ids or [])
-        self._seed_source = make_generator(seed)
+        self._seed_source = make_generator(int.from_bytes(os.urandom(8), "little") if seed is None else seed)
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         """A sequence's generator: from ``params.seed`` (and its choice index) when given."""

@@ -320,3 +320,17 @@ def test_logit_bias_is_checked(bias):
 def test_an_empty_logit_bias_is_none():
     assert SamplingParams(logit_bias={}).logit_bias is None
     assert SamplingParams(logit_bias={5: 2}).logit_bias == {5: 2.0}
+
+
+def test_unseeded_sampling_differs_between_engine_starts_unless_the_engine_is_seeded():
+    """Found by QA: every start of the engine drew the same answers for requests without a seed
+    (its seed source was seeded with 0). A fresh source each start, as OpenAI's unseeded requests;
+    ``EngineConfig.seed`` pins it (tests, benchmarks)."""
+    logits = torch.zeros(1, 1000)  # uniform: 40 draws of 1000 tokens never repeat by chance
+
+    def draws(sampler):
+        s = seq("u", temperature=1.0)
+        return [sampler.sample(logits, [s])[0] for _ in range(40)]
+
+    assert draws(Sampler()) != draws(Sampler())
+    assert draws(Sampler(seed=7)) == draws(Sampler(seed=7))
