@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     except UnicodeError:
         print("error: the prompt, system message or a stop string is not valid UTF-8 text", file=sys.stderr)
         return 2
+    if args.raw and not prompt:  # (found by QA: refused only after loading the model, in token-id words)
+        print("error: the prompt is empty: --raw sends it as it is, and the model needs at least one token",
+              file=sys.stderr)
+        return 2
     try:
         params = sampling_params_from_args(args)
         config = engine_config_from_args(args)

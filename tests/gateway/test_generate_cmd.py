@@ -133,3 +133,11 @@ def test_streams_the_greedy_completion() -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout == "\n" and "finish=stop" in res.stderr, res.stderr
     assert re.search(r"TTFT \d+ ms", res.stderr), res.stderr
+
+
+def test_an_empty_raw_prompt_is_refused_before_the_model_loads(capsys) -> None:
+    """Found by QA: refused only after loading the model, in words about token ids."""
+    args = build_parser().parse_args(["generate", "", "--raw"])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the prompt is empty") and "loading" not in err
