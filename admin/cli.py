@@ -262,6 +262,8 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     if getattr(args, "no_budget", False) and (args.budget_tokens is not None or args.budget_usd is not None):
         cmd.note("error: --no-budget removes both budgets: not with --budget-tokens or --budget-usd")
         return 2  # a usage error, before any database is opened
+    if getattr(args, "run", None) is cmd.prices_set:
+        args.served_models = served_models(settings)
     try:
         if args.admin_cmd == "token":
             return cmd.token(settings, args)
@@ -276,6 +278,13 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         cmd.note(f"error: cannot use the database at {safe_url(settings.database_url)}: {reason}")
         return 1
+
+
+def served_models(settings: Settings) -> frozenset[str]:
+    """The model ids a gateway with these settings answers to (the chat model, the embedding model)."""
+    from engine.weights import served_name
+
+    return frozenset({settings.served_model_name or served_name(settings.model), settings.embedding_model})
 
 
 async def _run_async(settings: Settings, args: argparse.Namespace) -> int:

@@ -266,6 +266,10 @@ async def prices_set(ops: Management, args: argparse.Namespace) -> int:
                                          completion_usd_per_1m=args.completion)
     note(f"price of {row.model}{'' if changed else ' unchanged'}: ${decimal_text(row.prompt_usd_per_1m)} prompt, "
          f"${decimal_text(row.completion_usd_per_1m)} completion per 1M")
+    served = getattr(args, "served_models", ())
+    if served and row.model not in served:  # a typo would leave the real model billed at $0 (found by QA)
+        note(f"warning: this configuration serves no model named {row.model!r} (it serves "
+             f"{', '.join(repr(m) for m in sorted(served))}); usage rows are priced by the exact model name")
     return 0
 
 

@@ -352,7 +352,8 @@ def test_revoking_a_revoked_key_and_setting_the_same_price_say_unchanged(env, ca
     said = [f"price of {model}{s}: $0.15 prompt, $0.60 completion per 1M\n" for s in ("", " unchanged")]
     for argv, expected in ((["--prompt", "0.15", "--completion", "0.6"], said[0]),
                            (["--prompt", "0.150", "--completion", "0.60000000"], said[1])):
-        assert run(capsys, "prices", "set", model, *argv) == (0, "", expected)
+        code, out, err = run(capsys, "prices", "set", model, *argv)
+        assert (code, out) == (0, "") and err.startswith(expected), err  # (then: not a served model)
     assert _audit_actions(env, f"model:{model}") == ["price.set"]
 
 
@@ -633,3 +634,11 @@ def test_a_report_names_its_range_to_the_second_and_latencies_as_measured(env, c
     code, _, err = run(capsys, "summary", "--since", "2026-12-04T21:30:40Z", "--until", "2026-12-04T21:30:47Z")
     assert code == 0 and err.startswith("2026-12-04 21:30:40 .. 2026-12-04 21:30:47 UTC"), err
     assert [cell_text(v) for v in (15.0, 333.7, 0.9, 1234.5)] == ["15", "333.7", "0.9", "1,234.5"]
+
+
+def test_a_price_for_a_model_this_configuration_does_not_serve_is_warned(env, capsys):
+    """Found by QA: a typo in `prices set` was taken silently, leaving the real model billed at $0."""
+    code, _, err = run(capsys, "prices", "set", "smollm2-135m-instruc", "--prompt", "1", "--completion", "2")
+    assert code == 0 and "warning: this configuration serves no model named 'smollm2-135m-instruc'" in err, err
+    code, _, err = run(capsys, "prices", "set", "smollm2-135m-instruct", "--prompt", "1", "--completion", "2")
+    assert code == 0 and "warning" not in err, err
