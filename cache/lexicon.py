@@ -333,3 +333,22 @@ INTERROGATIVES = {
     "person": "who | whom | whose | what person | which person",
     "amount": "how many | how much",
 }
+
+# The substitution guard (cache/substitution.py): words a paraphrase changes freely (function words,
+# filler, prepositions), and the words that matter even among the stopwords: quantities, degrees,
+# "this" against "next", "all" against "some", "or".
+LIGHT_WORDS = (STOPWORDS | FILLER | frozenset("in on using into list convert show find up during".split())) - frozenset("""
+much little many few more less most least all some any none each every either both or and but this that these
+those than then too very lot lots bit without before after best good easy simple simply quickly right correct
+exactly""".split())
+
+# Words a paraphrase swaps for each other in one place ("How often" / "How frequently"); the
+# substitution guard lets such a swap pass. A slash joins the words of one group.
+SYNONYM_GROUPS = """change/update/modify/edit fix/repair/solve/resolve buy/purchase big/large/huge small/tiny
+car/automobile/vehicle film/movie kid/child start/begin/launch stop/end/quit make/create/build/prepare/cook
+remove/delete/erase/uninstall use/utilize need/require get/obtain/receive/request find/locate show/display
+help/assist reply/respond job/work/career error/issue/problem/bug shop/store price/cost fast/quick/rapid
+recommend/suggest way/method learn/study sick/ill happy/glad phone/smartphone pc/computer/laptop
+contact/reach often/frequently under/below always/keep near/close begin/commence run/execute/use
+adult/grown-up finish/end/complete die/dying lie/lying day/daily week/weekly month/monthly year/yearly/annual
+hour/hourly while/during""".split()

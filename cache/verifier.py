@@ -24,6 +24,9 @@ only if every guard agrees the two questions ask the same thing:
                always / sometimes, with / before, past / present, today / tomorrow)
     choice     one side offers a choice and the other names one option only: "Is a tomato a fruit
                or a vegetable?" / "Is a tomato a vegetable?" (``_one_option``)
+    substitution  the same sentence but for one or two words, a word that matters swapped for one
+               that is not its synonym: "too much / too little", "recommended / maximum dose"
+               (cache/substitution.py)
 
 and three that compare how the two are written, where the embedder sees no difference; they live in
 cache/spelling.py, with the written-form normalisation (emphasis, HTML tags, arithmetic in words,
@@ -71,6 +74,7 @@ from cache import language
 from cache import lexicon as lx
 from cache.relations import Relation, Word, relations, reversed_relation
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
+from cache.substitution import substituted
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
@@ -124,9 +128,15 @@ _FIRST_LETTERS = "".join(sorted({p[0][0] for ps in _PHRASES.values() for p in ps
 _ASKS = re.compile(rf"\b(?=[{_FIRST_LETTERS}])(?:" + "|".join(
     f"(?P<{kind}>(?:" + "|".join(r"\s+".join(map(re.escape, p)) for p in ps) + r")\b)"
     for kind, ps in _PHRASES.items()) + ")", re.I)
+_LIGHT = frozenset(stem(w) for w in lx.LIGHT_WORDS) | lx.LIGHT_WORDS
+_SYNONYMS: dict[str, frozenset[int]] = {}
+for _g, _group in enumerate(lx.SYNONYM_GROUPS):
+    for _w in _group.split("/"):  # (and its comparative and superlative: fastest / quickest)
+        for _form in (_w, _w + "r", _w + "st") if _w.endswith("e") else (_w, _w + "er", _w + "est"):
+            _SYNONYMS[stem(_form)] = _SYNONYMS.get(stem(_form), frozenset()) | {_g}
 _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
-                     "content", "symbol", "case", "accent", "choice"})
+                     "content", "symbol", "case", "accent", "choice", "substitution"})
 _SENTENCE_END = frozenset(".?!")
 
 
@@ -154,6 +164,7 @@ class _Analysis:
     choices: frozenset[frozenset[str]]  # the two words around each "or": "a fruit or a vegetable"
     asks: frozenset[str]  # what the question asks for: "reason", "time", "place", "person", "amount"
     forms: frozenset[str]  # every word as written, in lower case (accents kept)
+    sequence: tuple[tuple[str, bool], ...]  # every word and number in order: (its stem or key, light)
 
 
 def _num(s: str) -> str:
@@ -218,6 +229,7 @@ class Verifier:
         rare: set[str] = set()
         quantities: list[str] = []  # "10 mile": a number with the unit that follows it
         order: list[Word] = []  # every token in order, for the relation guard
+        sequence: list[tuple[str, bool]] = []  # the words in order, for the substitution guard
         negated = False
         prev_number = prev_unit = False
         sentence_start = True
@@ -316,6 +328,11 @@ class Verifier:
                             rare.add(st)
             # (an everyday unit word counts as a unit here without a number: "cups in a tablespoon")
             order.append(Word(low, key, is_entity, is_unit or low in lx.WEAK_UNITS))
+            if is_number or is_unit or is_entity:
+                sequence.append((key or low, False))
+            else:
+                st_ = stem(low)
+                sequence.append((st_, low in _LIGHT or st_ in _LIGHT))
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
         unit_key = (*sorted(quantities), "|", *sorted(units))
@@ -324,7 +341,7 @@ class Verifier:
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
                       *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
-                      _choices(order), _asks(text), frozenset(forms))
+                      _choices(order), _asks(text), frozenset(forms), tuple(sequence))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -363,6 +380,8 @@ class Verifier:
             return Verdict(False, "case")
         if "choice" in g and (_one_option(q, c) or _one_option(c, q)):
             return Verdict(False, "choice")
+        if "substitution" in g and substituted(q.sequence, c.sequence, _SYNONYMS):
+            return Verdict(False, "substitution")
         return Verdict(True)
 
 

@@ -361,3 +361,35 @@ def test_what_a_question_asks_for(verifier):
         "How many moons does Mars have?": {"amount"}, "What is a closure?": set(),
         "How do I reset my password?": set(), "Which city is Australia's capital?": set(),
         "WHO guidance on masks": set(), "WHERE IS MY ORDER": {"place"}}
+
+
+@pytest.mark.parametrize(("a", "b"), [  # found by the cache QA of 2026-12-04, served at 0.91-0.99
+    ("What happens if I take too much vitamin D?", "What happens if I take too little vitamin D?"),
+    ("What is the recommended dose of ibuprofen for adults?", "What is the maximum dose of ibuprofen for adults?"),
+    ("What is the safe dose of Tylenol per day?", "What is the toxic dose of Tylenol per day?"),
+    ('Is this sentence correct: "I seen it"', 'Is this sentence correct: "I saw it"'),
+    ("Classify the sentiment of this review: The food was great",
+     "Classify the sentiment of this review: The food was terrible"),
+    ("What are the tax brackets for this year?", "What are the tax brackets for next year?"),
+    ("Summarize the plot of Hamlet in one sentence", "Summarize the plot of Hamlet in one paragraph"),
+    ("Explain photosynthesis in simple terms", "Explain photosynthesis in technical terms"),
+    ("What is the average salary of a software engineer?", "What is the median salary of a software engineer?"),
+    ("How much protein should I eat per day?", "How much protein should I eat per meal?"),
+])
+def test_a_word_that_matters_swapped_in_the_same_sentence_is_refused(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "substitution")
+    assert verifier.check(b, a) == Verdict(False, "substitution")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("How do I rename a file in Linux?", "How can I rename a file on Linux?"),  # function words, prepositions
+    ("How often should I water a cactus?", "How frequently should I water a cactus?"),  # synonyms
+    ("What is the fastest way to learn Spanish?", "What is the quickest way to learn Spanish?"),
+    ("What colour is the sky?", "What color is the sky?"),  # British / American
+    ("Can I take ibuprofen while pregnant?", "Can I take ibuprofen during pregnancy?"),  # one word's forms
+    ("When was the Eiffel Tower built?", "What year was the Eiffel Tower built?"),  # the question's framing
+    ("How long does quicksort take?", "How much time does quicksort take?"),
+    ("What does R&D stand for?", "What does R&D mean?"),  # a word that matters for a light one
+])
+def test_a_paraphrase_that_swaps_a_word_in_place_passes(verifier, a, b):
+    assert verifier.check(a, b).ok and verifier.check(b, a).ok

@@ -1,0 +1,75 @@
+"""The substitution guard: two questions that are the same words but for one or two swapped in.
+
+The embedder scores "What happens if I take too much vitamin D?" / "... too little vitamin D?" at
+0.96, "the recommended dose" / "the maximum dose" at 0.95, "tax brackets for this year" / "for next
+year" at 0.95, and a fixed instruction with a short text to judge ("Classify the sentiment of this
+review: The food was great" / "... terrible") higher still: the words they share carry the score,
+and the one word that differs carries the meaning. The other guards know classes of such words
+(negations, antonyms, numbers, contrast classes); this one reads the shape of the pair instead.
+
+Two texts are a *substitution* when, aligned word by word (stems, ``difflib``), they differ in at most
+two words on each side and some difference replaces a word that matters (not a function or filler
+word, ``lexicon.LIGHT_WORDS``) by another that is not its synonym (``lexicon.SYNONYM_GROUPS``).
+Paraphrases rarely look like that: they reword more than two words ("How do I reset my password?" /
+"What are the steps to reset my password?"), swap function words ("How do I" / "How can I"),
+prepositions ("in Linux" / "on Linux"), or synonyms ("How often" / "How frequently"), reorder the same
+words ("cookie recipe chocolate chip" / "chocolate chip cookie recipe"), or reframe the question at its
+start ("When was it built?" / "What year was it built?"), which the interrogative guard reads. Those
+pass; a swapped word that matters does not.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+MAX_CHANGED = 2  # words changed on each side, at most, for a pair to be a substitution
+MIN_WORDS = 3  # shorter texts are keyword lists: the other guards read them
+
+
+def substituted(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...],
+                synonyms: dict[str, frozenset[int]]) -> bool:
+    """Whether ``b`` is ``a`` with a word that matters replaced. ``a`` and ``b`` are the texts' words
+    in order as (stem, light); ``synonyms`` maps a stem to the synonym groups it belongs to."""
+    if min(len(a), len(b)) < MIN_WORDS:
+        return False
+    sa, sb = [s for s, _ in a], [s for s, _ in b]
+    ops = difflib.SequenceMatcher(a=sa, b=sb, autojunk=False).get_opcodes()
+    if (sum(i2 - i1 for t, i1, i2, _, _ in ops if t != "equal") > MAX_CHANGED
+            or sum(j2 - j1 for t, _, _, j1, j2 in ops if t != "equal") > MAX_CHANGED):
+        return False
+    if sorted(s for s, light in a if not light) == sorted(s for s, light in b if not light):
+        return False  # the same words that matter, reordered, or function words changed
+    framing = 2 if sa[0] in _QUESTION_WORDS and sb[0] in _QUESTION_WORDS else 1
+    for tag, i1, i2, j1, j2 in ops:
+        if tag != "replace" or (i1 < framing and j1 < framing):  # (how long / how much time: the
+            continue  # question's framing, which the interrogative guard reads)
+        left = {s for s, light in a[i1:i2] if not light}
+        right = {s for s, light in b[j1:j2] if not light}
+        if left and right and not _equivalent(left, right, synonyms):
+            return True  # (a word that matters for a light one: "stand for" / "mean", "in" / "make up")
+    return False
+
+
+_QUESTION_WORDS = frozenset("how what which when where who whom whose why".split())
+FAMILY_PREFIX = 6  # letters two words share to be read as one word's forms (pregnant / pregnancy)
+
+
+def _equivalent(left: set[str], right: set[str], synonyms: dict[str, frozenset[int]]) -> bool:
+    """Every word that matters on each side has a match on the other: the same word spelt the British
+    or the American way (colour / color), a form of it (pregnant / pregnancy), or a synonym."""
+    def matches(x: str, y: str) -> bool:
+        return (american(x) == american(y) or (len(x) >= FAMILY_PREFIX and x[:FAMILY_PREFIX] == y[:FAMILY_PREFIX])
+                or bool(synonyms.get(x, frozenset()) & synonyms.get(y, frozenset())))
+    return all(any(matches(x, y) for y in right) for x in left) and all(any(matches(y, x) for x in left) for y in right)
+
+
+_BRITISH = (("isation", "ization"), ("ise", "ize"), ("yse", "yze"), ("ogue", "og"), ("our", "or"),
+            ("tre", "ter"), ("grey", "gray"), ("ll", "l"))
+
+
+def american(stem: str) -> str:
+    """A stem with the British spellings written the American way (colour, centre, organise,
+    analyse, catalogue, grey, travelled), so a pair spelt both ways reads as one word."""
+    for british, us in _BRITISH:
+        stem = stem.replace(british, us)
+    return stem
