@@ -171,7 +171,6 @@ class QuotaLedger:
         self._orphans: set[asyncio.Task] = set()
         self._settlements: Coalescer = Coalescer(self._settle_batch)
         self._rebuilding: dict[str, asyncio.Task] = {}  # counter key -> its rebuild in flight
-        self._summing: set[str] = set()  # counter keys whose rebuild is past its flush (summing the rows)
         # this process's reservations not yet handed to a settlement, and the counters' epochs last
         # seen: a rebuilt counter (a new epoch) gets them back (``_adopt``)
         self._open: dict[str, Reservation] = {}
@@ -360,17 +359,19 @@ class QuotaLedger:
             self._open.pop(reservation.id, None)
             return None
         rebuild = self._rebuilding.get(reservation.counter_key)
-        if (rebuild is not None and not rebuild.done() and reservation.counter_key in self._summing
-                and reservation.id in self._open):
-            # its counter is being rebuilt from the usage rows, and this request's row may have come
-            # too late for that sum (found by QA: settled meanwhile, against no counter, it was in
-            # neither, and a flushed Redis let the tenant overspend by ~10%): stay open until the
-            # rebuild charges it again (``_adopt``), then settle the difference. A row that reached
-            # the sum is then counted twice until the period ends: the safe side of a budget.
-            later: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if rebuild is not None and not rebuild.done() and reservation.id in self._open:
+            # its counter is being rebuilt from the usage rows, and this request's row may come too
+            # late for that sum (found by QA: settled meanwhile, against no counter, it was in
+            # neither, and a flushed Redis with a slow database let the tenant overspend by 5-10%):
+            # it stays open until the rebuild charges it again (``_adopt``), then settles the
+            # difference. A row that did reach the sum is then counted twice until the next rebuild:
+            # the safe side of a budget. The caller is answered now: the rebuild itself first drains
+            # the settlements in hand (``before_rebuild``), and must not wait for this one.
             rebuild.add_done_callback(partial(self._settle_after_rebuild, reservation, prompt_tokens,
-                                              completion_tokens, later))
-            return later
+                                              completion_tokens))
+            answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            answered.set_result(True)
+            return answered
         self._open.pop(reservation.id, None)  # (its settlement takes care of it from here)
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
         units = reservation.price.cost_units(max(0, prompt_tokens), max(0, completion_tokens))
@@ -380,15 +381,25 @@ class QuotaLedger:
         return done
 
     def _settle_after_rebuild(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
-                              later: asyncio.Future[bool], _rebuild: asyncio.Future) -> None:
+                              _rebuild: asyncio.Future) -> None:
         self._open.pop(reservation.id, None)
-        if later.cancelled():
-            return
         submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        if submitted is None:
-            later.set_result(False)
+        if submitted is not None:
+            submitted.add_done_callback(partial(self._deferred_settled, reservation, prompt_tokens, completion_tokens))
+
+    def _deferred_settled(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
+                          done: asyncio.Future) -> None:
+        """A settlement deferred past a rebuild has no caller waiting for it: a failure is retried
+        here (Redis down: as the aftercare retries its own), or logged."""
+        if done.cancelled() or done.exception() is None:
             return
-        submitted.add_done_callback(partial(_pass_on, later))
+        exc = done.exception()
+        if isinstance(exc, TRANSIENT_REDIS_ERRORS) and self.retry_later is not None:
+            self.retry_later(partial(self.settle_soon, reservation, prompt_tokens=prompt_tokens,
+                                     completion_tokens=completion_tokens),
+                             f"(settlement of {reservation.id}, deferred past a counter rebuild)")
+        else:
+            log.error("quota: settlement of %s failed after a counter rebuild: %r", reservation.id, exc)
 
     async def _settle_batch(self, group: tuple[int, str, str], items: list[tuple[str, int, int, str]]) -> list[bool]:
         """One script call for the settlements of one tenant, counter and TPM bucket made in one
@@ -431,34 +442,19 @@ class QuotaLedger:
         return asyncio.shield(task)
 
     async def _rebuild(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
+        # (what ends from here waits for the new counter: ``settle_soon``)
         if self._before_rebuild is not None:
-            await self._before_rebuild()  # (settles what ended so far: their rows are in the sum)
-        self._summing.add(key)  # from here, what ends waits for the new counter (``settle_soon``)
+            await self._before_rebuild()  # (settles what ended before: their rows are in the sum)
+        _, start, end = period_bounds(period, datetime.now(UTC))
         try:
-            _, start, end = period_bounds(period, datetime.now(UTC))
-            try:
-                tokens, usd = await period_usage_from_db(self._sessionmaker, tenant_id, start, end)
-            except Exception as exc:  # fail closed: without the DB the period's spend is unknown
-                raise QuotaUnavailable(503, "Quota state is being rebuilt and the database is unavailable; "
-                                       "retry shortly.", "server_error", "quota_unavailable",
-                                       headers={"retry-after": "1"}) from exc
-            ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
-            await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
-            await self._adopt(tenant_id, key)  # before the batch that found it missing is retried
-        finally:
-            self._summing.discard(key)
-
-
-def _pass_on(later: asyncio.Future, done: asyncio.Future) -> None:
-    """``done``'s outcome onto ``later`` (unless its waiter gave up)."""
-    if later.done():
-        return
-    if done.cancelled():
-        later.cancel()
-    elif done.exception() is not None:
-        later.set_exception(done.exception())
-    else:
-        later.set_result(done.result())
+            tokens, usd = await period_usage_from_db(self._sessionmaker, tenant_id, start, end)
+        except Exception as exc:  # fail closed: without the DB the period's spend is unknown
+            raise QuotaUnavailable(503, "Quota state is being rebuilt and the database is unavailable; "
+                                   "retry shortly.", "server_error", "quota_unavailable",
+                                   headers={"retry-after": "1"}) from exc
+        ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
+        await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
+        await self._adopt(tenant_id, key)  # before the batch that found it missing is retried
 
 
 def _mark_settled(reservation: Reservation, done: asyncio.Future) -> None:
