@@ -255,7 +255,7 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         settings = settings or Settings()
     except ValidationError as exc:
         first = exc.errors()[0]
-        cmd.note(f"error: bad setting PAGEGATE_{str(first['loc'][0]).upper()}: {first['msg']}")
+        cmd.note(f"error: bad setting PAGEGATE_{str(first['loc'][0]).upper()}: {first['msg'].removeprefix('Value error, ')}")
         return 1
     # the CLI prints its own warning when a Redis invalidation fails; the service log line would repeat it
     logging.getLogger("pagegate.admin").setLevel(logging.ERROR)

@@ -15,11 +15,15 @@ from engine.config import EngineConfig
 
 # what a PostgreSQL URL's query may hold: asyncpg's connect arguments that are text (SQLAlchemy
 # passes the query through; anything else was a TypeError at the first connect)
-_ASYNCPG_QUERY = frozenset({
-    "ssl", "direct_tls", "timeout", "command_timeout", "statement_cache_size", "max_cached_statement_lifetime",
-    "max_cacheable_statement_size", "prepared_statement_cache_size", "target_session_attrs", "passfile",
-    "service", "servicefile", "krbsrvname", "gsslib", "host", "port",
-})
+# what a PostgreSQL URL's query may hold: asyncpg's connect arguments that are text, with the values
+# asyncpg takes where it checks them (SQLAlchemy passes the query through as strings: a number such as
+# ``statement_cache_size=100`` was a TypeError at the first connect; timeouts are PAGEGATE_DATABASE_TIMEOUT_S)
+_ASYNCPG_QUERY = frozenset({"ssl", "target_session_attrs", "passfile", "service", "servicefile", "krbsrvname",
+                            "gsslib", "host", "port", "prepared_statement_cache_size"})
+_ASYNCPG_VALUES = {
+    "ssl": frozenset("disable allow prefer require verify-ca verify-full".split()),
+    "target_session_attrs": frozenset("any primary standby prefer-standby read-write read-only".split()),
+}
 
 
 class Settings(BaseSettings):
@@ -150,16 +154,25 @@ class Settings(BaseSettings):
         type was a traceback in the admin CLI); another database is refused by name."""
         try:
             url = make_url(value.strip())
-        except Exception:  # noqa: BLE001 - SQLAlchemy's ArgumentError, or a bad port
-            raise ValueError("not a database URL (e.g. postgresql+asyncpg://user:pass@host/db or "
+            url = url.set(drivername=url.drivername.lower())  # (a scheme is case-insensitive)
+        except Exception:  # noqa: BLE001 - SQLAlchemy's ArgumentError, or a port that is not a number
+            raise ValueError("not a database URL (e.g. postgresql+asyncpg://user:pass@host:5432/db or "
                              "sqlite+aiosqlite:///./data/pagegate.db)") from None
+        if url.port is not None and not 0 < url.port < 65536:
+            raise ValueError(f"the port must be between 1 and 65535, not {url.port}")
         backend = url.drivername.partition("+")[0]
         if backend in ("postgresql", "postgres"):
             unknown = sorted(set(url.query) - _ASYNCPG_QUERY - {"sslmode"})
             if unknown:
                 raise ValueError(f"unknown connection parameter {unknown[0]!r} in the URL (asyncpg takes "
                                  f"{', '.join(sorted(_ASYNCPG_QUERY))}; sslmode is read as ssl)")
-        if url.drivername in ("postgresql+asyncpg", "sqlite+aiosqlite") and "sslmode" not in url.query:
+            for name, allowed in _ASYNCPG_VALUES.items():
+                for given in (url.query.get(name), url.query.get("sslmode") if name == "ssl" else None):
+                    if given is not None and (not isinstance(given, str) or given not in allowed):
+                        raise ValueError(f"{'ssl' if name == 'ssl' else name} must be one of "
+                                         f"{', '.join(sorted(allowed))}, not {given!r}")
+        if url.drivername in ("postgresql+asyncpg", "sqlite+aiosqlite") and "sslmode" not in url.query \
+                and value.strip().startswith(url.drivername):
             return value  # (as written: a URL rendered again may escape characters of a path)
         if backend in ("postgresql", "postgres"):
             url = url.set(drivername="postgresql+asyncpg")
@@ -256,4 +269,5 @@ def python_log_level(settings: Settings) -> int:
 def settings_errors(exc: ValidationError) -> str:
     """A ``Settings()`` refusal in one line, each wrong setting by its variable: what ``pagegate
     serve`` and ``pagegate generate`` print after ``error: invalid settings:``."""
-    return "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+    return "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in exc.errors())

@@ -174,3 +174,24 @@ def test_the_gil_switch_interval_is_range_checked(monkeypatch, value: str) -> No
     monkeypatch.setenv("PAGEGATE_GIL_SWITCH_INTERVAL_MS", value)
     with pytest.raises(ValidationError):
         Settings()
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("postgresql://u@h/d?statement_cache_size=100", "unknown connection parameter 'statement_cache_size'"),
+    ("postgresql://u@h:99999/d", "the port must be between 1 and 65535, not 99999"),
+    ("postgresql://u@h/d?sslmode=bogus", "ssl must be one of"),
+    ("postgresql://u@h/d?target_session_attrs=bogus", "target_session_attrs must be one of"),
+])
+def test_database_url_parameters_asyncpg_cannot_take_are_refused_by_name(given: str, says: str) -> None:
+    """Found by a recheck QA: numbers in the query (which asyncpg got as text), a port out of range and
+    values asyncpg refuses were tracebacks or driver internals at the first connect."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        Settings(database_url=given, load_engine=False)
+    assert says in err.value.errors()[0]["msg"]
+
+
+def test_a_database_url_scheme_is_case_insensitive() -> None:
+    assert Settings(database_url="POSTGRESQL://u@h/d", load_engine=False).database_url == "postgresql+asyncpg://u@h/d"
+    assert Settings(database_url="SQLite:////tmp/x.db", load_engine=False).database_url == "sqlite+aiosqlite:////tmp/x.db"
