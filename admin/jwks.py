@@ -74,7 +74,7 @@ class JwksSource:
     async def _read(self) -> dict:
         loc = self.location
         try:
-            if loc.startswith(("http://", "https://")):
+            if loc.lower().startswith(("http://", "https://")):  # (a scheme is case-insensitive, as the setting's check)
                 async with httpx.AsyncClient(timeout=self.timeout_s) as client:
                     resp = await client.get(loc)
                     resp.raise_for_status()

@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -85,12 +86,15 @@ def cli_name() -> str:
 
 
 def _is_loopback(host: str) -> bool:
-    if host.strip().lower() == "localhost":
+    host = host.strip().strip("[]").lower()
+    if host in ("localhost", "localhost."):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:  # a name: it may resolve anywhere
         return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def client_origin(settings: Settings) -> str:
@@ -256,21 +260,40 @@ def check_embedding_model(settings: Settings) -> None:
         path = resolve_model_path(name)
     except ImportError as exc:  # the bundled model's package is missing
         raise StartupError(f"cannot use the embedding model {name!r}: {exc}") from None
+    refused = f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL)"
     folder = os.path.expanduser(path)
     if os.path.isdir(folder):
-        if not any(os.path.exists(os.path.join(folder, f)) for f in ("modules.json", "config.json")):
-            raise StartupError(f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL): {folder} holds "
-                               "no sentence-transformers model (no modules.json or config.json)")
+        if not _model_config(folder):
+            raise StartupError(f"{refused}: {folder} holds no transformers model (a config.json naming its "
+                               "model_type)")
         return
     if path.startswith(("/", ".", "~")) or path.count("/") > 1:  # a path, not a hub id ("org/name")
-        raise StartupError(f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL): no such directory")
+        raise StartupError(f"{refused}: no such directory")
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", path) or "--" in path or ".." in path:
+        raise StartupError(f"{refused}: not a directory nor a model name (org/name)")
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         from huggingface_hub import try_to_load_from_cache
 
         repos = (path, f"sentence-transformers/{path}") if "/" not in path else (path,)
-        if not any(isinstance(try_to_load_from_cache(r, "config.json"), str) for r in repos):
-            raise StartupError(f"cannot use the embedding model {name!r} (PAGEGATE_EMBEDDING_MODEL): not a local "
-                               "directory, and not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+        found = []
+        for repo in repos:
+            with contextlib.suppress(Exception):  # (an id the hub's rules refuse)
+                found.append(try_to_load_from_cache(repo, "config.json"))
+        if not any(isinstance(f, str) and _model_config(os.path.dirname(f)) for f in found):
+            raise StartupError(f"{refused}: not a local directory, and not in the Hugging Face cache "
+                               "(HF_HUB_OFFLINE is set)")
+
+
+def _model_config(folder: str) -> bool:
+    """Whether ``folder`` holds a transformers model's config.json (with its ``model_type``), as
+    sentence-transformers needs to load it (found by QA: a folder with any config.json passed the
+    start, then every embedding was a 500)."""
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("model_type"), str)
 
 
 def start_embedded_redis(embedded: EmbeddedRedis) -> str:

@@ -193,6 +193,7 @@ class Settings(BaseSettings):
     def _jwks_url(cls, value: str | None) -> str | None:
         """https://, a file, or http:// on this machine only: signing keys fetched in clear from
         another host could be replaced on the way, and with them any admin token (found by QA)."""
+        value = value.strip() if value else value
         if value and value.lower().startswith("http://"):
             host = (urlsplit(value).hostname or "").lower()
             try:

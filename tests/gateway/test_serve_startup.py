@@ -187,6 +187,7 @@ def test_an_engine_that_cannot_load_is_one_line_and_exit_1(tmp_path, workers) ->
 
 @pytest.mark.parametrize(("host", "refused"), [
     ("127.0.0.1", False), ("localhost", False), ("::1", False), ("[::1]", False), ("127.0.0.2", False),
+    ("localhost.", False), ("::ffff:127.0.0.1", False),
     ("0.0.0.0", True), ("::", True), ("192.0.2.7", True), ("gateway.example", True),
 ])
 def test_dev_mode_with_the_public_secret_listens_on_loopback_only(host: str, refused: bool) -> None:
@@ -222,14 +223,19 @@ def test_the_dev_banner_names_an_address_a_client_can_call(host: str, origin: st
 @pytest.mark.parametrize(("name", "says"), [
     ("all-MiniLM-L6-v2", None), ("sentence-transformers/all-MiniLM-L6-v2", None),
     ("/nonexistent/model", "no such directory"), ("./models/x", "no such directory"),
-    ("/tmp", "holds no sentence-transformers model"),
+    ("/tmp", "holds no transformers model"), ("{bogus}", "holds no transformers model"),
     ("some-org/not-downloaded-model", "not in the Hugging Face cache"),
+    ("", "not a directory nor a model name"), ("bad name!", "not a directory nor a model name"),
+    ("a--b", "not a directory nor a model name"),
 ])
-def test_an_unusable_embedding_model_is_refused_at_start(monkeypatch, name, says) -> None:  # noqa: ANN001
-    """Found by QA: a wrong PAGEGATE_EMBEDDING_MODEL started, then every embedding was a 500."""
+def test_an_unusable_embedding_model_is_refused_at_start(monkeypatch, tmp_path, name, says) -> None:  # noqa: ANN001
+    """Found by QA: a wrong PAGEGATE_EMBEDDING_MODEL started, then every embedding was a 500; a
+    recheck found a folder with any config.json passing, and bad names as tracebacks."""
     from gateway.serve import StartupError, check_embedding_model
     from gateway.settings import Settings
 
+    (tmp_path / "config.json").write_text('{"foo": 1}')
+    name = name.replace("{bogus}", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     settings = Settings(load_engine=False, embedding_model=name)
     if says is None:
