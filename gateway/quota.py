@@ -146,13 +146,20 @@ class QuotaLedger:
     ``await release(reservation)`` = settle with zero (cache hits, failures before the engine)."""
 
     def __init__(self, redis: Redis, sessionmaker: async_sessionmaker[AsyncSession], prices: PriceBook, *,
-                 prefix: str, before_rebuild: Callable[[], Awaitable[None]] | None = None,
+                 prefix: str, before_rebuild: Callable[[], Awaitable[int | None]] | None = None,
                  reservation_ttl_s: int = RESERVATION_TTL_S) -> None:
         self._redis = redis
         self._sessionmaker = sessionmaker
         self._prices = prices
         self._prefix = prefix
-        self._before_rebuild = before_rebuild  # e.g. flush pending usage rows so the DB is complete
+        # e.g. flush pending usage rows so the DB is complete; it may return how many of this
+        # process's rows are surely in the database (``UsageWriter.written``), and ``row_mark`` how
+        # many it has recorded (``UsageWriter.recorded``): a request that ends during a rebuild is
+        # then charged to the rebuilt counter only if its row is not in the sum
+        self._before_rebuild = before_rebuild
+        self.row_mark: Callable[[], int] | None = None
+        self._deferred: dict[str, int | None] = {}  # reservation id -> rows recorded when it ended
+        self._in_sum: set[str] = set()  # deferred past a rebuild whose sum holds their rows
         # where a job that Redis could not take now goes to be tried again (TenancyServices sets
         # its aftercare's retry_later); None: such a job is dropped
         self.retry_later: Callable[[Callable[[], Awaitable[object] | None], str], None] | None = None
@@ -319,7 +326,7 @@ class QuotaLedger:
         charged its real amounts when it settles, as before. ``current``: the counter's epoch, when
         known (its reservations are in it already)."""
         now = time.time()
-        mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current]
+        mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current and r.id not in self._in_sum]
         if not mine:
             return
         args: list = [int(now) + self.reservation_ttl_s, 2 * self.reservation_ttl_s + 86400]
@@ -367,6 +374,7 @@ class QuotaLedger:
             # difference. A row that did reach the sum is then counted twice until the next rebuild:
             # the safe side of a budget. The caller is answered now: the rebuild itself first drains
             # the settlements in hand (``before_rebuild``), and must not wait for this one.
+            self._deferred[reservation.id] = self.row_mark() if self.row_mark is not None else None
             rebuild.add_done_callback(partial(self._settle_after_rebuild, reservation, prompt_tokens,
                                               completion_tokens))
             answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -383,6 +391,10 @@ class QuotaLedger:
     def _settle_after_rebuild(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
                               _rebuild: asyncio.Future) -> None:
         self._open.pop(reservation.id, None)
+        self._deferred.pop(reservation.id, None)
+        if reservation.id in self._in_sum:  # its row is in the rebuilt counter: only clean its entry up
+            self._in_sum.discard(reservation.id)
+            prompt_tokens = completion_tokens = 0
         submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
         if submitted is not None:
             submitted.add_done_callback(partial(self._deferred_settled, reservation, prompt_tokens, completion_tokens))
@@ -443,8 +455,9 @@ class QuotaLedger:
 
     async def _rebuild(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
         # (what ends from here waits for the new counter: ``settle_soon``)
+        written = None
         if self._before_rebuild is not None:
-            await self._before_rebuild()  # (settles what ended before: their rows are in the sum)
+            written = await self._before_rebuild()  # (settles what ended before: their rows are in the sum)
         _, start, end = period_bounds(period, datetime.now(UTC))
         try:
             tokens, usd = await period_usage_from_db(self._sessionmaker, tenant_id, start, end)
@@ -454,6 +467,8 @@ class QuotaLedger:
                                    headers={"retry-after": "1"}) from exc
         ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
         await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
+        if written is not None:  # ended meanwhile with their rows in the sum: not charged again
+            self._in_sum |= {rid for rid, seen in self._deferred.items() if seen is not None and seen <= written}
         await self._adopt(tenant_id, key)  # before the batch that found it missing is retried
 
 

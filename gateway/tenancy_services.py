@@ -116,12 +116,14 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
 
     peers = PeerFlush(redis, settings.redis_prefix, bookkeeping)
 
-    async def flush_usage() -> None:  # before a period counter is rebuilt from the database
+    async def flush_usage() -> int:  # before a period counter is rebuilt from the database
         await bookkeeping(True)
         await peers.ask(usage=True, timeout_s=PEER_FLUSH_TIMEOUT_S)
+        return usage.written  # this process's rows in the sum about to be read
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     quota.retry_later = aftercare.retry_later
+    quota.row_mark = lambda: usage.recorded
 
     async def settle_pending() -> bool:  # before a refusal while reservations are open
         had = bool(aftercare.pending)

@@ -171,6 +171,10 @@ class UsageWriter:
         self._full: list[Journal] = []  # journals that filled up before the next flush
         self._spare: Journal | None = None  # the next journal, made ready by the writer thread
         self._unjournaled: list[str] = []  # lines record() could not write (disk trouble)
+        # rows recorded by this process so far, and how many of the first of them are surely in the
+        # database (a flush that left the spool empty): a quota rebuild's sum holds those
+        self.recorded = 0
+        self.written = 0
         self._unjournaled_log = LogThrottle()  # one error per spell of disk trouble, not one per row
         # the writer's own disk trouble (a full spool disk): one line per 10 s, no traceback (found
         # by QA: a traceback every 0.5 s)
@@ -205,6 +209,7 @@ class UsageWriter:
         if the disk refuses the write the line is kept in memory for the next flush."""
         line = event.to_json() + "\n"
         with self._jlock:
+            self.recorded += 1
             try:
                 data = line.encode()
                 journal = self._journal or self._open_journal()
@@ -327,10 +332,14 @@ class UsageWriter:
             spare.discard()
 
     async def _flush_locked(self, *, force: bool) -> bool:
+        mark = self.recorded  # (the rows up to here are in what is rotated now)
         journals, lines = self._rotate()
         on_disk: list[bool] = []  # the worker appends True once the in-memory lines are in a file
         try:
-            return await self._worker.run(self._w_flush(journals, lines, force, on_disk))
+            empty = await self._worker.run(self._w_flush(journals, lines, force, on_disk))
+            if empty:
+                self.written = max(self.written, mark)
+            return empty
         except BaseException:
             if lines and not on_disk:
                 with self._jlock:

@@ -787,3 +787,37 @@ async def test_a_request_that_ends_while_its_counter_is_rebuilt_is_counted(tenan
     assert (await ledger.usage(p.tenant_id))[0] == 15 + second.reserved_tokens
     assert await ledger.settle(second, prompt_tokens=10, completion_tokens=1) is True
     assert (await ledger.usage(p.tenant_id))[0] == 15 + 11
+
+
+@pytest.mark.parametrize("in_sum", [True, False])
+async def test_a_request_whose_row_reached_the_rebuilds_sum_is_not_charged_again(tenancy, make_tenant, in_sum):
+    """A re-run of the QA's scenario found the deferral above counting twice the requests whose rows
+    did reach the sum (the journal is written after the slow database answers): up to 12% of a
+    budget, refused for the month. The usage writer says how many rows are surely in the database
+    and how many were recorded when a request ended: one in the sum is not charged again."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    rows = {"recorded": 0, "written": 0}
+
+    async def slow_flush() -> int:
+        await asyncio.sleep(0.3)
+        return rows["written"]
+
+    ledger = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix,
+                         before_rebuild=slow_flush)
+    ledger.row_mark = lambda: rows["recorded"]
+    running = await ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    await ledger.forget(p.tenant_id)
+    finds_it_missing = asyncio.ensure_future(ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=10))
+    await asyncio.sleep(0.1)
+    rows["recorded"] = 7  # its row, recorded as it ended
+    await ledger.settle(running, prompt_tokens=10, completion_tokens=5)
+    rows["written"] = 7 if in_sum else 6  # the rebuild's flush wrote it (or not)
+    second = await finds_it_missing
+    for _ in range(100):
+        if running.settled:
+            break
+        await asyncio.sleep(0.01)
+    assert running.settled
+    # (no usage row exists in this test: the database's sum is 0 either way)
+    assert (await ledger.usage(p.tenant_id))[0] == (0 if in_sum else 15) + second.reserved_tokens
+    assert await ledger.open_reservations(p.tenant_id) == 1  # only the second's entry is left
