@@ -363,14 +363,20 @@ class Management:
         price = checked_price(self._dialect(), model=model, prompt_usd_per_1m=prompt_usd_per_1m,
                               completion_usd_per_1m=completion_usd_per_1m)
         for attempt in range(3):
+            await self._lock_price(model)  # (found by QA: concurrent changes each read the same "before")
             existing = await self.session.get(ModelPrice, model, populate_existing=True)
             if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
                     price.prompt_usd_per_1m, price.completion_usd_per_1m):
                 return existing, False  # the price it has: nothing to record
             before = price_view(existing) if existing is not None else None
             try:
-                row = await tenancy.set_price(self.session, model=model, prompt_usd_per_1m=price.prompt_usd_per_1m,
-                                              completion_usd_per_1m=price.completion_usd_per_1m)
+                # written as read: an insert when there was no row (another admin's meanwhile makes it
+                # an IntegrityError, retried), else the row locked above (``tenancy.set_price`` would read
+                # again, and update a row this "before" never saw)
+                row = existing or ModelPrice(model=model)
+                row.prompt_usd_per_1m, row.completion_usd_per_1m = price.prompt_usd_per_1m, price.completion_usd_per_1m
+                self.session.add(row)
+                await self.session.flush()
                 await self.session.refresh(row)
                 audit.record(self.session, actor=self.actor, action="price.set", target=f"model:{model}",
                              before=before, after=price_view(row))
@@ -383,6 +389,17 @@ class Management:
                 if attempt == 2:
                     raise Conflict(f"The price of {model!r} is being changed concurrently; try again.") from exc
         raise AssertionError("unreachable")
+
+    async def _lock_price(self, model: str) -> None:
+        """Hold the model's price row (when it exists) until this change commits, so the price it
+        reads as ``before`` is the one it replaces: PostgreSQL's row lock; SQLite's write lock, taken
+        by a write that changes nothing. A first price has no row to lock: a race to insert it ends
+        in the IntegrityError retry, which then reads the winner's row under the lock."""
+        if self._dialect() == "postgresql":
+            await self.session.execute(select(ModelPrice.model).where(ModelPrice.model == model).with_for_update())
+        else:
+            await self.session.execute(update(ModelPrice).where(ModelPrice.model == model)
+                                       .values(updated_at=ModelPrice.updated_at))  # (its own value: no onupdate)
 
     def _dialect(self) -> str:
         return self.session.get_bind().dialect.name

@@ -328,3 +328,19 @@ async def test_the_audit_log_keeps_long_targets_and_actors_whole(client, auth):
     assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth(sub=actor))).status_code == 201
     rows = (await client.get("/admin/v1/audit", params={"target": f"tenant:{name}"}, headers=auth())).json()["data"]
     assert [(r["action"], r["actor"]) for r in rows] == [("tenant.create", actor)]
+
+
+async def test_concurrent_price_changes_each_record_the_price_they_replaced(client, app, auth):
+    """Found by a recheck QA: concurrent PUTs each read the same price as their audit row's
+    ``before`` (five rows claimed to create the price). In commit order, each row's ``before`` is
+    the ``after`` of the row before it."""
+    model = unique("chain")
+    replies = await asyncio.gather(*[
+        client.put(f"/admin/v1/prices/{model}", json={"prompt_usd_per_1m": i + 1, "completion_usd_per_1m": 1},
+                   headers=auth()) for i in range(PARALLEL)])
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    rows = (await client.get("/admin/v1/audit", params={"target": f"model:{model}", "limit": 100},
+                             headers=auth())).json()["data"][::-1]  # oldest first
+    assert rows[0]["before"] is None and all(r["before"] is not None for r in rows[1:])
+    for earlier, later in zip(rows, rows[1:], strict=False):
+        assert later["before"] == earlier["after"], (earlier, later)
