@@ -134,10 +134,17 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        # Decodes first, then the prefills in progress (a stable partition: admission order kept in
+        # each part; the last, a prefill, is preempted first). A prefill in progress takes at most
+        # half the step while anything else runs or waits (found by QA: another tenant's 8,000-token
+        # prompt took the whole 512-token step for every step of its prefill, and a short request
+        # waited 41-81 s for its first token, the running decodes crawled).
+        self.running.sort(key=_prefilling)
+        share = max(1, self.max_num_batched_tokens // 2) if len(self.running) > 1 or len(self.waiting) else budget
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, share)
             while not self.kv.allocate_slots(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -201,3 +208,8 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
         self.kv.free(seq)
+
+
+def _prefilling(seq: Sequence) -> bool:
+    """Whether ``seq`` still has more than its next token to compute (a prefill in progress)."""
+    return seq.num_tokens - seq.num_computed_tokens > 1

@@ -166,3 +166,22 @@ def test_a_head_passed_over_long_enough_gets_the_room_that_frees_up():
     assert big.status.name != "WAITING", "the big request starved"
     assert served_before >= STARVATION_STEPS - 2  # the small ones were served while it waited
     assert served_after == 0 and sched.waiting.classes.get("c")  # then held back for it
+
+
+def test_a_long_prefill_leaves_half_the_step_to_others():
+    """Found by QA: another tenant's long prompt took the whole step budget for every step of its
+    prefill; a short request waited 41-81 s for its first token and the running decodes crawled.
+    Decodes go first, and a prefill in progress takes at most half the step while anything else
+    runs or waits."""
+    kv, sched = make(num_blocks=128, budget=16)
+    decoding = add(sched, "d", 3, max_tokens=50, cls="quiet")
+    step(sched, kv)  # its prompt: it decodes from now on
+    long = add(sched, "long", 200, cls="noisy", base=100)
+    out = step(sched, kv)
+    assert out.seqs == [decoding, long] and out.num_new_tokens == [1, 15]  # admitted with the rest
+    short = add(sched, "short", 6, cls="quiet", base=500)
+    out = step(sched, kv)
+    assert out.seqs == [decoding, long, short] and out.num_new_tokens == [1, 8, 6]  # the short one fits
+    assert short.num_output_tokens == 1  # its first token in the step it arrived
+    alone = [step(sched, kv) for _ in range(3)]  # the others still run: half the step each time
+    assert all(o.num_new_tokens[o.seqs.index(long)] == 8 for o in alone)
