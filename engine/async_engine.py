@@ -247,7 +247,12 @@ class AsyncEngine:
             raise EngineOverloadedError("the engine's waiting queue is full; retry later")
         if priority_class is not None:
             held = self._waiting_by_class.get(priority_class, 0) + self._sent_by_class.get(priority_class, 0)
-            if held >= self._class_cap:
+            # requests the next step admits at once (free running slots, nothing ahead of them) do not
+            # wait: found by QA, a burst into an idle engine was refused past the share with 64 slots free
+            running = stats.running if stats is not None else 0
+            free = max(0, self.config.max_num_seqs - running)
+            waits = max(0, sum(self._waiting_by_class.values()) + sum(self._sent_by_class.values()) - free)
+            if min(held, waits) >= self._class_cap:
                 raise EngineClassFullError(f"this class already has {held} requests waiting (at most "
                                            f"{self._class_cap}); retry later")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue() if queue is None else queue)

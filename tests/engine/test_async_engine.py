@@ -147,7 +147,7 @@ async def test_one_class_cannot_fill_the_waiting_queue(make_engine):
     """Found by QA: one tenant's batches filled the whole waiting queue and every other tenant got
     503. A class may have ``max_waiting_per_class`` requests waiting (sent and not yet taken by the
     step thread count too); other classes, and requests without one, still get in."""
-    eng = await make_engine(max_waiting_per_class=3)
+    eng = await make_engine(max_waiting_per_class=3, max_num_seqs=1)  # (one runs, the others wait)
     gate = threading.Event()
     step = eng.engine.step
 
@@ -157,11 +157,11 @@ async def test_one_class_cannot_fill_the_waiting_queue(make_engine):
 
     eng.engine.step = held_step
     params = SamplingParams(max_tokens=2, **GREEDY)
-    tasks = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"a{i}", priority_class="a")) for i in range(3)]
+    tasks = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"a{i}", priority_class="a")) for i in range(4)]
     await asyncio.sleep(0.2)  # registered; the first is in the engine, held in its step
     try:
         with pytest.raises(EngineClassFullError):
-            await eng.generate([1, 2], params, request_id="a3", priority_class="a").__anext__()
+            await eng.generate([1, 2], params, request_id="a4", priority_class="a").__anext__()
         assert isinstance(EngineClassFullError("x"), EngineOverloadedError)  # callers that know only that
         tasks.append(asyncio.ensure_future(collect(eng, [1, 2, 3], params, "b0", priority_class="b")))
         tasks += [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"n{i}")) for i in range(4)]
@@ -172,8 +172,34 @@ async def test_one_class_cannot_fill_the_waiting_queue(make_engine):
     results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
     assert all(len(tokens) == 2 for tokens, _text, _outs in results)
     # the queue drained: the class is free again
-    tokens, _text, _outs = await asyncio.wait_for(collect(eng, [1, 2], params, "a4", priority_class="a"), 60)
+    tokens, _text, _outs = await asyncio.wait_for(collect(eng, [1, 2], params, "a5", priority_class="a"), 60)
     assert len(tokens) == 2
+
+
+async def test_a_burst_into_free_running_slots_is_not_waiting(make_engine):
+    """Found by QA: with the share at 10, a burst of 15 from one tenant into an idle engine with 64
+    free running slots got 5 refusals: the requests the next step admits at once do not wait."""
+    eng = await make_engine(max_waiting_per_class=2, max_num_seqs=8)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    gate = threading.Event()
+    step = eng.engine.step
+
+    def held_step():
+        gate.wait(30)
+        return step()
+
+    eng.engine.step = held_step
+    tasks = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"a{i}", priority_class="a")) for i in range(10)]
+    await asyncio.sleep(0.3)
+    try:
+        done = [t for t in tasks if t.done()]  # (a refused one is done with its error)
+        assert not done, [t.exception() for t in done]  # 8 run at once, 2 wait: the share
+        with pytest.raises(EngineClassFullError):
+            await eng.generate([1, 2], params, request_id="a10", priority_class="a").__anext__()
+    finally:
+        gate.set()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+    assert all(len(tokens) == 2 for tokens, _text, _outs in results)
 
 
 async def test_crashed_step_loop_fails_every_stream(make_engine):

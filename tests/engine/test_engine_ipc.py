@@ -165,7 +165,7 @@ async def test_errors_cross_the_socket_as_the_engines_own(served):
     with pytest.raises(EngineOverloadedError):
         await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "z")
     # a class's share of the queue: its own class, so the gateway answers 429 rather than 503
-    eng._stats = dataclasses.replace(eng._stats, waiting=0)
+    eng._stats = dataclasses.replace(eng._stats, waiting=0, running=eng.config.max_num_seqs)  # (no free slot)
     eng._class_cap = 0
     with pytest.raises(EngineClassFullError):
         await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "w", priority_class="t1")
