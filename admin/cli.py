@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from admin import cli_commands as cmd
 from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
-from admin.management import Conflict, NotFound
+from admin.management import Conflict, NotFound, priced_model
 from admin.schemas import INT32_MAX, INT64_MAX, PLAIN_DECIMAL, WHOLE_NUMBER, InvalidField, split_models
 from gateway.db.session import safe_url
 from gateway.settings import Settings
@@ -264,6 +264,7 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         return 2  # a usage error, before any database is opened
     if getattr(args, "run", None) is cmd.prices_set:
         args.served_models = served_models(settings)
+        args.model = priced_model(settings, args.model)  # (an alias of the embedding model: its served id)
     try:
         if args.admin_cmd == "token":
             return cmd.token(settings, args)

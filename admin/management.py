@@ -33,11 +33,20 @@ from gateway import tenancy
 from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant
 from gateway.keys import NewKey
 from gateway.quota import forget_counter, period_bounds, period_usage
+from gateway.settings import Settings
 
 log = logging.getLogger("pagegate.admin")
 
 PAGE_SIZE = 100  # a list's page when the caller gives no limit
 MAX_PAGE_SIZE = 1000  # the API's largest page (the CLI, on the database itself, may ask for more)
+
+
+def priced_model(settings: Settings, model: str) -> str:
+    """The name a price is kept under: the embedding model's served id for any of its aliases (usage
+    rows name it so: found by QA, a price set on an alias was taken and never applied)."""
+    from gateway.embedding_service import is_embedding_model
+
+    return settings.embedding_model if is_embedding_model(settings, model) else model
 
 
 class NotFound(LookupError):

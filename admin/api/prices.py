@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from admin.api.deps import ReadDep, WriteDep
-from admin.management import price_view
+from admin.api.deps import ContextDep, ReadDep, WriteDep
+from admin.management import price_view, priced_model
 from admin.schemas import PriceSet
 
 
@@ -15,6 +15,7 @@ def add_routes(router: APIRouter) -> None:
         return {"object": "list", "data": [price_view(p) for p in await ops.prices()]}
 
     @router.put("/prices/{model:path}")
-    async def set_price(model: str, body: PriceSet, ops: WriteDep) -> dict:
-        return price_view(await ops.set_price(model=model, prompt_usd_per_1m=body.prompt_usd_per_1m,
+    async def set_price(model: str, body: PriceSet, ops: WriteDep, ctx: ContextDep) -> dict:
+        return price_view(await ops.set_price(model=priced_model(ctx.settings, model),
+                                              prompt_usd_per_1m=body.prompt_usd_per_1m,
                                               completion_usd_per_1m=body.completion_usd_per_1m))

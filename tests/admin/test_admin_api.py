@@ -585,3 +585,12 @@ async def test_budget_spend_is_summed_exactly(client, app, auth):
         await s.commit()
     resp = await client.get(f"/admin/v1/tenants/{name}/budget", headers=auth("admin:read"))
     assert json.loads(resp.text, parse_float=Decimal)["spent_usd"] == Decimal(cost) * rows, resp.text
+
+
+async def test_a_price_set_on_an_embedding_alias_is_kept_under_its_served_id(client, auth):
+    """Found by QA: a price PUT on an alias of the embedding model was taken and never applied
+    (usage rows name the served id)."""
+    for alias in ("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        resp = await client.put(f"/admin/v1/prices/{alias}", json={"prompt_usd_per_1m": 0.02, "completion_usd_per_1m": 0},
+                                headers=auth())
+        assert resp.status_code == 200 and resp.json()["model"] == "all-MiniLM-L6-v2", resp.text

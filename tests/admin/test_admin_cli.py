@@ -642,3 +642,9 @@ def test_a_price_for_a_model_this_configuration_does_not_serve_is_warned(env, ca
     assert code == 0 and "warning: this configuration serves no model named 'smollm2-135m-instruc'" in err, err
     code, _, err = run(capsys, "prices", "set", "smollm2-135m-instruct", "--prompt", "1", "--completion", "2")
     assert code == 0 and "warning" not in err, err
+
+
+def test_a_price_set_on_an_embedding_alias_is_kept_under_its_served_id(env, capsys):
+    code, _, err = run(capsys, "prices", "set", "sentence-transformers/all-MiniLM-L6-v2", "--prompt", "0.02",
+                       "--completion", "0")
+    assert code == 0 and err.startswith("price of all-MiniLM-L6-v2") and "warning" not in err, err
