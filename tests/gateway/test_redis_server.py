@@ -65,7 +65,8 @@ def test_the_last_user_of_a_server_it_found_running_stops_it_and_leaves_nothing(
     orphan.start()
     run_dir, pid = Path(orphan._lite.redis_dir), orphan.pid
     orphan._lite.connection_pool.disconnect()
-    orphan._lite = None  # its owner "killed": the server stays
+    orphan._lite = None  # its owner "killed": the server stays, and so does its mark (as a dead pid's)
+    orphan._mark.rename(orphan._mark.with_name("999999999-1"))
 
     first, second = EmbeddedRedis(tmp_path), EmbeddedRedis(tmp_path)
     assert first.start() == second.start()
