@@ -371,9 +371,11 @@ class QuotaLedger:
             # late for that sum (found by QA: settled meanwhile, against no counter, it was in
             # neither, and a flushed Redis with a slow database let the tenant overspend by 5-10%):
             # it stays open until the rebuild charges it again (``_adopt``), then settles the
-            # difference. A row that did reach the sum is then counted twice until the next rebuild:
-            # the safe side of a budget. The caller is answered now: the rebuild itself first drains
-            # the settlements in hand (``before_rebuild``), and must not wait for this one.
+            # difference; unless its row is in the sum (``UsageWriter.written`` covers it: then it is
+            # not charged again, and its settlement only clears its entry, giving its TPM reservation
+            # back whole; a row that reached the sum unknown to this process is counted twice until
+            # the next rebuild: the safe side). The caller is answered now: the rebuild itself first
+            # drains the settlements in hand (``before_rebuild``), and must not wait for this one.
             self._deferred[reservation.id] = self.row_mark() if self.row_mark is not None else None
             rebuild.add_done_callback(partial(self._settle_after_rebuild, reservation, prompt_tokens,
                                               completion_tokens))
