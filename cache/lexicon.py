@@ -64,7 +64,8 @@ ANTONYM_PAIRS = [
     ("create", "delete"), ("create", "destroy"), ("insert", "delete"), ("install", "uninstall"),
     ("install", "remove"), ("increase", "decrease"), ("increase", "reduce"), ("raise", "lower"),
     ("start", "stop"), ("begin", "end"), ("open", "close"), ("on", "off"), ("up", "down"),
-    ("before", "after"), ("above", "below"), ("over", "under"), ("min", "max"),
+    ("before", "after"), ("above", "below"), ("over", "under"), ("min", "max"), ("for", "against"),
+    ("until", "since"),
     ("minimum", "maximum"), ("more", "less"), ("more", "fewer"), ("most", "least"), ("high", "low"),
     ("higher", "lower"), ("highest", "lowest"), ("best", "worst"), ("better", "worse"),
     ("first", "last"), ("encrypt", "decrypt"), ("encode", "decode"), ("compress", "decompress"),
@@ -340,7 +341,7 @@ INTERROGATIVES = {
 LIGHT_WORDS = (STOPWORDS | FILLER | frozenset("in on using into list convert show find up during".split())) - frozenset("""
 much little many few more less most least all some any none each every either both or and but this that these
 those than then too very lot lots bit without before after best good easy simple simply quickly right correct
-exactly""".split())
+exactly example examples definition since until""".split())
 
 # Words a paraphrase swaps for each other in one place ("How often" / "How frequently"); the
 # substitution guard lets such a swap pass. A slash joins the words of one group.
@@ -351,4 +352,8 @@ help/assist reply/respond job/work/career error/issue/problem/bug shop/store pri
 recommend/suggest way/method learn/study sick/ill happy/glad phone/smartphone pc/computer/laptop
 contact/reach often/frequently under/below always/keep near/close begin/commence run/execute/use
 adult/grown-up finish/end/complete die/dying lie/lying day/daily week/weekly month/monthly year/yearly/annual
-hour/hourly while/during""".split()
+hour/hourly while/during pregnant/pregnancy best/ideal/top correct/right/proper good/nice/strong/great
+strange/weird/odd kid/kids/child/children easy/simple pick/choose/select symptom/sign baby/infant
+subscription/membership cut/chop end/terminate/cancel exercise/workout glasses/spectacles
+licence/license tyre/tire centre/center theatre/theater metre/meter litre/liter fibre/fiber grey/gray
+mould/mold analyse/analyze""".split()

@@ -32,13 +32,17 @@ def substituted(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...]
     in order as (stem, light); ``synonyms`` maps a stem to the synonym groups it belongs to."""
     if min(len(a), len(b)) < MIN_WORDS:
         return False
+    heavy_a, heavy_b = [s for s, light in a if not light], [s for s, light in b if not light]
+    if sorted(heavy_a) == sorted(heavy_b):  # the same words that matter: reordered, or function words changed
+        # (but two of them trading places around a third is no paraphrase; a passive, "owned by",
+        # turns subject and object round itself: the relation guard reads those)
+        passive = any(s == "by" for s, _ in (*a, *b))
+        return not passive and _swapped(heavy_a, heavy_b)
     sa, sb = [s for s, _ in a], [s for s, _ in b]
     ops = difflib.SequenceMatcher(a=sa, b=sb, autojunk=False).get_opcodes()
     if (sum(i2 - i1 for t, i1, i2, _, _ in ops if t != "equal") > MAX_CHANGED
             or sum(j2 - j1 for t, _, _, j1, j2 in ops if t != "equal") > MAX_CHANGED):
         return False
-    if sorted(s for s, light in a if not light) == sorted(s for s, light in b if not light):
-        return False  # the same words that matter, reordered, or function words changed
     framing = 2 if sa[0] in _QUESTION_WORDS and sb[0] in _QUESTION_WORDS else 1
     for tag, i1, i2, j1, j2 in ops:
         if tag != "replace" or (i1 < framing and j1 < framing):  # (how long / how much time: the
@@ -51,25 +55,46 @@ def substituted(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...]
 
 
 _QUESTION_WORDS = frozenset("how what which when where who whom whose why".split())
-FAMILY_PREFIX = 6  # letters two words share to be read as one word's forms (pregnant / pregnancy)
+# what may follow a word in another form of it (invest / investment, safe / safely); -er / -ee and
+# the like are other words (employer / employee, trainer / trainee)
+_FORM_ENDINGS = frozenset("s es ly al ally ness ity ion ation ment ful".split())
+
+
+def _swapped(a: list[str], b: list[str]) -> bool:
+    """Two words that trade places with at least one other word between them, the rest in place:
+    "a high fever with a low heart rate" / "a low fever with a high heart rate", "Can a landlord sue
+    a tenant" / "Can a tenant sue a landlord" (found by QA). Moving a block ("chocolate chip cookie
+    recipe" / "recipe chocolate chip cookies") or two neighbours ("to my laptop from my phone") is not."""
+    if len(a) != len(b):
+        return False
+    moved = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    return len(moved) == 2 and moved[1] - moved[0] > 1 and a[moved[0]] == b[moved[1]] and a[moved[1]] == b[moved[0]]
 
 
 def _equivalent(left: set[str], right: set[str], synonyms: dict[str, frozenset[int]]) -> bool:
     """Every word that matters on each side has a match on the other: the same word spelt the British
-    or the American way (colour / color), a form of it (pregnant / pregnancy), or a synonym."""
+    or the American way (colour / color), a form of it (invest / investment), or a synonym."""
     def matches(x: str, y: str) -> bool:
-        return (american(x) == american(y) or (len(x) >= FAMILY_PREFIX and x[:FAMILY_PREFIX] == y[:FAMILY_PREFIX])
+        short, long_ = sorted((x, y), key=len)
+        return (american(x) == american(y) or (long_.startswith(short) and long_[len(short):] in _FORM_ENDINGS)
                 or bool(synonyms.get(x, frozenset()) & synonyms.get(y, frozenset())))
     return all(any(matches(x, y) for y in right) for x in left) and all(any(matches(y, x) for x in left) for y in right)
 
 
-_BRITISH = (("isation", "ization"), ("ise", "ize"), ("yse", "yze"), ("ogue", "og"), ("our", "or"),
-            ("tre", "ter"), ("grey", "gray"), ("ll", "l"))
+# British spellings as the verifier's stems end (its stemmer drops a final "e": "organis", "centr",
+# "catalogu"), and inside them
+_BRITISH_ENDINGS = (("isation", "ization"), ("is", "iz"), ("ys", "yz"), ("ogu", "og"), ("tr", "ter"),
+                    ("inium", "inum"), ("enc", "ens"))
+_BRITISH_INSIDE = (("our", "or"), ("ll", "l"), ("grey", "gray"))
 
 
 def american(stem: str) -> str:
     """A stem with the British spellings written the American way (colour, centre, organise,
-    analyse, catalogue, grey, travelled), so a pair spelt both ways reads as one word."""
-    for british, us in _BRITISH:
+    analyse, catalogue, aluminium, licence, travelled), so a pair spelt both ways reads as one word."""
+    for british, us in _BRITISH_ENDINGS:
+        if stem.endswith(british):
+            stem = stem[: -len(british)] + us
+            break
+    for british, us in _BRITISH_INSIDE:
         stem = stem.replace(british, us)
     return stem

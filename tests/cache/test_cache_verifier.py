@@ -393,3 +393,28 @@ def test_a_word_that_matters_swapped_in_the_same_sentence_is_refused(verifier, a
 ])
 def test_a_paraphrase_that_swaps_a_word_in_place_passes(verifier, a, b):
     assert verifier.check(a, b).ok and verifier.check(b, a).ok
+
+
+@pytest.mark.parametrize(("a", "b"), [  # found by the cache re-check QA of 2026-12-04, served at 0.90-0.999
+    ("Is a high fever with a low heart rate dangerous?", "Is a low fever with a high heart rate dangerous?"),
+    ("Can a landlord sue a tenant for damages?", "Can a tenant sue a landlord for damages?"),
+    ("Can a cheap phone have an expensive camera?", "Can an expensive phone have a cheap camera?"),
+    ("What are the rights of an employee during layoffs?", "What are the rights of an employer during layoffs?"),
+    ("Arguments for nuclear power", "Arguments against nuclear power"),
+    ("How long until Christmas?", "How long since Christmas?"),
+])
+def test_words_that_trade_places_or_look_alike_are_refused(verifier, a, b):
+    assert not verifier.check(a, b).ok and not verifier.check(b, a).ok
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Does Google own YouTube?", "Is YouTube owned by Google?"),  # a passive turns them round itself
+    ("Where is the city centre in Leeds?", "Where is the city center in Leeds?"),
+    ("How do I organise my closet?", "How do I organize my closet?"),
+    ("What is the best aluminium pan?", "What is the best aluminum pan?"),
+    ("How do I write a good catalogue description?", "How do I write a good catalog description?"),
+    ("What are some easy dinner ideas?", "What are some simple dinner ideas?"),
+    ("What are fun activities for kids?", "What are fun activities for children?"),
+])
+def test_spellings_and_synonyms_swapped_in_place_pass(verifier, a, b):
+    assert verifier.check(a, b).ok and verifier.check(b, a).ok
