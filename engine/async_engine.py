@@ -243,14 +243,13 @@ class AsyncEngine:
         if request_id in self._streams or request_id in self._retiring:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats
-        if stats is not None and stats.waiting + len(self._cmds) >= self.config.max_waiting:
+        # requests the next step can admit at once (free running slots) do not wait: found by QA, a
+        # burst into an idle engine was refused past the share, then past the queue, with slots free
+        free = max(0, self.config.max_num_seqs - (stats.running if stats is not None else 0))
+        if stats is not None and stats.waiting + len(self._cmds) - free >= self.config.max_waiting:
             raise EngineOverloadedError("the engine's waiting queue is full; retry later")
         if priority_class is not None:
             held = self._waiting_by_class.get(priority_class, 0) + self._sent_by_class.get(priority_class, 0)
-            # requests the next step admits at once (free running slots, nothing ahead of them) do not
-            # wait: found by QA, a burst into an idle engine was refused past the share with 64 slots free
-            running = stats.running if stats is not None else 0
-            free = max(0, self.config.max_num_seqs - running)
             waits = max(0, sum(self._waiting_by_class.values()) + sum(self._sent_by_class.values()) - free)
             if min(held, waits) >= self._class_cap:
                 raise EngineClassFullError(f"this class already has {held} requests waiting (at most "

@@ -135,16 +135,24 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         # Decodes first, then the prefills in progress (a stable partition: admission order kept in
-        # each part; the last, a prefill, is preempted first). A prefill in progress takes at most
-        # half the step while anything else runs or waits (found by QA: another tenant's 8,000-token
-        # prompt took the whole 512-token step for every step of its prefill, and a short request
-        # waited 41-81 s for its first token, the running decodes crawled).
+        # each part; the last, a prefill, is preempted first). The prefills in progress take at most
+        # half the step while requests wait (found by QA: another tenant's 8,000-token prompt took
+        # the whole 512-token step for every step of its prefill, and a short request waited 41-81 s
+        # for its first token, the running decodes crawled).
         self.running.sort(key=_prefilling)
-        share = max(1, self.max_num_batched_tokens // 2) if len(self.running) > 1 or len(self.waiting) else budget
+        # prefills in progress together: at most half the step while requests wait (found by a
+        # re-check: two long prompts at half each took the whole step again)
+        prefill_room = max(1, self.max_num_batched_tokens // 2) if len(self.waiting) else budget
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget, share)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 1:
+                n = min(n, prefill_room)
+                if n < 1:  # this step's prefill room is used: it goes on next step
+                    i += 1
+                    continue
+                prefill_room -= n
             while not self.kv.allocate_slots(seq, n):
                 victim = self.running.pop()
                 self._preempt(victim)

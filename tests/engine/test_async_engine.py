@@ -139,6 +139,7 @@ async def test_errors_before_the_first_yield(make_engine):
     with pytest.raises(ValueError):
         await eng.generate([eng.vocab_size], SamplingParams(), request_id="oov").__anext__()
     eng.config.max_waiting = 0
+    eng.config.max_num_seqs = 0  # (no free running slot either: one would take the request at once)
     with pytest.raises(EngineOverloadedError):
         await eng.generate([1], SamplingParams(), request_id="busy").__anext__()
 

@@ -161,7 +161,8 @@ async def test_errors_cross_the_socket_as_the_engines_own(served):
     with pytest.raises(ValueError, match="token ids"):
         await collect(client, [1, 10_000], SamplingParams(max_tokens=2), "y")
     # the engine's own refusal (its queue is full) comes back as the same class
-    eng._stats = dataclasses.replace(eng._stats, waiting=5)  # as if 5 were waiting (idle: nothing overwrites it)
+    eng._stats = dataclasses.replace(eng._stats, waiting=5,  # as if 5 were waiting (idle: nothing overwrites it)
+                                     running=eng.config.max_num_seqs)  # and no running slot free
     with pytest.raises(EngineOverloadedError):
         await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "z")
     # a class's share of the queue: its own class, so the gateway answers 429 rather than 503

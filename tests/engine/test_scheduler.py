@@ -183,5 +183,11 @@ def test_a_long_prefill_leaves_half_the_step_to_others():
     out = step(sched, kv)
     assert out.seqs == [decoding, long, short] and out.num_new_tokens == [1, 8, 6]  # the short one fits
     assert short.num_output_tokens == 1  # its first token in the step it arrived
-    alone = [step(sched, kv) for _ in range(3)]  # the others still run: half the step each time
-    assert all(o.num_new_tokens[o.seqs.index(long)] == 8 for o in alone)
+    for o in [step(sched, kv) for _ in range(3)]:  # nothing waits: the rest of the step is the prefill's
+        assert o.num_new_tokens[o.seqs.index(long)] == 16 - (len(o.seqs) - 1)
+    two = add(sched, "long2", 200, cls="noisy", base=900)
+    step(sched, kv)  # admitted with the rest of the step
+    late = add(sched, "late", 5, cls="quiet", base=700)
+    out = step(sched, kv)  # two prefills in progress: half the step for both together (found by a re-check)
+    assert sum(n for seq, n in zip(out.seqs, out.num_new_tokens, strict=True) if seq in (long, two)) <= 8
+    assert late in out.seqs and late.num_output_tokens == 1

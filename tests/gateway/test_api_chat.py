@@ -246,14 +246,15 @@ def test_non_streaming_disconnect_aborts_too(api, api_engine) -> None:  # noqa: 
 def test_overloaded_engine_is_503_with_retry_after(api, api_engine) -> None:  # noqa: ANN001
     import openai
 
-    saved = api_engine.config.max_waiting
+    saved = api_engine.config.max_waiting, api_engine.config.max_num_seqs
     api_engine.config.max_waiting = 0  # the engine's own admission check now refuses everything
+    api_engine.config.max_num_seqs = 0  # (no free running slot either: one would take the request at once)
     try:
         with pytest.raises(openai.InternalServerError) as err:
             api.openai().chat.completions.create(model=api.model, max_tokens=1,
                                                  messages=[{"role": "user", "content": "Hi"}])
     finally:
-        api_engine.config.max_waiting = saved
+        api_engine.config.max_waiting, api_engine.config.max_num_seqs = saved
     assert err.value.status_code == 503 and err.value.code == "overloaded"
     assert int(err.value.response.headers["retry-after"]) >= 1
     rows = api.usage_rows(err.value.response.headers["x-request-id"])
