@@ -144,19 +144,25 @@ async def test_errors_before_the_first_yield(make_engine):
         await eng.generate([1], SamplingParams(), request_id="busy").__anext__()
 
 
+def hold_steps(eng) -> threading.Event:  # noqa: ANN001 - an AsyncEngine
+    """Hold every engine step until the returned event is set (requests stay waiting meanwhile)."""
+    gate = threading.Event()
+    step = eng.engine.step
+
+    def held_step():  # noqa: ANN202
+        gate.wait(30)
+        return step()
+
+    eng.engine.step = held_step
+    return gate
+
+
 async def test_one_class_cannot_fill_the_waiting_queue(make_engine):
     """Found by QA: one tenant's batches filled the whole waiting queue and every other tenant got
     503. A class may have ``max_waiting_per_class`` requests waiting (sent and not yet taken by the
     step thread count too); other classes, and requests without one, still get in."""
     eng = await make_engine(max_waiting_per_class=3, max_num_seqs=1)  # (one runs, the others wait)
-    gate = threading.Event()
-    step = eng.engine.step
-
-    def held_step():
-        gate.wait(30)
-        return step()
-
-    eng.engine.step = held_step
+    gate = hold_steps(eng)
     params = SamplingParams(max_tokens=2, **GREEDY)
     tasks = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"a{i}", priority_class="a")) for i in range(4)]
     await asyncio.sleep(0.2)  # registered; the first is in the engine, held in its step
@@ -182,14 +188,7 @@ async def test_a_burst_into_free_running_slots_is_not_waiting(make_engine):
     free running slots got 5 refusals: the requests the next step admits at once do not wait."""
     eng = await make_engine(max_waiting_per_class=2, max_num_seqs=8)
     params = SamplingParams(max_tokens=2, **GREEDY)
-    gate = threading.Event()
-    step = eng.engine.step
-
-    def held_step():
-        gate.wait(30)
-        return step()
-
-    eng.engine.step = held_step
+    gate = hold_steps(eng)
     tasks = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"a{i}", priority_class="a")) for i in range(10)]
     await asyncio.sleep(0.3)
     try:
