@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -107,4 +109,28 @@ def upgrade_sync(url: str, revision: str = "head", *, connect_timeout_s: float |
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from alembic import command
 
-    command.upgrade(alembic_config(url, connect_timeout_s=connect_timeout_s), revision)
+    with _sqlite_upgrade_lock(url):
+        command.upgrade(alembic_config(url, connect_timeout_s=connect_timeout_s), revision)
+
+
+@contextlib.contextmanager
+def _sqlite_upgrade_lock(url: str):  # noqa: ANN202 - a context manager
+    """One upgrade at a time of a SQLite file, across processes (found by QA: two `make run` started
+    together on a fresh data dir both read "no schema", and one failed creating a table the other had
+    made). PostgreSQL's upgrades take an advisory lock instead (migrations/env.py)."""
+    parsed = make_url(url)
+    path = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if not path or path == ":memory:" or path.startswith("file:"):
+        yield
+        return
+    lock = Path(path).with_name(Path(path).name + ".upgrade-lock")
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:  # an unusable path: the upgrade itself says so
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

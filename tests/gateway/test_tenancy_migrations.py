@@ -11,7 +11,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
 from gateway.db.models import Base
-from gateway.db.session import Database
+from gateway.db.session import Database, upgrade_sync
 
 TABLES = {"tenants", "api_keys", "model_prices", "usage_records", "audit_log", "alembic_version"}
 
@@ -70,3 +70,25 @@ def test_upgrading_leaves_sys_path_alone(tmp_path, monkeypatch):
     upgrade_sync(f"sqlite+aiosqlite:///{tmp_path / 'path.db'}")
     assert sys.path == before
 
+
+
+def test_two_upgrades_of_a_fresh_sqlite_file_at_once_both_succeed(tmp_path):
+    """Found by QA: two `make run` on a fresh data dir both read "no schema" and one failed with
+    "table audit_log already exists". Upgrades of one SQLite file take turns."""
+    import threading
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    errors: list[BaseException] = []
+
+    def upgrade() -> None:
+        try:
+            upgrade_sync(url)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=upgrade) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
