@@ -30,7 +30,7 @@ def build_admin_router(settings: Settings, *, database: Database | None = None,
 
     ctx = AdminContext(settings, database=database, redis=redis)
     log = logging.getLogger("pagegate.admin")
-    if settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default:
+    if settings.placeholder_admin_secret:
         if settings.dev_mode:
             log.warning("PAGEGATE_ADMIN_JWT_SECRET is the built-in default: anyone can mint admin tokens; set your own")
         else:

@@ -119,7 +119,7 @@ class AdminTokenVerifier:
         self.settings = settings
         # the built-in placeholder is public (it is in the source): outside dev mode (`make run`)
         # no HS256 token is taken with it (found by QA: anyone could mint admin:write tokens)
-        placeholder = settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default
+        placeholder = settings.placeholder_admin_secret
         # an empty secret signs nothing: HS256 is off (identity-provider tokens may still be taken)
         self._hmac_off = ("PAGEGATE_ADMIN_JWT_SECRET is empty" if not settings.admin_jwt_secret else
                           "PAGEGATE_ADMIN_JWT_SECRET is the built-in placeholder" if placeholder and not settings.dev_mode

@@ -343,7 +343,7 @@ async def audit(ops: Management, args: argparse.Namespace) -> int:
 
 def token(settings: Settings, args: argparse.Namespace) -> int:
     scopes = [s for group in (args.scope or [list(ALL_SCOPES)]) for s in group]
-    if settings.admin_jwt_secret == Settings.model_fields["admin_jwt_secret"].default:
+    if settings.placeholder_admin_secret:
         note("warning: PAGEGATE_ADMIN_JWT_SECRET is the built-in default: only a server in dev mode (make run, "
              "--dev) takes this token; set your own secret on both sides")
     print(mint_token(settings, subject=args.sub, scopes=scopes, ttl_s=args.ttl))

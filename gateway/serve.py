@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from gateway.settings import Settings, python_log_level, settings_errors
+from gateway.settings import Settings, is_loopback, python_log_level, settings_errors
 
 if TYPE_CHECKING:
     from gateway.redis_server import EmbeddedRedis
@@ -85,18 +84,6 @@ def cli_name() -> str:
     return relative if not relative.startswith("..") and os.sep in relative else os.path.abspath(argv0)
 
 
-def _is_loopback(host: str) -> bool:
-    host = host.strip().strip("[]").lower()
-    if host in ("localhost", "localhost."):
-        return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:  # a name: it may resolve anywhere
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
-    return address.is_loopback or (mapped is not None and mapped.is_loopback)
-
-
 def client_origin(settings: Settings) -> str:
     """Where a client on this machine reaches the server: a wildcard host (0.0.0.0, ::) is not an
     address to call (found by QA: the banner said curl http://0.0.0.0:8000)."""
@@ -109,9 +96,9 @@ def check_dev_mode(settings: Settings) -> None:
     """Dev mode takes admin tokens signed with the built-in secret, which is public: only on a
     loopback address (found by QA: ``--dev --host 0.0.0.0`` let anyone on the network mint an
     admin:write token). With a secret of one's own it may listen anywhere, with a warning."""
-    if not settings.dev_mode or _is_loopback(settings.host):
+    if not settings.dev_mode or is_loopback(settings.host):
         return
-    if settings.admin_jwt_secret == type(settings).model_fields["admin_jwt_secret"].default:
+    if settings.placeholder_admin_secret:
         raise StartupError(f"dev mode (--dev, PAGEGATE_DEV_MODE) on {settings.host} would let anyone who reaches "
                            "the port sign admin tokens with the built-in secret, which is public: listen on "
                            "127.0.0.1 (the default), or set PAGEGATE_ADMIN_JWT_SECRET to a secret of your own")

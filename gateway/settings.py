@@ -26,6 +26,20 @@ _ASYNCPG_VALUES = {
 }
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an address, an IPv6 address in brackets) is this machine only:
+    localhost, 127.0.0.0/8, ::1, or ::ffff:127.x; any other name may resolve anywhere."""
+    host = host.strip().strip("[]").lower()
+    if host in ("localhost", "localhost."):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PAGEGATE_", env_file=None, extra="ignore")
 
@@ -195,12 +209,7 @@ class Settings(BaseSettings):
         another host could be replaced on the way, and with them any admin token (found by QA)."""
         value = value.strip() if value else value
         if value and value.lower().startswith("http://"):
-            host = (urlsplit(value).hostname or "").lower()
-            try:
-                loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-            except ValueError:
-                loopback = False
-            if not loopback:
+            if not is_loopback(urlsplit(value).hostname or ""):
                 raise ValueError("an http:// key set from another host could be replaced on its way, and with it "
                                  "any admin token: use https:// (http:// is taken for 127.0.0.1 and localhost)")
         return value
@@ -233,6 +242,11 @@ class Settings(BaseSettings):
             if name not in self.model_fields_set:
                 setattr(self, name, value)
         return self
+
+    @property
+    def placeholder_admin_secret(self) -> bool:
+        """Whether ``admin_jwt_secret`` is still the built-in placeholder (public: it is in the source)."""
+        return self.admin_jwt_secret == type(self).model_fields["admin_jwt_secret"].default
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
