@@ -259,6 +259,10 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         return 1
     # the CLI prints its own warning when a Redis invalidation fails; the service log line would repeat it
     logging.getLogger("pagegate.admin").setLevel(logging.ERROR)
+    undecodable = _undecodable(args)
+    if undecodable is not None:  # (found by QA: a lookup by such a name blamed the database, or printed a codec error)
+        cmd.note(f"error: {undecodable} is not valid UTF-8 text (bytes the terminal's encoding cannot read)")
+        return 2
     if getattr(args, "no_budget", False) and (args.budget_tokens is not None or args.budget_usd is not None):
         cmd.note("error: --no-budget removes both budgets: not with --budget-tokens or --budget-usd")
         return 2  # a usage error, before any database is opened
@@ -279,6 +283,22 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         cmd.note(f"error: cannot use the database at {safe_url(settings.database_url)}: {reason}")
         return 1
+
+
+def _undecodable(args: argparse.Namespace) -> str | None:
+    """The first argument holding bytes that are not UTF-8 (Python hands them over as lone
+    surrogates), named as on the command line; None when there is none."""
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str):
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    return name if name in _POSITIONAL else f"--{name.replace('_', '-')}"
+    return None
+
+
+_POSITIONAL = frozenset({"name", "key", "model"})
 
 
 def served_models(settings: Settings) -> frozenset[str]:

@@ -240,6 +240,8 @@ def add_routes(router: APIRouter) -> None:
         limits = _form_fields(TenantLimits, rpm=rpm, tpm=tpm, budget_tokens=budget_tokens, budget_usd=budget_usd)
         for field in ("rpm", "tpm", "budget_tokens", "budget_usd"):
             changes[field] = getattr(limits, field)
+        if cache_enabled not in ("on", "off"):  # (the form's select sends one of these)
+            raise InvalidField("cache_enabled: on or off", "cache_enabled")
         changes["cache_enabled"] = cache_enabled == "on"
         await _ops(ctx, session, viewer).update_tenant(name, **changes)
         return _to_tenant_page(name)

@@ -170,6 +170,8 @@ async def test_keys_create_list_revoke_rotate(client, app, auth, settings):
     assert revoke_entry.before["tenant"] == revoke_entry.after["tenant"] == tenant
     (rotate_entry,) = await _audit(app, "key.rotate", f"key:{created['prefix']}")
     assert rotate_entry.after["replacement"]["prefix"] == rotated["prefix"]
+    (create_entry,) = await _audit(app, "key.create", f"key:{rotated['prefix']}")  # its history starts there
+    assert create_entry.after["replaces"] == created["prefix"] and create_entry.actor == rotate_entry.actor
     await pubsub.aclose()
     await redis.aclose()
 

@@ -272,6 +272,21 @@ def test_usage_errors_exit_2_with_one_reason_line(capsys, argv, reason):
     assert reason in line, err
 
 
+@pytest.mark.parametrize("argv,named", [
+    (["keys", "revoke", "pg-\udcff"], "key"),
+    (["report", "--tenant", "\udcff"], "--tenant"),
+    (["tenants", "show", "a\udcffb"], "name"),
+    (["keys", "list", "--prefix", "\udcff"], "--prefix"),
+    (["audit", "--target", "tenant:\udcff"], "--target"),
+])
+def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it(env, capsys, argv, named):
+    """Found by QA: bytes that are not UTF-8 (Python passes them on as lone surrogates) in a lookup's
+    argument were blamed on the database (PostgreSQL) or printed as a raw codec error (SQLite)."""
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, ""), err
+    assert err == f"error: {named} is not valid UTF-8 text (bytes the terminal's encoding cannot read)\n"
+
+
 def test_a_backwards_report_range_is_a_usage_error(env, capsys):
     name = unique("backwards")
     run(capsys, "tenants", "create", name)

@@ -117,6 +117,10 @@ async def test_manage_tenant_and_keys_through_pages(browser_like, app, token):
     assert resp.status_code == 409 and "already exists" in resp.text
     resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("x"), "rpm": "-3"})
     assert resp.status_code == 400
+    # a crafted post's cache setting that is neither on nor off: refused, not read as off (a QA find)
+    resp = await c.post(f"/admin/tenants/{name}/enable", data={"csrf": csrf})
+    resp = await c.post(f"/admin/tenants/{name}/limits", data={"csrf": csrf, "period": "month", "cache_enabled": "maybe"})
+    assert resp.status_code == 400 and "cache_enabled" in resp.text
 
 
 async def test_csrf_and_origin_are_enforced(browser_like, token):
