@@ -125,6 +125,12 @@ class AdminTokenVerifier:
                           "PAGEGATE_ADMIN_JWT_SECRET is the built-in placeholder" if placeholder and not settings.dev_mode
                           else None)
         self._hmac: bytes | None = None if self._hmac_off else settings.admin_jwt_secret.encode()
+        # a dev server on the placeholder says so when a token signed otherwise is refused (found by
+        # QA: the README's example exports a secret of its own, and the 401 gave no clue); the
+        # placeholder is public already, and dev mode serves loopback only
+        self._bad_signature = "The admin token's signature is invalid." + (
+            " This server runs in dev mode on the built-in secret: mint tokens with PAGEGATE_ADMIN_JWT_SECRET "
+            "unset, or start the server with yours." if placeholder and settings.dev_mode else "")
         # one decoder per algorithm: a token is checked only with the algorithm its key is for
         self._jwt = {alg: JsonWebToken([alg]) for alg in (*HMAC_ALGS, *ASYMMETRIC_ALGS)}
         self.jwks = jwks or (JwksSource(settings.admin_jwks_url) if settings.admin_jwks_url else None)
@@ -150,7 +156,7 @@ class AdminTokenVerifier:
         try:
             claims = self._jwt[alg].decode(token, key, claims_options=self._claims_options)
         except (JoseError, ValueError, TypeError, KeyError) as exc:  # bad signature or undecodable
-            raise unauthorized("The admin token's signature is invalid.") from exc
+            raise unauthorized(self._bad_signature) from exc
         try:
             claims.validate(leeway=LEEWAY_S)
         except ExpiredTokenError as exc:

@@ -113,7 +113,12 @@ def _subject(value: str) -> str:
 def _or_word(word: str, parse):  # noqa: ANN001, ANN202
     """``parse``, or ``word`` for ``cmd.CLEARED``: the setting back to null, as the API's ``null``."""
     def value(text: str) -> object:
-        return cmd.CLEARED if text.strip().lower() == word else parse(text)
+        if text.strip().lower() == word:
+            return cmd.CLEARED
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError as exc:  # (found by QA: `--rpm none` did not say what would do)
+            raise argparse.ArgumentTypeError(f"{exc}, or {word!r}") from exc
 
     return value
 
@@ -193,8 +198,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     keys = sub.add_parser("keys", help="create, list, revoke, rotate API keys")
     ksub = keys.add_subparsers(dest="keys_cmd", required=True)
     p = ksub.add_parser("create", help="mint a key; prints it alone on stdout (shown once)")
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--name")
+    p.add_argument("--tenant", required=True, help="the tenant's name")
+    p.add_argument("--name", help="a label for the key (shown in lists and reports)")
     p.add_argument("--models", type=_models, help="comma-separated allowed models (default: all)")
     p.add_argument("--rpm", type=_count, help="per-key requests per minute")
     p.set_defaults(run=cmd.keys_create)
@@ -316,7 +321,7 @@ async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
         code = await args.run(ops, args)
         if ops.invalidation_failed:
             cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "
-                     "cache expires (key_cache_ttl_s)")
+                     "cache expires (PAGEGATE_KEY_CACHE_TTL_S)")
         if ops.counter_kept:
             cmd.note("warning: the budget period changed, but without Redis its spend counter could not be "
                      "reset: if the tenant was on this period earlier in it, its budget counts too little "

@@ -95,7 +95,7 @@ def _print_json(value: object) -> None:
 def _warn_no_redis(ops: Management) -> None:
     if ops.redis is None:
         note("note: PAGEGATE_REDIS_URL is unset and no embedded Redis runs on this data directory; running "
-             "gateways see this change when their key cache expires (key_cache_ttl_s) instead of within a second.")
+             "gateways see this change when their key cache expires (PAGEGATE_KEY_CACHE_TTL_S) instead of within a second.")
 
 
 TENANT_COLUMNS = ("name", "enabled", "rpm", "tpm", "budget_tokens", "budget_usd", "period", "cache_enabled")

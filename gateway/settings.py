@@ -1,5 +1,6 @@
 """All of pagegate's settings: one pydantic-settings class (env prefix ``PAGEGATE_``), read once at
-start and passed down. No other module reads the environment."""
+start and passed down. No other module of the gateway reads the environment (`kernels/`, which does not depend on
+it, reads `PAGEGATE_KERNEL_CACHE`)."""
 
 from __future__ import annotations
 

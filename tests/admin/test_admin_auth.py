@@ -326,6 +326,15 @@ async def test_the_placeholder_secret_signs_nothing_outside_dev_mode(db_url) -> 
     assert refused.value.status == 401 and "placeholder" in refused.value.message
     dev = Settings(load_engine=False, dev_mode=True)
     assert (await AdminTokenVerifier(dev).verify(forged)).subject == "mallory"
+    # a token signed with another secret: the dev server says which one it runs on (a QA find: the
+    # README's example exported its own secret against `make run`'s server, and the 401 said no more)
+    other = mint_token(Settings(load_engine=False, admin_jwt_secret="y" * 40), subject="alice", ttl_s=600)
+    with pytest.raises(ApiError) as refused:
+        await AdminTokenVerifier(dev).verify(other)
+    assert refused.value.status == 401 and "dev mode on the built-in secret" in refused.value.message
+    with pytest.raises(ApiError) as refused:  # and only a dev server on the placeholder says so
+        await AdminTokenVerifier(Settings(load_engine=False, admin_jwt_secret="x" * 40)).verify(other)
+    assert refused.value.message == "The admin token's signature is invalid."
     own = Settings(load_engine=False, admin_jwt_secret="x" * 40)
     token = mint_token(own, subject="alice", scopes=("admin:read",), ttl_s=600)
     assert (await AdminTokenVerifier(own).verify(token)).subject == "alice"
