@@ -113,6 +113,7 @@ class AsyncEngine:
         self._renderer: ChatRenderer | None = None
         # a prompt text longer than this can never fit max_model_len tokens (None: no bound known)
         self.max_prompt_chars: int | None = None
+        self.message_tokens = 0  # the fewest tokens a chat message adds (``ChatRenderer.turn_special_tokens``)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -125,6 +126,7 @@ class AsyncEngine:
             self._renderer = ChatRenderer(self._tokenizer)
             chars = self._renderer.max_token_chars()
             self.max_prompt_chars = None if chars is None else chars * self.engine.max_model_len
+            self.message_tokens = self._renderer.turn_special_tokens()
         if self._thread is None:
             self._stats = self.engine.stats()
             self._thread = threading.Thread(target=self._run, name="pagegate-engine", daemon=True)

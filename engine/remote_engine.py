@@ -106,6 +106,7 @@ class RemoteEngine:
         self.max_model_len = 0
         self.vocab_size: int | None = None
         self.max_prompt_chars: int | None = None
+        self.message_tokens = 0  # (as AsyncEngine's, from this process's own renderer)
         self.max_waiting: int | None = None  # the engine's (it refuses requests past it)
         self.engine_pid: int | None = None
         self._conn: _ClientConn | None = None
@@ -148,6 +149,8 @@ class RemoteEngine:
         self.engine_pid = info["pid"]
         self._stats = info["stats"]
         self._renderer = await asyncio.to_thread(_load_renderer, info["model_dir"])
+        if self._renderer is not None:
+            self.message_tokens = await asyncio.to_thread(self._renderer.turn_special_tokens)
 
     async def shutdown(self) -> None:
         self._closing = True

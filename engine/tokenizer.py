@@ -75,6 +75,22 @@ class ChatRenderer:
         longest = max(len(t) for t in self.backend.get_vocab(with_added_tokens=True))
         return longest * (1 if self.backend.normalizer is None else 4)
 
+    def turn_special_tokens(self) -> int:
+        """The fewest special tokens the chat template adds for a message (ChatML: ``<|im_start|>``
+        and ``<|im_end|>``). A message's content never merges with them, so n messages hold at least
+        n times this many tokens, whatever they say; 0 when unknown (no template, no fast tokenizer)."""
+        if self.backend is None or not getattr(self.tokenizer, "chat_template", None):
+            return 0
+        special = {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+        try:
+            base = [{"role": "user", "content": "x"}]
+            count = sum(i in special for i in self.render(base))
+            more = [sum(i in special for i in self.render([*base, {"role": role, "content": "x"}])) - count
+                    for role in ("user", "assistant", "system")]
+        except Exception:  # noqa: BLE001 - a template that refuses such turns: nothing known
+            return 0
+        return max(0, min(more))
+
     def token_bytes(self, ids: list[int]) -> list[bytes]:
         """The bytes each token stands for on its own (a byte-level token may be part of a UTF-8
         character), for logprobs' ``token`` and ``bytes``."""

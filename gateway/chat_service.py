@@ -81,7 +81,7 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
     size = sum(len(m["content"]) for m in messages)
-    refuse_far_too_long(engine, size)
+    refuse_far_too_long(engine, size, messages=len(messages))
     store: Store | None = None
     cache = caller.state.cache
     if cache is not None and fmt.token_names is not None:  # a stored answer has no logprobs to show
@@ -101,11 +101,11 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
                 caller.notice.close()
             prompt_tokens = None  # an exact hit's prompt is the stored one, token for token
             if lookup.outcome == "semantic-hit":  # a paraphrase: its own prompt is counted
-                prompt_tokens = len(await tokenize(engine, engine.encode_chat, messages, size))
+                prompt_tokens = len(await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages)))
             return await replay(lookup.response, fmt, account, stream=body.stream, prompt_tokens=prompt_tokens)
         if lookup.storable:  # a miss, or no-cache on a cacheable request; never no-store
             store = cache_store(cache, namespace, request_body, policy)
-    prompt = await tokenize(engine, engine.encode_chat, messages, size)
+    prompt = await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages))
     max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
                                     min_tokens=body.min_tokens)
     return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store)

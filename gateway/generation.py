@@ -52,6 +52,14 @@ def far_too_long(chars: int, max_model_len: int, *, what: str = "messages") -> A
                          f"the length of the {what}.", "invalid_request_error", "context_length_exceeded", what)
 
 
+def too_many_turns(messages: int, per_message: int, at_least: int, max_model_len: int) -> ApiError:
+    """A chat whose messages alone (the template's tokens for each) can never fit the context."""
+    return ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your "
+                         f"{messages:,} messages resulted in at least {at_least:,} tokens (the chat format adds "
+                         f"{per_message} to each message, whatever it holds). Please reduce the number or the "
+                         f"length of the messages.", "invalid_request_error", "context_length_exceeded", "messages")
+
+
 def engine_error(err: EngineError) -> ApiError:
     if isinstance(err, PromptTooLongError):
         return context_length_exceeded(err.prompt_tokens, err.max_model_len)

@@ -15,10 +15,11 @@ from gateway.deps import Caller
 from gateway.embedding_service import is_embedding_model, may_use_embedding_model
 from gateway.errors import invalid_request, model_not_found, permission_denied, unsupported
 from gateway.formats import TokenNames
-from gateway.generation import context_length_exceeded, far_too_long
+from gateway.generation import context_length_exceeded, far_too_long, too_many_turns
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
 
 LONG_PROMPT_CHARS = 8_000  # prompts longer than this are tokenized on a worker thread
+LONG_CHAT_MESSAGES = 64  # and chats of more messages than this (the template's rendering is per message)
 
 
 def resolve_engine(caller: Caller, model: str) -> EngineClient:
@@ -33,20 +34,29 @@ def resolve_engine(caller: Caller, model: str) -> EngineClient:
     return engine
 
 
-def refuse_far_too_long(engine: EngineClient, size: int, *, what: str = "messages") -> None:
-    """A prompt of ``size`` characters that can never fit the context: 400 before the tokenizer (or
-    the cache's embedder) spends seconds on it."""
+def refuse_far_too_long(engine: EngineClient, size: int, *, what: str = "messages", messages: int = 0) -> None:
+    """A prompt of ``size`` characters (in ``messages`` chat messages) that can never fit the context:
+    400 before the tokenizer (or the cache's embedder) spends seconds on it. Each message adds the
+    chat template's special tokens (``message_tokens``), whatever it holds (found by QA: 250,000
+    empty messages passed, and rendering them held the event loop for 3-9 s before the 400)."""
     limit = getattr(engine, "max_prompt_chars", None)
     if limit is not None and size > limit:
         raise far_too_long(size, engine.max_model_len, what=what)
+    per_message = getattr(engine, "message_tokens", 0)
+    if messages and per_message:
+        context = engine.max_model_len
+        at_least = messages * per_message + (size * context // limit if limit else 0)
+        if at_least > context:
+            raise too_many_turns(messages, per_message, at_least, context)
 
 
 async def tokenize(engine: EngineClient, fn: Callable[[Any], list[int]], arg: Any, size: int, *,
-                   what: str = "messages") -> list[int]:
-    """``fn(arg)``'s token ids; ``size`` characters. A long text is tokenized on a worker thread
-    (the engine's tokenizer releases the GIL for those)."""
-    refuse_far_too_long(engine, size, what=what)
-    if size > LONG_PROMPT_CHARS:
+                   what: str = "messages", messages: int = 0) -> list[int]:
+    """``fn(arg)``'s token ids; ``size`` characters in ``messages`` chat messages. A long text, or a
+    chat of many messages, is tokenized on a worker thread (the engine's tokenizer releases the GIL
+    for long texts; the template's rendering holds it, but the event loop still gets its turns)."""
+    refuse_far_too_long(engine, size, what=what, messages=messages)
+    if size > LONG_PROMPT_CHARS or messages > LONG_CHAT_MESSAGES:
         return list(await asyncio.to_thread(fn, arg))
     return list(fn(arg))
 

@@ -366,8 +366,13 @@ Logprobs = dict[str, Any]
 
 
 class ChatResponseMessage(BaseModel):
+    """As OpenAI sends it, ``refusal`` and ``annotations`` included: its OpenAPI schema requires
+    ``refusal``, so clients generated from it refused a message without one (a QA find)."""
+
     role: Literal["assistant"] = "assistant"
     content: str | None
+    refusal: None = None
+    annotations: list = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):

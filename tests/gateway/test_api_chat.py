@@ -102,6 +102,9 @@ def test_usage_row_prefix_cache_and_cost(api) -> None:  # noqa: ANN001
         assert u2["prompt_tokens_details"]["cached_tokens"] > u1["prompt_tokens_details"]["cached_tokens"]
         # greedy decoding: the same answer twice
         assert first.json()["choices"][0]["message"] == second.json()["choices"][0]["message"]
+        # as OpenAI's schema has it (required there: a QA find)
+        assert {k: v for k, v in first.json()["choices"][0]["message"].items() if k != "content"} == {
+            "role": "assistant", "refusal": None, "annotations": []}
 
         rows = api.usage_rows(second.headers["x-request-id"])
         assert len(rows) == 1

@@ -131,6 +131,20 @@ def test_context_length_exceeded(api) -> None:  # noqa: ANN001
     assert "5000 in the completion" in err["message"]
 
 
+def test_more_messages_than_the_context_holds_are_refused_before_rendering(api) -> None:  # noqa: ANN001
+    """Found by QA: empty messages have no characters, so 250,000 of them passed the size check and the
+    chat template rendered them on the event loop for 3-9 s before the 400. Each message adds the
+    template's special tokens (2 for ChatML), whatever it holds."""
+    many = [{"role": "user", "content": ""}] * 1025  # at least 2050 tokens > 2048
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=many)), 400, param="messages",
+                       code="context_length_exceeded")
+    assert "1,025 messages resulted in at least 2,050 tokens" in err["message"], err
+    # fewer that still do not fit once rendered: the usual 400 after tokenizing (off the event loop)
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=many[:900])), 400, param="messages",
+                       code="context_length_exceeded")
+    assert "4525 in the messages" in err["message"], err  # (900 turns of 5 tokens, and the system prompt)
+
+
 def test_auth_and_model_errors(api) -> None:  # noqa: ANN001
     resp = httpx.post(api.base_url + "/v1/chat/completions", json=chat(api), timeout=30)
     assert_error(resp, 401, code="invalid_api_key")
