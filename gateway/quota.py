@@ -126,6 +126,12 @@ class QuotaUnavailable(ApiError):
     pass
 
 
+def rebuild_unavailable() -> QuotaUnavailable:
+    """A counter's rebuild that the database cannot serve (fail closed: the period's spend is unknown)."""
+    return QuotaUnavailable(503, "Quota state is being rebuilt and the database is unavailable; retry shortly.",
+                            "server_error", "quota_unavailable", headers={"retry-after": "1"})
+
+
 @dataclass(slots=True)
 class _Ask:
     """One request's reservation, waiting for its batch."""
@@ -464,9 +470,7 @@ class QuotaLedger:
         try:
             tokens, usd = await period_usage_from_db(self._sessionmaker, tenant_id, start, end)
         except Exception as exc:  # fail closed: without the DB the period's spend is unknown
-            raise QuotaUnavailable(503, "Quota state is being rebuilt and the database is unavailable; "
-                                   "retry shortly.", "server_error", "quota_unavailable",
-                                   headers={"retry-after": "1"}) from exc
+            raise rebuild_unavailable() from exc
         ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
         await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
         if written is not None:  # ended meanwhile with their rows in the sum: not charged again

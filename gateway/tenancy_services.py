@@ -25,7 +25,7 @@ from gateway.db.session import Database
 from gateway.limits import RequestLimiter
 from gateway.peer_flush import PeerFlush
 from gateway.pricing import PriceBook
-from gateway.quota import QuotaLedger
+from gateway.quota import QuotaLedger, rebuild_unavailable
 from gateway.redis_lane import ScriptLane
 from gateway.settings import Settings
 from gateway.usage import UsageWriter
@@ -117,7 +117,16 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     peers = PeerFlush(redis, settings.redis_prefix, bookkeeping)
 
     async def flush_usage() -> int:  # before a period counter is rebuilt from the database
-        await bookkeeping(True)
+        await aftercare.drain()
+        try:
+            flushed = await usage.flush()
+        except Exception:  # noqa: BLE001 - the database refused or timed out: as below
+            flushed = False
+        if not flushed:
+            # this process's rows could not reach the database: its sum would miss them (an
+            # undercount), and the query would wait out the same timeout again (found by QA: with
+            # PostgreSQL hung, the flush, the peers' and the query took 10-12 s before the 503)
+            raise rebuild_unavailable()
         await peers.ask(usage=True, timeout_s=PEER_FLUSH_TIMEOUT_S)
         return usage.written  # this process's rows in the sum about to be read
 

@@ -219,10 +219,10 @@ class UsageWriter:
                     if not journal.append(data):
                         raise OSError(f"a usage row of {len(data)} bytes does not fit a journal")
                 waiting = journal.count
-            except OSError:
-                self._unjournaled_log.log(log, logging.ERROR, "usage: cannot append to the journal; rows kept in "
-                                          "memory until the spool is writable (lost if the process dies first)",
-                                          exc_info=True)
+            except OSError as exc:  # (its reason in the line, no traceback: a QA find)
+                self._unjournaled_log.log(log, logging.ERROR, "usage: cannot append to the journal (%s); rows kept "
+                                          "in memory until the spool is writable (lost if the process dies first)",
+                                          exc)
                 self._unjournaled.append(line)
                 waiting = len(self._unjournaled)
         if waiting >= self._batch_size and self._wake is not None:

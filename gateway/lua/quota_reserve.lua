@@ -13,7 +13,7 @@
 --       prompt price (units/token), completion price (units/token), reservation id,
 --       min completion tokens that must fit (below that: refused, not clamped; n choices need n,
 --       an embedding 0)
--- Returns {-1} when the counter is missing (rebuild it from the database, then retry), else the
+-- Returns {-1} when the counter is missing or from an earlier run of Redis (rebuild it from the database, then retry), else the
 -- counter's epoch ('' without a counter; settlements are matched against it), then per request
 -- 5 values: 1, allowed_completion, tok_after, usd_after, tpm_used_after
 --        or -2, tok_used, usd_used, and of those the tokens and money that open reservations hold
@@ -21,12 +21,17 @@
 --        or -3, tpm_used, previous minute's count, this minute's count, and the TPM tokens open
 --           reservations hold (TPM: when it fits again, and whether only requests in flight fill it)
 -- What open reservations hold is summed only on a refusal, once per call (one HVALS).
-local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch')
-local counted = counter[1] ~= false
+-- A counter made in an earlier run of the Redis server (loaded from a snapshot after a restart) counts
+-- as missing: it misses what was spent after it was saved, so it is rebuilt (quota_init.lua).
+-- (A server that refuses INFO to scripts gives '' for every run: counters are then trusted as before.)
+local counter = redis.call('HMGET', KEYS[1], 'tok', 'usd', 'epoch', 'run')
+local info = redis.pcall('INFO', 'server')
+local run = type(info) == 'string' and string.match(info, 'run_id:(%w+)') or ''
+local counted = counter[1] ~= false and (counter[4] or '') == run
 if not counted and ARGV[8] ~= '1' then return {-1} end
-local tok_used = tonumber(counter[1] or '0')
-local usd_used = tonumber(counter[2] or '0')
-local epoch = counter[3] or ''
+local tok_used = counted and tonumber(counter[1]) or 0
+local usd_used = counted and tonumber(counter[2]) or 0
+local epoch = counted and counter[3] or ''
 
 -- refund reservations whose process never settled them (crashed / killed gateway)
 local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[5], 'LIMIT', 0, 100)

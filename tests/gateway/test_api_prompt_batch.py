@@ -138,7 +138,9 @@ def test_a_batch_larger_than_the_running_batch_streams_at_once_and_bills_what_ra
     from engine.request import SeqStatus
 
     prompts = [f"Story {i}: once upon a time" for i in range(24)]
-    body = {"model": api.model, "prompt": prompts, "max_tokens": 40, "ignore_eos": True, "stream": True}
+    # (200 tokens each: the last prompts wait for 200 steps, so a client slowed down by a busy machine
+    # still reads its first tokens while they wait; with 40 they had all started once, under load)
+    body = {"model": api.model, "prompt": prompts, "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", api.base_url + "/v1/completions", json=body,
                       headers={"Authorization": f"Bearer {api.key}"}, timeout=120) as resp:
         request_id = resp.headers["x-request-id"]

@@ -163,6 +163,29 @@ async def test_counter_lost_in_redis_is_rebuilt_from_usage_rows(tenancy, make_te
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 400 + 15 + 200
 
 
+async def test_a_counter_from_an_earlier_run_of_redis_is_rebuilt(tenancy, make_tenant):
+    """Found by QA: the embedded Redis, killed and started again, loaded its last snapshot, and with
+    it a counter that missed what was spent since; an existing counter was trusted, so the tenant
+    overspent its budget by that much. A counter remembers the run of the Redis server that made it
+    (``INFO server``'s ``run_id``); one from another run is rebuilt from the usage rows."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    await _usage_row(tenancy, p, prompt=150, completion=250)
+    assert await tenancy.usage.flush()
+    first = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    await tenancy.quota.settle(first, prompt_tokens=0, completion_tokens=0)
+    key = first.counter_key
+    run = await tenancy.redis.hget(key, "run")
+    assert run and run.decode() == (await tenancy.redis.info("server"))["run_id"]
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 400
+    # what a restart from an older snapshot looks like: a smaller count, made in another run
+    await tenancy.redis.hset(key, mapping={"tok": 100, "run": "an-earlier-run"})
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=100, max_tokens=1000)
+    assert r.max_tokens == 1000 - 400 - 100  # the database's 400, not the snapshot's 100
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 1000
+    await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=0)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 500
+
+
 async def test_no_budget_means_no_quota_but_still_counted(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, tpm=0)
     r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=4096)
@@ -458,6 +481,34 @@ async def test_a_missing_counter_with_the_database_down_refuses_the_whole_batch_
         assert await ledger.usage(p.tenant_id) is None  # nothing was charged
     finally:
         await broken.dispose()
+
+
+async def test_a_rebuild_whose_usage_rows_cannot_be_written_fails_without_querying(tenancy, make_tenant,
+                                                                                     monkeypatch):
+    """Found by QA: with PostgreSQL hung, a rebuild first waited out the usage rows' write, then the
+    other processes', then its own query: 10-12 s before the 503. When this process's rows cannot
+    reach the database, the sum would miss them anyway (an undercount): the rebuild fails at once."""
+    import gateway.quota as quota_module
+
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    queried = []
+    real_query = quota_module.period_usage_from_db
+
+    async def query(*args, **kwargs):
+        queried.append(args)
+        return await real_query(*args, **kwargs)
+
+    async def database_down() -> bool:
+        return False  # (what ``UsageWriter.flush`` says when the spool could not be written)
+
+    monkeypatch.setattr(quota_module, "period_usage_from_db", query)
+    monkeypatch.setattr(tenancy.usage, "flush", database_down)
+    await tenancy.quota.forget(p.tenant_id)
+    with pytest.raises(ApiError) as refused:
+        await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    assert (refused.value.status, refused.value.code, queried) == (503, "quota_unavailable", [])
+    monkeypatch.undo()  # the database is back: the next reservation rebuilds
+    assert (await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)).max_tokens == 10
 
 
 async def test_a_tenant_without_a_budget_is_served_while_its_counter_cannot_be_rebuilt(tenancy, make_tenant,

@@ -425,3 +425,35 @@ def test_a_failed_spool_write_leaves_no_temporary_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         usage_journal.write_durably(tmp_path / "spool" / "rows.jsonl", '{"a": 1}\n')
     assert list((tmp_path / "spool").iterdir()) == []
+
+
+async def test_a_full_disk_is_one_log_line_without_a_traceback_and_loses_no_row(sqlite_url, tmp_path, monkeypatch,
+                                                                                caplog):
+    """Found by QA: a full spool disk logged a whole traceback per 10 s, where the README promises one
+    line naming the reason. The rows wait in memory and are journaled once the disk takes them."""
+    import errno
+    import logging
+
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600)
+    await writer.start()
+    try:
+        events = _events(tid, 3)
+        writer.record(events[0])  # (opens the journal)
+
+        def full(_journal: object, _data: bytes) -> bool:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(type(writer._journal), "append", full)
+        with caplog.at_level(logging.ERROR, logger="gateway.usage"):
+            writer.record(events[1])
+            writer.record(events[2])
+        (line,) = [r for r in caplog.records if "cannot append to the journal" in r.getMessage()]
+        assert not line.exc_info and "No space left on device" in line.getMessage()
+        monkeypatch.undo()  # the disk has room again
+        assert await writer.flush()
+        assert await _count(db) == (3, 3)
+    finally:
+        await writer.close()
+        await db.dispose()
