@@ -67,9 +67,12 @@ def insufficient_quota(message: str, *, retry_after_s: float | None) -> ApiError
     return err
 
 
-def shutting_down() -> ApiError:
-    """503 for a request the server stopped because it is shutting down (``gateway.shutdown``)."""
-    return ApiError(503, "The server is shutting down and stopped this request before it finished; retry it.",
+def shutting_down(*, started: bool = True) -> ApiError:
+    """503 for a request the server stopped because it is shutting down (``gateway.shutdown``);
+    ``started=False``: one refused on arrival (it was told it had been stopped before it finished:
+    a QA find)."""
+    what = "stopped this request before it finished" if started else "did not start this request"
+    return ApiError(503, f"The server is shutting down and {what}; retry it.",
                     "server_error", "server_shutting_down", headers={"retry-after": "1"})
 
 

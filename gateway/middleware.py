@@ -155,7 +155,7 @@ class GatewayMiddleware:
             await send(message)
 
         try:
-            refusal = shutting_down() if unanswered.refusing else await self._admit(scope)
+            refusal = shutting_down(started=False) if unanswered.refusing else await self._admit(scope)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send_with_context)
                 return

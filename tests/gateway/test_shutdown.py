@@ -149,6 +149,7 @@ def test_requests_arriving_as_the_shutdown_begins_get_a_503_not_a_reset(api, api
     with pytest.raises(openai.InternalServerError) as refused:
         client.models.list()
     assert refused.value.status_code == 503 and refused.value.code == "server_shutting_down"
+    assert "did not start this request" in refused.value.message  # (not "stopped it before it finished")
     api_loop.run(asyncio.wait_for(asyncio.shield(task), 30))
     with pytest.raises(openai.APIConnectionError):  # closed now: refused by the kernel, as before
         client.models.list()
