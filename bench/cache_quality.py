@@ -19,14 +19,17 @@ language, written before the English-text rule (cache/language.py) ran on them; 
 thirds was then chosen among candidates measured on the whole set, this split included), "qa5" (a
 cache QA's same-sentence swaps, which led to the substitution guard) and "heldout6" (swaps and in-place
 synonym paraphrases written before that guard ran on them; one of its paraphrases then led to reading a
-synonym's comparative forms as the synonym). "original"
+synonym's comparative forms as the synonym), "qa6" (a cache QA's modal, logic, role, code-layout, SQL,
+date and format pairs, which led to the logic, role and layout guards, cache/logic.py) and "heldout7"
+(pairs of those kinds written by someone who had not seen those guards, before they ran on it; some of
+its misses then extended them). "original"
 is the first four splits, the 282 pairs before "qa".
 
 Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache._unsearchable``:
 not English in Latin letters, or letters the embedder does not see) is served only by the exact
 tier, whatever its cosine: its "+verif" column counts it as a miss.
 
-    .venv/bin/python bench/cache_quality.py [--split all|original|dev|heldout|...|heldout6] [--e2e]
+    .venv/bin/python bench/cache_quality.py [--split all|original|dev|heldout|...|heldout7] [--e2e]
 
 --e2e also runs every pair through the real SemanticCache (Redis DB 4) at the default
 threshold and checks it agrees with the offline computation.
@@ -55,7 +58,7 @@ PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
 THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
 DEFAULT_T = 0.90  # the gateway's default (PAGEGATE_CACHE_THRESHOLD)
 SUMMARY_T = (0.85, DEFAULT_T)
-SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6"]
+SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7"]
 ORIGINAL = SPLITS[:4]
 
 

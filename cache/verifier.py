@@ -72,6 +72,7 @@ from dataclasses import dataclass
 
 from cache import language
 from cache import lexicon as lx
+from cache.logic import asks_for_object, layout, layouts_apart, logic_apart, logic_words
 from cache.relations import Relation, Word, relations, reversed_relation
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
 from cache.substitution import substituted
@@ -136,8 +137,9 @@ for _g, _group in enumerate(lx.SYNONYM_GROUPS):
             _SYNONYMS[stem(_form)] = _SYNONYMS.get(stem(_form), frozenset()) | {_g}
 _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
-                     "content", "symbol", "case", "accent", "choice", "substitution"})
+                     "content", "symbol", "case", "accent", "choice", "substitution", "logic", "role", "layout"})
 _SENTENCE_END = frozenset(".?!")
+_PRONOUNS = frozenset("i we you he she they it one".split())
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,6 +167,9 @@ class _Analysis:
     asks: frozenset[str]  # what the question asks for: "reason", "time", "place", "person", "amount"
     forms: frozenset[str]  # every word as written, in lower case (accents kept)
     sequence: tuple[tuple[str, bool], ...]  # every word and number in order: (its stem or key, light)
+    logic: tuple[tuple[str, ...], tuple[str, ...]]  # logic words, time words (cache/logic.py)
+    role: bool | None  # a who/what question for its verb's object (True) or subject (False)
+    layout: tuple  # indentation, code tokens, bracket runs, quoted literals (cache/logic.py)
 
 
 def _num(s: str) -> str:
@@ -245,7 +250,7 @@ class Verifier:
                     quantities.append(numbers[-1] + " " + u)
             else:
                 units.append(u)
-        for tok in tokens:
+        for i_tok, tok in enumerate(tokens):
             if tok in _BREAKS:
                 order.append(Word(tok, None, False))
                 starts = starts or tok in _SENTENCE_END
@@ -302,7 +307,9 @@ class Verifier:
                     is_number = True
                 elif low in lx.ORDINALS:
                     numbers.append(key := "#" + str(lx.ORDINALS[low]))
-                elif low in lx.MONTHS or low in lx.WEEKDAYS or (low in lx.MONTH_ABBR and tok[0].isupper()):
+                elif (low in lx.MONTHS or low in lx.WEEKDAYS or (low in lx.MONTH_ABBR and tok[0].isupper())) and not (
+                        low == "may" and tokens[i_tok + 1:i_tok + 2] and tokens[i_tok + 1].lower() in _PRONOUNS):
+                    # ("May I ...?" asks what "Can I ...?" does: a QA find read it as the month)
                     numbers.append(key := lx.MONTH_ABBR.get(low, low))
                 elif low in lx.UNIT_OF and (prev_number or low not in _AMBIGUOUS_UNITS):
                     key = lx.UNIT_OF[low]
@@ -341,7 +348,8 @@ class Verifier:
         a = _Analysis(frozenset(words), negated, tuple(numbers), unit_key, frozenset(tasks),
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
                       *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
-                      _choices(order), _asks(text), frozenset(forms), tuple(sequence))
+                      _choices(order), _asks(text), frozenset(forms), tuple(sequence), logic_words(text),
+                      asks_for_object(text), layout(original))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -382,6 +390,12 @@ class Verifier:
             return Verdict(False, "choice")
         if "substitution" in g and substituted(q.sequence, c.sequence, _SYNONYMS):
             return Verdict(False, "substitution")
+        if "logic" in g and logic_apart(q.logic, c.logic):
+            return Verdict(False, "logic")
+        if "role" in g and q.role is not None and c.role is not None and q.role != c.role:
+            return Verdict(False, "role")
+        if "layout" in g and layouts_apart(q.layout, c.layout):
+            return Verdict(False, "layout")
         return Verdict(True)
 
 
