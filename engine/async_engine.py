@@ -240,6 +240,8 @@ class AsyncEngine:
         engine = self._require()
         if self._dead is not None:
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
+        if self._stopping:  # (found by QA: a request sent after shutdown() waited for ever)
+            raise EngineDeadError("the engine has shut down")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         check_prompt(ids, params, engine.max_model_len, engine.model.arch.vocab_size)
         if request_id in self._streams or request_id in self._retiring:

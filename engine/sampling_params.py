@@ -59,6 +59,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("top_k", "max_tokens", "min_tokens"):  # (found by QA: seed=1.5 crashed the step loop,
+            if not _is_int(getattr(self, name)):           # for every request, where it reached the sampler)
+                raise ValueError(f"{name} must be an integer")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError("seed must be an integer")
+        if not all(_is_int(t) for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be integers")
         if self.top_k == -1:
             self.top_k = 0
         if not isinstance(self.n, int) or self.n < 1:
@@ -92,6 +99,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _checked_bias(bias: object) -> dict[int, float] | None:

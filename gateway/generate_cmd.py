@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 import uuid
@@ -86,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # unknown model, bad directory, prompt too long
         print(f"\nerror: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted (a QA find: a traceback)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
+        return 0
 
 
 async def _generate(config, prompt: str, system: str | None, params, *, raw: bool, quiet: bool) -> int:

@@ -217,6 +217,15 @@ async def test_crashed_step_loop_fails_every_stream(make_engine):
         await eng.generate([1], SamplingParams(), request_id="after").__anext__()
 
 
+async def test_a_request_after_shutdown_fails_at_once(make_engine):
+    """Found by QA: generate() after shutdown() went to a step thread that had exited, and waited for
+    ever; it gets EngineDeadError, as a request in flight at the shutdown does."""
+    eng = await make_engine()
+    await eng.shutdown()
+    with pytest.raises(EngineDeadError, match="shut down"):
+        await asyncio.wait_for(eng.generate([1, 2], SamplingParams(max_tokens=2), request_id="late").__anext__(), 5)
+
+
 async def test_chat_and_text_prompts(make_engine):
     eng = await make_engine()
     plain = eng.encode_chat([{"role": "user", "content": "hi there"}])

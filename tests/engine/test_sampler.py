@@ -334,3 +334,12 @@ def test_unseeded_sampling_differs_between_engine_starts_unless_the_engine_is_se
 
     assert draws(Sampler()) != draws(Sampler())
     assert draws(Sampler(seed=7)) == draws(Sampler(seed=7))
+
+
+@pytest.mark.parametrize("fields", [{"seed": 1.5}, {"top_k": 2.0}, {"max_tokens": 8.0}, {"min_tokens": 1.5},
+                                    {"stop_token_ids": [2.0]}, {"seed": True}])
+def test_sampling_params_refuse_a_number_that_is_no_integer(fields):
+    """Found by QA: SamplingParams(seed=1.5) was taken, and its sampler's ``seed & mask`` raised in the
+    step thread: the engine died for every request. Refused where it is made, as the other checks."""
+    with pytest.raises(ValueError, match="integer"):
+        SamplingParams(**fields)

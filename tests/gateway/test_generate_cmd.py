@@ -141,3 +141,16 @@ def test_an_empty_raw_prompt_is_refused_before_the_model_loads(capsys) -> None:
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the prompt is empty") and "loading" not in err
+
+
+def test_a_reader_that_leaves_early_ends_it_quietly() -> None:
+    """Found by QA: `pagegate generate ... | head -c 3` ended in a BrokenPipeError traceback."""
+    env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), PAGEGATE_DEVICE="cpu",
+               PAGEGATE_KV_CACHE_MEMORY_GB="0.05", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "generate", "Write a long story about a dragon",
+                             "--max-tokens", "40", "--temperature", "0", "--quiet"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(3)  # the first characters, then the reader goes away
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and b"Traceback" not in err, err.decode()
