@@ -19,10 +19,13 @@ REPO = Path(__file__).resolve().parents[2]
 WEIGHTS_CACHE = REPO / "data" / "weights"  # shared with the engine's slow tests and `make run`
 
 
+def _env() -> dict[str, str]:
+    return dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), PAGEGATE_DEVICE="cpu",
+                PAGEGATE_KV_CACHE_MEMORY_GB="0.05", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), PAGEGATE_DEVICE="cpu",
-               PAGEGATE_KV_CACHE_MEMORY_GB="0.05", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "gateway.cli", "generate", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "generate", *args], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -145,10 +148,8 @@ def test_an_empty_raw_prompt_is_refused_before_the_model_loads(capsys) -> None:
 
 def test_a_reader_that_leaves_early_ends_it_quietly() -> None:
     """Found by QA: `pagegate generate ... | head -c 3` ended in a BrokenPipeError traceback."""
-    env = dict(os.environ, PAGEGATE_WEIGHTS_CACHE_DIR=str(WEIGHTS_CACHE), PAGEGATE_DEVICE="cpu",
-               PAGEGATE_KV_CACHE_MEMORY_GB="0.05", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "generate", "Write a long story about a dragon",
-                             "--max-tokens", "40", "--temperature", "0", "--quiet"], cwd=REPO, env=env,
+                             "--max-tokens", "40", "--temperature", "0", "--quiet"], cwd=REPO, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout.read(3)  # the first characters, then the reader goes away
     proc.stdout.close()
