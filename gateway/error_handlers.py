@@ -60,7 +60,9 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     if kind == "json_invalid" or (kind == "model_attributes_type" and isinstance(first.get("input"), bytes)):
         return ApiError(400, _INVALID_JSON, code="invalid_json")
     param = param_from_loc(tuple(first.get("loc", ())))
-    if param is None:  # the body itself is missing or not an object
+    if param is None and kind == "missing":  # no body at all: no JSON to read (a QA find: invalid_type)
+        return ApiError(400, "The request body is empty; it must be a JSON object.", code="invalid_json")
+    if param is None:  # the body is not an object
         return ApiError(400, "The request body must be a JSON object.", code="invalid_type")
     if kind == "missing":
         return ApiError(400, f"Missing required parameter: '{param}'.", code="missing_required_parameter",

@@ -22,6 +22,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    StringConstraints,
     Tag,
     ValidationError,
     ValidationInfo,
@@ -244,6 +245,14 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Any = None  # refused: this model does not reason (OpenAI refuses it for such models)
     prediction: Any = None  # predicted outputs: refused
     web_search_options: Any = None  # refused
+    # OpenAI's bookkeeping fields: nothing to do here, but checked as OpenAI checks them (a QA find:
+    # "store": "yes" and "metadata": [1] were taken silently)
+    store: StrictBool | None = None
+    parallel_tool_calls: StrictBool | None = None
+    metadata: Annotated[dict[Annotated[str, StringConstraints(max_length=64)],
+                             Annotated[StrictStr, StringConstraints(max_length=512)]] | None,
+                        Field(max_length=16)] = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # vLLM's chat extras that would change the prompt or the answer: refused when set
     echo: Any = None
     continue_final_message: Any = None
