@@ -61,14 +61,28 @@ _FORM_ENDINGS = frozenset("s es ly al ally ness ity ion ation ment ful".split())
 
 
 def _swapped(a: list[str], b: list[str]) -> bool:
-    """Two words that trade places with at least one other word between them, the rest in place:
-    "a high fever with a low heart rate" / "a low fever with a high heart rate", "Can a landlord sue
-    a tenant" / "Can a tenant sue a landlord" (found by QA). Moving a block ("chocolate chip cookie
-    recipe" / "recipe chocolate chip cookies") or two neighbours ("to my laptop from my phone") is not."""
-    if len(a) != len(b):
+    """Two words, or two runs of words, that trade places with at least one other word between them,
+    the rest in place: "a high fever with a low heart rate" / "a low fever with a high heart rate",
+    "Can a landlord sue a tenant" / "Can a tenant sue a landlord" (found by QA), "Did Thomas Edison
+    work for Nikola Tesla?" / "Did Nikola Tesla work for Thomas Edison?" (a held-out pair). Moving a
+    block to the other end ("chocolate chip cookie recipe" / "recipe chocolate chip cookies") or two
+    neighbours ("to my laptop from my phone") is not."""
+    if len(a) != len(b) or len(a) > 32:
         return False
-    moved = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
-    return len(moved) == 2 and moved[1] - moved[0] > 1 and a[moved[0]] == b[moved[1]] and a[moved[1]] == b[moved[0]]
+    start = 0
+    while start < len(a) and a[start] == b[start]:
+        start += 1
+    end = len(a)
+    while end > start and a[end - 1] == b[end - 1]:
+        end -= 1
+    ma, mb = a[start:end], b[start:end]  # the part that differs: A + between + B against B + between + A
+    n = len(ma)
+    for la in range(1, n - 1):
+        for lb in range(1, n - la):
+            first, between, last = ma[:la], ma[la:n - lb], ma[n - lb:]
+            if first != last and mb == last + between + first:
+                return True
+    return False
 
 
 def _equivalent(left: set[str], right: set[str], synonyms: dict[str, frozenset[int]]) -> bool:

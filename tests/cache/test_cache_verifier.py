@@ -438,6 +438,8 @@ def test_spellings_and_synonyms_swapped_in_place_pass(verifier, a, b):
     ("Who taught Plato?", "Who did Plato teach?", "role"),
     ("Whom did Napoleon defeat at Austerlitz?", "Who defeated Napoleon at Austerlitz?", "role"),
     ("What did the virus infect?", "What infected the virus?", "role"),
+    # two runs of words trading places, as two words do (a held-out pair)
+    ("Did Thomas Edison ever work for Nikola Tesla?", "Did Nikola Tesla ever work for Thomas Edison?", "substitution"),
     # code: indentation, the case of a format code, a quoted literal, nested brackets
     ("What does this Python code print?\nfor i in range(3):\n    x = i\nprint(x)",
      "What does this Python code print?\nfor i in range(3):\n    x = i\n    print(x)", "layout"),
