@@ -72,7 +72,16 @@ from dataclasses import dataclass
 
 from cache import language
 from cache import lexicon as lx
-from cache.logic import asks_for_object, layout, layouts_apart, logic_apart, logic_words
+from cache.logic import (
+    asks_for_object,
+    layout,
+    layouts_apart,
+    logic_apart,
+    logic_words,
+    roles_apart,
+    turned,
+    turned_apart,
+)
 from cache.relations import Relation, Word, relations, reversed_relation
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
 from cache.substitution import substituted
@@ -140,6 +149,8 @@ _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interroga
                      "content", "symbol", "case", "accent", "choice", "substitution", "logic", "role", "layout"})
 _SENTENCE_END = frozenset(".?!")
 _PRONOUNS = frozenset("i we you he she they it one".split())
+# words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
+_NO_NAMES = frozenset({"ok"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -167,8 +178,9 @@ class _Analysis:
     asks: frozenset[str]  # what the question asks for: "reason", "time", "place", "person", "amount"
     forms: frozenset[str]  # every word as written, in lower case (accents kept)
     sequence: tuple[tuple[str, bool], ...]  # every word and number in order: (its stem or key, light)
-    logic: tuple[tuple[str, ...], tuple[str, ...]]  # logic words, time words (cache/logic.py)
+    logic: tuple[tuple[str, ...], ...]  # logic, time and quantity words (cache/logic.py)
     role: bool | None  # a who/what question for its verb's object (True) or subject (False)
+    turned: tuple[frozenset[str], frozenset[str]]  # a passive's doer, the owners named (cache/logic.py)
     layout: tuple  # indentation, code tokens, bracket runs, quoted literals (cache/logic.py)
 
 
@@ -319,7 +331,7 @@ class Verifier:
                 else:
                     if st in _TASK or low in _TASK:
                         tasks.add(_TASK.get(st) or _TASK[low])
-                    is_entity = (
+                    is_entity = low not in _NO_NAMES and (
                         low in _ENTITY or st in _ENTITY
                         or (tok[0].isupper() and not sentence_start and len(tok) > 1 and low != "i")
                         or (len(tok) >= 2 and tok.isupper())
@@ -349,7 +361,7 @@ class Verifier:
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
                       *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
                       _choices(order), _asks(text), frozenset(forms), tuple(sequence), logic_words(text),
-                      asks_for_object(text), layout(original))
+                      asks_for_object(text), turned(text), layout(original))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -392,7 +404,11 @@ class Verifier:
             return Verdict(False, "substitution")
         if "logic" in g and logic_apart(q.logic, c.logic):
             return Verdict(False, "logic")
-        if "role" in g and q.role is not None and c.role is not None and q.role != c.role:
+        if "role" in g and (roles_apart(q.role, c.role, [w for w, light in q.sequence if not light],
+                                        [w for w, light in c.sequence if not light],
+                                        who=bool({"who", "whom"} & {query.split(" ", 1)[0].lower(),
+                                                                    candidate.split(" ", 1)[0].lower()}))
+                            or turned_apart(q.turned, c.turned, q.forms, c.forms)):
             return Verdict(False, "role")
         if "layout" in g and layouts_apart(q.layout, c.layout):
             return Verdict(False, "layout")

@@ -473,3 +473,38 @@ def test_logic_role_and_layout_hard_negatives_are_rejected(verifier, q, c, reaso
 def test_paraphrases_keep_their_logic_words(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
     assert verifier.check(c, q).ok
+
+
+@pytest.mark.parametrize("q,c,reason", [
+    # a re-check QA's pairs written to get around the first version (qa7)
+    ("Is it safe to microwave food in plastic containers?", "Is it possible to microwave food in plastic containers?",
+     "logic"),
+    ("Does every employee get a bonus?", "Do some employees get a bonus?", "logic"),
+    ("Does the plan cover just dental?", "Does the plan cover dental too?", "logic"),
+    ("Who was Aristotle taught by?", "Who was taught by Aristotle?", "role"),
+    ("Is Anna Tom's sister?", "Is Tom Anna's sister?", "role"),
+    ("Which team beat Brazil in 2014?", "Which team did Brazil beat in 2014?", "role"),
+    ("Is x = True valid Python?", "Is x = true valid Python?", "layout"),
+    ("What does Math.max return?", "What does math.max return?", "layout"),
+    ("What does print(name) output?", "What does print('name') output?", "layout"),
+])
+def test_rechecked_hard_negatives_are_rejected(verifier, q, c, reason):
+    assert verifier.check(q, c) == Verdict(False, reason)
+    assert verifier.check(c, q) == Verdict(False, reason)
+
+
+@pytest.mark.parametrize("q,c", [
+    ("Is it OK to take aspirin with alcohol?", "Is it okay to take aspirin with alcohol?"),  # OK is no name
+    ("Will it hurt to get a tattoo?", "Does it hurt to get a tattoo?"),
+    ("Would you mind explaining recursion?", "Can you explain recursion?"),
+    ("Is it a good idea to take melatonin every night?", "Should I take melatonin every night?"),
+    ("Does the plan also cover dental?", "Does the plan cover dental as well?"),
+    ("Is the offer only for new customers?", "Is the offer just for new customers?"),
+    ("When should I replace my toothbrush?", "When do I need to replace my toothbrush?"),
+    ("Did Alice hire Bob?", "Was Bob hired by Alice?"),
+    ("What is the capital of Australia?", "Which city is Australia's capital?"),
+    ("What does this code print?\nfor i in range(3):\n\tprint(i)", "What will this code print?\nfor i in range(3):\n    print(i)"),
+])
+def test_rechecked_paraphrases_pass(verifier, q, c):
+    assert verifier.check(q, c).ok, verifier.check(q, c)
+    assert verifier.check(c, q).ok
