@@ -50,7 +50,8 @@ _CONTRACTED = {"won": "will", "shan": "shall", "couldn": "could", "shouldn": "sh
 _OBLIGATION = frozenset("have has had got".split())  # "have to", "has to": must
 _LOGIC = {"unless": "unless", "except": "except", "only": "only", "solely": "only", "exclusively": "only",
           "just": "only", "merely": "only", "also": "also", "besides": "also", "even": "even",
-          "both": "both", "either": "either", "neither": "neither", "none": "none",
+          "both": "both", "either": "either", "neither": "neither", "none": "none", "instead": "instead",
+          "regardless": "regardless", "provided": "provided", "providing": "provided",
           "reverse": "reverse", "reversed": "reverse", "backwards": "reverse",
           "backward": "reverse", "ascending": "ascending", "increasing": "ascending",
           "descending": "descending", "decreasing": "descending"}
@@ -58,7 +59,8 @@ _LOGIC = {"unless": "unless", "except": "except", "only": "only", "solely": "onl
 # stopped containers" / "delete stopped containers", "per department" / "in each department")
 _QUANTITY = {"every": "all", "each": "all", "all": "all", "everyone": "all", "everybody": "all",
              "everything": "all", "anyone": "some", "anybody": "some", "anything": "some", "someone": "some",
-             "somebody": "some", "something": "some", "some": "some", "most": "most", "few": "few"}
+             "somebody": "some", "something": "some", "some": "some", "several": "some", "most": "most",
+             "majority": "most", "few": "few", "handful": "few", "lot": "many", "lots": "many", "many": "many"}
 _TIME = {"before": "before", "until": "before", "till": "before", "after": "after", "ago": "ago",
          "since": "since", "from": "from"}
 _ADVISED = frozenset("better best advisable wise smart worth".split())  # "Is it better / worth it to ...?"
@@ -78,6 +80,7 @@ _FAVOURS = frozenset("please explain tell help recommend give write show list de
 _COMPATIBLE = {frozenset({"can", "possible"}), frozenset({"can", "may"}), frozenset({"may", "safe"}),
                frozenset({"can", "safe"})}
 _WH = frozenset("who whom what which".split())
+_PASSIVE = frozenset("was were is are got gets been be has have had".split())
 _DO = frozenset("do does did".split())
 # what follows a subject question's wh-word when it is no verb of its own: "What is / has / can ..."
 _NOT_A_VERB = frozenset("is are was were s has have had can could will would should shall may might must "
@@ -127,14 +130,51 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
             timed.append(_TIME[w] if not (w == "from" and nxt in ("now", "today", "tomorrow")) else "after")
         elif w in _QUANTITY and not (w == "all" and nxt == "the" and i + 2 < len(words) and words[i + 2] == "time"):
             counted.append(_QUANTITY[w])
-    # "too" and "as well" at a clause's end add, as "also" does ("too much" is no addition)
+    ends = tuple(m.group(0).lower() for m in _ENDS.finditer(text))
+    if len(ends) >= 2:  # "from left to right" / "from right to left", "A to Z" / "Z to A": in order
+        found.append("ends:" + ">".join(ends))
+    # "too" and "as well" at a clause's end add, as "also" does ("too much" is no addition); phrases
     found += ["also"] * len(_ALSO.findall(low))
+    found += [meaning for phrase, meaning in _PHRASES if phrase.search(low)]
     # time words count when both sides have some: "two weeks from / before today", not "when I wake
     # up" / "after waking up"
     return tuple(sorted(found)), tuple(sorted(timed)), tuple(sorted(counted))
 
 
+_ENDS = re.compile(r"\b(?:[Ll]eft|[Rr]ight|[Tt]op|[Bb]ottom|[Oo]ldest|[Nn]ewest|[Hh]ighest|[Ll]owest|[Ss]mallest|"
+                   r"[Ll]argest|[Bb]iggest|[Ee]arliest|[Ll]atest|[Ff]irst|[Ll]ast|A(?= to Z)|Z(?= to A)|(?<=A to )Z|"
+                   r"(?<=Z to )A)\b")
 _ALSO = re.compile(r"\b(?:too|as well)(?=\s*(?:[?.!,;]|$))")
+_PHRASES = ((re.compile(r"\bas long as\b"), "provided"), (re.compile(r"\bin case\b"), "in case"),
+            (re.compile(r"\bin addition to\b"), "also"), (re.compile(r"\bas well as\b"), "also"))
+
+
+def clauses(text: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """The words that matter before and after a text's first "if" / "when" / "unless", or None
+    without one: "Will I lose weight if I sleep more?" puts the condition after it."""
+    words = _WORD.findall(text.lower())
+    at = next((i for i, w in enumerate(words) if w in _CONDITIONS), None)
+    if at is None or at == 0:
+        return None
+    return (frozenset(w for w in words[:at] if w not in _LIGHT),
+            frozenset(w for w in words[at + 1:] if w not in _LIGHT))
+
+
+def clauses_apart(a: tuple[frozenset[str], frozenset[str]] | None,
+                  b: tuple[frozenset[str], frozenset[str]] | None) -> bool:
+    """Whether a condition and its consequence trade places: the words after one's "if" stand
+    before the other's, and the other way round ("Will I lose weight if I sleep more?" / "Will I
+    sleep more if I lose weight?", "Does the light turn on if the door opens?" / "Does the door open
+    if the light turns on?")."""
+    if a is None or b is None or a == b:
+        return False
+    (before_a, after_a), (before_b, after_b) = a, b
+    return bool(after_a & before_b) and bool(after_b & before_a) and not (after_a & after_b)
+
+
+_CONDITIONS = frozenset("if when unless whenever".split())
+_LIGHT = frozenset("""i me my we our you your he she it its they them their a an the is are was were be been
+will would can could should do does did to of in on at for with get gets got turn turns more less""".split())
 
 
 def asks_for_object(text: str) -> bool | None:
@@ -147,6 +187,9 @@ def asks_for_object(text: str) -> bool | None:
         return None
     if words[0] == "whom" or words[1] in _DO:
         return True
+    aux = words[1] if words[1] in _PASSIVE or words[0] == "who" else words[2]  # (which/what: its noun first)
+    if aux in _PASSIVE and "by" in words[2:-1]:  # "Which company was bought by Instagram?": done to
+        return True
     if words[1] in _NOT_A_VERB:
         return None
     if words[0] == "who" or words[1].endswith("ed"):
@@ -157,7 +200,7 @@ def asks_for_object(text: str) -> bool | None:
 
 
 def roles_apart(role_a: bool | None, role_b: bool | None, heavy_a: list[str], heavy_b: list[str], *,
-                who: bool) -> bool:
+                who: bool, passive: bool) -> bool:
     """Whether one question asks for its verb's object and the other for its subject: a who-question
     always ("Who taught Plato?" / "Who did Plato teach?"); a what/which-question, whose noun may be
     the verb's object as well, when the words both share stand in another order ("What do krill
@@ -165,7 +208,7 @@ def roles_apart(role_a: bool | None, role_b: bool | None, heavy_a: list[str], he
     should a beginner learn?")."""
     if role_a is None or role_b is None or role_a == role_b:
         return False
-    if who:
+    if who or passive:  # (a passive keeps the words in order and turns them round)
         return True
     shared = set(heavy_a) & set(heavy_b)
     order_a = [w for w in heavy_a if w in shared]

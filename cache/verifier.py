@@ -74,6 +74,8 @@ from cache import language
 from cache import lexicon as lx
 from cache.logic import (
     asks_for_object,
+    clauses,
+    clauses_apart,
     layout,
     layouts_apart,
     logic_apart,
@@ -181,6 +183,7 @@ class _Analysis:
     logic: tuple[tuple[str, ...], ...]  # logic, time and quantity words (cache/logic.py)
     role: bool | None  # a who/what question for its verb's object (True) or subject (False)
     turned: tuple[frozenset[str], frozenset[str]]  # a passive's doer, the owners named (cache/logic.py)
+    clauses: tuple[frozenset[str], frozenset[str]] | None  # the words before and after "if" (cache/logic.py)
     layout: tuple  # indentation, code tokens, bracket runs, quoted literals (cache/logic.py)
 
 
@@ -361,7 +364,7 @@ class Verifier:
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
                       *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
                       _choices(order), _asks(text), frozenset(forms), tuple(sequence), logic_words(text),
-                      asks_for_object(text), turned(text), layout(original))
+                      asks_for_object(text), turned(text), clauses(text), layout(original))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -407,8 +410,10 @@ class Verifier:
         if "role" in g and (roles_apart(q.role, c.role, [w for w, light in q.sequence if not light],
                                         [w for w, light in c.sequence if not light],
                                         who=bool({"who", "whom"} & {query.split(" ", 1)[0].lower(),
-                                                                    candidate.split(" ", 1)[0].lower()}))
-                            or turned_apart(q.turned, c.turned, q.forms, c.forms)):
+                                                                    candidate.split(" ", 1)[0].lower()}),
+                                        passive=" by " in query.lower() or " by " in candidate.lower())
+                            or turned_apart(q.turned, c.turned, q.forms, c.forms)
+                            or clauses_apart(q.clauses, c.clauses)):
             return Verdict(False, "role")
         if "layout" in g and layouts_apart(q.layout, c.layout):
             return Verdict(False, "layout")

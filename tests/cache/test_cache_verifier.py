@@ -487,6 +487,13 @@ def test_paraphrases_keep_their_logic_words(verifier, q, c):
     ("Is x = True valid Python?", "Is x = true valid Python?", "layout"),
     ("What does Math.max return?", "What does math.max return?", "layout"),
     ("What does print(name) output?", "What does print('name') output?", "layout"),
+    ("Will I lose weight if I sleep more?", "Will I sleep more if I lose weight?", "role"),
+    ("Which company bought Instagram?", "Which company was bought by Instagram?", "role"),
+    ("Will my card work abroad as long as I notify the bank?", "Will my card work abroad in case I notify the bank?",
+     "logic"),
+    ("Print the array from left to right.", "Print the array from right to left.", "logic"),
+    ("Sort the names A to Z.", "Sort the names Z to A.", "logic"),
+    ("Are most dogs friendly?", "Are a lot of dogs friendly?", "logic"),
 ])
 def test_rechecked_hard_negatives_are_rejected(verifier, q, c, reason):
     assert verifier.check(q, c) == Verdict(False, reason)
