@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's threshold too)
@@ -62,10 +63,14 @@ class SamplingParams:
         for name in ("top_k", "max_tokens", "min_tokens"):  # (found by QA: seed=1.5 crashed the step loop,
             if not _is_int(getattr(self, name)):           # for every request, where it reached the sampler)
                 raise ValueError(f"{name} must be an integer")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError("seed must be an integer")
+            setattr(self, name, int(getattr(self, name)))  # (a NumPy integer is one: as Python's from here)
+        if self.seed is not None:
+            if not _is_int(self.seed):
+                raise ValueError("seed must be an integer")
+            self.seed = int(self.seed)
         if not all(_is_int(t) for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be integers")
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
         if self.top_k == -1:
             self.top_k = 0
         if not isinstance(self.n, int) or self.n < 1:
@@ -102,7 +107,7 @@ class SamplingParams:
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _checked_bias(bias: object) -> dict[int, float] | None:

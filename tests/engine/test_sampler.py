@@ -343,3 +343,11 @@ def test_sampling_params_refuse_a_number_that_is_no_integer(fields):
     step thread: the engine died for every request. Refused where it is made, as the other checks."""
     with pytest.raises(ValueError, match="integer"):
         SamplingParams(**fields)
+
+
+def test_sampling_params_take_numpy_integers_as_integers():
+    import numpy as np
+
+    params = SamplingParams(max_tokens=np.int64(5), top_k=np.int32(3), seed=np.uint64(7), stop_token_ids=[np.int16(2)])
+    assert (params.max_tokens, params.top_k, params.seed, params.stop_token_ids) == (5, 3, 7, [2])
+    assert all(type(v) is int for v in (params.max_tokens, params.top_k, params.seed, *params.stop_token_ids))
