@@ -299,7 +299,8 @@ def _undecodable(args: argparse.Namespace) -> str | None:
                 try:
                     item.encode()
                 except UnicodeEncodeError:
-                    return name if name in _POSITIONAL else f"--{name.replace('_', '-')}"
+                    positional = name in _POSITIONAL and not (name == "name" and args.admin_cmd == "keys")
+                    return name if positional else f"--{name.replace('_', '-')}"  # (keys create has --name)
     return None
 
 

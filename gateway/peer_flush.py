@@ -38,6 +38,7 @@ from gateway.pubsub import listen_forever
 log = logging.getLogger("pagegate.peers")
 _TROUBLE = LogThrottle()
 _ACK_TTL_S = 30
+PEERS_REMEMBERED_S = 600.0  # how long a peer that stopped listening is waited for (it may be re-subscribing)
 
 
 class PeerFlush:
@@ -54,6 +55,7 @@ class PeerFlush:
         self._listener: asyncio.Task | None = None
         self._subscribed = False
         self._answering: set[asyncio.Task] = set()
+        self._peers_seen = (0, 0.0)  # (the most other processes an ask reached lately, when)
 
     async def start(self, timeout_s: float = 5.0) -> None:
         ready = asyncio.Event()
@@ -69,18 +71,31 @@ class PeerFlush:
         self._listener = None
 
     async def ask(self, *, usage: bool, timeout_s: float) -> int:
-        """How many other processes did it within ``timeout_s`` (0 when there are none)."""
+        """How many other processes did it within ``timeout_s`` (0 when there are none). Fewer
+        listening than an ask reached in the last ``PEERS_REMEMBERED_S``: they may be subscribing
+        again (Redis restarted, the moment a rebuild needs their rows most: found by QA, a rebuilt
+        counter missed another gateway's unwritten rows), so an ask for usage rows waits for them,
+        within ``timeout_s``, before it is sent."""
         token = new_hex_id()
         ack_key = self._ack_prefix + token
+        deadline = time.monotonic() + timeout_s
         try:
+            seen, when = self._peers_seen
+            if usage and seen and time.monotonic() - when < PEERS_REMEMBERED_S:
+                while time.monotonic() < deadline:
+                    (_, listening), = await self._redis.pubsub_numsub(self._channel)
+                    if int(listening) - (1 if self._subscribed else 0) >= seen:
+                        break
+                    await asyncio.sleep(0.1)
             receivers = int(await self._redis.publish(
                 self._channel, json.dumps({"from": self._id, "token": token, "usage": usage,
                                            "until": time.time() + timeout_s})))
             expected = receivers - (1 if self._subscribed else 0)
+            if expected >= self._peers_seen[0] or time.monotonic() - self._peers_seen[1] >= PEERS_REMEMBERED_S:
+                self._peers_seen = (max(expected, 0), time.monotonic())
             if expected <= 0:  # alone: nothing to wait for, and no list to remove
                 return 0
             answered = 0
-            deadline = time.monotonic() + timeout_s
             while answered < expected:
                 left = deadline - time.monotonic()
                 if left <= 0:

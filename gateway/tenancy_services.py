@@ -100,7 +100,8 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     await redis.ping()
     prices = PriceBook(db.sessionmaker)
     usage = UsageWriter(db.url, settings.usage_spool_dir, flush_interval_s=settings.usage_flush_interval_s,
-                        batch_size=settings.usage_batch_size, db_interval_s=settings.usage_db_interval_s)
+                        batch_size=settings.usage_batch_size, db_interval_s=settings.usage_db_interval_s,
+                        db_timeout_s=settings.database_timeout_s)
     auth = Authenticator(db.sessionmaker, redis, settings)
     limiter = RequestLimiter(redis, prefix=settings.redis_prefix)
 

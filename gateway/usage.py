@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, or_
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.models import ApiKey, UsageRecord
@@ -123,7 +123,13 @@ def _opt_float(value: float | None) -> str:
     return "null" if value is None else _float(value)
 
 
-_REJECTED = (IntegrityError, DataError)  # the row is bad, not the database
+def _rejected(exc: DBAPIError) -> bool:
+    """A row the database will never take: the row is bad, not the database. PostgreSQL's data and
+    integrity errors (SQLSTATE classes 22 and 23: a value too long, a NUL byte, a number out of
+    range) reach SQLAlchemy's asyncpg dialect as plain ``DBAPIError`` (found by QA: one status of
+    40 characters blocked every later row, and every counter rebuild after it)."""
+    code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    return isinstance(exc, IntegrityError | DataError) or (isinstance(code, str) and code[:2] in ("22", "23"))
 _COLUMNS = {f.name for f in fields(UsageEvent)}
 
 
@@ -154,7 +160,8 @@ class UsageWriter:
 
     def __init__(self, database_url: str, spool_dir: str | Path, *, flush_interval_s: float = 0.5,
                  batch_size: int = 500, max_backoff_s: float = 10.0,
-                 journal_bytes: int = JOURNAL_BYTES, db_interval_s: float | None = None) -> None:
+                 journal_bytes: int = JOURNAL_BYTES, db_interval_s: float | None = None,
+                 db_timeout_s: float = 5.0) -> None:
         self._url = database_url
         self._spool = Path(spool_dir)
         self._rejected = self._spool / "rejected"
@@ -165,6 +172,7 @@ class UsageWriter:
         self._next_insert = 0.0  # monotonic time before which spooled rows wait (unless forced)
         self._spooled_rows = 0  # rows sealed into the spool since the last database pass
         self._batch_size = batch_size
+        self._db_timeout_s = db_timeout_s  # PostgreSQL's connects and statements (PAGEGATE_DATABASE_TIMEOUT_S)
         self._journal_bytes = journal_bytes
         self._max_backoff = max_backoff_s
         self._journal: Journal | None = None  # where record() appends now
@@ -352,7 +360,7 @@ class UsageWriter:
         from gateway.db.session import Database
 
         self._spool.mkdir(parents=True, exist_ok=True)
-        self._engine = Database(self._url).engine
+        self._engine = Database(self._url, timeout_s=self._db_timeout_s).engine
         self._prepare_spare()
 
     async def _w_close(self) -> None:
@@ -417,8 +425,10 @@ class UsageWriter:
                 result = await conn.execute(stmt, rows)
                 await _touch_keys(conn, rows)
             self.rows_written += max(0, result.rowcount or 0)
-        except _REJECTED:  # a row the database will never take: isolate it
-            await self._insert_one_by_one(rows, path)
+        except DBAPIError as exc:
+            if not _rejected(exc):
+                raise
+            await self._insert_one_by_one(rows, path)  # (a row the database will never take: isolate it)
 
     async def _insert_one_by_one(self, rows: list[dict], path: Path) -> None:
         stmt = _insert_ignore(self._engine.dialect.name)
@@ -428,7 +438,9 @@ class UsageWriter:
                 async with self._engine.begin() as conn:
                     result = await conn.execute(stmt, [row])
                 self.rows_written += max(0, result.rowcount or 0)
-            except _REJECTED as exc:
+            except DBAPIError as exc:
+                if not _rejected(exc):
+                    raise
                 log.error("usage: row %s rejected by the database: %s", row.get("request_id"), exc.orig)
                 bad.append(row)
         if bad:

@@ -278,6 +278,7 @@ def test_usage_errors_exit_2_with_one_reason_line(capsys, argv, reason):
     (["tenants", "show", "a\udcffb"], "name"),
     (["keys", "list", "--prefix", "\udcff"], "--prefix"),
     (["audit", "--target", "tenant:\udcff"], "--target"),
+    (["keys", "create", "--tenant", "acme", "--name", "\udcff"], "--name"),
 ])
 def test_an_argument_that_is_not_utf8_is_a_usage_error_naming_it(env, capsys, argv, named):
     """Found by QA: bytes that are not UTF-8 (Python passes them on as lone surrogates) in a lookup's

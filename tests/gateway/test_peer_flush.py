@@ -4,6 +4,7 @@ process are two processes to each other (each has its own id, aftercare and jour
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -89,3 +90,40 @@ async def test_processes_on_another_redis_database_are_not_asked(tenancy, redis_
             await peer.close()
         await other_db.aclose()
         await same_db.aclose()
+
+
+async def test_a_rebuild_waits_for_a_peer_that_is_subscribing_again(tenancy, redis_prefix):
+    """Found by QA: right after Redis restarted, the other gateways' listeners had not subscribed
+    again, so the rebuild's ask reached nobody and the rebuilt counter missed their unwritten rows.
+    An ask for usage rows waits (within its timeout) for as many peers as asks reached lately."""
+    from redis.asyncio import Redis
+
+    from gateway.peer_flush import PeerFlush
+
+    asked: list[bool] = []
+
+    async def bookkeeping(usage: bool) -> None:
+        asked.append(usage)
+
+    redis = Redis.from_url(TENANCY_REDIS_URL)
+    peer = PeerFlush(redis, redis_prefix, bookkeeping)
+    await peer.start()
+    try:
+        asker = PeerFlush(redis, redis_prefix, bookkeeping)  # (not listening itself: it only asks)
+        listening = await asker.ask(usage=True, timeout_s=2.0)  # (the fixture's own process listens too)
+        assert listening >= 1
+        await peer.close()  # its listener gone, as after a Redis restart ...
+        late = PeerFlush(redis, redis_prefix, bookkeeping)
+
+        async def subscribe_later() -> None:
+            await asyncio.sleep(0.5)  # ... and back half a second later
+            await late.start()
+
+        comeback = asyncio.ensure_future(subscribe_later())
+        assert await asker.ask(usage=True, timeout_s=3.0) == listening  # waited for it
+        await comeback
+        assert await asker.ask(usage=False, timeout_s=2.0) == listening
+        await late.close()
+    finally:
+        await peer.close()
+        await redis.aclose()
