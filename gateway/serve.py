@@ -47,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+MAX_MODEL_ID_CHARS = 128  # usage_records.model, model_prices.model
+
+
 def served_model_id(settings: Settings) -> str:
     if settings.served_model_name:
         return settings.served_model_name
@@ -226,6 +229,10 @@ def check_engine(settings: Settings) -> None:
     try:
         settings.engine_config()  # EngineConfig checks its values (block size, backends, device, ...)
         model_source(settings.model)
+        served = served_model_id(settings)
+        if len(served) > MAX_MODEL_ID_CHARS:  # (a usage row holds it: every row would be refused, a QA find)
+            raise ValueError(f"the served model id {served[:40]!r}... is {len(served)} characters, more than the "
+                             f"{MAX_MODEL_ID_CHARS} a usage row holds: set PAGEGATE_SERVED_MODEL_NAME")
         from engine.llm_engine import check_kv_pool, resolve_device
 
         device = resolve_device(settings.device)  # (a CUDA device this torch cannot use: refused)

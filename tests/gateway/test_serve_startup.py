@@ -53,7 +53,7 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
                                   "data-dir-under-a-file", "bad-setting", "unknown-model", "bad-engine-setting",
-                                  "max-model-len", "max-waiting", "bad-device", "kv-beyond-memory",
+                                  "max-model-len", "max-waiting", "bad-device", "kv-beyond-memory", "long-model-id",
                                   pytest.param("no-cuda", marks=pytest.mark.skipif(
                                       _cuda_available(), reason="this machine has a CUDA GPU"))])
 def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None:  # noqa: ANN001
@@ -82,6 +82,9 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
                               "PAGEGATE_DEVICE": "cpu"},
                              "error: cannot use the engine's settings: a KV cache of 1,000,000,000.0 GiB "
                              "(PAGEGATE_KV_CACHE_MEMORY_GB) does not fit the "),
+        # (found by QA: a usage row holds 128 characters of it, and every row would have been refused)
+        "long-model-id": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_SERVED_MODEL_NAME": "m" * 129},
+                          "error: cannot use the engine's settings: the served model id 'mmmm"),
         "no-cuda": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "cuda"},
                     "error: cannot use the engine's settings: device 'cuda', but this torch sees no CUDA GPU"),
     }[case]
