@@ -49,6 +49,7 @@ _CONTRACTED = {"won": "will", "shan": "shall", "couldn": "could", "shouldn": "sh
                "mustn": "must", "ca": "can"}  # (won't, can't: the negation guard reads the "n't")
 _OBLIGATION = frozenset("have has had got".split())  # "have to", "has to": must
 _LOGIC = {"unless": "unless", "except": "except", "only": "only", "solely": "only", "exclusively": "only",
+          "sole": "only",
           "just": "only", "merely": "only", "also": "also", "besides": "also", "even": "even",
           "both": "both", "either": "either", "neither": "neither", "none": "none", "instead": "instead",
           "regardless": "regardless", "provided": "provided", "providing": "provided",
@@ -67,8 +68,8 @@ _ADVISED = frozenset("better best advisable wise smart worth".split())  # "Is it
 _POSSIBLE = frozenset("possible able".split())  # what can be done
 _PERMITTED = frozenset("okay ok alright fine acceptable safe".split())  # what may be done ("... to / if")
 _LAWFUL = frozenset("allowed permitted legal legally".split())  # and so, wherever they stand
-_OBLIGED = frozenset("need needs needed necessary required mandatory obligatory compulsory obliged obligated "
-                     "forced compelled".split())
+_OBLIGED = frozenset("need needs needed necessary required require requires mandatory obligatory compulsory "
+                     "obliged obligated force forces forced compelled".split())
 _ASKING = frozenset("what which who whom when why".split())
 _SUBJECTS = frozenset("i we you he she they it".split())  # "When I enter the US, must I ...": a clause
 # what a favour asks for after "Can / could / will / would you": "Can you learn guitar at 40?" asks
@@ -111,6 +112,9 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
             if nxt == "you" and w in ("can", "could", "will", "would") and after in _FAVOURS:
                 continue  # a favour asked ("Can you explain ...?"): the request itself, not a modal
             if w in _MODALS:
+                if "have" in (nxt, after) and w in ("could", "should", "might", "must"):  # "Could I have avoided ...?"
+                    modal(w + " have")
+                    continue
                 modal("can" if nxt in ("i", "we") and w == "may" else _MODALS[w])
         elif (w in _OBLIGATION and nxt == "to") or w in _OBLIGED:  # "have to", "need (to)", "required"
             modal("must")
@@ -118,8 +122,8 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
             modal("possible")
         elif w in _PERMITTED and nxt in ("to", "for", "if"):  # "Is it okay / safe to ...?", "allowed to"
             modal("safe" if w == "safe" else "may")
-        elif w in _LAWFUL:
-            modal("may")
+        elif w in _LAWFUL or (w in ("let", "lets") and nxt in ("me", "us", "you", "them", "him", "her")):
+            modal("may")  # ("Does the law let me ...?")
         elif w == "way" and nxt == "to" and "there" in words[max(0, i - 3):i]:  # "Is there a way to ...?"
             modal("can")
         elif (w in _ADVISED and nxt in ("to", "it")) or (w == "idea" and i and words[i - 1] == "good"):

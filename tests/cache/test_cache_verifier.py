@@ -494,6 +494,8 @@ def test_paraphrases_keep_their_logic_words(verifier, q, c):
     ("Print the array from left to right.", "Print the array from right to left.", "logic"),
     ("Sort the names A to Z.", "Sort the names Z to A.", "logic"),
     ("Are most dogs friendly?", "Are a lot of dogs friendly?", "logic"),
+    ("Does the law let me record calls at work?", "Does the law force me to record calls at work?", "logic"),
+    ("Could I have avoided the overdraft fee?", "Can I avoid the overdraft fee?", "logic"),
 ])
 def test_rechecked_hard_negatives_are_rejected(verifier, q, c, reason):
     assert verifier.check(q, c) == Verdict(False, reason)
