@@ -205,8 +205,9 @@ def asks_for_object(text: str) -> bool | None:
 
 def roles_apart(role_a: bool | None, role_b: bool | None, heavy_a: list[str], heavy_b: list[str], *,
                 who: bool, passive: bool) -> bool:
-    """Whether one question asks for its verb's object and the other for its subject: a who-question
-    always ("Who taught Plato?" / "Who did Plato teach?"); a what/which-question, whose noun may be
+    """Whether one question asks for its verb's object and the other for its subject: a who-question,
+    or a pair with a passive in it, always ("Who taught Plato?" / "Who did Plato teach?", "Which
+    company bought / was bought by Instagram?"); a what/which-question, whose noun may be
     the verb's object as well, when the words both share stand in another order ("What do krill
     eat?" / "What animals eat krill?", not "What languages do beginners learn?" / "What language
     should a beginner learn?")."""

@@ -27,6 +27,12 @@ only if every guard agrees the two questions ask the same thing:
     substitution  the same sentence but for one or two words, a word that matters swapped for one
                that is not its synonym: "too much / too little", "recommended / maximum dose"
                (cache/substitution.py)
+    logic      the modal, conditional, scope, order, time or quantity words differ in what they
+               mean: "Can / Should I ...", "if / unless", "only / also", "from / before today"
+    role       one question asks for its verb's subject and the other for its object, a passive's
+               doer or an owner turns round, or a condition and its consequence trade places
+    layout     code differs as written, a name in code differs in case, quoted literals or bracket
+               runs differ (these three: cache/logic.py)
 
 and three that compare how the two are written, where the embedder sees no difference; they live in
 cache/spelling.py, with the written-form normalisation (emphasis, HTML tags, arithmetic in words,
