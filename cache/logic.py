@@ -203,17 +203,25 @@ def asks_for_object(text: str) -> bool | None:
     return None if words[2] in _NOT_A_VERB else False  # "Which team beat ...": a noun, then its verb
 
 
-def roles_apart(role_a: bool | None, role_b: bool | None, heavy_a: list[str], heavy_b: list[str], *,
-                who: bool, passive: bool) -> bool:
+def role_of(text: str) -> tuple[bool | None, bool, bool]:
+    """What ``roles_apart`` reads of a text: ``asks_for_object``, whether it is a who-question, and
+    whether it holds a passive's "by"."""
+    low = text.lower()
+    return asks_for_object(text), low.startswith(("who ", "whom ")), " by " in low
+
+
+def roles_apart(a: tuple[bool | None, bool, bool], b: tuple[bool | None, bool, bool], heavy_a: list[str],
+                heavy_b: list[str]) -> bool:
     """Whether one question asks for its verb's object and the other for its subject: a who-question,
     or a pair with a passive in it, always ("Who taught Plato?" / "Who did Plato teach?", "Which
     company bought / was bought by Instagram?"); a what/which-question, whose noun may be
     the verb's object as well, when the words both share stand in another order ("What do krill
     eat?" / "What animals eat krill?", not "What languages do beginners learn?" / "What language
     should a beginner learn?")."""
+    (role_a, who_a, passive_a), (role_b, who_b, passive_b) = a, b
     if role_a is None or role_b is None or role_a == role_b:
         return False
-    if who or passive:  # (a passive keeps the words in order and turns them round)
+    if who_a or who_b or passive_a or passive_b:  # (a passive keeps the words in order and turns them round)
         return True
     shared = set(heavy_a) & set(heavy_b)
     order_a = [w for w in heavy_a if w in shared]

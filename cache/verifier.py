@@ -79,13 +79,13 @@ from dataclasses import dataclass
 from cache import language
 from cache import lexicon as lx
 from cache.logic import (
-    asks_for_object,
     clauses,
     clauses_apart,
     layout,
     layouts_apart,
     logic_apart,
     logic_words,
+    role_of,
     roles_apart,
     turned,
     turned_apart,
@@ -187,10 +187,10 @@ class _Analysis:
     forms: frozenset[str]  # every word as written, in lower case (accents kept)
     sequence: tuple[tuple[str, bool], ...]  # every word and number in order: (its stem or key, light)
     logic: tuple[tuple[str, ...], ...]  # logic, time and quantity words (cache/logic.py)
-    role: bool | None  # a who/what question for its verb's object (True) or subject (False)
+    role: tuple[bool | None, bool, bool]  # for its verb's object or subject; a who-question; a passive (cache/logic.py)
     turned: tuple[frozenset[str], frozenset[str]]  # a passive's doer, the owners named (cache/logic.py)
     clauses: tuple[frozenset[str], frozenset[str]] | None  # the words before and after "if" (cache/logic.py)
-    layout: tuple  # indentation, code tokens, bracket runs, quoted literals (cache/logic.py)
+    layout: tuple  # the code, names in code, bracket runs, quoted literals, whether it holds code (cache/logic.py)
 
 
 def _num(s: str) -> str:
@@ -370,7 +370,7 @@ class Verifier:
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
                       *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
                       _choices(order), _asks(text), frozenset(forms), tuple(sequence), logic_words(text),
-                      asks_for_object(text), turned(text), clauses(text), layout(original))
+                      role_of(text), turned(text), clauses(text), layout(original))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -414,10 +414,7 @@ class Verifier:
         if "logic" in g and logic_apart(q.logic, c.logic):
             return Verdict(False, "logic")
         if "role" in g and (roles_apart(q.role, c.role, [w for w, light in q.sequence if not light],
-                                        [w for w, light in c.sequence if not light],
-                                        who=bool({"who", "whom"} & {query.split(" ", 1)[0].lower(),
-                                                                    candidate.split(" ", 1)[0].lower()}),
-                                        passive=" by " in query.lower() or " by " in candidate.lower())
+                                        [w for w, light in c.sequence if not light])
                             or turned_apart(q.turned, c.turned, q.forms, c.forms)
                             or clauses_apart(q.clauses, c.clauses)):
             return Verdict(False, "role")

@@ -130,6 +130,8 @@ def _rejected(exc: DBAPIError) -> bool:
     40 characters blocked every later row, and every counter rebuild after it)."""
     code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
     return isinstance(exc, IntegrityError | DataError) or (isinstance(code, str) and code[:2] in ("22", "23"))
+
+
 _COLUMNS = {f.name for f in fields(UsageEvent)}
 
 
