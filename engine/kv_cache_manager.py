@@ -131,6 +131,10 @@ class KVCacheManager:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 
+    def num_exclusive_blocks(self, seq: Sequence) -> int:
+        """Blocks that freeing ``seq`` would return to the pool (those no other sequence holds)."""
+        return sum(1 for block in self.tables.get(seq.seq_id, ()) if block.ref_cnt == 1)
+
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, ())]
 

@@ -15,6 +15,15 @@ that fit are admitted (one tenant's big request no longer holds every other tena
 back: a short request waited 16 s behind one). Within a class the order stays first come, first
 served. So that a big sequence is not passed over for ever, once it has found no room for
 ``STARVATION_STEPS`` steps in a row nothing else is admitted until it fits.
+
+Running slots are shared out too. Waiting classes are admitted least-served first (the class with
+the fewest running sequences; round-robin among equals), and when every slot is taken while a
+class waits whose running sequences number at least two fewer than another's, that other class's
+most recently admitted sequence yields its slot (``FAIR_YIELDS_PER_STEP`` at most a step): it is
+preempted like a memory victim, but waits at the front of its own class's queue, so the slot goes
+to the class that has less. The counts end within one of each other, so nothing swaps back and
+forth. No slot is taken for a class whose waiting head would find no room in the pool even with
+the yielding sequence's blocks (the slot would come straight back).
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ class SchedulerOutput:
 
 
 STARVATION_STEPS = 64  # a head passed over this many steps in a row blocks admission until it fits
+FAIR_YIELDS_PER_STEP = 8  # running sequences that give their slot to a less-served class, per step
 _PREEMPTED = object()  # the preempted sequences' queue, tried before every class
 
 
@@ -72,14 +82,31 @@ class WaitingQueues:
     def add_preempted(self, seq: Sequence) -> None:
         self.preempted.appendleft(seq)  # victims come newest first: keep admission order
 
-    def peek(self, passed: set | None = None) -> Sequence | None:
-        """The next sequence to admit, skipping the queues in ``passed`` (``queue_of`` keys)."""
+    def add_yielded(self, seq: Sequence) -> None:
+        """A running sequence that gave its slot to another class: first in its own class's queue
+        (it came before the class's waiting ones; yielded newest first, so admission order holds)."""
+        cls = seq.request.priority_class
+        q = self.classes.get(cls)
+        if q is None:
+            self.classes[cls] = q = deque()
+            self.classes.move_to_end(cls, last=False)  # its turn in the round is not lost
+        q.appendleft(seq)
+
+    def peek(self, passed: set | None = None, running: dict | None = None) -> Sequence | None:
+        """The next sequence to admit, skipping the queues in ``passed`` (``queue_of`` keys): the
+        preempted ones first, then the head of the class with the fewest sequences in ``running``
+        (running sequences per class), the first in the round among equals."""
         if self.preempted and (not passed or _PREEMPTED not in passed):
             return self.preempted[0]
+        best, fewest = None, None
         for cls, q in self.classes.items():
             if q and (not passed or cls not in passed):
-                return q[0]
-        return None
+                held = running.get(cls, 0) if running else 0
+                if fewest is None or held < fewest:
+                    best, fewest = q[0], held
+                    if not held:
+                        break
+        return best
 
     def queue_of(self, seq: Sequence) -> object:
         """The key of the queue ``seq`` (a sequence ``peek`` returned) heads."""
@@ -118,6 +145,7 @@ class Scheduler:
         self.waiting = WaitingQueues()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
+        self.num_yields = 0  # of those, slots given to a less-served class
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -140,6 +168,7 @@ class Scheduler:
         # the whole 512-token step for every step of its prefill, and a short request waited 41-81 s
         # for its first token, the running decodes crawled).
         self.running.sort(key=_prefilling)
+        held = self._share_slots()
         # prefills in progress together: at most half the step while requests wait (found by a
         # re-check: two long prompts at half each took the whole step again)
         prefill_room = max(1, self.max_num_batched_tokens // 2) if len(self.waiting) else budget
@@ -170,7 +199,7 @@ class Scheduler:
 
         passed: set = set()  # queues whose head found no room this step
         while not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting.peek(passed)
+            seq = self.waiting.peek(passed, held)
             if seq is None:
                 break
             computed = self.kv.get_computed_blocks(seq)
@@ -193,6 +222,8 @@ class Scheduler:
             self.kv.cache_full_blocks(seq, num_cached + n)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            cls = seq.request.priority_class
+            held[cls] = held.get(cls, 0) + 1
             out.seqs.append(seq)
             out.num_new_tokens.append(n)
             budget -= n
@@ -200,12 +231,63 @@ class Scheduler:
         out.block_copies = self.kv.take_pending_copies()
         return out
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _share_slots(self) -> dict:
+        """Running sequences per class, after up to ``FAIR_YIELDS_PER_STEP`` of them gave their
+        slot to a waiting class that holds at least two fewer (see the module's docstring)."""
+        held: dict = {}
+        for seq in self.running:
+            cls = seq.request.priority_class
+            held[cls] = held.get(cls, 0) + 1
+        free = self.max_num_seqs - len(self.running)
+        if free >= len(self.waiting) or not held:
+            return held
+        want = {cls: len(q) for cls, q in self.waiting.classes.items() if q}  # waiting per class
+        share = dict(held)  # the slots as they will be once admission has run
+
+        def take(cls) -> None:  # noqa: ANN001
+            share[cls] = share.get(cls, 0) + 1
+            want[cls] -= 1
+            if not want[cls]:
+                del want[cls]
+
+        for _ in range(free):  # the free slots go first, least-served first
+            if not want:
+                return held
+            take(min(want, key=lambda c: share.get(c, 0)))
+        room = self.kv.num_free_blocks
+        yields = 0
+        while want and yields < FAIR_YIELDS_PER_STEP:
+            taker = min(want, key=lambda c: share.get(c, 0))
+            giver = max(share, key=share.__getitem__)
+            if share[giver] < share.get(taker, 0) + 2 or not held.get(giver):
+                break
+            victim = next(s for s in reversed(self.running) if s.request.priority_class == giver)
+            freed = self.kv.num_exclusive_blocks(victim)
+            need = -(-min(self.waiting.classes[taker][0].num_tokens, self.max_num_batched_tokens)
+                     // self.kv.block_size)
+            if need > room + freed:  # its head would find no room: the slot would come straight back
+                del want[taker]
+                continue
+            room += freed - need
+            self.running.remove(victim)
+            self._free_for_recompute(victim)
+            self.num_yields += 1
+            yields += 1
+            self.waiting.add_yielded(victim)
+            held[giver] -= 1
+            share[giver] -= 1
+            take(taker)
+        return held
+
+    def _free_for_recompute(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING
         self.num_preemptions += 1
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._free_for_recompute(seq)
         self.waiting.add_preempted(seq)
 
     def finish(self, seq: Sequence) -> None:

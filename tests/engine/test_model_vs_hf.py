@@ -151,3 +151,31 @@ def test_mixed_bf16_paths_agree(tiny_model_dir, engine_config):
         params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_new]
         outs[backend] = engine.generate(prompts, params)
     assert outs["torch"] == outs["native"]
+
+
+def test_slots_given_to_another_class_equal_hf(case, engine_config, backend):
+    """Tenant a's requests take every running slot; tenant b's, arriving later, get slots that a's
+    newest sequences give up (recomputed later from their tokens): every output still equals HF."""
+    model_dir, prompts, max_new, expected = case
+    engine = LLMEngine(engine_config(model_dir, num_blocks=128, max_num_batched_tokens=512, max_num_seqs=4,
+                                     attention_backend=backend))
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_new]
+    got: dict[str, list[int]] = {}
+
+    def step() -> None:
+        for out in engine.step():
+            for d in out.deltas:
+                got.setdefault(out.request_id, []).extend(d.token_ids)
+
+    for i in range(6):
+        engine.add_request(f"a{i}", prompts[i], params[i], priority_class="a")
+    for _ in range(3):
+        step()
+    assert len(engine.scheduler.running) == 4
+    for i in range(6, 10):
+        engine.add_request(f"b{i}", prompts[i], params[i], priority_class="b")
+    while engine.has_unfinished_requests():
+        step()
+    assert engine.scheduler.num_yields >= 2
+    assert [got[f"a{i}"] for i in range(6)] + [got[f"b{i}"] for i in range(6, 10)] == expected
+    assert engine.kv.num_free_blocks == 128

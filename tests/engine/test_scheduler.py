@@ -191,3 +191,108 @@ def test_a_long_prefill_leaves_half_the_step_to_others():
     out = step(sched, kv)  # two prefills in progress: half the step for both together (found by a re-check)
     assert sum(n for seq, n in zip(out.seqs, out.num_new_tokens, strict=True) if seq in (long, two)) <= 8
     assert late in out.seqs and late.num_output_tokens == 1
+
+
+def _held(sched):
+    counts = {}
+    for s in sched.running:
+        counts[s.request.priority_class] = counts.get(s.request.priority_class, 0) + 1
+    return counts
+
+
+def test_a_class_holding_every_slot_gives_one_up_to_a_class_that_waits():
+    """Found by QA: one tenant's long answers held every running slot and the others waited for
+    them to end. Now the holder's newest sequence yields its slot in the very step the other
+    class's request is scheduled, waits first in its own class, and finishes unchanged."""
+    kv, sched = make(num_blocks=64, budget=64, max_seqs=4)
+    hogs = [add(sched, f"a{i}", 3, max_tokens=20, cls="a", base=10 * i) for i in range(4)]
+    step(sched, kv)
+    step(sched, kv)
+    assert _held(sched) == {"a": 4}
+    late = add(sched, "b0", 3, max_tokens=2, cls="b", base=500)
+    out = step(sched, kv)
+    assert late in out.seqs and _held(sched) == {"a": 3, "b": 1}
+    assert hogs[3].status.name == "WAITING" and sched.waiting.classes["a"][0] is hogs[3]
+    assert hogs[3].num_computed_tokens == 0 and sched.num_yields == 1
+    steps = 0
+    while sched.has_unfinished():
+        step(sched, kv)
+        steps += 1
+        assert steps < 200
+    assert all(s.num_output_tokens == 20 for s in hogs) and late.num_output_tokens == 2
+    assert kv.num_free_blocks == 64 and sched.num_yields == 1
+
+
+def test_slots_end_shared_within_one_without_swapping_back():
+    kv, sched = make(num_blocks=128, budget=64, max_seqs=8)
+    for i in range(8):
+        add(sched, f"a{i}", 3, max_tokens=60, cls="a", base=10 * i)
+    step(sched, kv)
+    for i in range(8):
+        add(sched, f"b{i}", 3, max_tokens=60, cls="b", base=500 + 10 * i)
+    step(sched, kv)
+    assert _held(sched) == {"a": 4, "b": 4} and sched.num_yields == 4
+    for _ in range(20):  # balanced: nothing yields again while both classes run
+        step(sched, kv)
+        assert _held(sched) == {"a": 4, "b": 4}
+    assert sched.num_yields == 4
+
+
+def test_yields_per_step_are_capped_and_a_third_class_gets_its_share():
+    from engine.scheduler import FAIR_YIELDS_PER_STEP
+
+    kv, sched = make(num_blocks=256, budget=256, max_seqs=30)
+    for i in range(30):
+        add(sched, f"a{i}", 2, max_tokens=100, cls="a", base=10 * i)
+    step(sched, kv)
+    for i in range(20):
+        add(sched, f"b{i}", 2, max_tokens=100, cls="b", base=1000 + 10 * i)
+        add(sched, f"c{i}", 2, max_tokens=100, cls="c", base=2000 + 10 * i)
+    step(sched, kv)
+    assert sched.num_yields == FAIR_YIELDS_PER_STEP
+    for _ in range(5):
+        step(sched, kv)
+    assert _held(sched) == {"a": 10, "b": 10, "c": 10}
+
+
+def test_the_least_served_class_is_admitted_first():
+    kv, sched = make(num_blocks=64, budget=64, max_seqs=4)
+    for i in range(3):
+        add(sched, f"a{i}", 3, max_tokens=20, cls="a", base=10 * i)
+    step(sched, kv)
+    add(sched, "a3", 3, max_tokens=20, cls="a", base=100)  # a's turn comes first in the round
+    late = add(sched, "b0", 3, max_tokens=20, cls="b", base=200)
+    out = step(sched, kv)
+    assert late in out.seqs and _held(sched) == {"a": 3, "b": 1} and sched.num_yields == 0
+
+
+def test_no_slot_is_taken_for_a_head_that_found_no_room():
+    """The waiting class's head would not fit in the pool even with the blocks of the sequence
+    that would yield: a slot taken for it would come straight back, so none is taken."""
+    kv, sched = make(num_blocks=10, budget=64, max_seqs=2)
+    for i in range(2):
+        add(sched, f"a{i}", 15, max_tokens=40, cls="a", base=100 * i)  # 4 blocks each, growing
+    step(sched, kv)
+    big = add(sched, "b0", 30, max_tokens=1, cls="b", base=900)  # 8 blocks: never fits beside them
+    for _ in range(5):
+        step(sched, kv)
+        assert big.status.name == "WAITING" and _held(sched) == {"a": 2}
+    assert sched.num_yields == 0
+
+
+def test_random_workload_with_classes_never_deadlocks_or_drops():
+    rng = random.Random(1)
+    kv, sched = make(num_blocks=12, budget=12, max_seqs=4)
+    seqs = []
+    for i in range(40):
+        seqs.append(add(sched, f"r{i}", rng.randint(1, 30), max_tokens=rng.randint(1, 16),
+                        cls=rng.choice(["a", "a", "a", "b", "c", None]), base=i * 50))
+        if i % 5 == 4:
+            step(sched, kv)
+    for _ in range(3000):
+        if not sched.has_unfinished():
+            break
+        step(sched, kv)
+    assert not sched.has_unfinished()
+    assert all(s.num_output_tokens == s.params.max_tokens for s in seqs)
+    assert kv.num_free_blocks == 12 and sched.num_yields > 0

@@ -384,3 +384,34 @@ def test_generation_requests_announce_themselves_and_no_notice_outlives_its_requ
     while gate.open_notices and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gate.open_notices == 0 and not dropped_open
+
+
+def test_a_tenant_holding_every_running_slot_gives_one_to_another(api, api_engine) -> None:  # noqa: ANN001
+    """Found by QA: one tenant's long answers held every running slot (``max_num_seqs``) and another
+    tenant's request waited for one of them to end. Now the holder's newest sequence yields its slot
+    at once and is recomputed later; both of its streams still end with every token asked for."""
+    sched = api_engine.engine.scheduler
+    saved, yields = sched.max_num_seqs, sched.num_yields
+    sched.max_num_seqs = 2  # read by the step thread at each step
+    _tid, other_key = api.make_tenant()
+    client = api.openai()
+    try:
+        streams = [client.chat.completions.create(
+            model=api.model, stream=True, max_tokens=150, temperature=0, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": f"Tell story number {i}."}], extra_body={"ignore_eos": True})
+            for i in (1, 2)]
+        for s in streams:  # the role chunk, then a first token: both hold a running slot
+            next(iter(s))
+            next(iter(s))
+        other = api.openai(other_key).chat.completions.create(
+            model=api.model, max_tokens=2, messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"ignore_eos": True})
+        still_running = len(sched.running)
+        chunks = [list(s) for s in streams]
+    finally:
+        sched.max_num_seqs = saved
+    assert other.usage.completion_tokens == 2 and other.choices[0].finish_reason == "length"
+    assert sched.num_yields > yields and still_running >= 1  # it did not wait for tenant one's answers
+    for rest in chunks:
+        assert rest[-1].usage.completion_tokens == 150
+        assert [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason] == ["length"]
