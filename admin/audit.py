@@ -15,7 +15,7 @@ from gateway.db.models import AuditLog
 
 MONEY_QUANTUM = Decimal("0.00000001")  # money's scale in the database: NUMERIC(18, 8)
 # money fields of the views the audit log keeps (stored as exact strings: see ``storable``)
-MONEY_FIELDS = frozenset({"budget_usd", "prompt_usd_per_1m", "completion_usd_per_1m"})
+MONEY_FIELDS = frozenset({"budget_usd", "prompt_usd_per_1m", "completion_usd_per_1m", "cached_prompt_usd_per_1m"})
 
 
 def money(value: Decimal) -> Decimal:

@@ -33,10 +33,12 @@ def checked_new_tenant(dialect: str, *, name: str, **fields: object) -> dict:
 
 
 def checked_price(dialect: str, *, model: str, prompt_usd_per_1m: Decimal | float | str,
-                  completion_usd_per_1m: Decimal | float | str) -> PriceSet:
+                  completion_usd_per_1m: Decimal | float | str,
+                  cached_prompt_usd_per_1m: Decimal | float | str | None = None) -> PriceSet:
     validated(PriceModel, {"model": model})
     price = validated(PriceSet, {"prompt_usd_per_1m": prompt_usd_per_1m,
-                                 "completion_usd_per_1m": completion_usd_per_1m})
+                                 "completion_usd_per_1m": completion_usd_per_1m,
+                                 "cached_prompt_usd_per_1m": cached_prompt_usd_per_1m})
     check_money(dialect, price.model_dump())
     return price
 

@@ -221,6 +221,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model")
     p.add_argument("--prompt", type=_usd, required=True, help="USD per 1M prompt tokens")
     p.add_argument("--completion", type=_usd, required=True, help="USD per 1M completion tokens")
+    p.add_argument("--cached-prompt", type=_usd, default=None,
+                   help="USD per 1M prompt tokens served from the prefix cache (left out: the prompt's price)")
     p.set_defaults(run=cmd.prices_set)
     p = psub.add_parser("list", help="all prices")
     _json_option(p)

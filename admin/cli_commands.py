@@ -263,9 +263,12 @@ async def keys_rotate(ops: Management, args: argparse.Namespace) -> int:
 
 async def prices_set(ops: Management, args: argparse.Namespace) -> int:
     row, changed = await ops.apply_price(model=args.model, prompt_usd_per_1m=args.prompt,
-                                         completion_usd_per_1m=args.completion)
+                                         completion_usd_per_1m=args.completion,
+                                         cached_prompt_usd_per_1m=getattr(args, "cached_prompt", None))
+    cached = ("" if row.cached_prompt_usd_per_1m is None
+              else f", ${decimal_text(row.cached_prompt_usd_per_1m)} cached prompt")
     note(f"price of {row.model}{'' if changed else ' unchanged'}: ${decimal_text(row.prompt_usd_per_1m)} prompt, "
-         f"${decimal_text(row.completion_usd_per_1m)} completion per 1M")
+         f"${decimal_text(row.completion_usd_per_1m)} completion{cached} per 1M")
     served = getattr(args, "served_models", ())
     if served and row.model not in served:  # a typo would leave the real model billed at $0 (found by QA)
         note(f"warning: this configuration serves no model named {row.model!r} (it serves "
@@ -278,7 +281,7 @@ async def prices_list(ops: Management, args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"object": "list", "data": views})
         return 0
-    cols = ("model", "prompt_usd_per_1m", "completion_usd_per_1m", "updated_at")
+    cols = ("model", "prompt_usd_per_1m", "completion_usd_per_1m", "cached_prompt_usd_per_1m", "updated_at")
     print(format_table(cols, [[v[c] for c in cols] for v in views]))
     return 0
 
@@ -363,7 +366,8 @@ def _check_tenant(dialect: str, args: argparse.Namespace) -> None:
 
 
 def _check_price(dialect: str, args: argparse.Namespace) -> None:
-    checked_price(dialect, model=args.model, prompt_usd_per_1m=args.prompt, completion_usd_per_1m=args.completion)
+    checked_price(dialect, model=args.model, prompt_usd_per_1m=args.prompt, completion_usd_per_1m=args.completion,
+                  cached_prompt_usd_per_1m=getattr(args, "cached_prompt", None))
 
 
 # the commands that can succeed on a new, empty database: only they create a missing SQLite file,

@@ -77,7 +77,8 @@ def key_view(k: ApiKey, tenant_name: str | None = None) -> dict:
 
 def price_view(p: ModelPrice) -> dict:
     return audit.jsonable({"model": p.model, "prompt_usd_per_1m": p.prompt_usd_per_1m,
-                           "completion_usd_per_1m": p.completion_usd_per_1m, "updated_at": p.updated_at})
+                           "completion_usd_per_1m": p.completion_usd_per_1m,
+                           "cached_prompt_usd_per_1m": p.cached_prompt_usd_per_1m, "updated_at": p.updated_at})
 
 
 @dataclass(slots=True)
@@ -368,20 +369,27 @@ class Management:
         return old, row, new
 
     async def set_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
-                        completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
+                        completion_usd_per_1m: Decimal | float | str,
+                        cached_prompt_usd_per_1m: Decimal | float | str | None = None) -> ModelPrice:
         return (await self.apply_price(model=model, prompt_usd_per_1m=prompt_usd_per_1m,
-                                       completion_usd_per_1m=completion_usd_per_1m))[0]
+                                       completion_usd_per_1m=completion_usd_per_1m,
+                                       cached_prompt_usd_per_1m=cached_prompt_usd_per_1m))[0]
 
     async def apply_price(self, *, model: str, prompt_usd_per_1m: Decimal | float | str,
-                          completion_usd_per_1m: Decimal | float | str) -> tuple[ModelPrice, bool]:
-        """Set a model's price; also whether it changed (the price it has: no audit row)."""
+                          completion_usd_per_1m: Decimal | float | str,
+                          cached_prompt_usd_per_1m: Decimal | float | str | None = None) -> tuple[ModelPrice, bool]:
+        """Set a model's price, the whole of it (a cached-prompt price left out is unset: cached
+        tokens then cost what other prompt tokens do); also whether it changed (the price it has:
+        no audit row)."""
         price = checked_price(self._dialect(), model=model, prompt_usd_per_1m=prompt_usd_per_1m,
-                              completion_usd_per_1m=completion_usd_per_1m)
+                              completion_usd_per_1m=completion_usd_per_1m,
+                              cached_prompt_usd_per_1m=cached_prompt_usd_per_1m)
+        wanted = (price.prompt_usd_per_1m, price.completion_usd_per_1m, price.cached_prompt_usd_per_1m)
         for attempt in range(3):
             await self._lock_price(model)  # (found by QA: concurrent changes each read the same "before")
             existing = await self.session.get(ModelPrice, model, populate_existing=True)
-            if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m) == (
-                    price.prompt_usd_per_1m, price.completion_usd_per_1m):
+            if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m,
+                                         existing.cached_prompt_usd_per_1m) == wanted:
                 return existing, False  # the price it has: nothing to record
             before = price_view(existing) if existing is not None else None
             try:
@@ -389,7 +397,7 @@ class Management:
                 # an IntegrityError, retried), else the row locked above (``tenancy.set_price`` would read
                 # again, and update a row this "before" never saw)
                 row = existing or ModelPrice(model=model)
-                row.prompt_usd_per_1m, row.completion_usd_per_1m = price.prompt_usd_per_1m, price.completion_usd_per_1m
+                row.prompt_usd_per_1m, row.completion_usd_per_1m, row.cached_prompt_usd_per_1m = wanted
                 self.session.add(row)
                 await self.session.flush()
                 await self.session.refresh(row)

@@ -176,6 +176,8 @@ class KeyCreate(_Body):
 class PriceSet(_Body):
     prompt_usd_per_1m: Money
     completion_usd_per_1m: Money
+    # prompt tokens served from the prefix cache; null or left out: billed as other prompt tokens
+    cached_prompt_usd_per_1m: Money | None = None
 
 
 class PriceModel(_Body):

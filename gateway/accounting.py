@@ -71,7 +71,7 @@ class RequestAccount:
         aftercare = getattr(services, "aftercare", None)
         if self.reservation is not None and (aftercare is None or aftercare.inline):
             reservation, self.reservation = self.reservation, None
-            await self._settle(reservation, prompt_tokens, completion_tokens)
+            await self._settle(reservation, prompt_tokens, completion_tokens, cached_prompt_tokens)
         if not services.prices.loaded:
             try:
                 await services.prices.get(self.model)
@@ -107,17 +107,19 @@ class RequestAccount:
         if reservation is not None:
             quota = self._services.quota  # submitted when the aftercare's batch runs: no task per request
             self._services.aftercare.submit(lambda: quota.settle_soon(reservation, prompt_tokens=prompt_tokens,
-                                                                      completion_tokens=completion_tokens),
+                                                                      completion_tokens=completion_tokens,
+                                                                      cached_prompt_tokens=cached_prompt_tokens),
                                             f"(quota settlement of {self.request_id})")
         value: Decimal | None = None
         if self.price is not None:  # as the settlement counts it: the budget and the bill agree
             try:
-                value = self.price.cost(prompt_tokens, completion_tokens)
+                value = self.price.cost(prompt_tokens, completion_tokens, cached_prompt_tokens)
             except Exception:
                 log.exception("pricing failed for %s", self.request_id)
         elif self._services.prices.loaded:
             try:
-                value = self._services.prices.cost_now(self.model, prompt_tokens, completion_tokens)
+                value = self._services.prices.cost_now(self.model, prompt_tokens, completion_tokens,
+                                                       cached_prompt_tokens)
             except Exception:
                 log.exception("pricing failed for %s", self.request_id)
         self._record(value, status=status, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
@@ -154,15 +156,17 @@ class RequestAccount:
         except Exception:
             log.exception("usage record failed for %s", self.request_id)
 
-    async def _settle(self, reservation: Any, prompt_tokens: int, completion_tokens: int) -> None:
+    async def _settle(self, reservation: Any, prompt_tokens: int, completion_tokens: int,
+                      cached_prompt_tokens: int) -> None:
         quota = self._services.quota
+        counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "cached_prompt_tokens": cached_prompt_tokens}
         try:
-            await quota.settle(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+            await quota.settle(reservation, **counts)
         except TRANSIENT_REDIS_ERRORS as exc:  # tried again later: never dropped
             _SETTLE_DOWN.log(log, logging.ERROR, "quota settle failed for %s: %s: %s (retried later)",
                              self.request_id, type(exc).__name__, exc)
             self._services.aftercare.retry_later(
-                lambda: quota.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
-                f"(quota settlement of {self.request_id})")
+                lambda: quota.settle_soon(reservation, **counts), f"(quota settlement of {self.request_id})")
         except Exception:
             log.exception("quota settle failed for %s", self.request_id)

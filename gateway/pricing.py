@@ -49,18 +49,29 @@ def summed_usd(value: object, dialect: str) -> Decimal:
 class Price:
     prompt_usd_per_1m: Decimal
     completion_usd_per_1m: Decimal
-    # the prices in integer 1e-8 USD per 1M tokens, when they are exactly that (the table's scale)
-    # and not negative: ``cost`` then adds integers instead of Decimals (~1.6x as fast, the same value)
-    _units_e8: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
+    # prompt tokens served from the prefix cache (``cached_prompt_tokens``, a part of the prompt's):
+    # None bills them as other prompt tokens
+    cached_prompt_usd_per_1m: Decimal | None = None
+    # the prices in integer 1e-8 USD per 1M tokens (prompt, completion, cached prompt), when they are
+    # exactly that (the table's scale) and not negative: ``cost`` then adds integers instead of
+    # Decimals (~1.6x as fast, the same value)
+    _units_e8: tuple[int, int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        scaled = [price.scaleb(8) for price in (self.prompt_usd_per_1m, self.completion_usd_per_1m)]
+        scaled = [price.scaleb(8) for price in (self.prompt_usd_per_1m, self.completion_usd_per_1m,
+                                                self.cached_rate)]
         if all(v.is_finite() and v >= 0 and v == v.to_integral_value() for v in scaled):
-            object.__setattr__(self, "_units_e8", (int(scaled[0]), int(scaled[1])))
+            object.__setattr__(self, "_units_e8", (int(scaled[0]), int(scaled[1]), int(scaled[2])))
+
+    @property
+    def cached_rate(self) -> Decimal:
+        """USD per 1M cached prompt tokens: their own price, or the prompt's."""
+        return self.prompt_usd_per_1m if self.cached_prompt_usd_per_1m is None else self.cached_prompt_usd_per_1m
 
     @property
     def units_per_token(self) -> tuple[float, float]:
-        """(prompt, completion) price in 1e-8 USD units per token, as the quota scripts take it."""
+        """(prompt, completion) price in 1e-8 USD units per token, as the quota scripts take it (a
+        reservation counts every prompt token at the prompt's price: which are cached is known after)."""
         units = _UNITS.get(self)
         if units is None:
             if len(_UNITS) > 10_000:
@@ -69,27 +80,32 @@ class Price:
                                     float(self.completion_usd_per_1m * UNITS_PER_1M_USD))
         return units
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
-        """USD, rounded half up to the MONEY column's 8 decimals."""
-        units = self._integer_units(prompt_tokens, completion_tokens)
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> Decimal:
+        """USD, rounded half up to the MONEY column's 8 decimals. ``cached_prompt_tokens`` are the
+        part of ``prompt_tokens`` served from the prefix cache, at ``cached_rate``."""
+        cached = min(max(0, cached_prompt_tokens), max(0, prompt_tokens))
+        units = self._integer_units(prompt_tokens, completion_tokens, cached)
         if units is not None:
             return Decimal(units).scaleb(-8)
-        raw = (self.prompt_usd_per_1m * prompt_tokens + self.completion_usd_per_1m * completion_tokens) / MILLION
+        raw = (self.prompt_usd_per_1m * (prompt_tokens - cached) + self.cached_rate * cached
+               + self.completion_usd_per_1m * completion_tokens) / MILLION
         return raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
 
-    def cost_units(self, prompt_tokens: int, completion_tokens: int) -> int:
+    def cost_units(self, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> int:
         """``cost`` in integer 1e-8 USD units (what the quota ledger counts), without a Decimal when
         the prices allow."""
-        units = self._integer_units(prompt_tokens, completion_tokens)
-        return units if units is not None else usd_to_units(self.cost(prompt_tokens, completion_tokens))
+        cached = min(max(0, cached_prompt_tokens), max(0, prompt_tokens))
+        units = self._integer_units(prompt_tokens, completion_tokens, cached)
+        return units if units is not None else usd_to_units(self.cost(prompt_tokens, completion_tokens, cached))
 
-    def _integer_units(self, prompt_tokens: int, completion_tokens: int) -> int | None:
+    def _integer_units(self, prompt_tokens: int, completion_tokens: int, cached: int) -> int | None:
         """The cost in 1e-8 USD units, rounded half up, by integer arithmetic; None when the prices
         or counts need the Decimal formula."""
         units = self._units_e8
         if units is None or prompt_tokens < 0 or completion_tokens < 0:
             return None
-        return (units[0] * int(prompt_tokens) + units[1] * int(completion_tokens) + 500_000) // 1_000_000
+        return (units[0] * (int(prompt_tokens) - cached) + units[2] * cached + units[1] * int(completion_tokens)
+                + 500_000) // 1_000_000
 
 
 _UNITS: dict[Price, tuple[float, float]] = {}  # Price.units_per_token, computed once per price
@@ -143,9 +159,9 @@ class PriceBook:
             self._refresh = asyncio.ensure_future(self._reload())
         return self._prices.get(model, FREE)
 
-    def cost_now(self, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
+    def cost_now(self, model: str, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> Decimal:
         """``cost`` without waiting: only once ``loaded``."""
-        return self.get_now(model).cost(prompt_tokens, completion_tokens)
+        return self.get_now(model).cost(prompt_tokens, completion_tokens, cached_prompt_tokens)
 
     async def aclose(self) -> None:
         for task in (self._ticker, self._refresh):
@@ -155,8 +171,9 @@ class PriceBook:
                     await task
         self._ticker = None
 
-    async def cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> Decimal:
-        return (await self.get(model)).cost(prompt_tokens, completion_tokens)
+    async def cost(self, model: str, prompt_tokens: int, completion_tokens: int,
+                   cached_prompt_tokens: int = 0) -> Decimal:
+        return (await self.get(model)).cost(prompt_tokens, completion_tokens, cached_prompt_tokens)
 
     def invalidate(self) -> None:
         """Drop the cache (after ``set_price`` in this process)."""
@@ -174,6 +191,8 @@ class PriceBook:
                     raise
                 self._loaded_at = time.monotonic() - self._ttl_s / 2  # DB hiccup: keep old prices a bit
                 return
-            self._prices = {r.model: Price(Decimal(r.prompt_usd_per_1m), Decimal(r.completion_usd_per_1m))
+            self._prices = {r.model: Price(Decimal(r.prompt_usd_per_1m), Decimal(r.completion_usd_per_1m),
+                                           None if r.cached_prompt_usd_per_1m is None
+                                           else Decimal(r.cached_prompt_usd_per_1m))
                             for r in rows}
             self._loaded_at = time.monotonic()

@@ -356,14 +356,17 @@ class QuotaLedger:
         self._orphans.add(task)
         task.add_done_callback(self._orphans.discard)
 
-    async def settle(self, reservation: Reservation, *, prompt_tokens: int, completion_tokens: int) -> bool:
-        """Replace the reservation by the real counts. Returns True when this call settled it,
-        False when it had been settled before (by this or another call)."""
-        submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    async def settle(self, reservation: Reservation, *, prompt_tokens: int, completion_tokens: int,
+                     cached_prompt_tokens: int = 0) -> bool:
+        """Replace the reservation by the real counts (``cached_prompt_tokens``: the part of the
+        prompt's served from the prefix cache, priced at its own rate). Returns True when this call
+        settled it, False when it had been settled before (by this or another call)."""
+        submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                     cached_prompt_tokens=cached_prompt_tokens)
         return False if submitted is None else await submitted
 
-    def settle_soon(self, reservation: Reservation, *, prompt_tokens: int,
-                    completion_tokens: int) -> asyncio.Future[bool] | None:
+    def settle_soon(self, reservation: Reservation, *, prompt_tokens: int, completion_tokens: int,
+                    cached_prompt_tokens: int = 0) -> asyncio.Future[bool] | None:
         """``settle``, submitted now (with the other settlements of this event-loop iteration):
         the future of its result, or None when it had been settled before. No coroutine, so the
         aftercare settles a wave without a task per request. Await the future (or hand it to the
@@ -384,31 +387,33 @@ class QuotaLedger:
             # drains the settlements in hand (``before_rebuild``), and must not wait for this one.
             self._deferred[reservation.id] = self.row_mark() if self.row_mark is not None else None
             rebuild.add_done_callback(partial(self._settle_after_rebuild, reservation, prompt_tokens,
-                                              completion_tokens))
+                                              completion_tokens, cached_prompt_tokens))
             answered: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             answered.set_result(True)
             return answered
         self._open.pop(reservation.id, None)  # (its settlement takes care of it from here)
         tokens = max(0, prompt_tokens) + max(0, completion_tokens)
-        units = reservation.price.cost_units(max(0, prompt_tokens), max(0, completion_tokens))
+        units = reservation.price.cost_units(max(0, prompt_tokens), max(0, completion_tokens), cached_prompt_tokens)
         done = self._settlements.submit((reservation.tenant_id, reservation.counter_key, reservation.tpm_key),
                                         (reservation.id, tokens, units, reservation.epoch))
         done.add_done_callback(partial(_mark_settled, reservation))
         return done
 
     def _settle_after_rebuild(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
-                              _rebuild: asyncio.Future) -> None:
+                              cached_prompt_tokens: int, _rebuild: asyncio.Future) -> None:
         self._open.pop(reservation.id, None)
         self._deferred.pop(reservation.id, None)
         if reservation.id in self._in_sum:  # its row is in the rebuilt counter: only clean its entry up
             self._in_sum.discard(reservation.id)
-            prompt_tokens = completion_tokens = 0
-        submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+            prompt_tokens = completion_tokens = cached_prompt_tokens = 0
+        submitted = self.settle_soon(reservation, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                     cached_prompt_tokens=cached_prompt_tokens)
         if submitted is not None:
-            submitted.add_done_callback(partial(self._deferred_settled, reservation, prompt_tokens, completion_tokens))
+            submitted.add_done_callback(partial(self._deferred_settled, reservation, prompt_tokens, completion_tokens,
+                                                cached_prompt_tokens))
 
     def _deferred_settled(self, reservation: Reservation, prompt_tokens: int, completion_tokens: int,
-                          done: asyncio.Future) -> None:
+                          cached_prompt_tokens: int, done: asyncio.Future) -> None:
         """A settlement deferred past a rebuild has no caller waiting for it: a failure is retried
         here (Redis down: as the aftercare retries its own), or logged."""
         if done.cancelled() or done.exception() is None:
@@ -416,7 +421,7 @@ class QuotaLedger:
         exc = done.exception()
         if isinstance(exc, TRANSIENT_REDIS_ERRORS) and self.retry_later is not None:
             self.retry_later(partial(self.settle_soon, reservation, prompt_tokens=prompt_tokens,
-                                     completion_tokens=completion_tokens),
+                                     completion_tokens=completion_tokens, cached_prompt_tokens=cached_prompt_tokens),
                              f"(settlement of {reservation.id}, deferred past a counter rebuild)")
         else:
             log.error("quota: settlement of %s failed after a counter rebuild: %r", reservation.id, exc)

@@ -182,17 +182,20 @@ async def list_keys(session: AsyncSession, *, tenant_id: int) -> list[ApiKey]:
 
 
 async def set_price(session: AsyncSession, *, model: str, prompt_usd_per_1m: Decimal | float | str,
-                    completion_usd_per_1m: Decimal | float | str) -> ModelPrice:
-    """Insert or update a model's price (USD per 1M prompt / completion tokens)."""
+                    completion_usd_per_1m: Decimal | float | str,
+                    cached_prompt_usd_per_1m: Decimal | float | str | None = None) -> ModelPrice:
+    """Insert or update a model's price (USD per 1M prompt / completion tokens, and per 1M prompt
+    tokens served from the prefix cache: None bills them as other prompt tokens)."""
     p, c = Decimal(str(prompt_usd_per_1m)), Decimal(str(completion_usd_per_1m))
-    if p < 0 or c < 0:
+    cp = None if cached_prompt_usd_per_1m is None else Decimal(str(cached_prompt_usd_per_1m))
+    if p < 0 or c < 0 or (cp is not None and cp < 0):
         raise TenancyError("prices must be >= 0")
     row = await session.get(ModelPrice, model)
     if row is None:
-        row = ModelPrice(model=model, prompt_usd_per_1m=p, completion_usd_per_1m=c)
+        row = ModelPrice(model=model, prompt_usd_per_1m=p, completion_usd_per_1m=c, cached_prompt_usd_per_1m=cp)
         session.add(row)
     else:
-        row.prompt_usd_per_1m, row.completion_usd_per_1m = p, c
+        row.prompt_usd_per_1m, row.completion_usd_per_1m, row.cached_prompt_usd_per_1m = p, c, cp
     await session.flush()
     return row
 

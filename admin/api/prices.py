@@ -1,4 +1,4 @@
-"""``/admin/v1/prices``: USD per 1M prompt / completion tokens, per model."""
+"""``/admin/v1/prices``: USD per 1M prompt / completion / cached prompt tokens, per model."""
 
 from __future__ import annotations
 
@@ -18,4 +18,5 @@ def add_routes(router: APIRouter) -> None:
     async def set_price(model: str, body: PriceSet, ops: WriteDep, ctx: ContextDep) -> dict:
         return price_view(await ops.set_price(model=priced_model(ctx.settings, model),
                                               prompt_usd_per_1m=body.prompt_usd_per_1m,
-                                              completion_usd_per_1m=body.completion_usd_per_1m))
+                                              completion_usd_per_1m=body.completion_usd_per_1m,
+                                              cached_prompt_usd_per_1m=body.cached_prompt_usd_per_1m))

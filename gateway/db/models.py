@@ -77,6 +77,8 @@ class ModelPrice(Base):
     model: Mapped[str] = mapped_column(String(128), primary_key=True)
     prompt_usd_per_1m: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
     completion_usd_per_1m: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    # prompt tokens served from the prefix cache; null: billed as other prompt tokens
+    cached_prompt_usd_per_1m: Mapped[Decimal | None] = mapped_column(MONEY, nullable=True, default=None)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )

@@ -212,6 +212,29 @@ async def test_prices(client, app, auth):
     resp = await client.put(f"/admin/v1/prices/{model}", headers=auth(),
                             json={"prompt_usd_per_1m": -1, "completion_usd_per_1m": 0})
     assert resp.status_code == 400
+    assert entries[1].after["cached_prompt_usd_per_1m"] is None  # not set: billed as other prompt tokens
+
+
+async def test_cached_prompt_price(client, app, auth):
+    model = unique("org/model")
+    body = {"prompt_usd_per_1m": "1.25", "completion_usd_per_1m": 10, "cached_prompt_usd_per_1m": "0.125"}
+    resp = await client.put(f"/admin/v1/prices/{model}", headers=auth(), json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["cached_prompt_usd_per_1m"] == 0.125
+    prices = (await client.get("/admin/v1/prices", headers=auth("admin:read"))).json()["data"]
+    assert [p["cached_prompt_usd_per_1m"] for p in prices if p["model"] == model] == [0.125]
+    again = await client.put(f"/admin/v1/prices/{model}", headers=auth(), json=body)  # the price it has
+    assert again.status_code == 200 and len(await _audit(app, "price.set", f"model:{model}")) == 1
+    # PUT sets the whole price: left out, the cached price is unset again
+    resp = await client.put(f"/admin/v1/prices/{model}", headers=auth(),
+                            json={"prompt_usd_per_1m": "1.25", "completion_usd_per_1m": 10})
+    assert resp.json()["cached_prompt_usd_per_1m"] is None
+    entries = await _audit(app, "price.set", f"model:{model}")
+    assert entries[-1].before["cached_prompt_usd_per_1m"] == "0.12500000" and entries[-1].after["cached_prompt_usd_per_1m"] is None
+    for bad in (-1, "x", 1e30):
+        resp = await client.put(f"/admin/v1/prices/{model}", headers=auth(),
+                                json={**body, "cached_prompt_usd_per_1m": bad})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "cached_prompt_usd_per_1m", resp.text
 
 
 @pytest.mark.parametrize("method,path", [

@@ -154,6 +154,11 @@ def test_prices_report_summary_and_token(env, capsys):
     code, out, _ = run(capsys, "prices", "list")
     assert any(model in ln and "0.15" in ln and "0.6" in ln for ln in out.splitlines())
     assert _audit_actions(env, f"model:{model}") == ["price.set"]
+    code, _, err = run(capsys, "prices", "set", model, "--prompt", "0.15", "--completion", "0.6",
+                       "--cached-prompt", "0.015")
+    assert code == 0 and "$0.015 cached prompt per 1M" in err, err
+    code, out, _ = run(capsys, "prices", "list", "--json")
+    assert [p["cached_prompt_usd_per_1m"] for p in json.loads(out)["data"] if p["model"] == model] == [0.015]
 
     name = unique("clirep")
     run(capsys, "tenants", "create", name)
@@ -257,6 +262,8 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     (["tenants", "create", "c1", "--budget-usd", "snan"], "not an amount: 'snan'"),
     (["tenants", "update", "c1", "--budget-usd=Infinity"], "not an amount"),
     (["prices", "set", "m", "--prompt", "nan", "--completion", "1"], "not an amount: 'nan'"),
+    (["prices", "set", "m", "--prompt", "1", "--completion", "1", "--cached-prompt", "-1"],
+     "argument --cached-prompt: not an amount: '-1'"),
     (["keys", "create", "--tenant", "acme", "--models", ","], "none empty"),  # not "all models"
     (["keys", "create", "--tenant", "acme", "--models", "m1,,m2"], "none empty"),
     (["token", "--scope", "bogus"], "admin:read and/or admin:write, not 'bogus'"),

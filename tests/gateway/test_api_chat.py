@@ -83,13 +83,14 @@ def test_usage_row_prefix_cache_and_cost(api) -> None:  # noqa: ANN001
 
     async def set_price() -> None:
         async with api.services.db.sessionmaker() as session:
-            await tenancy.set_price(session, model=api.model, prompt_usd_per_1m="1000", completion_usd_per_1m="2000")
+            await tenancy.set_price(session, model=api.model, prompt_usd_per_1m="1000", completion_usd_per_1m="2000",
+                                    cached_prompt_usd_per_1m="100")
             await session.commit()
         api.services.prices.invalidate()
 
     api.loop.run(set_price())
     try:
-        tenant_id, key = api.make_tenant()
+        tenant_id, key = api.make_tenant(budget_usd="1000")
         question = f"Is {time.time_ns()} an even number?"  # unseen prompt: only the system prefix can be cached
         first = httpx.post(api.base_url + "/v1/chat/completions", json=chat_body(api, question),
                            headers=headers(api, key), timeout=120)
@@ -114,9 +115,16 @@ def test_usage_row_prefix_cache_and_cost(api) -> None:  # noqa: ANN001
         assert row.prompt_tokens == u2["prompt_tokens"]
         assert row.cached_prompt_tokens == u2["prompt_tokens_details"]["cached_tokens"]
         assert row.completion_tokens == u2["completion_tokens"]
-        expected = (Decimal(1000) * u2["prompt_tokens"] + Decimal(2000) * u2["completion_tokens"]) / Decimal(10**6)
+        cached = u2["prompt_tokens_details"]["cached_tokens"]  # at the model's cached-prompt price
+        expected = (Decimal(1000) * (u2["prompt_tokens"] - cached) + Decimal(100) * cached
+                    + Decimal(2000) * u2["completion_tokens"]) / Decimal(10**6)
         assert Decimal(row.cost_usd) == expected
         assert row.latency_ms > 0 and row.ttft_ms is not None and 0 < row.ttft_ms <= row.latency_ms
+        # the budget is charged what the rows bill
+        api.settle_pending()
+        both = api.usage_rows(first.headers["x-request-id"]) + rows
+        tokens, usd = api.loop.run(api.services.quota.usage(tenant_id))
+        assert usd == sum(Decimal(r.cost_usd) for r in both) and usd < Decimal(3000) * tokens / 10**6
     finally:
         async def drop_price() -> None:
             async with api.services.db.sessionmaker() as session:

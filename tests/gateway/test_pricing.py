@@ -65,3 +65,29 @@ def test_negative_counts_take_the_decimal_formula(prompt: int, completion: int) 
 def test_prices_compare_by_their_values() -> None:
     assert Price(Decimal("1.5"), Decimal(2)) == Price(Decimal("1.50"), Decimal("2.0"))
     assert len({Price(Decimal("1.5"), Decimal(2)), Price(Decimal("1.50"), Decimal("2.0"))}) == 1
+
+
+def test_cached_prompt_tokens_at_their_own_price() -> None:
+    price = Price(Decimal("1.25"), Decimal("10"), Decimal("0.125"))  # cached input at a tenth
+    assert price.cost(1000, 100, 600) == Decimal("0.001575")  # 400 x 1.25 + 600 x 0.125 + 100 x 10, per 1M
+    assert price.cost_units(1000, 100, 600) == 157_500
+    # unset: cached tokens cost what other prompt tokens do, as before
+    assert Price(Decimal("1.25"), Decimal("10")).cost(1000, 100, 600) == Price(Decimal("1.25"), Decimal("10")).cost(1000, 100)
+    assert price.cost(1000, 100, 5000) == price.cost(1000, 100, 1000)  # never more cached tokens than the prompt's
+    assert price.cost(1000, 100, -3) == price.cost(1000, 100)
+
+
+def test_cached_prices_integer_and_decimal_agree() -> None:
+    rng = random.Random(11)
+    for _ in range(5_000):
+        fine = rng.random() < 0.2  # finer than the table's scale: the Decimal formula
+        price = Price(Decimal(rng.randint(0, 10**9)).scaleb(-8), Decimal(rng.randint(0, 10**9)).scaleb(-8),
+                      Decimal(rng.randint(0, 10**9)).scaleb(-10 if fine else -8))
+        assert (price._units_e8 is None) == (fine and price.cached_prompt_usd_per_1m.scaleb(8) % 1 != 0)
+        prompt, completion = rng.randint(0, 10**6), rng.randint(0, 10**5)
+        cached = rng.randint(0, prompt)
+        raw = (price.prompt_usd_per_1m * (prompt - cached) + price.cached_prompt_usd_per_1m * cached
+               + price.completion_usd_per_1m * completion) / MILLION
+        want = raw.quantize(USD_QUANTUM, rounding=ROUND_HALF_UP)
+        assert price.cost(prompt, completion, cached) == want
+        assert price.cost_units(prompt, completion, cached) == usd_to_units(want)
