@@ -19,6 +19,7 @@ class CachePolicy:
     max_entries: int = 10_000
     no_cache: bool = False  # Cache-Control: no-cache -> skip lookup
     no_store: bool = False  # Cache-Control: no-store -> do not store
+    max_age_s: int | None = None  # Cache-Control: max-age=N (N > 0) -> serve only answers stored N s ago or less
 
 
 @dataclass(slots=True)

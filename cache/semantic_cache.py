@@ -161,18 +161,24 @@ class SemanticCache:
             raw, events = await self._io(pipe.execute())
         else:
             raw = await self._io(self.redis.hget(keys.entry(req.exact_key), "resp"))
+        stale = False
+        if raw is not None and policy.max_age_s is not None and not await self._fresh(keys, req.exact_key, policy):
+            raw, stale = None, True  # older than the request allows: a paraphrase stored since may do
         if raw is not None:
             self._stats.hits += 1
             return CacheLookup("hit", 1.0, json.loads(raw))
         if not req.query:
-            return self._miss("no-semantic-tier")
+            return self._miss("stale" if stale else "no-semantic-tier")
         try:
             unsearchable = await self._unsearchable(req.query)
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
             return self._embed_failed(e)
         if unsearchable:
-            return self._miss(unsearchable)
-        return await self._semantic(keys, req, events, policy)
+            return self._miss("stale" if stale else unsearchable)
+        found = await self._semantic(keys, req, events, policy)
+        if stale and found.outcome == "miss":
+            found.reason = "stale"
+        return found
 
     async def _semantic(self, keys: TenantKeys, req: CanonicalRequest, events: list | None,
                         policy: CachePolicy) -> CacheLookup:
@@ -191,17 +197,31 @@ class SemanticCache:
             candidates = await self._io(self._ft.search(ns, vec, _TOP_K, policy.threshold))
         if not candidates:
             return self._miss("below-threshold")
-        rejected = 0
+        rejected = stale = 0
         for cand in candidates:
             if not self.verifier.check(req.query, cand.text).ok:
                 rejected += 1
+                continue
+            if policy.max_age_s is not None and not await self._fresh(keys, cand.entry_id, policy):
+                stale += 1
                 continue
             resp = await self._response(keys, cand)
             if resp is not None:
                 self._stats.semantic_hits += 1
                 return CacheLookup("semantic-hit", round(cand.score, 4), resp)
         self._stats.verifier_rejections += rejected
-        return self._miss("verifier" if rejected else "expired")
+        return self._miss("verifier" if rejected else "stale" if stale else "expired")
+
+    async def _fresh(self, keys: TenantKeys, entry_id: str, policy: CachePolicy) -> bool:
+        """Whether the entry was stored at most ``policy.max_age_s`` ago, on Redis's clock (the
+        store script stamps it from ``TIME``); an entry without a stamp is not."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zscore(keys.stored, entry_id)
+        pipe.time()
+        stored_ms, (sec, usec) = await self._io(pipe.execute())
+        if stored_ms is None:
+            return False
+        return sec * 1000 + usec / 1000 - float(stored_ms) <= policy.max_age_s * 1000
 
     async def _unsearchable(self, text: str) -> str | None:
         """Why ``text`` gets no semantic tier, or None. "too-long": the embedder reads only a long

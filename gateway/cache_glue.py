@@ -20,23 +20,32 @@ _NOT_KEYED = {"stream", "stream_options", "user"}
 def cache_policy(principal: Any, cache_control: str | None) -> CachePolicy:
     """``cache_control``: the request's ``Cache-Control`` lines joined (``Caller.cache_control``;
     a lone ``Pragma: no-cache`` stands for ``no-cache`` there, RFC 9111 5.4). ``max-age=0`` asks
-    for nothing stored, as ``no-cache`` does (a browser's reload sends it)."""
+    for nothing stored, as ``no-cache`` does (a browser's reload sends it); ``max-age=N`` for an
+    answer stored at most N seconds ago (RFC 9111 5.2.1.1; the smallest when repeated, one that is
+    not a number of seconds is ignored)."""
     directives = {d.strip().lower().replace(" ", "") for d in (cache_control or "").split(",")}
+    ages = [age for d in directives if (age := _max_age(d)) is not None]
+    max_age = min(ages) if ages else None
     return CachePolicy(
         enabled=bool(principal.cache_enabled),
         threshold=float(principal.cache_threshold),
         ttl_s=int(principal.cache_ttl_s),
         max_entries=int(principal.cache_max_entries),
-        no_cache="no-cache" in directives or any(_max_age_zero(d) for d in directives),
+        no_cache="no-cache" in directives or max_age == 0,
         no_store="no-store" in directives,
+        max_age_s=max_age or None,
     )
 
 
-def _max_age_zero(directive: str) -> bool:
-    """``max-age=0`` however written (``00``, ``"0"``)."""
+def _max_age(directive: str) -> int | None:
+    """The seconds of a ``max-age`` directive however written (``00``, ``"60"``); None for another
+    directive or a value that is not a number of seconds. Past 2**31 seconds (RFC 9111 1.2.2: a
+    larger value is taken as 2**31) it asks for nothing more than the entries' own TTL."""
     name, _, value = directive.partition("=")
     value = value.strip('"')
-    return name == "max-age" and value.isdigit() and int(value) == 0
+    if name != "max-age" or not value.isdigit() or not value.isascii():
+        return None
+    return 2**31 if len(value) > 10 else min(int(value), 2**31)
 
 
 def cache_body(body: ChatCompletionRequest) -> dict:

@@ -343,3 +343,42 @@ async def test_the_cap_keeps_the_order_of_stores_within_one_millisecond(make_cac
     await c.store_.put_many(keys, entries, ttl_s=3600, max_entries=3)
     kept = [m.decode() if isinstance(m, bytes) else m for m in await redis_client.zrange(keys.stored, 0, -1)]
     assert kept == ids[-3:]
+
+
+async def test_max_age_serves_only_answers_stored_that_recently(make_cache, policy):
+    """``Cache-Control: max-age=N``: an answer stored more than N seconds ago (on Redis's clock) is
+    a miss, exact or paraphrased, that stores the new answer; without max-age it is still served."""
+    import dataclasses
+
+    c = make_cache()
+    body = chat("How do I rotate my API key?")
+    await c.store("acme", body, answer("Use the rotate button."), policy)
+    fresh = dataclasses.replace(policy, max_age_s=60)
+    assert (await c.lookup("acme", body, fresh)).outcome == "hit"
+    keys = c.store_.keys("acme")
+    stored = await c.redis.zrange(keys.stored, 0, -1, withscores=True)
+    await c.redis.zadd(keys.stored, {member: score - 120_000 for member, score in stored})  # stored 2 min ago
+    for text in ("How do I rotate my API key?", "How can I rotate my API key?"):
+        r = await c.lookup("acme", chat(text), fresh)
+        assert (r.outcome, r.reason, r.storable) == ("miss", "stale", True), text
+    assert (await c.lookup("acme", body, dataclasses.replace(policy, max_age_s=180))).outcome == "hit"
+    assert (await c.lookup("acme", body, policy)).outcome == "hit"
+    await c.store("acme", body, answer("Rotate it in Settings."), policy)  # the stale miss's new answer
+    again = await c.lookup("acme", chat("How can I rotate my API key?"), fresh)
+    assert again.outcome == "semantic-hit"
+    assert again.response["choices"][0]["message"]["content"] == "Rotate it in Settings."
+
+
+@pytest.mark.parametrize(("header", "no_cache", "max_age"), [
+    ("max-age=60", False, 60), ('max-age="60"', False, 60), ("max-age=0", True, None),
+    ("max-age=600, max-age=60", False, 60), ("max-age=abc", False, None), ("max-age=-5", False, None),
+    ("max-age=99999999999999999999", False, 2**31), ("max-age=６０", False, None), (None, False, None),
+])
+def test_cache_control_max_age_is_read(header, no_cache, max_age):
+    from types import SimpleNamespace
+
+    from gateway.cache_glue import cache_policy
+
+    principal = SimpleNamespace(cache_enabled=True, cache_threshold=0.9, cache_ttl_s=3600, cache_max_entries=10)
+    got = cache_policy(principal, header)
+    assert (got.no_cache, got.max_age_s) == (no_cache, max_age)

@@ -132,6 +132,30 @@ def test_no_cache_skips_the_lookup_and_still_stores(api_cached) -> None:  # noqa
     assert _post(api, key, both).headers["x-cache"] == "miss"
 
 
+def test_max_age_serves_only_a_recent_answer(api_cached) -> None:  # noqa: ANN001
+    """``Cache-Control: max-age=N`` (N > 0): a stored answer older than N seconds is a miss, whose
+    new answer is stored; it was ignored before (found by QA)."""
+    api = api_cached
+    tenant_id, key = api.make_tenant()
+    cache = api.app.state.pagegate.cache
+    question = f"Name a river. ({time.time_ns()})"
+    first = _post(api, key, _body(api, question))
+    assert first.headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question), **{"cache-control": "max-age=3600"}).headers["x-cache"] == "hit"
+    keys = cache.store_.keys(str(tenant_id))
+
+    async def backdate() -> None:
+        stored = await cache.redis.zrange(keys.stored, 0, -1, withscores=True)
+        await cache.redis.zadd(keys.stored, {m: score - 600_000 for m, score in stored})  # 10 minutes ago
+
+    api.loop.run(backdate())
+    stores = cache.stats()["stores"]
+    stale = _post(api, key, _body(api, question), **{"cache-control": "max-age=60"})
+    assert stale.status_code == 200 and stale.headers["x-cache"] == "miss"
+    assert cache.stats()["stores"] == stores + 1  # the new answer replaces the old one
+    assert _post(api, key, _body(api, question), **{"cache-control": "max-age=60"}).headers["x-cache"] == "hit"
+
+
 def test_max_age_zero_and_pragma_skip_the_lookup_and_metrics_count(api_cached) -> None:  # noqa: ANN001
     """``Cache-Control: max-age=0`` (a browser's reload) and, without a Cache-Control line,
     HTTP/1.0's ``Pragma: no-cache`` skip the lookup as ``no-cache`` does; ``/metrics`` shows the
