@@ -233,50 +233,66 @@ class Scheduler:
 
     def _share_slots(self) -> dict:
         """Running sequences per class, after up to ``FAIR_YIELDS_PER_STEP`` of them gave their
-        slot to a waiting class that holds at least two fewer (see the module's docstring)."""
+        slot to a waiting class that holds at least two fewer (see the module's docstring). Only
+        while every slot is taken (free slots go to the least-served classes at admission anyway)
+        and no preempted sequence waits (the pool, not the slots, is short then: found by QA, a
+        slot yielded to a class whose preempted head did not fit came straight back every step)."""
         held: dict = {}
         for seq in self.running:
             cls = seq.request.priority_class
             held[cls] = held.get(cls, 0) + 1
-        free = self.max_num_seqs - len(self.running)
-        if free >= len(self.waiting) or not held:
+        short = len(self.running) - self.max_num_seqs + 1  # yields before one slot is free
+        if short < 1 or self.waiting.preempted or not self.waiting.classes:
+            return held
+        top = max(held.values())  # no class holds two more than a waiting one: nothing to do (the usual case)
+        if not any(held.get(cls, 0) <= top - 2 for cls, q in self.waiting.classes.items() if q):
             return held
         want = {cls: len(q) for cls, q in self.waiting.classes.items() if q}  # waiting per class
         share = dict(held)  # the slots as they will be once admission has run
-
-        def take(cls) -> None:  # noqa: ANN001
-            share[cls] = share.get(cls, 0) + 1
-            want[cls] -= 1
-            if not want[cls]:
-                del want[cls]
-
-        for _ in range(free):  # the free slots go first, least-served first
-            if not want:
-                return held
-            take(min(want, key=lambda c: share.get(c, 0)))
         room = self.kv.num_free_blocks
-        yields = 0
-        while want and yields < FAIR_YIELDS_PER_STEP:
+        plan: list[Sequence] = []  # the yields decided; made only in whole rounds that free a slot
+        done = 0  # of ``plan``, those that end a round
+        picked: set[int] = set()
+        while want and len(plan) < FAIR_YIELDS_PER_STEP:
             taker = min(want, key=lambda c: share.get(c, 0))
-            giver = max(share, key=share.__getitem__)
-            if share[giver] < share.get(taker, 0) + 2 or not held.get(giver):
+            head = self.waiting.classes[taker][0]
+            need = -(-min(head.num_tokens, self.max_num_batched_tokens) // self.kv.block_size)
+            batch: list[Sequence] = []
+            freed = 0
+            for _ in range(short):  # children forked past ``max_num_seqs`` take more than one yield
+                giver = max(share, key=share.__getitem__)
+                victim = None
+                if share[giver] >= share.get(taker, 0) + 2 and len(plan) + len(batch) < FAIR_YIELDS_PER_STEP:
+                    victim = next((s for s in reversed(self.running) if s.request.priority_class == giver
+                                   and id(s) not in picked), None)
+                if victim is None:
+                    break
+                batch.append(victim)
+                picked.add(id(victim))
+                share[giver] -= 1
+                freed += self.kv.num_exclusive_blocks(victim)
+            if len(batch) < short or need > room + freed:  # no slot, or one its head could not use
+                for victim in batch:
+                    share[victim.request.priority_class] += 1
+                    picked.discard(id(victim))
+                if len(batch) == short:  # only this class's head does not fit: try the others
+                    del want[taker]
+                    continue
                 break
-            victim = next(s for s in reversed(self.running) if s.request.priority_class == giver)
-            freed = self.kv.num_exclusive_blocks(victim)
-            need = -(-min(self.waiting.classes[taker][0].num_tokens, self.max_num_batched_tokens)
-                     // self.kv.block_size)
-            if need > room + freed:  # its head would find no room: the slot would come straight back
-                del want[taker]
-                continue
             room += freed - need
+            plan += batch
+            done = len(plan)
+            short = 1
+            share[taker] = share.get(taker, 0) + 1
+            want[taker] -= 1
+            if not want[taker]:
+                del want[taker]
+        for victim in plan[:done]:  # each class's newest first: its queue keeps the admission order
             self.running.remove(victim)
             self._free_for_recompute(victim)
             self.num_yields += 1
-            yields += 1
             self.waiting.add_yielded(victim)
-            held[giver] -= 1
-            share[giver] -= 1
-            take(taker)
+            held[victim.request.priority_class] -= 1
         return held
 
     def _free_for_recompute(self, seq: Sequence) -> None:

@@ -296,3 +296,60 @@ def test_random_workload_with_classes_never_deadlocks_or_drops():
     assert not sched.has_unfinished()
     assert all(s.num_output_tokens == s.params.max_tokens for s in seqs)
     assert kv.num_free_blocks == 12 and sched.num_yields > 0
+
+
+def test_no_slot_is_yielded_while_a_preempted_sequence_waits():
+    """Found by QA: class b's next sequence was a memory-preempted one that did not fit; a slot
+    yielded for b came straight back to a's yielded sequence, recomputed every step (49 yields in
+    100 steps). The pool is what is short then, not the slots: nothing yields."""
+    kv, sched = make(num_blocks=40, budget=64, max_seqs=2)
+    a1 = add(sched, "a1", 4, max_tokens=300, cls="a")
+    add(sched, "b1", 60, max_tokens=300, cls="b", base=100)
+    while not sched.waiting.preempted:
+        step(sched, kv)
+    a2 = add(sched, "a2", 3, max_tokens=300, cls="a", base=500)
+    step(sched, kv)
+    b2 = add(sched, "b2", 2, max_tokens=3, cls="b", base=900)
+    for _ in range(100):
+        step(sched, kv)
+    assert sched.num_yields == 0 and a2.num_preemptions <= 1 and a1.num_preemptions == 0
+    assert b2.num_output_tokens == 3  # once the pool had room
+
+
+def _fork(sched, kv, seq, n):
+    """What the engine does after a prompt with ``n`` > 1: children share its blocks and run at once,
+    past ``max_num_seqs`` if need be."""
+    from engine.request import Sequence
+
+    children = []
+    for index in range(1, n):
+        child = Sequence(seq.request, index, list(seq.token_ids), seq.num_prompt_tokens,
+                         num_computed_tokens=seq.num_computed_tokens)
+        seq.request.sequences.append(child)
+        kv.fork(seq, child)
+        sched.add_running(child, after=seq.request.sequences[index - 1])
+        children.append(child)
+    return children
+
+
+def test_children_forked_past_the_cap_yield_only_what_frees_a_usable_slot():
+    """Found by QA: an ``n=3`` request's children put 3 sequences in 2 slots (or 1); a yield then
+    freed no slot, and with one slot every child yielded in turn while the other class still waited.
+    Now the yields a slot needs are made together, in one step, or not at all."""
+    for max_seqs, yields in ((2, 2), (1, 0)):
+        kv, sched = make(num_blocks=64, budget=64, max_seqs=max_seqs)
+        parent = add(sched, "a", 3, max_tokens=30, cls="a")
+        step(sched, kv)
+        _fork(sched, kv, parent, 3)
+        assert len(sched.running) == 3
+        late = add(sched, "b", 3, max_tokens=2, cls="b", base=500)
+        out = step(sched, kv)
+        assert sched.num_yields == yields, max_seqs
+        assert (late in out.seqs) == bool(yields)
+        steps = 0
+        while sched.has_unfinished():
+            step(sched, kv)
+            steps += 1
+            assert steps < 300
+        assert sched.num_yields == yields and kv.num_free_blocks == 64
+        assert all(s.num_output_tokens == 30 for s in parent.request.sequences) and late.num_output_tokens == 2
