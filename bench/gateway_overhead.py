@@ -259,6 +259,11 @@ class Bench:
         prices = s.prices  # as ``RequestAccount.close_now``: the loaded prices, nothing awaited
         cost = (prices.cost_now(model, len(self.prompt), completion) if prices.loaded
                 else await prices.cost(model, len(self.prompt), completion))
+        if s.metrics is not None:  # as ``RequestAccount._record``: the request counters for /metrics
+            s.metrics.observe(endpoint="chat.completions", model=model, tenant=principal.tenant_id, status="ok",
+                              cache=None, prompt_tokens=len(self.prompt), cached_prompt_tokens=0,
+                              completion_tokens=completion, cost_usd=float(cost), saved_usd=0.0,
+                              latency_s=time.perf_counter() - started, ttft_s=None)
         s.usage.record(UsageEvent(request_id=new_hex_id(), tenant_id=principal.tenant_id,
                                   api_key_id=principal.key_id, model=model, status="ok",
                                   prompt_tokens=len(self.prompt), completion_tokens=completion, cost_usd=cost,

@@ -135,6 +135,16 @@ class RequestAccount:
                 saved = value
             else:
                 cost = value
+        metrics = getattr(self._services, "metrics", None)
+        if metrics is not None:
+            try:
+                metrics.observe(endpoint=self.endpoint, model=self.model, tenant=self.principal.tenant_id, status=status,
+                                cache=self.cache, prompt_tokens=prompt_tokens, cached_prompt_tokens=cached_prompt_tokens,
+                                completion_tokens=completion_tokens, cost_usd=float(cost), saved_usd=float(saved),
+                                latency_s=time.perf_counter() - self.started,
+                                ttft_s=None if ttft_ms is None else ttft_ms / 1000)
+            except Exception:
+                log.exception("metrics failed for %s", self.request_id)
         try:
             self._services.usage.record(UsageEvent(
                 request_id=self.request_id,

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # a worker's engine: the Unix socket of an engine process (`pagegate serve --workers` sets it);
     # unset: the engine runs in this process
     engine_socket: str | None = None
+    # a worker's index and the directory where the workers share their request counters for
+    # GET /metrics (`pagegate serve --workers` sets both)
+    worker_index: str | None = None
+    metrics_dir: str | None = None
 
     # storage
     database_url: str = "sqlite+aiosqlite:///./data/pagegate.db"

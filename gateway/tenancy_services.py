@@ -23,6 +23,7 @@ from gateway.aftercare import Aftercare
 from gateway.auth import Authenticator
 from gateway.db.session import Database
 from gateway.limits import RequestLimiter
+from gateway.metrics import RequestMetrics
 from gateway.peer_flush import PeerFlush
 from gateway.pricing import PriceBook
 from gateway.quota import QuotaLedger, rebuild_unavailable
@@ -52,6 +53,7 @@ class TenancyServices:
     redis_url: str = ""
     aftercare: Aftercare | None = None  # requests' quota settlements, run after their responses
     peers: PeerFlush | None = None  # the other processes on this Redis, asked to settle and flush
+    metrics: RequestMetrics | None = None  # request counters for GET /metrics (gateway.metrics)
 
     async def close(self) -> None:
         """Run the deferred settlements, drain the usage writer (rows not written stay spooled),
@@ -66,6 +68,9 @@ class TenancyServices:
         if self.peers is not None:
             with contextlib.suppress(Exception):
                 await self.peers.close()
+        if self.metrics is not None:
+            with contextlib.suppress(Exception):
+                await self.metrics.aclose()
         with contextlib.suppress(Exception):
             await self.usage.close()
         with contextlib.suppress(Exception):
@@ -143,8 +148,10 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
 
     quota.settle_pending = settle_pending
     services = TenancyServices(settings=settings, db=db, redis=redis, auth=auth, limiter=limiter, quota=quota,
-                               usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare, peers=peers)
+                               usage=usage, prices=prices, redis_url=redis_url, aftercare=aftercare, peers=peers,
+                               metrics=RequestMetrics(settings.metrics_dir, settings.worker_index))
     try:
+        services.metrics.start()
         await usage.start()
         await auth.start()
         await peers.start()

@@ -118,6 +118,9 @@ class Supervisor:
                     "PAGEGATE_DEV_MODE": "true" if settings.dev_mode else "false"}
         if settings.load_engine:  # PAGEGATE_LOAD_ENGINE=false: workers without an engine (admin, embeddings)
             self.env["PAGEGATE_ENGINE_SOCKET"] = self.socket_path
+        metrics_dir = self.run_dir / "metrics"  # the workers' request counters, summed by each (gateway.metrics)
+        metrics_dir.mkdir()
+        self.env["PAGEGATE_METRICS_DIR"] = str(metrics_dir)
         self.engine: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen | None] = []
         self.socks: list[socket.socket] = []
@@ -326,7 +329,7 @@ def _worker_main(fd: int, index: int) -> int:
     from gateway.serve import uvicorn_options
     from gateway.shutdown import DrainingServer
 
-    settings = Settings()
+    settings = Settings(worker_index=str(index))
     logging.basicConfig(level=python_log_level(settings),
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     sock = socket.socket(fileno=fd)

@@ -1,15 +1,18 @@
 """GET /health (liveness + engine stats, no auth; HEAD as well, for load balancers) and GET
 /metrics (the same, as JSON numbers, with the event loop's lag: ``gateway.loop_lag``, and the
-semantic cache's counters)."""
+semantic cache's counters; in Prometheus's text format, with the request counters of
+``gateway.metrics``, for a scraper's ``Accept`` or ``?format=prometheus``)."""
 
+import asyncio
 import dataclasses
 import os
 import time
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from gateway.deps import StateDep
+from gateway.metrics import PROMETHEUS_CONTENT_TYPE, RequestMetrics, render, wants_prometheus
 
 router = APIRouter(tags=["health"])
 
@@ -35,13 +38,22 @@ async def health(state: StateDep) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(state: StateDep) -> JSONResponse:
+async def metrics(state: StateDep, request: Request) -> Response:
     try:
         stats = _engine_stats(state)
+        up = True
     except Exception:
-        stats = None
+        stats, up = None, False
     loop_lag = state.loop_lag.snapshot() if state.loop_lag is not None else None
     # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
     cache = state.cache.stats() if state.cache is not None else None  # this process's counters
+    if wants_prometheus(request.headers.get("accept"), request.query_params.get("format")):
+        counted = getattr(state.services, "metrics", None)
+        # the other workers' files: read off the event loop
+        merged = counted.merged(await asyncio.to_thread(counted.others)) if counted is not None else RequestMetrics()
+        text = render(uptime_s=time.time() - state.started_at, engine=stats, engine_up=up and state.engine is not None,
+                      model=state.engine.model_id if state.engine else None, loop_lag=loop_lag, cache=cache,
+                      requests=merged)
+        return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
                          "event_loop": loop_lag, "cache": cache, "pid": os.getpid()})

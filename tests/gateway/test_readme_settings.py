@@ -9,7 +9,7 @@ from pathlib import Path
 from gateway.settings import Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-NOT_LISTED = {"engine_socket"}  # set by `pagegate serve --workers` for its own processes
+NOT_LISTED = {"engine_socket", "worker_index", "metrics_dir"}  # set by `pagegate serve --workers` for its own processes
 ROW = re.compile(r"^\| `PAGEGATE_([A-Z0-9_]+)` \| ([^|]+) \|")
 
 

@@ -205,9 +205,27 @@ def test_two_workers_serve_one_engine(service: Service) -> None:
         time.sleep(0.2)
     assert {r.request_id for r in rows} >= set(ids)
     assert sum(r.completion_tokens for r in rows if r.status == "ok") == 5 * 4 + 6 + 4 * 4 + 2 * 4
+    # Prometheus: whichever worker answers, the whole service's counters (each adds the others' files,
+    # written every second)
+    time.sleep(1.5)
+    for _ in range(6):
+        with httpx.Client() as c:
+            text = c.get(service.url + "/metrics", headers={"accept": "text/plain"}, timeout=10).text
+        assert prometheus_sum(text, "pagegate_completion_tokens_total") == 5 * 4 + 6 + 4 * 4 + 2 * 4
+        assert prometheus_sum(text, "pagegate_requests_total") == len(rows)
+
+
+def prometheus_sum(text: str, name: str) -> float:
+    """The sum of a metric's series in Prometheus's text format."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def test_a_dead_worker_is_started_again_and_sigterm_stops_all(service: Service) -> None:
+    for _ in range(4):  # requests through both workers, counted in /metrics
+        with service.client() as c:
+            c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+    time.sleep(1.5)
     workers = service.roles()["worker"]
     os.kill(workers[0], signal.SIGKILL)
     deadline = time.monotonic() + 120
@@ -225,6 +243,11 @@ def test_a_dead_worker_is_started_again_and_sigterm_stops_all(service: Service) 
     reply = service.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                                      max_tokens=2)
     assert reply.usage.completion_tokens == 2
+    time.sleep(1.5)
+    for _ in range(6):  # the new worker read its predecessor's counters back: the sums never go down
+        with httpx.Client() as c:
+            text = c.get(service.url + "/metrics?format=prometheus", timeout=10).text
+        assert prometheus_sum(text, "pagegate_completion_tokens_total") == 4 + 2
     children = _children(service.proc.pid)
     assert service.stop() == 0, service.logs()
     assert not [p for p in children if _alive(p)]

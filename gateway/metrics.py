@@ -1,0 +1,297 @@
+"""Request counters and latency histograms, and ``GET /metrics`` in Prometheus's text format.
+
+Every request that reaches its usage row is counted here too (``RequestAccount`` calls
+``observe``): requests by endpoint, model, status and cache outcome; prompt, cached prompt and
+completion tokens and cost by model and tenant; latency and time to first token as histograms.
+A few dictionary updates a request, on the event loop, nothing awaited.
+
+With ``pagegate serve --workers N`` each worker counts its own requests, and a scrape reaches one
+of them. So that every scrape shows the whole service, each worker writes its counters to
+``<dir>/w<index>.json`` every second (``PAGEGATE_METRICS_DIR``, set by the supervisor) and sums
+the other workers' files into its answer. A worker that is started again reads its own file back
+first, so the sums never go down (Prometheus would read a drop as a counter reset); what it
+counted in its last second before dying is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from bisect import bisect_left
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pagegate.metrics")
+
+# seconds: from well under a cache hit to a long generation
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+DUMP_INTERVAL_S = 1.0
+
+_COUNTERS = {  # name: (help, label names)
+    "pagegate_requests_total": ("Requests that ended, by endpoint, model, status and semantic-cache outcome",
+                                ("endpoint", "model", "status", "cache")),
+    "pagegate_prompt_tokens_total": ("Prompt tokens of the requests", ("model", "tenant")),
+    "pagegate_cached_prompt_tokens_total": ("Prompt tokens served from the engine's prefix cache",
+                                            ("model", "tenant")),
+    "pagegate_completion_tokens_total": ("Completion tokens of the requests", ("model", "tenant")),
+    "pagegate_cost_usd_total": ("Money billed (USD; semantic-cache hits bill nothing)", ("model", "tenant")),
+    "pagegate_saved_usd_total": ("Money semantic-cache hits saved (USD)", ("model", "tenant")),
+}
+_BY_TENANT = ("pagegate_prompt_tokens_total", "pagegate_cached_prompt_tokens_total", "pagegate_completion_tokens_total",
+              "pagegate_cost_usd_total", "pagegate_saved_usd_total")  # a row's sums after its request count
+_HISTOGRAMS = {  # name: (help, label names, buckets)
+    "pagegate_request_latency_seconds": ("Time from the request's arrival to its end", ("endpoint",),
+                                         LATENCY_BUCKETS),
+    "pagegate_time_to_first_token_seconds": ("Time from the request's arrival to its first token",
+                                             ("endpoint",), TTFT_BUCKETS),
+}
+
+
+class RequestMetrics:
+    """This process's counters (``observe``), and with a directory the other workers' (``merged``).
+    Kept as one row of sums per (endpoint, model, tenant, status, cache outcome) and one histogram
+    per endpoint, so that a request costs two dictionary lookups (~2 µs); the metric families are
+    made from them when scraped."""
+
+    def __init__(self, directory: str | Path | None = None, worker: str | None = None) -> None:
+        # (endpoint, model, tenant, status, cache) -> [requests, prompt, cached, completion, cost, saved]
+        self.rows: dict[tuple, list[float]] = {}
+        # histogram name -> endpoint -> per bucket (not cumulative), +Inf overflow, sum, count
+        self.histograms: dict[str, dict[str, list[float]]] = {name: {} for name in _HISTOGRAMS}
+        self.directory = Path(directory) if directory else None
+        self.worker = worker or str(os.getpid())
+        self._task: asyncio.Task | None = None
+        if self.directory is not None:
+            self._load_own()
+
+    # -- counting ----------------------------------------------------------------------
+    def observe(self, *, endpoint: str, model: str, tenant: int | str, status: str, cache: str | None,
+                prompt_tokens: int, cached_prompt_tokens: int, completion_tokens: int, cost_usd: float,
+                saved_usd: float, latency_s: float, ttft_s: float | None) -> None:
+        key = (endpoint, model, str(tenant), status, cache or "none")
+        row = self.rows.get(key)
+        if row is None:
+            row = self.rows[key] = [0, 0, 0, 0, 0.0, 0.0]
+        row[0] += 1
+        row[1] += prompt_tokens
+        row[2] += cached_prompt_tokens
+        row[3] += completion_tokens
+        row[4] += cost_usd
+        row[5] += saved_usd
+        _time(self.histograms["pagegate_request_latency_seconds"], endpoint, LATENCY_BUCKETS, latency_s)
+        if ttft_s is not None:
+            _time(self.histograms["pagegate_time_to_first_token_seconds"], endpoint, TTFT_BUCKETS, ttft_s)
+
+    def families(self) -> dict[str, dict[tuple, float]]:
+        """The counters by metric and labels (``_COUNTERS``), summed from the rows."""
+        out: dict[str, dict[tuple, float]] = {name: {} for name in _COUNTERS}
+        for (endpoint, model, tenant, status, cache), row in self.rows.items():
+            _add(out["pagegate_requests_total"], (endpoint, model, status, cache), row[0])
+            by = (model, tenant)
+            for name, value in zip(_BY_TENANT, row[1:], strict=True):
+                if value:
+                    _add(out[name], by, value)
+        return out
+
+    # -- several workers ---------------------------------------------------------------
+    def state(self) -> dict:
+        return {"rows": [[list(k), list(v)] for k, v in self.rows.items()],
+                "histograms": {n: {e: list(v) for e, v in h.items()} for n, h in self.histograms.items()}}
+
+    def _absorb(self, state: dict) -> None:
+        for labels, values in state.get("rows", []):
+            if len(labels) != 5 or len(values) != 6:
+                continue
+            row = self.rows.setdefault(tuple(labels), [0, 0, 0, 0, 0.0, 0.0])
+            for i, v in enumerate(values):
+                row[i] += v
+        for name, series in state.get("histograms", {}).items():
+            if name in self.histograms:
+                width = len(_HISTOGRAMS[name][2]) + 3
+                for endpoint, values in series.items():
+                    if len(values) != width:
+                        continue  # written with other buckets: left out rather than misread
+                    mine = self.histograms[name].setdefault(endpoint, [0.0] * width)
+                    for i, v in enumerate(values):
+                        mine[i] += v
+
+    def _own_file(self) -> Path:
+        assert self.directory is not None
+        return self.directory / f"w{self.worker}.json"
+
+    def _load_own(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            try:
+                self._absorb(json.loads(self._own_file().read_text()))
+            except (OSError, ValueError) as exc:
+                log.warning("metrics: could not read %s back (%s); this worker's counters start at 0",
+                            self._own_file(), exc)
+
+    def dump(self, state: dict | None = None) -> None:
+        """Write this worker's counters (atomically: a reader never sees half a file); ``state``:
+        taken on the event loop (``state()``) when this runs on a thread."""
+        if self.directory is None:
+            return
+        path = self._own_file()
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.state() if state is None else state))
+        os.replace(tmp, path)
+
+    def others(self) -> list[dict]:
+        """The other workers' last written counters (files: call it on a thread)."""
+        if self.directory is None:
+            return []
+        found = []
+        mine = self._own_file().name
+        for path in sorted(self.directory.glob("w*.json")):
+            if path.name == mine:
+                continue
+            try:
+                found.append(json.loads(path.read_text()))
+            except (OSError, ValueError):  # being replaced this instant, or gone: the next scrape has it
+                continue
+        return found
+
+    def merged(self, others: list[dict]) -> RequestMetrics:
+        """This worker's counters plus ``others`` (``others()``); on the event loop."""
+        if not others:
+            return self
+        total = RequestMetrics()
+        total._absorb(self.state())
+        for state in others:
+            total._absorb(state)
+        return total
+
+    def start(self) -> None:
+        if self.directory is not None and self._task is None:
+            self._task = asyncio.ensure_future(self._dump_every())
+
+    async def _dump_every(self) -> None:
+        while True:
+            await asyncio.sleep(DUMP_INTERVAL_S)
+            try:
+                await asyncio.to_thread(self.dump, self.state())
+            except OSError as exc:
+                log.warning("metrics: could not write %s: %s", self._own_file(), exc)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+            self._task = None
+        with contextlib.suppress(OSError):
+            self.dump()
+
+
+def _add(series: dict, labels: tuple, value: float) -> None:
+    series[labels] = series.get(labels, 0) + value
+
+
+def _time(series: dict[str, list[float]], endpoint: str, buckets: tuple[float, ...], value: float) -> None:
+    counts = series.get(endpoint)
+    if counts is None:
+        counts = series[endpoint] = [0.0] * (len(buckets) + 3)
+    counts[bisect_left(buckets, value)] += 1  # the first bucket whose bound is >= value; past all: +Inf's
+    counts[-2] += value
+    counts[-1] += 1
+
+
+# ---------------------------------------------------------------------------------- exposition
+
+_ENGINE_GAUGES = {  # EngineStats field: (metric, help, type)
+    "running": ("pagegate_engine_running_sequences", "Sequences in the running batch", "gauge"),
+    "waiting": ("pagegate_engine_waiting_sequences", "Sequences waiting to be admitted", "gauge"),
+    "kv_blocks_total": ("pagegate_engine_kv_blocks", "KV cache blocks in the pool", "gauge"),
+    "kv_blocks_used": ("pagegate_engine_kv_blocks_used", "KV cache blocks in use", "gauge"),
+    "kv_usage": ("pagegate_engine_kv_usage_ratio", "Fraction of KV cache blocks in use", "gauge"),
+    "prefix_hit_rate": ("pagegate_engine_prefix_hit_ratio",
+                        "Prompt tokens served from the prefix cache / prompt tokens looked up", "gauge"),
+    "preemptions": ("pagegate_engine_preemptions_total",
+                    "Sequences preempted (pool full, or a slot given to a less-served tenant)", "counter"),
+    "steps": ("pagegate_engine_steps_total", "Engine steps", "counter"),
+    "generated_tokens": ("pagegate_engine_generated_tokens_total", "Tokens the engine generated", "counter"),
+}
+
+_CACHE_COUNTERS = ("lookups", "hits", "semantic_hits", "misses", "bypasses", "verifier_rejections", "stores",
+                   "evictions", "redis_errors", "embed_errors")
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def wants_prometheus(accept: str | None, fmt: str | None) -> bool:
+    """``?format=prometheus``, or an ``Accept`` that names Prometheus's formats (what its scraper
+    sends); anything else (``*/*``, a browser's, JSON) keeps the JSON answer."""
+    if fmt is not None:
+        return fmt.strip().lower() in ("prometheus", "text", "openmetrics")
+    accept = (accept or "").lower()
+    return "text/plain" in accept or "openmetrics" in accept
+
+
+def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str | None, loop_lag: dict | None,
+           cache: dict | None, requests: RequestMetrics) -> str:
+    out: list[str] = []
+
+    def family(name: str, help_text: str, kind: str) -> None:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} {kind}")
+
+    family("pagegate_up", "1 while the engine steps (0: its loop stopped)", "gauge")
+    out.append(f"pagegate_up{_labels(('model',), (model or '',))} {1 if engine_up else 0}")
+    family("pagegate_uptime_seconds", "Seconds since this process started", "gauge")
+    out.append(f"pagegate_uptime_seconds {_num(uptime_s)}")
+    if engine:
+        for field_name, (name, help_text, kind) in _ENGINE_GAUGES.items():
+            if field_name in engine:
+                family(name, help_text, kind)
+                out.append(f"{name} {_num(engine[field_name])}")
+    if loop_lag:
+        family("pagegate_event_loop_lag_max_seconds", "Longest event-loop lag over the last minute (this process)",
+               "gauge")
+        out.append(f"pagegate_event_loop_lag_max_seconds {_num(loop_lag['lag_ms_max_last_minute'] / 1000)}")
+        family("pagegate_event_loop_stalls_total", "Event-loop stalls over the threshold (this process)", "counter")
+        out.append(f"pagegate_event_loop_stalls_total {_num(loop_lag['stalls_total'])}")
+    if cache:
+        family("pagegate_cache_events_total", "Semantic cache events (this process)", "counter")
+        for event in _CACHE_COUNTERS:
+            if event in cache:
+                out.append(f"pagegate_cache_events_total{_labels(('event',), (event,))} {_num(cache[event])}")
+    counters = requests.families()
+    for name, (help_text, label_names) in _COUNTERS.items():
+        family(name, help_text, "counter")
+        for labels, value in sorted(counters[name].items()):
+            out.append(f"{name}{_labels(label_names, labels)} {_num(value)}")
+    for name, (help_text, label_names, buckets) in _HISTOGRAMS.items():
+        family(name, help_text, "histogram")
+        for endpoint, series in sorted(requests.histograms[name].items()):
+            labels = (endpoint,)
+            running = 0.0
+            for bound, count in zip(buckets, series, strict=False):
+                running += count
+                out.append(f"{name}_bucket{_labels((*label_names, 'le'), (*labels, _num(bound)))} {_num(running)}")
+            out.append(f"{name}_bucket{_labels((*label_names, 'le'), (*labels, '+Inf'))} {_num(series[-1])}")
+            out.append(f"{name}_sum{_labels(label_names, labels)} {_num(series[-2])}")
+            out.append(f"{name}_count{_labels(label_names, labels)} {_num(series[-1])}")
+    return "\n".join(out) + "\n"
+
+
+def _labels(names: tuple, values: tuple) -> str:
+    return "{" + ",".join(f'{n}="{_escape(str(v))}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 2**53):
+        return str(int(value))
+    return repr(float(value))
+
+

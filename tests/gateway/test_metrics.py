@@ -1,0 +1,107 @@
+"""``GET /metrics`` in Prometheus's text format: the request counters and histograms
+(``gateway.metrics``), the engine's figures, and the workers' counters summed through files."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from gateway.metrics import RequestMetrics, render, wants_prometheus
+
+
+def _observe(m: RequestMetrics, **kw) -> None:  # noqa: ANN003
+    args = dict(endpoint="chat.completions", model="m", tenant=7, status="ok", cache="miss", prompt_tokens=10,
+                cached_prompt_tokens=4, completion_tokens=3, cost_usd=0.5, saved_usd=0.0, latency_s=0.2, ttft_s=0.05)
+    m.observe(**{**args, **kw})
+
+
+def _series(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def test_counters_and_histograms_in_the_text_format() -> None:
+    m = RequestMetrics()
+    _observe(m)
+    _observe(m, latency_s=3.0, ttft_s=None, status="error", completion_tokens=0, cost_usd=0.25)
+    _observe(m, model='we"ird\\name', cache=None)
+    text = render(uptime_s=12.5, engine={"running": 2, "kv_usage": 0.25, "preemptions": 3}, engine_up=True,
+                  model="m", loop_lag=None, cache=None, requests=m)
+    got = _series(text)
+    assert got['pagegate_requests_total{endpoint="chat.completions",model="m",status="ok",cache="miss"}'] == 1
+    assert got['pagegate_requests_total{endpoint="chat.completions",model="m",status="error",cache="miss"}'] == 1
+    assert got['pagegate_requests_total{endpoint="chat.completions",model="we\\"ird\\\\name",status="ok",cache="none"}'] == 1
+    assert got['pagegate_prompt_tokens_total{model="m",tenant="7"}'] == 20
+    assert got['pagegate_cached_prompt_tokens_total{model="m",tenant="7"}'] == 8
+    assert got['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 3
+    assert got['pagegate_cost_usd_total{model="m",tenant="7"}'] == 0.75
+    # cumulative buckets: 0.2 s twice (le 0.25 and up), 3 s once (le 5 and up)
+    lat = 'pagegate_request_latency_seconds_bucket{endpoint="chat.completions",le="%s"}'
+    assert got[lat % "0.1"] == 0 and got[lat % "0.25"] == 2 and got[lat % "2.5"] == 2 and got[lat % "5"] == 3
+    assert got[lat % "+Inf"] == 3
+    assert got['pagegate_request_latency_seconds_count{endpoint="chat.completions"}'] == 3
+    assert abs(got['pagegate_request_latency_seconds_sum{endpoint="chat.completions"}'] - 3.4) < 1e-9
+    assert got['pagegate_time_to_first_token_seconds_count{endpoint="chat.completions"}'] == 2
+    assert got['pagegate_up{model="m"}'] == 1 and got["pagegate_engine_running_sequences"] == 2
+    assert got["pagegate_engine_preemptions_total"] == 3 and got["pagegate_uptime_seconds"] == 12.5
+    assert "# TYPE pagegate_request_latency_seconds histogram" in text
+    assert "# TYPE pagegate_engine_preemptions_total counter" in text
+
+
+def test_workers_sum_through_their_files_and_a_restart_keeps_its_counts(tmp_path) -> None:
+    one, two = RequestMetrics(tmp_path, "1"), RequestMetrics(tmp_path, "2")
+    _observe(one)
+    _observe(two, completion_tokens=5)
+    one.dump()
+    two.dump()
+    for m in (one, two):
+        got = _series(render(uptime_s=1, engine=None, engine_up=False, model=None, loop_lag=None, cache=None,
+                             requests=m.merged(m.others())))
+        assert got['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 8
+        assert got['pagegate_request_latency_seconds_count{endpoint="chat.completions"}'] == 2
+    again = RequestMetrics(tmp_path, "1")  # worker 1 started again: it goes on from its file
+    _observe(again)
+    got = _series(render(uptime_s=1, engine=None, engine_up=False, model=None, loop_lag=None, cache=None,
+                         requests=again.merged(again.others())))
+    assert got['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 11
+    (tmp_path / "w3.json").write_text("{not json")  # half written or broken: left out, not an error
+    assert len(again.others()) == 1
+
+
+def test_what_asks_for_the_text_format() -> None:
+    scraper = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+    assert wants_prometheus(scraper, None) and wants_prometheus("text/plain", None)
+    assert wants_prometheus(None, "prometheus") and not wants_prometheus("text/plain", "json")
+    assert not wants_prometheus("*/*", None) and not wants_prometheus(None, None)
+    assert not wants_prometheus("text/html,application/xhtml+xml,*/*;q=0.8", None)
+
+
+def test_a_scrape_counts_the_requests_served(api) -> None:  # noqa: ANN001
+    tenant_id, key = api.make_tenant()
+
+    def scrape() -> dict[str, float]:
+        resp = httpx.get(api.base_url + "/metrics", headers={"accept": "text/plain"}, timeout=30)
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+        return _series(resp.text)
+
+    before = scrape()
+    url, h = api.base_url + "/v1/chat/completions", {"authorization": f"Bearer {key}"}
+    usages = []
+    for i in range(2):
+        r = httpx.post(url, headers=h, timeout=120, json={
+            "model": api.model, "max_tokens": 3, "messages": [{"role": "user", "content": f"Say {i} {time.time_ns()}"}]})
+        assert r.status_code == 200
+        usages.append(r.json()["usage"])
+    after = scrape()
+    series = f'{{model="{api.model}",tenant="{tenant_id}"}}'
+    assert after["pagegate_prompt_tokens_total" + series] == sum(u["prompt_tokens"] for u in usages)
+    assert after["pagegate_completion_tokens_total" + series] == sum(u["completion_tokens"] for u in usages)
+    ok = f'pagegate_requests_total{{endpoint="chat.completions",model="{api.model}",status="ok",cache="bypass"}}'
+    assert after[ok] - before.get(ok, 0) == 2
+    count = 'pagegate_request_latency_seconds_count{endpoint="chat.completions"}'
+    assert after[count] - before.get(count, 0) == 2
+    assert after[f'pagegate_up{{model="{api.model}"}}'] == 1 and after["pagegate_engine_kv_blocks"] == 512
+    assert "pagegate_event_loop_lag_max_seconds" in after
+    # without a scraper's Accept: the JSON answer, as before
+    assert httpx.get(api.base_url + "/metrics", timeout=30).json()["engine"]["kv_blocks_total"] == 512
