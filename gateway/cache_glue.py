@@ -45,6 +45,7 @@ def _max_age(directive: str) -> int | None:
     value = value.strip('"')
     if name != "max-age" or not value.isdigit() or not value.isascii():
         return None
+    value = value.lstrip("0") or "0"  # (leading zeros are not digits of the value: found by QA)
     return 2**31 if len(value) > 10 else min(int(value), 2**31)
 
 

@@ -115,7 +115,7 @@ class Reservation:
 
     @property
     def reserved_usd(self) -> Decimal:
-        return self.price.cost(self.prompt_tokens, self.max_tokens)
+        return self.price.worst_cost(self.prompt_tokens, self.max_tokens)
 
     @property
     def clamped(self) -> bool:
@@ -296,7 +296,7 @@ class QuotaLedger:
                 held.append(i)
             if code == -2:
                 out.append(quota_refusal(principal, a, b, ask.prompt_tokens + ask.min_tokens,
-                                         ask.price.cost_units(ask.prompt_tokens, ask.min_tokens), period_end,
+                                         ask.price.worst_cost_units(ask.prompt_tokens, ask.min_tokens), period_end,
                                          retry_after_s=max(1.0, period_end.timestamp() - now),
                                          held_tok=int(result[5 * i + 3]), held_units=int(result[5 * i + 4]),
                                          completes=ask.max_tokens > 0))

@@ -373,6 +373,7 @@ async def test_max_age_serves_only_answers_stored_that_recently(make_cache, poli
     ("max-age=60", False, 60), ('max-age="60"', False, 60), ("max-age=0", True, None),
     ("max-age=600, max-age=60", False, 60), ("max-age=abc", False, None), ("max-age=-5", False, None),
     ("max-age=99999999999999999999", False, 2**31), ("max-age=６０", False, None), (None, False, None),
+    ("max-age=00000000002", False, 2), ("max-age=00000000000", True, None),  # leading zeros (found by QA)
 ])
 def test_cache_control_max_age_is_read(header, no_cache, max_age):
     from types import SimpleNamespace

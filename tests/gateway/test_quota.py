@@ -79,6 +79,27 @@ async def test_max_tokens_is_clamped_to_the_remaining_budget(tenancy, make_tenan
         await tenancy.quota.reserve(p, model="m", prompt_tokens=50, max_tokens=10)
 
 
+async def test_a_cached_prompt_price_above_the_prompts_is_reserved_at(tenancy, make_tenant):
+    """Found by QA: reserving at the prompt's price, a cached price set above it let 10 concurrent
+    requests through a $1 budget and spend $4.93. A reservation now holds the worst case."""
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="cached-dear", prompt_usd_per_1m=1, completion_usd_per_1m=0,
+                            cached_prompt_usd_per_1m=1000)
+        await s.commit()
+    tenancy.prices.invalidate()
+    p = await _principal(tenancy, make_tenant, budget_usd="1", tpm=0)
+    r = await tenancy.quota.reserve(p, model="cached-dear", prompt_tokens=400, max_tokens=4)
+    assert r.reserved_usd == Decimal("0.4")  # 400 tokens at $1,000 per 1M: as if all were cached
+    r2 = await tenancy.quota.reserve(p, model="cached-dear", prompt_tokens=400, max_tokens=4)
+    with pytest.raises(ApiError) as held:
+        await tenancy.quota.reserve(p, model="cached-dear", prompt_tokens=400, max_tokens=4)
+    assert held.value.code == "rate_limit_exceeded" and "$0.80 reserved of $1.00" in held.value.message, held.value.message
+    await tenancy.quota.settle(r, prompt_tokens=400, completion_tokens=4, cached_prompt_tokens=384)
+    await tenancy.quota.settle(r2, prompt_tokens=400, completion_tokens=4, cached_prompt_tokens=0)
+    _tokens, usd = await tenancy.quota.usage(p.tenant_id)
+    assert usd == Decimal("0.384416")  # (16 + 384 x 1000) + 400 x 1, per 1M
+
+
 async def test_money_budget_clamps_at_model_prices(tenancy, make_tenant):
     async with tenancy.db.sessionmaker() as s:
         await svc.set_price(s, model="priced", prompt_usd_per_1m=1, completion_usd_per_1m=2)
