@@ -18,12 +18,9 @@ served. So that a big sequence is not passed over for ever, once it has found no
 
 Running slots are shared out too. Waiting classes are admitted least-served first (the class with
 the fewest running sequences; round-robin among equals), and when every slot is taken while a
-class waits whose running sequences number at least two fewer than another's, that other class's
-most recently admitted sequence yields its slot (``FAIR_YIELDS_PER_STEP`` at most a step): it is
-preempted like a memory victim, but waits at the front of its own class's queue, so the slot goes
-to the class that has less. The counts end within one of each other, so nothing swaps back and
-forth. No slot is taken for a class whose waiting head would find no room in the pool even with
-the yielding sequence's blocks (the slot would come straight back).
+class waits with at least two fewer running sequences than another, that other class's newest
+sequences yield their slots (``engine.slot_sharing``): preempted like memory victims, but waiting
+at the front of their own class's queue.
 """
 
 from __future__ import annotations
@@ -33,6 +30,9 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.request import SeqStatus, Sequence
+from engine.slot_sharing import FAIR_YIELDS_PER_STEP, plan_yields, running_per_class
+
+__all__ = ["FAIR_YIELDS_PER_STEP", "STARVATION_STEPS", "Scheduler", "SchedulerOutput", "WaitingQueues"]
 
 
 @dataclass(slots=True)
@@ -54,7 +54,6 @@ class SchedulerOutput:
 
 
 STARVATION_STEPS = 64  # a head passed over this many steps in a row blocks admission until it fits
-FAIR_YIELDS_PER_STEP = 8  # running sequences that give their slot to a less-served class, per step
 _PREEMPTED = object()  # the preempted sequences' queue, tried before every class
 
 
@@ -232,62 +231,11 @@ class Scheduler:
         return out
 
     def _share_slots(self) -> dict:
-        """Running sequences per class, after up to ``FAIR_YIELDS_PER_STEP`` of them gave their
-        slot to a waiting class that holds at least two fewer (see the module's docstring). Only
-        while every slot is taken (free slots go to the least-served classes at admission anyway)
-        and no preempted sequence waits (the pool, not the slots, is short then: found by QA, a
-        slot yielded to a class whose preempted head did not fit came straight back every step)."""
-        held: dict = {}
-        for seq in self.running:
-            cls = seq.request.priority_class
-            held[cls] = held.get(cls, 0) + 1
-        short = len(self.running) - self.max_num_seqs + 1  # yields before one slot is free
-        if short < 1 or self.waiting.preempted or not self.waiting.classes:
-            return held
-        top = max(held.values())  # no class holds two more than a waiting one: nothing to do (the usual case)
-        if not any(held.get(cls, 0) <= top - 2 for cls, q in self.waiting.classes.items() if q):
-            return held
-        want = {cls: len(q) for cls, q in self.waiting.classes.items() if q}  # waiting per class
-        share = dict(held)  # the slots as they will be once admission has run
-        room = self.kv.num_free_blocks
-        plan: list[Sequence] = []  # the yields decided; made only in whole rounds that free a slot
-        done = 0  # of ``plan``, those that end a round
-        picked: set[int] = set()
-        while want and len(plan) < FAIR_YIELDS_PER_STEP:
-            taker = min(want, key=lambda c: share.get(c, 0))
-            head = self.waiting.classes[taker][0]
-            need = -(-min(head.num_tokens, self.max_num_batched_tokens) // self.kv.block_size)
-            batch: list[Sequence] = []
-            freed = 0
-            for _ in range(short):  # children forked past ``max_num_seqs`` take more than one yield
-                giver = max(share, key=share.__getitem__)
-                victim = None
-                if share[giver] >= share.get(taker, 0) + 2 and len(plan) + len(batch) < FAIR_YIELDS_PER_STEP:
-                    victim = next((s for s in reversed(self.running) if s.request.priority_class == giver
-                                   and id(s) not in picked), None)
-                if victim is None:
-                    break
-                batch.append(victim)
-                picked.add(id(victim))
-                share[giver] -= 1
-                freed += self.kv.num_exclusive_blocks(victim)
-            if len(batch) < short or need > room + freed:  # no slot, or one its head could not use
-                for victim in batch:
-                    share[victim.request.priority_class] += 1
-                    picked.discard(id(victim))
-                if len(batch) == short:  # only this class's head does not fit: try the others
-                    del want[taker]
-                    continue
-                break
-            room += freed - need
-            plan += batch
-            done = len(plan)
-            short = 1
-            share[taker] = share.get(taker, 0) + 1
-            want[taker] -= 1
-            if not want[taker]:
-                del want[taker]
-        for victim in plan[:done]:  # each class's newest first: its queue keeps the admission order
+        """Running sequences per class, after the yields ``slot_sharing.plan_yields`` decides (the
+        module's docstring)."""
+        held = running_per_class(self.running)
+        for victim in plan_yields(self.running, held, self.waiting, kv=self.kv, max_num_seqs=self.max_num_seqs,
+                                  max_num_batched_tokens=self.max_num_batched_tokens):
             self.running.remove(victim)
             self._free_for_recompute(victim)
             self.num_yields += 1
