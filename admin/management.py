@@ -386,8 +386,14 @@ class Management:
                               cached_prompt_usd_per_1m=cached_prompt_usd_per_1m)
         wanted = (price.prompt_usd_per_1m, price.completion_usd_per_1m, price.cached_prompt_usd_per_1m)
         for attempt in range(3):
-            await self._lock_price(model)  # (found by QA: concurrent changes each read the same "before")
+            locked = await self._lock_price(model)  # (found by QA: concurrent changes each read the same "before")
             existing = await self.session.get(ModelPrice, model, populate_existing=True)
+            if existing is not None and not locked:
+                # inserted by another admin between the lock and the read: read unlocked, its "before"
+                # could be overtaken (seen under load: a chain of 10 concurrent PUTs broke once); it
+                # exists now, so lock it and read it again
+                await self._lock_price(model)
+                existing = await self.session.get(ModelPrice, model, populate_existing=True)
             if existing is not None and (existing.prompt_usd_per_1m, existing.completion_usd_per_1m,
                                          existing.cached_prompt_usd_per_1m) == wanted:
                 return existing, False  # the price it has: nothing to record
@@ -413,16 +419,19 @@ class Management:
                     raise Conflict(f"The price of {model!r} is being changed concurrently; try again.") from exc
         raise AssertionError("unreachable")
 
-    async def _lock_price(self, model: str) -> None:
+    async def _lock_price(self, model: str) -> bool:
         """Hold the model's price row (when it exists) until this change commits, so the price it
         reads as ``before`` is the one it replaces: PostgreSQL's row lock; SQLite's write lock, taken
         by a write that changes nothing. A first price has no row to lock: a race to insert it ends
-        in the IntegrityError retry, which then reads the winner's row under the lock."""
+        in the IntegrityError retry, which then reads the winner's row under the lock. Returns
+        whether the row, if it exists now, is held (False: PostgreSQL found no row to lock)."""
         if self._dialect() == "postgresql":
-            await self.session.execute(select(ModelPrice.model).where(ModelPrice.model == model).with_for_update())
-        else:
-            await self.session.execute(update(ModelPrice).where(ModelPrice.model == model)
-                                       .values(updated_at=ModelPrice.updated_at))  # (its own value: no onupdate)
+            found = await self.session.execute(
+                select(ModelPrice.model).where(ModelPrice.model == model).with_for_update())
+            return found.first() is not None
+        await self.session.execute(update(ModelPrice).where(ModelPrice.model == model)
+                                   .values(updated_at=ModelPrice.updated_at))  # (its own value: no onupdate)
+        return True
 
     def _dialect(self) -> str:
         return self.session.get_bind().dialect.name

@@ -71,11 +71,14 @@ class WaitingQueues:
         self.classes.setdefault(seq.request.priority_class, deque()).append(seq)
 
     def counts(self) -> dict[str | None, int]:
-        """Waiting sequences per class, preempted ones included."""
-        counts = {cls: len(q) for cls, q in self.classes.items()}
-        for seq in self.preempted:
-            cls = seq.request.priority_class
-            counts[cls] = counts.get(cls, 0) + 1
+        """Waiting requests per class: those never admitted yet. A sequence waiting to be recomputed
+        (preempted, or yielded to another class) belongs to a request already taken in (found by
+        QA: a tenant whose ``n=4`` request's children yielded was refused as having 2 waiting)."""
+        counts: dict[str | None, int] = {}
+        for cls, q in self.classes.items():
+            fresh = sum(1 for seq in q if not seq.num_preemptions)
+            if fresh:
+                counts[cls] = fresh
         return counts
 
     def add_preempted(self, seq: Sequence) -> None:

@@ -124,12 +124,13 @@ class RequestMetrics:
         return self.directory / f"w{self.worker}.json"
 
     def _load_own(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            try:
-                self._absorb(json.loads(self._own_file().read_text()))
-            except (OSError, ValueError) as exc:
-                log.warning("metrics: could not read %s back (%s); this worker's counters start at 0",
-                            self._own_file(), exc)
+        try:
+            self._absorb(json.loads(self._own_file().read_text()))
+        except FileNotFoundError:  # this worker's first start
+            pass
+        except (OSError, ValueError) as exc:
+            log.warning("metrics: could not read %s back (%s); this worker's counters start at 0",
+                        self._own_file(), exc)
 
     def dump(self, state: dict | None = None) -> None:
         """Write this worker's counters (atomically: a reader never sees half a file); ``state``:

@@ -214,6 +214,7 @@ def test_a_class_holding_every_slot_gives_one_up_to_a_class_that_waits():
     assert late in out.seqs and _held(sched) == {"a": 3, "b": 1}
     assert hogs[3].status.name == "WAITING" and sched.waiting.classes["a"][0] is hogs[3]
     assert hogs[3].num_computed_tokens == 0 and sched.num_yields == 1
+    assert sched.waiting.counts() == {}  # a yielded sequence's request was taken in: not a waiting request
     steps = 0
     while sched.has_unfinished():
         step(sched, kv)
@@ -336,12 +337,14 @@ def test_children_forked_past_the_cap_yield_only_what_frees_a_usable_slot():
     """Found by QA: an ``n=3`` request's children put 3 sequences in 2 slots (or 1); a yield then
     freed no slot, and with one slot every child yielded in turn while the other class still waited.
     Now the yields a slot needs are made together, in one step, or not at all."""
-    for max_seqs, yields in ((2, 2), (1, 0)):
+    # (and past FAIR_YIELDS_PER_STEP: n=12 in 4 slots needs 9 yields for one; capped at 8 none was
+    # made and the other class waited for the whole answer, found by a re-check)
+    for max_seqs, n, yields in ((2, 3, 2), (1, 3, 0), (4, 12, 9)):
         kv, sched = make(num_blocks=64, budget=64, max_seqs=max_seqs)
         parent = add(sched, "a", 3, max_tokens=30, cls="a")
         step(sched, kv)
-        _fork(sched, kv, parent, 3)
-        assert len(sched.running) == 3
+        _fork(sched, kv, parent, n)
+        assert len(sched.running) == n
         late = add(sched, "b", 3, max_tokens=2, cls="b", base=500)
         out = step(sched, kv)
         assert sched.num_yields == yields, max_seqs
