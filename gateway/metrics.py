@@ -62,6 +62,7 @@ class RequestMetrics:
         self.rows: dict[tuple, list[float]] = {}
         # histogram name -> endpoint -> per bucket (not cumulative), +Inf overflow, sum, count
         self.histograms: dict[str, dict[str, list[float]]] = {name: {} for name in _HISTOGRAMS}
+        self.responses: dict[tuple[str, str], int] = {}  # (route, status) -> HTTP responses sent
         self.directory = Path(directory) if directory else None
         self.worker = worker or str(os.getpid())
         self._task: asyncio.Task | None = None
@@ -86,6 +87,11 @@ class RequestMetrics:
         if ttft_s is not None:
             _time(self.histograms["pagegate_time_to_first_token_seconds"], endpoint, TTFT_BUCKETS, ttft_s)
 
+    def count_response(self, path: str, status: int) -> None:
+        """Every HTTP response, by route and status (refusals included: a 401, a 429 has no usage row)."""
+        key = (route_of(path), str(status))
+        self.responses[key] = self.responses.get(key, 0) + 1
+
     def families(self) -> dict[str, dict[tuple, float]]:
         """The counters by metric and labels (``_COUNTERS``), summed from the rows."""
         out: dict[str, dict[tuple, float]] = {name: {} for name in _COUNTERS}
@@ -100,9 +106,14 @@ class RequestMetrics:
     # -- several workers ---------------------------------------------------------------
     def state(self) -> dict:
         return {"rows": [[list(k), list(v)] for k, v in self.rows.items()],
-                "histograms": {n: {e: list(v) for e, v in h.items()} for n, h in self.histograms.items()}}
+                "histograms": {n: {e: list(v) for e, v in h.items()} for n, h in self.histograms.items()},
+                "responses": [[list(k), v] for k, v in self.responses.items()]}
 
     def _absorb(self, state: dict) -> None:
+        for labels, value in state.get("responses", []):
+            if len(labels) == 2:
+                key = (str(labels[0]), str(labels[1]))
+                self.responses[key] = self.responses.get(key, 0) + value
         for labels, values in state.get("rows", []):
             if len(labels) != 5 or len(values) != 6:
                 continue
@@ -189,6 +200,19 @@ class RequestMetrics:
             self.dump()
 
 
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models", "/admin", "/health",
+           "/metrics", "/dashboard")
+
+
+def route_of(path: str) -> str:
+    """A response's ``route`` label: the API route its path falls under (``/v1/models/x`` is
+    ``/v1/models``), else ``other``: never the raw path, which anyone can make up."""
+    for route in _ROUTES:
+        if path == route or path.startswith(route + "/"):
+            return route
+    return "other"
+
+
 def _add(series: dict, labels: tuple, value: float) -> None:
     series[labels] = series.get(labels, 0) + value
 
@@ -261,6 +285,9 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
         for event in _CACHE_COUNTERS:
             if event in cache:
                 out.append(f"pagegate_cache_events_total{_labels(('event',), (event,))} {_num(cache[event])}")
+    family("pagegate_http_responses_total", "HTTP responses sent, by route and status", "counter")
+    for (route, status), value in sorted(requests.responses.items()):
+        out.append(f"pagegate_http_responses_total{_labels(('route', 'status'), (route, status))} {_num(value)}")
     counters = requests.families()
     for name, (help_text, label_names) in _COUNTERS.items():
         family(name, help_text, "counter")

@@ -102,6 +102,14 @@ def _short_startup_failure(send: Send) -> Send:
     return send_short
 
 
+def _count_response(scope: Scope, status: int) -> None:
+    """The response in ``GET /metrics``'s counters (``gateway.metrics``), when the app has them."""
+    services = getattr(getattr(scope["app"].state, "pagegate", None), "services", None)
+    metrics = getattr(services, "metrics", None)
+    if metrics is not None:
+        metrics.count_response(scope["path"], status)
+
+
 def new_request_id() -> str:
     return "req_" + new_hex_id()
 
@@ -143,6 +151,7 @@ class GatewayMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 unanswered.discard(task)
+                _count_response(scope, message["status"])
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
                 if extra:
@@ -181,6 +190,7 @@ class GatewayMiddleware:
             if started:
                 return  # the response is under way; the server closes the connection
             body = json.dumps(INTERNAL_ERROR).encode()
+            _count_response(scope, 500)
             await send({"type": "http.response.start", "status": 500, "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from gateway.metrics import RequestMetrics, render, wants_prometheus
+from gateway.metrics import RequestMetrics, render, route_of, wants_prometheus
 
 
 def _observe(m: RequestMetrics, **kw) -> None:  # noqa: ANN003
@@ -103,5 +103,26 @@ def test_a_scrape_counts_the_requests_served(api) -> None:  # noqa: ANN001
     assert after[count] - before.get(count, 0) == 2
     assert after[f'pagegate_up{{model="{api.model}"}}'] == 1 and after["pagegate_engine_kv_blocks"] == 512
     assert "pagegate_event_loop_lag_max_seconds" in after
+    # every response by route and status, refusals too (they have no usage row)
+    bad = httpx.post(url, headers={"authorization": "Bearer pg-nope"}, timeout=30, json={})
+    assert bad.status_code == 401
+    httpx.get(api.base_url + "/v1/models/no-such-model", headers=h, timeout=30)
+    httpx.get(api.base_url + "/no/such/path/" + "x" * 50, timeout=30)
+    last = scrape()
+
+    def responses(route: str, status: int, at: dict[str, float]) -> float:
+        return at.get(f'pagegate_http_responses_total{{route="{route}",status="{status}"}}', 0)
+
+    assert responses("/v1/chat/completions", 401, last) - responses("/v1/chat/completions", 401, before) == 1
+    assert responses("/v1/chat/completions", 200, last) - responses("/v1/chat/completions", 200, before) == 2
+    assert responses("/v1/models", 404, last) - responses("/v1/models", 404, before) == 1
+    assert responses("other", 404, last) - responses("other", 404, before) == 1
     # without a scraper's Accept: the JSON answer, as before
     assert httpx.get(api.base_url + "/metrics", timeout=30).json()["engine"]["kv_blocks_total"] == 512
+
+
+def test_routes_are_labelled_by_the_api_route_never_the_raw_path() -> None:
+    assert route_of("/v1/chat/completions") == "/v1/chat/completions"
+    assert route_of("/v1/models/org/some-model") == "/v1/models"
+    assert route_of("/admin/v1/tenants/acme") == "/admin"
+    assert route_of("/v1/chat/completionsX") == "other" and route_of("/" + "x" * 500) == "other"
