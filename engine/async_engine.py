@@ -250,11 +250,15 @@ class AsyncEngine:
         # requests the next step can admit at once (free running slots) do not wait: found by QA, a
         # burst into an idle engine was refused past the share, then past the queue, with slots free
         free = max(0, self.config.max_num_seqs - (stats.running if stats is not None else 0))
-        if stats is not None and stats.waiting + len(self._cmds) - free >= self.config.max_waiting:
+        # requests never admitted: not the sequences of admitted ones waiting to be recomputed
+        # (preempted, or yielded to another class: found by a re-check, 13 yielded children of one
+        # request got another tenant a 503 with no request queued)
+        queued = sum(self._waiting_by_class.values())
+        if stats is not None and queued + len(self._cmds) - free >= self.config.max_waiting:
             raise EngineOverloadedError("the engine's waiting queue is full; retry later")
         if priority_class is not None:
             held = self._waiting_by_class.get(priority_class, 0) + self._sent_by_class.get(priority_class, 0)
-            waits = max(0, sum(self._waiting_by_class.values()) + sum(self._sent_by_class.values()) - free)
+            waits = max(0, queued + sum(self._sent_by_class.values()) - free)
             if min(held, waits) >= self._class_cap:
                 raise EngineClassFullError(f"this class already has {held} requests waiting (at most "
                                            f"{self._class_cap}); retry later")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -361,3 +362,27 @@ async def test_a_request_the_engine_refuses_closes_its_notice(make_engine):
     with eng.announce() as spare:  # the context manager form
         assert eng._burst.open_notices == 1
     assert not spare.open and eng._burst.open_notices == 0
+
+
+async def test_sequences_waiting_to_be_recomputed_do_not_fill_the_queue(make_engine):
+    """Found by a re-check: the children of one tenant's ``n=6`` request yielded to another tenant
+    (fair running slots) counted as waiting requests, and a third tenant got 503 with no request
+    queued. Only requests never admitted fill ``max_waiting``."""
+    eng = await make_engine(max_num_seqs=2, max_waiting=3, num_blocks=128)
+    long = SamplingParams(max_tokens=400, **GREEDY)
+    a = eng.generate([1, 2, 3], SamplingParams(n=6, max_tokens=400, **GREEDY), request_id="a",
+                     priority_class="a")
+    await a.__anext__()  # forked: 6 sequences run in the 2 slots
+    b = eng.generate([4, 5], long, request_id="b", priority_class="b")
+    await b.__anext__()  # admitted: a's children yielded their slots
+    deadline = time.monotonic() + 10
+    while eng.stats().waiting < 4 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert eng.engine.scheduler.num_yields >= 4 and eng.stats().waiting >= 4  # past max_waiting
+    tokens, _text, _outs = await asyncio.wait_for(
+        collect(eng, [6, 7], SamplingParams(max_tokens=2, **GREEDY), "c", priority_class="c"), 60)
+    assert len(tokens) == 2
+    for gen, rid in ((a, "a"), (b, "b")):
+        await eng.abort(rid)
+        async for _ in gen:
+            pass
