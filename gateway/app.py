@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI
@@ -83,6 +84,11 @@ def apply_gil_switch_interval(settings: Settings) -> None:
         sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
 
 
+def _own_figures(state: AppState) -> dict:
+    return {"loop": state.loop_lag.snapshot() if state.loop_lag is not None else None,
+            "cache": state.cache.stats() if state.cache is not None else None}
+
+
 def create_app(settings: Settings, *, engine: EngineClient | None = None, services: Any = None,
                cache: Any = None, embedder: Any = None) -> FastAPI:
     @contextlib.asynccontextmanager
@@ -126,6 +132,9 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
             state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder,
                              ip_limiter=ip_limiter, loop_lag=loop_lag)
             app.state.pagegate = state
+            counted = getattr(svc, "metrics", None)
+            if counted is not None:  # this process's own figures, for /metrics and the workers' files
+                counted.process = partial(_own_figures, state)
             stack.callback(tune_gc(settings))
             try:
                 yield

@@ -7,10 +7,13 @@ A few dictionary updates a request, on the event loop, nothing awaited.
 
 With ``pagegate serve --workers N`` each worker counts its own requests, and a scrape reaches one
 of them. So that every scrape shows the whole service, each worker writes its counters to
-``<dir>/w<index>.json`` every second (``PAGEGATE_METRICS_DIR``, set by the supervisor) and sums
-the other workers' files into its answer. A worker that is started again reads its own file back
-first, so the sums never go down (Prometheus would read a drop as a counter reset); what it
-counted in its last second before dying is lost.
+``<dir>/w<index>.json`` every second (``PAGEGATE_METRICS_DIR``, set by the supervisor) and a
+scrape writes the answering worker's file, then sums every worker's file: a scrape shows only
+what is in the files, each of which only grows, so no sum ever goes down, whichever worker
+answers (found by QA: live counts plus the others' files went back and forth between workers,
+which Prometheus reads as counter resets). A worker that is started again reads its own file
+back first; what it counted since its last write before dying is lost. Per-process figures (the
+event loop's, the semantic cache's) come from each worker's file with a ``worker`` label.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import logging
 import os
 from bisect import bisect_left
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +56,7 @@ _HISTOGRAMS = {  # name: (help, label names, buckets)
 
 
 class RequestMetrics:
-    """This process's counters (``observe``), and with a directory the other workers' (``merged``).
+    """This process's counters (``observe``), and with a directory the other workers' (``scrape``).
     Kept as one row of sums per (endpoint, model, tenant, status, cache outcome) and one histogram
     per endpoint, so that a request costs two dictionary lookups (~2 µs); the metric families are
     made from them when scraped."""
@@ -65,6 +69,9 @@ class RequestMetrics:
         self.responses: dict[tuple[str, str], int] = {}  # (route, status) -> HTTP responses sent
         self.directory = Path(directory) if directory else None
         self.worker = worker or str(os.getpid())
+        # this process's own figures for the exposition (the event loop's lag, the cache's counters),
+        # set by the app: {"loop": LoopLagMonitor.snapshot() | None, "cache": stats | None}
+        self.process: Callable[[], dict] | None = None
         self._task: asyncio.Task | None = None
         if self.directory is not None:
             self._load_own()
@@ -105,9 +112,11 @@ class RequestMetrics:
 
     # -- several workers ---------------------------------------------------------------
     def state(self) -> dict:
+        """A copy of the counters (and this process's own figures), safe to use off the event loop."""
         return {"rows": [[list(k), list(v)] for k, v in self.rows.items()],
                 "histograms": {n: {e: list(v) for e, v in h.items()} for n, h in self.histograms.items()},
-                "responses": [[list(k), v] for k, v in self.responses.items()]}
+                "responses": [[list(k), v] for k, v in self.responses.items()],
+                "process": self.process() if self.process is not None else None}
 
     def _absorb(self, state: dict) -> None:
         for labels, value in state.get("responses", []):
@@ -153,30 +162,24 @@ class RequestMetrics:
         tmp.write_text(json.dumps(self.state() if state is None else state))
         os.replace(tmp, path)
 
-    def others(self) -> list[dict]:
-        """The other workers' last written counters (files: call it on a thread)."""
-        if self.directory is None:
-            return []
-        found = []
-        mine = self._own_file().name
-        for path in sorted(self.directory.glob("w*.json")):
-            if path.name == mine:
-                continue
-            try:
-                found.append(json.loads(path.read_text()))
-            except (OSError, ValueError):  # being replaced this instant, or gone: the next scrape has it
-                continue
-        return found
-
-    def merged(self, others: list[dict]) -> RequestMetrics:
-        """This worker's counters plus ``others`` (``others()``); on the event loop."""
-        if not others:
-            return self
+    def scrape(self, own: dict) -> tuple[RequestMetrics, list[tuple[str | None, dict]]]:
+        """The counters to show and each process's own figures (worker, figures), from ``own``
+        (``state()``, taken on the event loop): with a directory, written to this worker's file
+        first, then every worker's file summed. Reads and writes files: call it on a thread."""
         total = RequestMetrics()
-        total._absorb(self.state())
-        for state in others:
+        if self.directory is None:
+            total._absorb(own)
+            return total, [(None, own.get("process") or {})]
+        self.dump(own)
+        processes: list[tuple[str | None, dict]] = []
+        for path in sorted(self.directory.glob("w*.json")):
+            try:
+                state = json.loads(path.read_text())
+            except (OSError, ValueError):  # gone, or not ours: the next scrape has it
+                continue
             total._absorb(state)
-        return total
+            processes.append((path.stem[1:], state.get("process") or {}))
+        return total, processes
 
     def start(self) -> None:
         if self.directory is not None and self._task is None:
@@ -187,7 +190,7 @@ class RequestMetrics:
             await asyncio.sleep(DUMP_INTERVAL_S)
             try:
                 await asyncio.to_thread(self.dump, self.state())
-            except OSError as exc:
+            except (OSError, TypeError, ValueError) as exc:
                 log.warning("metrics: could not write %s: %s", self._own_file(), exc)
 
     async def aclose(self) -> None:
@@ -249,16 +252,34 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def wants_prometheus(accept: str | None, fmt: str | None) -> bool:
-    """``?format=prometheus``, or an ``Accept`` that names Prometheus's formats (what its scraper
-    sends); anything else (``*/*``, a browser's, JSON) keeps the JSON answer."""
+    """``?format=prometheus``, or an ``Accept`` that prefers Prometheus's formats (``text/plain``,
+    ``application/openmetrics-text``) to JSON by its q-values: what Prometheus's scraper sends. A
+    tie, ``*/*``, a browser's and JSON keep the JSON answer (found by QA: axios's default
+    ``application/json, text/plain, */*`` got the text)."""
     if fmt is not None:
         return fmt.strip().lower() in ("prometheus", "text", "openmetrics")
-    accept = (accept or "").lower()
-    return "text/plain" in accept or "openmetrics" in accept
+    text_q = json_q = 0.0
+    for part in (accept or "").lower().split(","):
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if media in ("text/plain", "application/openmetrics-text"):
+            text_q = max(text_q, q)
+        elif media == "application/json":
+            json_q = max(json_q, q)
+    return text_q > 0 and text_q > json_q
 
 
-def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str | None, loop_lag: dict | None,
-           cache: dict | None, requests: RequestMetrics) -> str:
+def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str | None,
+           processes: list[tuple[str | None, dict]], requests: RequestMetrics) -> str:
+    """``processes``: (worker, {"loop": ..., "cache": ...}) per process, as ``RequestMetrics.scrape``
+    gives them; with workers their series carry a ``worker`` label."""
     out: list[str] = []
 
     def family(name: str, help_text: str, kind: str) -> None:
@@ -274,17 +295,26 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
             if field_name in engine:
                 family(name, help_text, kind)
                 out.append(f"{name} {_num(engine[field_name])}")
-    if loop_lag:
-        family("pagegate_event_loop_lag_max_seconds", "Longest event-loop lag over the last minute (this process)",
+    loops = [(w, p["loop"]) for w, p in processes if p.get("loop")]
+    if loops:
+        family("pagegate_event_loop_lag_max_seconds", "Longest event-loop lag over the last minute, per process",
                "gauge")
-        out.append(f"pagegate_event_loop_lag_max_seconds {_num(loop_lag['lag_ms_max_last_minute'] / 1000)}")
-        family("pagegate_event_loop_stalls_total", "Event-loop stalls over the threshold (this process)", "counter")
-        out.append(f"pagegate_event_loop_stalls_total {_num(loop_lag['stalls_total'])}")
-    if cache:
-        family("pagegate_cache_events_total", "Semantic cache events (this process)", "counter")
-        for event in _CACHE_COUNTERS:
-            if event in cache:
-                out.append(f"pagegate_cache_events_total{_labels(('event',), (event,))} {_num(cache[event])}")
+        for worker, lag in loops:
+            out.append(f"pagegate_event_loop_lag_max_seconds{_worker(worker)} "
+                       f"{_num(lag['lag_ms_max_last_minute'] / 1000)}")
+        family("pagegate_event_loop_stalls_total", "Event-loop stalls over the threshold, per process", "counter")
+        for worker, lag in loops:
+            out.append(f"pagegate_event_loop_stalls_total{_worker(worker)} {_num(lag['stalls_total'])}")
+    caches = [(w, p["cache"]) for w, p in processes if p.get("cache")]
+    if caches:
+        family("pagegate_cache_events_total", "Semantic cache events, per process", "counter")
+        for worker, cache in caches:
+            for event in _CACHE_COUNTERS:
+                if event in cache:
+                    names, values = ("event",), (event,)
+                    if worker is not None:
+                        names, values = ("worker", "event"), (worker, event)
+                    out.append(f"pagegate_cache_events_total{_labels(names, values)} {_num(cache[event])}")
     family("pagegate_http_responses_total", "HTTP responses sent, by route and status", "counter")
     for (route, status), value in sorted(requests.responses.items()):
         out.append(f"pagegate_http_responses_total{_labels(('route', 'status'), (route, status))} {_num(value)}")
@@ -305,6 +335,10 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
             out.append(f"{name}_sum{_labels(label_names, labels)} {_num(series[-2])}")
             out.append(f"{name}_count{_labels(label_names, labels)} {_num(series[-1])}")
     return "\n".join(out) + "\n"
+
+
+def _worker(worker: str | None) -> str:
+    return "" if worker is None else _labels(("worker",), (worker,))
 
 
 def _labels(names: tuple, values: tuple) -> str:

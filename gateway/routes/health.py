@@ -37,6 +37,13 @@ async def health(state: StateDep) -> JSONResponse:
                          "engine": stats})
 
 
+def _exposition(counted: RequestMetrics, own: dict, engine: dict | None, up: bool, model: str | None,
+                uptime_s: float) -> str:
+    requests, processes = counted.scrape(own)
+    return render(uptime_s=uptime_s, engine=engine, engine_up=up, model=model, processes=processes,
+                  requests=requests)
+
+
 @router.get("/metrics")
 async def metrics(state: StateDep, request: Request) -> Response:
     try:
@@ -48,12 +55,11 @@ async def metrics(state: StateDep, request: Request) -> Response:
     # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
     cache = state.cache.stats() if state.cache is not None else None  # this process's counters
     if wants_prometheus(request.headers.get("accept"), request.query_params.get("format")):
-        counted = getattr(state.services, "metrics", None)
-        # the other workers' files: read off the event loop
-        merged = counted.merged(await asyncio.to_thread(counted.others)) if counted is not None else RequestMetrics()
-        text = render(uptime_s=time.time() - state.started_at, engine=stats, engine_up=up and state.engine is not None,
-                      model=state.engine.model_id if state.engine else None, loop_lag=loop_lag, cache=cache,
-                      requests=merged)
+        counted = getattr(state.services, "metrics", None) or RequestMetrics()
+        own = counted.state()  # a copy, on the event loop; the files, the sums and the text off it
+        model = state.engine.model_id if state.engine else None
+        text = await asyncio.to_thread(_exposition, counted, own, stats, up and state.engine is not None, model,
+                                       time.time() - state.started_at)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
                          "event_loop": loop_lag, "cache": cache, "pid": os.getpid()})

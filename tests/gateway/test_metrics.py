@@ -27,7 +27,7 @@ def test_counters_and_histograms_in_the_text_format() -> None:
     _observe(m, latency_s=3.0, ttft_s=None, status="error", completion_tokens=0, cost_usd=0.25)
     _observe(m, model='we"ird\\name', cache=None)
     text = render(uptime_s=12.5, engine={"running": 2, "kv_usage": 0.25, "preemptions": 3}, engine_up=True,
-                  model="m", loop_lag=None, cache=None, requests=m)
+                  model="m", processes=[(None, {"cache": {"hits": 4}})], requests=m)
     got = _series(text)
     assert got['pagegate_requests_total{endpoint="chat.completions",model="m",status="ok",cache="miss"}'] == 1
     assert got['pagegate_requests_total{endpoint="chat.completions",model="m",status="error",cache="miss"}'] == 1
@@ -47,26 +47,41 @@ def test_counters_and_histograms_in_the_text_format() -> None:
     assert got["pagegate_engine_preemptions_total"] == 3 and got["pagegate_uptime_seconds"] == 12.5
     assert "# TYPE pagegate_request_latency_seconds histogram" in text
     assert "# TYPE pagegate_engine_preemptions_total counter" in text
+    assert got['pagegate_cache_events_total{event="hits"}'] == 4
 
 
-def test_workers_sum_through_their_files_and_a_restart_keeps_its_counts(tmp_path) -> None:
+def _scrape(m: RequestMetrics) -> dict[str, float]:
+    requests, processes = m.scrape(m.state())
+    return _series(render(uptime_s=1, engine=None, engine_up=False, model=None, processes=processes,
+                          requests=requests))
+
+
+def test_workers_sum_through_their_files_and_no_sum_goes_down(tmp_path) -> None:
     one, two = RequestMetrics(tmp_path, "1"), RequestMetrics(tmp_path, "2")
+    one.process = lambda: {"loop": {"lag_ms_max_last_minute": 3.0, "stalls_total": 1}, "cache": {"hits": 2}}
+    two.process = lambda: {"loop": {"lag_ms_max_last_minute": 5.0, "stalls_total": 4}, "cache": {"hits": 7}}
     _observe(one)
     _observe(two, completion_tokens=5)
     one.dump()
     two.dump()
     for m in (one, two):
-        got = _series(render(uptime_s=1, engine=None, engine_up=False, model=None, loop_lag=None, cache=None,
-                             requests=m.merged(m.others())))
+        got = _scrape(m)
         assert got['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 8
         assert got['pagegate_request_latency_seconds_count{endpoint="chat.completions"}'] == 2
+        # each process's own figures, labelled by worker
+        assert got['pagegate_event_loop_stalls_total{worker="1"}'] == 1
+        assert got['pagegate_cache_events_total{worker="2",event="hits"}'] == 7
+    # found by QA: live counts plus the other's (older) file went back and forth between the
+    # workers' answers; a scrape now shows only what is in the files, written first
+    _observe(one)  # counted by worker 1, not yet in its file
+    first = _scrape(one)['pagegate_completion_tokens_total{model="m",tenant="7"}']
+    assert first == 11
+    assert _scrape(two)['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 11  # not back to 8
     again = RequestMetrics(tmp_path, "1")  # worker 1 started again: it goes on from its file
     _observe(again)
-    got = _series(render(uptime_s=1, engine=None, engine_up=False, model=None, loop_lag=None, cache=None,
-                         requests=again.merged(again.others())))
-    assert got['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 11
+    assert _scrape(again)['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 14
     (tmp_path / "w3.json").write_text("{not json")  # half written or broken: left out, not an error
-    assert len(again.others()) == 1
+    assert _scrape(again)['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 14
 
 
 def test_what_asks_for_the_text_format() -> None:
@@ -75,6 +90,10 @@ def test_what_asks_for_the_text_format() -> None:
     assert wants_prometheus(None, "prometheus") and not wants_prometheus("text/plain", "json")
     assert not wants_prometheus("*/*", None) and not wants_prometheus(None, None)
     assert not wants_prometheus("text/html,application/xhtml+xml,*/*;q=0.8", None)
+    # found by QA: axios's default, and a text/plain refused by its q, got the text
+    assert not wants_prometheus("application/json, text/plain, */*", None)
+    assert not wants_prometheus("text/plain;q=0, application/json", None)
+    assert wants_prometheus("application/json;q=0.5, text/plain", None)
 
 
 def test_a_scrape_counts_the_requests_served(api) -> None:  # noqa: ANN001
