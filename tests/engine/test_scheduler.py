@@ -32,6 +32,15 @@ def step(sched, kv):
     return out
 
 
+def drain(sched, kv, limit):
+    """Step until nothing is left, at most ``limit`` steps (a deadlock fails the test)."""
+    for _ in range(limit):
+        if not sched.has_unfinished():
+            return
+        step(sched, kv)
+    assert not sched.has_unfinished(), f"not finished in {limit} steps"
+
+
 def test_token_budget_and_chunked_prefill():
     kv, sched = make(budget=16)
     a = add(sched, "a", 10)
@@ -86,11 +95,7 @@ def test_random_workload_never_deadlocks_or_drops():
     kv, sched = make(num_blocks=12, budget=12, max_seqs=6)  # 48 slots; every request fits alone
     seqs = [add(sched, f"r{i}", rng.randint(1, 30), max_tokens=rng.randint(1, 16), base=i * 50)
             for i in range(30)]
-    for _ in range(2000):
-        if not sched.has_unfinished():
-            break
-        step(sched, kv)
-    assert not sched.has_unfinished()
+    drain(sched, kv, 2000)
     assert all(s.num_output_tokens == s.params.max_tokens for s in seqs)
     assert kv.num_free_blocks == 12 and sched.num_preemptions > 0
 
@@ -215,11 +220,7 @@ def test_a_class_holding_every_slot_gives_one_up_to_a_class_that_waits():
     assert hogs[3].status.name == "WAITING" and sched.waiting.classes["a"][0] is hogs[3]
     assert hogs[3].num_computed_tokens == 0 and sched.num_yields == 1
     assert sched.waiting.counts() == {}  # a yielded sequence's request was taken in: not a waiting request
-    steps = 0
-    while sched.has_unfinished():
-        step(sched, kv)
-        steps += 1
-        assert steps < 200
+    drain(sched, kv, 200)
     assert all(s.num_output_tokens == 20 for s in hogs) and late.num_output_tokens == 2
     assert kv.num_free_blocks == 64 and sched.num_yields == 1
 
@@ -290,11 +291,7 @@ def test_random_workload_with_classes_never_deadlocks_or_drops():
                         cls=rng.choice(["a", "a", "a", "b", "c", None]), base=i * 50))
         if i % 5 == 4:
             step(sched, kv)
-    for _ in range(3000):
-        if not sched.has_unfinished():
-            break
-        step(sched, kv)
-    assert not sched.has_unfinished()
+    drain(sched, kv, 3000)
     assert all(s.num_output_tokens == s.params.max_tokens for s in seqs)
     assert kv.num_free_blocks == 12 and sched.num_yields > 0
 
@@ -349,10 +346,6 @@ def test_children_forked_past_the_cap_yield_only_what_frees_a_usable_slot():
         out = step(sched, kv)
         assert sched.num_yields == yields, max_seqs
         assert (late in out.seqs) == bool(yields)
-        steps = 0
-        while sched.has_unfinished():
-            step(sched, kv)
-            steps += 1
-            assert steps < 300
+        drain(sched, kv, 300)
         assert sched.num_yields == yields and kv.num_free_blocks == 64
         assert all(s.num_output_tokens == 30 for s in parent.request.sequences) and late.num_output_tokens == 2
