@@ -161,12 +161,12 @@ async def test_errors_cross_the_socket_as_the_engines_own(served):
     with pytest.raises(ValueError, match="token ids"):
         await collect(client, [1, 10_000], SamplingParams(max_tokens=2), "y")
     # the engine's own refusal (its queue is full) comes back as the same class
-    eng._stats = dataclasses.replace(eng._stats, waiting=5,  # as if 5 were waiting (idle: nothing overwrites it)
-                                     running=eng.config.max_num_seqs)  # and no running slot free
+    eng._waiting_by_class = {None: 5}  # as if 5 requests were waiting (idle: nothing overwrites it)
+    eng._stats = dataclasses.replace(eng._stats, running=eng.config.max_num_seqs)  # and no running slot free
     with pytest.raises(EngineOverloadedError):
         await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "z")
     # a class's share of the queue: its own class, so the gateway answers 429 rather than 503
-    eng._stats = dataclasses.replace(eng._stats, waiting=0, running=eng.config.max_num_seqs)  # (no free slot)
+    eng._waiting_by_class = {}
     eng._class_cap = 0
     with pytest.raises(EngineClassFullError):
         await collect(client, [1, 2, 3], SamplingParams(max_tokens=2), "w", priority_class="t1")
