@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from bisect import bisect_left
 from collections.abc import Callable
 from pathlib import Path
@@ -73,6 +74,12 @@ class RequestMetrics:
         # set by the app: {"loop": LoopLagMonitor.snapshot() | None, "cache": stats | None}
         self.process: Callable[[], dict] | None = None
         self._task: asyncio.Task | None = None
+        # states are numbered as they are taken (on the event loop) and written in that order: the
+        # periodic write and a scrape's run on threads at once, and an older state written after a
+        # newer one would take the file (and the sums) back
+        self._taken = 0
+        self._written = 0
+        self._write_lock = threading.Lock()
         if self.directory is not None:
             self._load_own()
 
@@ -113,7 +120,9 @@ class RequestMetrics:
     # -- several workers ---------------------------------------------------------------
     def state(self) -> dict:
         """A copy of the counters (and this process's own figures), safe to use off the event loop."""
-        return {"rows": [[list(k), list(v)] for k, v in self.rows.items()],
+        self._taken += 1
+        return {"seq": self._taken,
+                "rows": [[list(k), list(v)] for k, v in self.rows.items()],
                 "histograms": {n: {e: list(v) for e, v in h.items()} for n, h in self.histograms.items()},
                 "responses": [[list(k), v] for k, v in self.responses.items()],
                 "process": self.process() if self.process is not None else None}
@@ -157,10 +166,15 @@ class RequestMetrics:
         taken on the event loop (``state()``) when this runs on a thread."""
         if self.directory is None:
             return
+        state = self.state() if state is None else state
         path = self._own_file()
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.state() if state is None else state))
-        os.replace(tmp, path)
+        with self._write_lock:
+            if state["seq"] <= self._written:
+                return  # a newer state is in the file already
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, path)
+            self._written = state["seq"]
 
     def scrape(self, own: dict) -> tuple[RequestMetrics, list[tuple[str | None, dict]]]:
         """The counters to show and each process's own figures (worker, figures), from ``own``
@@ -170,7 +184,10 @@ class RequestMetrics:
         if self.directory is None:
             total._absorb(own)
             return total, [(None, own.get("process") or {})]
-        self.dump(own)
+        try:
+            self.dump(own)
+        except OSError as exc:  # the sums still come from the files; this worker's may be a second old
+            log.warning("metrics: could not write %s: %s", self._own_file(), exc)
         processes: list[tuple[str | None, dict]] = []
         for path in sorted(self.directory.glob("w*.json")):
             try:

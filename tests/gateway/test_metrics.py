@@ -84,6 +84,18 @@ def test_workers_sum_through_their_files_and_no_sum_goes_down(tmp_path) -> None:
     assert _scrape(again)['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 14
 
 
+def test_an_older_state_never_overwrites_a_newer_one(tmp_path) -> None:
+    """The periodic write and a scrape's run on threads at once: a state taken earlier but written
+    later would take the file, and every worker's sums, back."""
+    m = RequestMetrics(tmp_path, "1")
+    _observe(m)
+    older = m.state()
+    _observe(m, completion_tokens=5)
+    m.dump(m.state())
+    m.dump(older)
+    assert _scrape(RequestMetrics(tmp_path, "2"))['pagegate_completion_tokens_total{model="m",tenant="7"}'] == 8
+
+
 def test_what_asks_for_the_text_format() -> None:
     scraper = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
     assert wants_prometheus(scraper, None) and wants_prometheus("text/plain", None)
