@@ -199,11 +199,11 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               param="stream_options")
     _refuse_vllm_extras(body)
-    if isinstance(body, CompletionRequest):
-        return
     if body.response_format is not None and body.response_format.type != "text":
         raise unsupported("response_format", f"response_format of type '{body.response_format.type}' is not "
                                              "supported by this model (only 'text').")
+    if isinstance(body, CompletionRequest):
+        return
     for i, m in enumerate(body.messages):
         if m.role in ("tool", "function"):
             raise unsupported(f"messages[{i}].role", f"'{m.role}' messages are not supported: this model has no "

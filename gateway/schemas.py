@@ -287,6 +287,7 @@ class CompletionRequest(_Sampling):
     suffix: Text | None = None  # not supported: refused by the service
     logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # OpenAI's go to 5
     best_of: StrictInt | None = None  # only 1 (or unset) is supported
+    response_format: ResponseFormat | None = None  # vLLM's completions take it too: only "text" (found by QA)
 
     @property
     def batched(self) -> bool:

@@ -110,6 +110,12 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
                      code="unsupported_parameter")
     body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1, "suffix": "!"}
     assert_error(post(api, "/v1/completions", body), 400, param="suffix", code="unsupported_parameter")
+    # vLLM's completions take response_format too (found by QA: it was ignored, free text came back)
+    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
+        body = {"model": api.model, "prompt": "hello", "max_tokens": 1, "response_format": fmt}
+        assert_error(post(api, "/v1/completions", body), 400, param="response_format", code="unsupported_parameter")
+    body = {"model": api.model, "prompt": "hello", "max_tokens": 1, "response_format": {"type": "text"}}
+    assert post(api, "/v1/completions", body).status_code == 200
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": [-1, 5]}), 400, param="prompt")
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": ""}), 400, param="prompt")
 
