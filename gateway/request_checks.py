@@ -176,6 +176,7 @@ VLLM_CHAT_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
 )
 
 
+_TOOL_MODES = {"tool_choice": ("none", "auto", "required"), "function_call": ("none", "auto")}
 _VLLM_FIELDS = frozenset(f for f, _, _ in VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED)
 
 
@@ -226,6 +227,12 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
             if getattr(m, field):
                 raise unsupported(f"messages[{i}].{field}", "Tool calls are not supported by this model; "
                                                             "send the conversation without them.")
+    for field in ("tool_choice", "function_call"):  # a string that names no mode: a typo, not a feature (QA)
+        value = getattr(body, field)
+        if isinstance(value, str) and value not in _TOOL_MODES[field]:
+            modes = ", ".join(f"'{m}'" for m in _TOOL_MODES[field])
+            raise invalid_request(f"Invalid value for '{field}': '{value}'. Supported values are: {modes}.",
+                                  param=field)
     if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
         raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",
                           "Tools are not supported by this model.")

@@ -108,6 +108,12 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
     for fields, param in unsupported:
         assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
                      code="unsupported_parameter")
+    for field in ("tool_choice", "function_call"):  # a string naming no mode is a bad value, not a feature (QA)
+        err = assert_error(post(api, "/v1/chat/completions", chat(api, **{field: "bogus"})), 400, param=field,
+                           code="invalid_value")
+        assert "'auto'" in err["message"], err
+        assert_error(post(api, "/v1/chat/completions", chat(api, **{field: "auto"})), 400, param=field,
+                     code="unsupported_parameter")
     body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1, "suffix": "!"}
     assert_error(post(api, "/v1/completions", body), 400, param="suffix", code="unsupported_parameter")
     # vLLM's completions take response_format too (found by QA: it was ignored, free text came back)
