@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from admin.api.deps import PageDep, ReadDep, WriteDep
+from admin.api.deps import PageDep, ReadDep, WriteBareDep
 from admin.management import key_view
 
 
@@ -23,12 +23,12 @@ def add_routes(router: APIRouter) -> None:
         return key_view(row, await ops.owner(row))
 
     @router.post("/keys/{ref}/revoke")
-    async def revoke_key(ref: str, ops: WriteDep) -> dict:
+    async def revoke_key(ref: str, ops: WriteBareDep) -> dict:
         row = await ops.revoke_key(ref)
         return key_view(row, await ops.owner(row))
 
     @router.post("/keys/{ref}/rotate", status_code=201)
-    async def rotate_key(ref: str, ops: WriteDep) -> dict:
+    async def rotate_key(ref: str, ops: WriteBareDep) -> dict:
         old, row, new = await ops.rotate_key(ref)
         owner = await ops.owner(row)
         return {**key_view(row, owner), "key": new.key, "replaces": key_view(old, owner)}

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body
 
-from admin.api.deps import PageDep, ReadDep, WriteDep
+from admin.api.deps import PageDep, ReadDep, WriteBareDep, WriteDep
 from admin.management import key_view, tenant_view
 from admin.schemas import BudgetUpdate, KeyCreate, TenantCreate, TenantLimits
 
@@ -32,16 +32,16 @@ def add_routes(router: APIRouter) -> None:
         return tenant_view(await ops.update_tenant(name, **body.changes()))
 
     @router.delete("/tenants/{name}")
-    async def delete_tenant(name: str, ops: WriteDep) -> dict:
+    async def delete_tenant(name: str, ops: WriteBareDep) -> dict:
         tenant, revoked = await ops.delete_tenant(name)
         return {**tenant_view(tenant), "deleted": True, "keys_revoked": revoked}
 
     @router.post("/tenants/{name}/disable")
-    async def disable_tenant(name: str, ops: WriteDep) -> dict:
+    async def disable_tenant(name: str, ops: WriteBareDep) -> dict:
         return tenant_view(await ops.set_enabled(name, False))
 
     @router.post("/tenants/{name}/enable")
-    async def enable_tenant(name: str, ops: WriteDep) -> dict:
+    async def enable_tenant(name: str, ops: WriteBareDep) -> dict:
         return tenant_view(await ops.set_enabled(name, True))
 
     @router.get("/tenants/{name}/budget")

@@ -619,3 +619,30 @@ async def test_a_price_set_on_an_embedding_alias_is_kept_under_its_served_id(cli
         resp = await client.put(f"/admin/v1/prices/{alias}", json={"prompt_usd_per_1m": 0.02, "completion_usd_per_1m": 0},
                                 headers=auth())
         assert resp.status_code == 200 and resp.json()["model"] == "all-MiniLM-L6-v2", resp.text
+
+
+async def test_changes_that_take_no_body_refuse_one(client, app, auth):
+    """Found by QA: ``DELETE /tenants/t {"force": true}``, a rotate with ``{"x": 1}`` and a revoke with
+    ``garbage`` acted anyway, so a script that thought it passed an option got a silent change.
+    A body is refused (400, nothing changed); none, ``{}`` and ``null`` are what "no body" looks like."""
+    tenant = unique("bare")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    key = (await client.post(f"/admin/v1/tenants/{tenant}/keys", headers=auth())).json()
+    for method, path in (("POST", f"/admin/v1/keys/{key['id']}/rotate"), ("POST", f"/admin/v1/keys/{key['id']}/revoke"),
+                         ("POST", f"/admin/v1/tenants/{tenant}/disable"), ("DELETE", f"/admin/v1/tenants/{tenant}")):
+        for body in (b'{"force": true}', b"garbage", b"[]"):
+            resp = await client.request(method, path, content=body, headers=auth() | {"content-type": "application/json"})
+            assert resp.status_code == 400, (method, path, body, resp.text)
+            err = resp.json()["error"]
+            assert err["type"] == "invalid_request_error" and "takes no request body" in err["message"], err
+        # a read-only token learns about its scope first
+        resp = await client.request(method, path, content=b"garbage", headers=auth("admin:read"))
+        assert resp.status_code == 403, resp.text
+    got = (await client.get(f"/admin/v1/keys/{key['id']}", headers=auth())).json()
+    assert got["revoked"] is False  # nothing changed
+    assert (await client.get(f"/admin/v1/tenants/{tenant}", headers=auth())).json()["enabled"] is True
+    for body in (b"", b"{}", b" null\n"):
+        resp = await client.post(f"/admin/v1/tenants/{tenant}/disable", content=body, headers=auth())
+        assert resp.status_code == 200, (body, resp.text)
+    resp = await client.post(f"/admin/v1/tenants/{tenant}/enable", headers=auth())
+    assert resp.status_code == 200 and resp.json()["enabled"] is True
