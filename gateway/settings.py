@@ -94,11 +94,11 @@ class Settings(BaseSettings):
     usage_flush_interval_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
     # the spooled rows go into the database this often, or as soon as usage_batch_size wait: each
     # insert's thread hand-offs slow the engine's steps (~4% at one insert every 0.5 s, ~1% at 2 s)
-    usage_db_interval_s: float = Field(default=2.0, ge=0)
+    usage_db_interval_s: float = Field(default=2.0, ge=0, le=3600, allow_inf_nan=False)
     usage_batch_size: int = Field(default=500, ge=1)
     # a request's quota settlement runs this long after its response, in batches
     # (gateway/aftercare.py); 0: before the response
-    settle_delay_ms: float = Field(default=20.0, ge=0)
+    settle_delay_ms: float = Field(default=20.0, ge=0, le=60_000, allow_inf_nan=False)  # (inf: never settled, QA)
 
     # engine
     model: str = "smollm2-135m-instruct"

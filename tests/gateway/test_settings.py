@@ -100,6 +100,8 @@ def test_the_log_level_is_one_of_uvicorns_in_any_case(monkeypatch) -> None:  # n
     ("CACHE_THRESHOLD", "1.5"), ("CACHE_THRESHOLD", "0"), ("CACHE_TTL_S", "-1"), ("CACHE_MAX_ENTRIES", "0"),
     ("USAGE_BATCH_SIZE", "0"), ("USAGE_FLUSH_INTERVAL_S", "0"), ("ADMIN_TOKEN_TTL_S", "-10"),
     ("DEFAULT_RPM", "-1"), ("IP_RPM", "-5"), ("REDIS_TIMEOUT_S", "inf"), ("DATABASE_TIMEOUT_S", "nan"),
+    # found by QA: inf was taken, and then no settlement ever ran (or no usage row reached the database)
+    ("SETTLE_DELAY_MS", "inf"), ("SETTLE_DELAY_MS", "nan"), ("USAGE_DB_INTERVAL_S", "inf"),
 ])
 def test_server_defaults_out_of_range_are_refused(monkeypatch, name, value) -> None:  # noqa: ANN001
     """Found by QA: the admin API refused these per tenant while the server-wide defaults took them
