@@ -21,8 +21,11 @@ Keys (one hash tag per tenant, so the multi-key scripts work on Redis Cluster)::
     <prefix>{t:<id>}:res                     hash id -> "tok:usd:tpm:epoch" (open reservations)
     <prefix>{t:<id>}:resdl                   zset id -> deadline
 
-A reservation its gateway never settles (the process was killed) is refunded in full by the next
-reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must not run longer.
+A reservation its gateway never settles (the process was killed) is dropped by the next
+reservation of that tenant after ``reservation_ttl_s`` (1 hour; requests must not run longer), and
+the counter is rebuilt from the usage rows: a request killed between its response and its
+settlement has a row (journaled before the response) and stays counted; one killed while running
+has none and is refunded.
 
 Losing Redis (flushed, restarted without its data) loses the counter and the open reservations:
 the counter is rebuilt from the usage rows, and a request that was running meanwhile, whose row
@@ -63,7 +66,7 @@ from gateway.redis_lane import ScriptLane
 
 log = logging.getLogger("pagegate.quota")
 
-RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
+RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is dropped after this (recount)
 CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
 
 
