@@ -67,6 +67,7 @@ from gateway.redis_lane import ScriptLane
 log = logging.getLogger("pagegate.quota")
 
 RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is dropped after this (recount)
+REBUILD_RETRY_S = 1.0  # a counter's rebuild that failed (database down) is tried again after this
 CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
 
 
@@ -187,6 +188,10 @@ class QuotaLedger:
         self._orphans: set[asyncio.Task] = set()
         self._settlements: Coalescer = Coalescer(self._settle_batch)
         self._rebuilding: dict[str, asyncio.Task] = {}  # counter key -> its rebuild in flight
+        # counter key -> monotonic time before which a rebuild that failed (the database down) is not
+        # tried again: the requests meanwhile get the 503 at once (found by QA: each refused request
+        # tried the database again, 358 warnings in 18 s, none of them waiting out the backoff)
+        self._rebuild_failed: dict[str, float] = {}
         # this process's reservations not yet handed to a settlement, and the counters' epochs last
         # seen: a rebuilt counter (a new epoch) gets them back (``_adopt``)
         self._open: dict[str, Reservation] = {}
@@ -464,12 +469,24 @@ class QuotaLedger:
         """The counter's rebuild, shared by every batch that finds it missing meanwhile (a new
         period, or Redis flushed: each would otherwise flush the usage rows and query the database)."""
         task = self._rebuilding.get(key)
+        if task is None and time.monotonic() < self._rebuild_failed.get(key, 0.0):
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(rebuild_unavailable())
+            return failed
         if task is None or task.get_loop() is not asyncio.get_running_loop():
             task = self._rebuilding[key] = asyncio.ensure_future(self._rebuild(tenant_id, period, key, period_end))
             task.add_done_callback(lambda t: self._rebuilding.pop(key, None) if self._rebuilding.get(key) is t else None)
         return asyncio.shield(task)
 
     async def _rebuild(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
+        try:
+            await self._rebuild_now(tenant_id, period, key, period_end)
+        except QuotaUnavailable:
+            self._rebuild_failed[key] = time.monotonic() + REBUILD_RETRY_S
+            raise
+        self._rebuild_failed.pop(key, None)
+
+    async def _rebuild_now(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
         # (what ends from here waits for the new counter: ``settle_soon``)
         written = None
         if self._before_rebuild is not None:

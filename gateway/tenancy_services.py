@@ -125,7 +125,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     async def flush_usage() -> int:  # before a period counter is rebuilt from the database
         await aftercare.drain()
         try:
-            flushed = await usage.flush()
+            flushed = await usage.flush(retry_db=False)
         except Exception:  # noqa: BLE001 - the database refused or timed out: as below
             flushed = False
         if not flushed:

@@ -238,13 +238,16 @@ class UsageWriter:
         if waiting >= self._batch_size and self._wake is not None:
             self._wake.set()
 
-    async def flush(self) -> bool:
+    async def flush(self, *, retry_db: bool = True) -> bool:
         """Seal the journal and try to write the whole spool to the database now.
-        Returns True when the spool is empty afterwards (everything is in the database)."""
+        Returns True when the spool is empty afterwards (everything is in the database).
+        ``retry_db=False``: while the database is backing off after a failure (the last insert
+        failed, or the one this call waited for), give up at once instead of trying it again (a
+        quota rebuild's flush: found by QA, it waited out a hung insert and then its own, 10-12 s)."""
         if self._worker is None:
             raise RuntimeError("UsageWriter.start() first")
         async with self._lock:
-            return await self._flush_locked(force=True)
+            return await self._flush_locked(force=True, retry_db=retry_db)
 
     async def close(self) -> None:
         """Stop the flusher, seal the journal, try one last database write, stop the thread.
@@ -347,12 +350,12 @@ class UsageWriter:
         if spare is not None:
             spare.discard()
 
-    async def _flush_locked(self, *, force: bool) -> bool:
+    async def _flush_locked(self, *, force: bool, retry_db: bool = True) -> bool:
         mark = self.recorded  # (the rows up to here are in what is rotated now)
         journals, lines = self._rotate()
         on_disk: list[bool] = []  # the worker appends True once the in-memory lines are in a file
         try:
-            empty = await self._worker.run(self._w_flush(journals, lines, force, on_disk))
+            empty = await self._worker.run(self._w_flush(journals, lines, force, on_disk, retry_db))
             if empty:
                 self.written = max(self.written, mark)
             return empty
@@ -376,7 +379,7 @@ class UsageWriter:
             await self._engine.dispose()
 
     async def _w_flush(self, journals: list[Journal], lines: list[str], force: bool,
-                       on_disk: list[bool]) -> bool:
+                       on_disk: list[bool], retry_db: bool = True) -> bool:
         for journal in journals:
             if journal.count:
                 self._spooled_rows += journal.count
@@ -392,12 +395,14 @@ class UsageWriter:
                 self.files_spooled += 1
                 self._spooled_rows += len(lines)
             except OSError as exc:  # the spool's disk refuses them (full): the database is the one other
-                await self._insert_unspooled(lines, name, exc, force)  # place they survive (found by QA)
+                await self._insert_unspooled(lines, name, exc, force and retry_db)  # place they survive (QA)
             on_disk.append(True)
         adopt_orphans(self._spool)
         now = time.monotonic()
         if not force and (now < self._db_ok_after
                           or (now < self._next_insert and self._spooled_rows < self._batch_size)):
+            return False
+        if not retry_db and now < self._db_ok_after and self.spooled_files():
             return False
         for path in self.spooled_files():
             try:

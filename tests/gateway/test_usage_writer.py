@@ -523,3 +523,31 @@ async def test_rows_neither_the_spool_nor_the_database_take_are_reported_lost_at
         await writer.close()
     (line,) = [r for r in caplog.records if "are lost" in r.getMessage()]
     assert line.levelno == logging.ERROR and "3 row(s)" in line.getMessage() and not line.exc_info
+
+
+async def test_a_flush_that_may_not_retry_the_database_gives_up_during_its_backoff(tmp_path):
+    """A quota rebuild's flush (``retry_db=False``): right after an insert failed, it answers False
+    without trying the database again (found by QA: with PostgreSQL hung, the rebuild waited out
+    the background insert, then its own, 10-12 s before its 503). A plain flush still tries."""
+    writer = UsageWriter("postgresql+asyncpg://postgres@127.0.0.1:1/none", tmp_path / "spool",
+                         flush_interval_s=3600, db_timeout_s=1.0)
+    await writer.start()
+    tried = []
+    real = writer._insert
+
+    async def insert(rows: list, path: object) -> None:
+        tried.append(len(rows))
+        await real(rows, path)
+
+    writer._insert = insert
+    try:
+        for event in _events(1, 3):
+            writer.record(event)
+        assert not await writer.flush()  # the database is down: tried, failed, backing off
+        assert tried == [3]
+        assert not await writer.flush(retry_db=False)
+        assert tried == [3]  # not tried again
+        assert not await writer.flush()
+        assert tried == [3, 3]
+    finally:
+        await writer.close()
