@@ -232,7 +232,7 @@ class QuotaLedger:
         try:
             price = await self._prices.get(model)
         except Exception as exc:  # prices never loaded and the database is unreachable
-            raise store_unavailable("price") from exc
+            raise store_unavailable("price", cause=exc) from exc
         group = (principal.tenant_id, principal.budget_period, principal.budget_tokens, principal.budget_usd,
                  principal.tpm_limit)
         return await self._batches.submit(group, _Ask(principal, model, price, prompt_tokens, max_tokens, min_tokens))

@@ -268,3 +268,25 @@ def test_admitted_part_of_a_batch_matches_one_by_one_outcomes(limits_before):
         fast = RequestLimiter._admitted(windows, before, resets, taken)
         slow = [RequestLimiter._outcome(windows, before, resets, i, taken) for i in range(taken)]
         assert fast == slow
+
+
+def test_a_store_refusal_logs_its_cause_once_per_spell(caplog) -> None:
+    """Found by QA: Redis out of memory refused 318 requests with 503 in 14 s and the log said
+    nothing. The cause is logged, one line per store per 10 s."""
+    import logging
+
+    from redis.exceptions import ResponseError
+
+    from gateway import limits
+
+    limits._STORE_LOGS.clear()
+    cause = ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+    with caplog.at_level(logging.WARNING, logger="pagegate.limits"):
+        for _ in range(50):
+            err = limits.store_unavailable("quota", cause=cause)
+            assert (err.status, err.code) == (503, "store_unavailable")
+        limits.store_unavailable("rate-limit", cause=cause)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "quota store unavailable" in lines[0] and "OOM command not allowed" in lines[0]
+    assert "rate-limit store unavailable" in lines[1]
