@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     # GET /metrics (`pagegate serve --workers` sets both)
     worker_index: str | None = None
     metrics_dir: str | None = None
+    # GET /metrics answers only `Authorization: Bearer <this>` (Prometheus's `authorization`
+    # setting); unset: anyone who reaches the port, tenants included, reads it (per-tenant spend)
+    metrics_token: str | None = Field(default=None, min_length=16)
 
     # storage
     database_url: str = "sqlite+aiosqlite:///./data/pagegate.db"

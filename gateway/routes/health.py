@@ -5,6 +5,7 @@ semantic cache's counters; in Prometheus's text format, with the request counter
 
 import asyncio
 import dataclasses
+import hmac
 import os
 import time
 
@@ -12,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.deps import StateDep
+from gateway.errors import ApiError
 from gateway.metrics import PROMETHEUS_CONTENT_TYPE, RequestMetrics, render, wants_prometheus
 
 router = APIRouter(tags=["health"])
@@ -44,8 +46,24 @@ def _exposition(counted: RequestMetrics, own: dict, engine: dict | None, up: boo
                   requests=requests)
 
 
+def _metrics_refusal(state, request: Request) -> ApiError | None:  # noqa: ANN001 - AppState
+    """With ``PAGEGATE_METRICS_TOKEN`` set, a scrape must carry it as a bearer token (found by QA:
+    any tenant could read every tenant's tokens, spend and cache savings, live, from /metrics)."""
+    token = state.settings.metrics_token
+    if token is None:
+        return None
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return None
+    return ApiError(401, "GET /metrics needs the metrics token (PAGEGATE_METRICS_TOKEN) as a bearer token.",
+                    "invalid_request_error", "invalid_token", headers={"www-authenticate": "Bearer"})
+
+
 @router.get("/metrics")
 async def metrics(state: StateDep, request: Request) -> Response:
+    refusal = _metrics_refusal(state, request)
+    if refusal is not None:
+        raise refusal
     try:
         stats = _engine_stats(state)
         up = True

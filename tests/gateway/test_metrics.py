@@ -157,3 +157,42 @@ def test_routes_are_labelled_by_the_api_route_never_the_raw_path() -> None:
     assert route_of("/v1/models/org/some-model") == "/v1/models"
     assert route_of("/admin/v1/tenants/acme") == "/admin"
     assert route_of("/v1/chat/completionsX") == "other" and route_of("/" + "x" * 500) == "other"
+
+
+async def test_a_metrics_token_guards_the_scrape(tmp_path, sqlite_url, redis_prefix) -> None:  # noqa: ANN001
+    """Found by QA: any tenant (anyone reaching the port) read every tenant's tokens, spend and cache
+    savings from /metrics, live. With ``PAGEGATE_METRICS_TOKEN`` set, a scrape needs it as a bearer
+    token (JSON and text alike); a tenant's API key is not it."""
+    from gateway.app import create_app
+    from gateway.settings import Settings
+    from tests.gateway.conftest import TENANCY_REDIS_URL
+
+    token = "scrape-" + "x" * 24
+    settings = Settings(database_url=sqlite_url, redis_url=TENANCY_REDIS_URL, redis_prefix=redis_prefix,
+                        data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
+                        load_engine=False, cache_enabled=False, metrics_token=token)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        for headers in ({}, {"authorization": "Bearer pg-some-tenant-key"}, {"authorization": f"Basic {token}"},
+                        {"authorization": f"Bearer {token}x"}):
+            for params in ({}, {"format": "prometheus"}):
+                resp = await client.get("/metrics", headers=headers, params=params)
+                assert resp.status_code == 401, (headers, params, resp.text)
+                assert resp.json()["error"]["code"] == "invalid_token"
+                assert resp.headers["www-authenticate"] == "Bearer"
+        ok = {"authorization": f"Bearer {token}"}
+        assert (await client.get("/metrics", headers=ok)).json()["pid"] > 0
+        text = (await client.get("/metrics", headers=ok, params={"format": "prometheus"})).text
+        assert "pagegate_uptime_seconds" in text
+        assert (await client.get("/health")).status_code == 200  # load balancers' check stays open
+
+
+def test_a_short_metrics_token_is_refused() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from gateway.settings import Settings
+
+    with pytest.raises(ValidationError):
+        Settings(metrics_token="short", load_engine=False)
