@@ -167,7 +167,20 @@ class Management:
                      before=before, after=tenant_view(tenant), detail=f"{revoked.rowcount} key(s) revoked")
         await self.session.commit()
         await self._invalidate(tenant_id=tenant.id)
+        await self._purge_cache(tenant.id)
         return tenant, int(revoked.rowcount)
+
+    async def _purge_cache(self, tenant_id: int) -> None:
+        """A deleted tenant's cached prompts and answers go at once (QA: they stayed until their TTL,
+        24 h by default, unreadable but kept). The delete is already committed: if Redis is down they
+        expire at their TTL as before (logged)."""
+        if self.redis is None:
+            return
+        try:
+            await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant_id)
+        except RedisError as exc:
+            log.warning("tenant deleted but its semantic-cache entries could not be purged (%s); they expire "
+                        "at their TTL", exc)
 
     async def key(self, ref: int | str) -> ApiKey:
         """A key by numeric id or by display prefix (``pg-…``)."""

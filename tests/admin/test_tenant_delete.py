@@ -155,3 +155,30 @@ async def test_a_deleted_tenants_history_stays_readable_but_not_changeable(clien
     assert page.status_code == 200 and 'id="tenant-deleted"' in page.text and key["prefix"] in page.text
     assert 'id="stat-cost">$0.000015<' in page.text
     assert "<form" not in page.text.split("</header>", 1)[1]
+
+
+async def test_delete_purges_the_tenants_cached_answers(client, app, auth, settings):
+    """Found by QA: a deleted tenant's semantic-cache entries (its prompts and the answers stored for
+    them) stayed in Redis until their TTL, 24 h by default. They go with the delete; another tenant's
+    stay."""
+    import numpy as np
+
+    from cache.store import EntryStore, NewEntry
+
+    names = [unique("purged"), unique("kept")]
+    ids = [(await client.post("/admin/v1/tenants", json={"name": n}, headers=auth())).json()["id"] for n in names]
+    redis = Redis.from_url(settings.redis_url)
+    store = EntryStore(redis, settings.redis_prefix)
+    for tid in ids:
+        keys = store.keys(str(tid))  # the namespace the gateway gives a tenant's entries
+        vec = np.ones(4, np.float32) / 2
+        await store.put(keys, NewEntry(entry_id=f"e{tid}", ns=keys.ns("ctx"), text="What is the secret plan?",
+                                       vec=vec, response={"answer": "the secret"}), ttl_s=3600, max_entries=10)
+    bases = [store.keys(str(tid)).base for tid in ids]
+    before = [[k async for k in redis.scan_iter(match=b + "*")] for b in bases]
+    assert all(len(keys) >= 3 for keys in before), before  # the entry, its zset, its stamps...
+    assert (await client.delete(f"/admin/v1/tenants/{names[0]}", headers=auth())).status_code == 200
+    assert [k async for k in redis.scan_iter(match=bases[0] + "*")] == []
+    assert sorted([k async for k in redis.scan_iter(match=bases[1] + "*")]) == sorted(before[1])
+    assert await store.get_response(store.keys(str(ids[1])), f"e{ids[1]}") == {"answer": "the secret"}
+    await redis.aclose()
