@@ -21,11 +21,12 @@ Keys (one hash tag per tenant, so the multi-key scripts work on Redis Cluster)::
     <prefix>{t:<id>}:res                     hash id -> "tok:usd:tpm:epoch" (open reservations)
     <prefix>{t:<id>}:resdl                   zset id -> deadline
 
-A reservation its gateway never settles (the process was killed) is dropped by the next
-reservation of that tenant after ``reservation_ttl_s`` (1 hour; requests must not run longer), and
-the counter is rebuilt from the usage rows: a request killed between its response and its
-settlement has a row (journaled before the response) and stays counted; one killed while running
-has none and is refunded.
+A reservation its gateway never settles (the process was killed) is refunded in full by the next
+reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must not run longer.
+(Known gap: a process killed in the ~20 ms between a response and its settlement leaves a usage
+row, so that request's real amounts are refunded too and the counter stays short of them until its
+next rebuild. Dropping the counter on expiry instead was tried and reverted: the rebuild left out
+other processes' open reservations, and a two-gateway QA run spent 2,370 of a 1,500-token budget.)
 
 Losing Redis (flushed, restarted without its data) loses the counter and the open reservations:
 the counter is rebuilt from the usage rows, and a request that was running meanwhile, whose row
@@ -66,7 +67,7 @@ from gateway.redis_lane import ScriptLane
 
 log = logging.getLogger("pagegate.quota")
 
-RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is dropped after this (recount)
+RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
 REBUILD_RETRY_S = 1.0  # a counter's rebuild that failed (database down) is tried again after this
 CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
 

@@ -33,26 +33,19 @@ local tok_used = counted and tonumber(counter[1]) or 0
 local usd_used = counted and tonumber(counter[2]) or 0
 local epoch = counted and counter[3] or ''
 
--- reservations whose process never settled them (crashed / killed gateway): the request may have
--- ended and written its usage row before the process died (between its response and its
--- settlement), or died running (no row). Only the rows tell, so the counter is dropped and rebuilt
--- from them (found by QA: refunding the whole reservation left the counter short of a row that
--- existed). A reservation of an earlier epoch was never in this counter: it just goes.
+-- refund reservations whose process never settled them (crashed / killed gateway)
 local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[5], 'LIMIT', 0, 100)
-local recount = false
 for _, id in ipairs(stale) do
-  local v = redis.call('HGET', KEYS[2], id)
+  local v = redis.call('HGET', KEYS[2], id)  -- (below: 0 - x, since Lua's -0 is not an integer to Redis)
   if v then
-    local ep = string.match(v, '^%-?%d+:%-?%d+:%-?%d+:(.*)$')
-    if counted and ep == epoch then recount = true end
+    local tok, usd, _, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
+    if counted and ep == epoch then
+      tok_used = tonumber(redis.call('HINCRBY', KEYS[1], 'tok', 0 - tonumber(tok)))
+      usd_used = tonumber(redis.call('HINCRBY', KEYS[1], 'usd', 0 - tonumber(usd)))
+    end
     redis.call('HDEL', KEYS[2], id)
   end
   redis.call('ZREM', KEYS[3], id)
-end
-if recount then
-  redis.call('DEL', KEYS[1])
-  if ARGV[8] ~= '1' then return {-1} end
-  counted, tok_used, usd_used, epoch = false, 0, 0, ''
 end
 
 local btok, busd, tpm, frac = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
