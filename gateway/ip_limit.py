@@ -122,7 +122,9 @@ class ClientIPLimiter:
                 stats = await self._strategy.get_window_stats(item, *args)
                 reset_s = max(0.001, stats.reset_time - time.time())
             except Exception as exc:  # Redis unreachable
-                self._unavailable.log(log, logging.WARNING, "ip limit: storage unavailable: %r", exc)
+                inner = exc.__cause__ or exc.__context__  # (a wrapped Redis error: its own text, found by QA)
+                self._unavailable.log(log, logging.WARNING, "ip limit: storage unavailable: %s: %s%s",
+                                      type(exc).__name__, exc, f" ({type(inner).__name__}: {inner})" if inner else "")
                 raise store_unavailable("rate-limit") from exc
             limit = item.amount
             raise rate_limited(

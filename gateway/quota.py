@@ -61,6 +61,7 @@ from gateway.db.models import UsageRecord
 from gateway.errors import ApiError
 from gateway.ids import new_hex_id
 from gateway.limits import format_reset, store_unavailable
+from gateway.log_throttle import LogThrottle
 from gateway.pricing import Price, PriceBook, summed_usd, units_to_usd, usd_sum, usd_to_units
 from gateway.quota_refusals import quota_refusal, tpm_empty_s, tpm_headers, tpm_refusal
 from gateway.redis_lane import ScriptLane
@@ -193,6 +194,7 @@ class QuotaLedger:
         # tried again: the requests meanwhile get the 503 at once (found by QA: each refused request
         # tried the database again, 358 warnings in 18 s, none of them waiting out the backoff)
         self._rebuild_failed: dict[str, float] = {}
+        self._rebuild_log = LogThrottle()
         # this process's reservations not yet handed to a settlement, and the counters' epochs last
         # seen: a rebuilt counter (a new epoch) gets them back (``_adopt``)
         self._open: dict[str, Reservation] = {}
@@ -482,8 +484,13 @@ class QuotaLedger:
     async def _rebuild(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
         try:
             await self._rebuild_now(tenant_id, period, key, period_end)
-        except QuotaUnavailable:
+        except QuotaUnavailable as exc:
             self._rebuild_failed[key] = time.monotonic() + REBUILD_RETRY_S
+            cause = exc.__cause__
+            self._rebuild_log.log(log, logging.WARNING, "quota: the budget counter of tenant %s cannot be rebuilt "
+                                  "(%s); its requests get 503 quota_unavailable until the database answers",
+                                  tenant_id, "its usage rows cannot be written" if cause is None
+                                  else f"{type(cause).__name__}: {cause}")  # (QA: it was never logged)
             raise
         self._rebuild_failed.pop(key, None)
 

@@ -63,6 +63,8 @@ from gateway.usage_journal import (
 
 log = logging.getLogger(__name__)
 
+FRESH_FAILURE_S = 1.0  # a flush that may not retry the database gives up this long after a failed insert
+
 
 @dataclass(slots=True)
 class UsageEvent:
@@ -200,6 +202,7 @@ class UsageWriter:
         self._engine: AsyncEngine | None = None  # lives on the worker loop only
         self._seq = itertools.count()
         self._db_ok_after = 0.0  # monotonic time before which DB writes are not retried
+        self._db_failed_at = -math.inf  # monotonic time of the last failed insert
         self._backoff = flush_interval_s
         self.rows_written = 0  # rows the DB accepted from this process (duplicates excluded)
         self.files_spooled = 0  # journals this process sealed into spool files
@@ -231,8 +234,8 @@ class UsageWriter:
                 waiting = journal.count
             except OSError as exc:  # (its reason in the line, no traceback: a QA find)
                 self._unjournaled_log.log(log, logging.ERROR, "usage: cannot append to the journal (%s); rows kept "
-                                          "in memory until the spool is writable (lost if the process dies first)",
-                                          exc)
+                                          "in memory until the spool is writable or the next flush writes them to "
+                                          "the database (lost if the process dies first)", exc)
                 self._unjournaled.append(line)
                 waiting = len(self._unjournaled)
         if waiting >= self._batch_size and self._wake is not None:
@@ -241,9 +244,11 @@ class UsageWriter:
     async def flush(self, *, retry_db: bool = True) -> bool:
         """Seal the journal and try to write the whole spool to the database now.
         Returns True when the spool is empty afterwards (everything is in the database).
-        ``retry_db=False``: while the database is backing off after a failure (the last insert
-        failed, or the one this call waited for), give up at once instead of trying it again (a
-        quota rebuild's flush: found by QA, it waited out a hung insert and then its own, 10-12 s)."""
+        ``retry_db=False``: when an insert failed less than ``FRESH_FAILURE_S`` ago (the one this
+        call waited for, say), give up at once instead of trying it again (a quota rebuild's flush:
+        found by QA, it waited out a hung insert and then its own, 10-12 s). Not for the whole
+        backoff, which grows to 10 s: the database may be back well before it ends (a recheck QA:
+        budget tenants got 503s for 8.6 s after it returned)."""
         if self._worker is None:
             raise RuntimeError("UsageWriter.start() first")
         async with self._lock:
@@ -402,7 +407,7 @@ class UsageWriter:
         if not force and (now < self._db_ok_after
                           or (now < self._next_insert and self._spooled_rows < self._batch_size)):
             return False
-        if not retry_db and now < self._db_ok_after and self.spooled_files():
+        if not retry_db and now - self._db_failed_at < FRESH_FAILURE_S and self.spooled_files():
             return False
         for path in self.spooled_files():
             try:
@@ -416,7 +421,8 @@ class UsageWriter:
             try:
                 await self._insert(rows, path)
             except Exception as exc:  # database unreachable / down / timing out: keep the file
-                self._db_ok_after = time.monotonic() + self._backoff
+                self._db_failed_at = time.monotonic()
+                self._db_ok_after = self._db_failed_at + self._backoff
                 waiting = len(self.spooled_files())
                 log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
                             type(exc).__name__, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
@@ -443,7 +449,8 @@ class UsageWriter:
         try:
             await self._insert([_row_from_json(line) for line in lines], self._spool / name)
         except Exception as db_exc:
-            self._db_ok_after = time.monotonic() + self._backoff
+            self._db_failed_at = time.monotonic()
+            self._db_ok_after = self._db_failed_at + self._backoff
             self._backoff = min(self._max_backoff, self._backoff * 2)
             raise exc from db_exc
         self._writer_log.log(log, logging.WARNING, "usage: the spool cannot be written (%s); %d row(s) were "

@@ -505,7 +505,7 @@ async def test_a_missing_counter_with_the_database_down_refuses_the_whole_batch_
 
 
 async def test_a_rebuild_whose_usage_rows_cannot_be_written_fails_without_querying(tenancy, make_tenant,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, caplog):
     """Found by QA: with PostgreSQL hung, a rebuild first waited out the usage rows' write, then the
     other processes', then its own query: 10-12 s before the 503. When this process's rows cannot
     reach the database, the sum would miss them anyway (an undercount): the rebuild fails at once."""
@@ -538,6 +538,9 @@ async def test_a_rebuild_whose_usage_rows_cannot_be_written_fails_without_queryi
             await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
         assert refused.value.code == "quota_unavailable" and refused.value.headers["retry-after"] == "1"
     assert len(flushes) == 1 and queried == []
+    # said once in the log (a recheck QA: a failed rebuild was never logged)
+    lines = [r.getMessage() for r in caplog.records if "cannot be rebuilt" in r.getMessage()]
+    assert len(lines) == 1 and f"tenant {p.tenant_id}" in lines[0], lines
     monkeypatch.undo()  # the database is back: the next reservation after the pause rebuilds
     await asyncio.sleep(quota_module.REBUILD_RETRY_S)
     assert (await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)).max_tokens == 10

@@ -525,10 +525,12 @@ async def test_rows_neither_the_spool_nor_the_database_take_are_reported_lost_at
     assert line.levelno == logging.ERROR and "3 row(s)" in line.getMessage() and not line.exc_info
 
 
-async def test_a_flush_that_may_not_retry_the_database_gives_up_during_its_backoff(tmp_path):
+async def test_a_flush_that_may_not_retry_the_database_gives_up_right_after_a_failure(tmp_path):
     """A quota rebuild's flush (``retry_db=False``): right after an insert failed, it answers False
     without trying the database again (found by QA: with PostgreSQL hung, the rebuild waited out
     the background insert, then its own, 10-12 s before its 503). A plain flush still tries."""
+    from gateway import usage
+
     writer = UsageWriter("postgresql+asyncpg://postgres@127.0.0.1:1/none", tmp_path / "spool",
                          flush_interval_s=3600, db_timeout_s=1.0)
     await writer.start()
@@ -549,5 +551,10 @@ async def test_a_flush_that_may_not_retry_the_database_gives_up_during_its_backo
         assert tried == [3]  # not tried again
         assert not await writer.flush()
         assert tried == [3, 3]
+        # a second after the failure it tries again, though the backoff (2 s by now) has not ended:
+        # the database may be back (a recheck QA: 503s for 8.6 s after it returned)
+        await asyncio.sleep(usage.FRESH_FAILURE_S + 0.05)
+        assert not await writer.flush(retry_db=False)
+        assert tried == [3, 3, 3]
     finally:
         await writer.close()
