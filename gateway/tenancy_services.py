@@ -139,6 +139,12 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     quota.retry_later = aftercare.retry_later
     quota.row_mark = lambda: usage.recorded
+    peers.on_rebuilt = quota.adopt_rebuilt
+
+    async def rebuilt(tenant_id: int, key: str) -> None:
+        await peers.ask(usage=False, timeout_s=PEER_SETTLE_TIMEOUT_S, rebuilt=(tenant_id, key))
+
+    quota.after_rebuild = rebuilt
 
     async def settle_pending() -> bool:  # before a refusal while reservations are open
         had = bool(aftercare.pending)

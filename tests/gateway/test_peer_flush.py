@@ -127,3 +127,27 @@ async def test_a_rebuild_waits_for_a_peer_that_is_subscribing_again(tenancy, red
     finally:
         await peer.close()
         await redis.aclose()
+
+
+async def test_a_rebuilt_counter_gets_the_other_processes_open_reservations_at_once(tenancy, tenancy_settings,
+                                                                                    make_tenant, tmp_path):
+    """Found by a recheck QA: after a FLUSHDB, the other gateway charged its open reservations to the
+    rebuilt counter only at its next reservation of the tenant; until then the counter missed them,
+    and a two-gateway run spent 2,370 tokens of a 1,500 budget. The rebuild now asks the others to
+    charge them before its own batch is retried."""
+    other = await _other(tenancy_settings, tmp_path)
+    try:
+        tenant, key, _ = await make_tenant(budget_tokens=1500, tpm=0)
+        p = await tenancy.auth.authenticate(f"Bearer {key}")
+        running = [await other.quota.reserve(p, model="m", prompt_tokens=35, max_tokens=400) for _ in range(2)]
+        keys = [k async for k in tenancy.redis.scan_iter(match=f"{tenancy.settings.redis_prefix}{{t:{tenant.id}}}*")]
+        await tenancy.redis.delete(*keys)  # Redis lost (flushed, restarted empty) while the other's requests run
+        r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=1500)
+        assert r.max_tokens == 1500 - 2 * 435 - 10  # the other's 870 in flight are in the rebuilt counter
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == 1500
+        for res in running:  # they end: their real amounts replace what they held, once
+            await other.quota.settle(res, prompt_tokens=35, completion_tokens=400)
+        await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=0)
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == 2 * 435 + 10
+    finally:
+        await other.close()
