@@ -371,6 +371,6 @@ def _num(value: Any) -> str:
         return "1" if value else "0"
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) < 2**53):
         return str(int(value))
-    return repr(float(value))
+    return format(float(value), ".15g")  # (sums of costs: 0.000113, not 0.00011300000000000001; QA)
 
 

@@ -196,3 +196,15 @@ def test_a_short_metrics_token_is_refused() -> None:
 
     with pytest.raises(ValidationError):
         Settings(metrics_token="short", load_engine=False)
+
+
+def test_sums_print_without_binary_noise() -> None:
+    """Found by QA: a cost counter printed as 0.00011300000000000001."""
+    m = RequestMetrics()
+    for _ in range(3):
+        _observe(m, cost_usd=0.1, saved_usd=0.0000113 / 3 * 10)
+    text = render(uptime_s=1.5, engine=None, engine_up=True, model="m", processes=[], requests=m)
+    series = _series(text)
+    cost = [line for line in text.splitlines() if line.startswith("pagegate_cost_usd_total")]
+    assert cost == ['pagegate_cost_usd_total{model="m",tenant="7"} 0.3'], cost
+    assert series['pagegate_saved_usd_total{model="m",tenant="7"}'] == 0.000113
