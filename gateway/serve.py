@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from gateway.settings import Settings, is_loopback, python_log_level, settings_errors
+from gateway.settings import Settings, is_loopback, python_log_level, settings_errors, unknown_settings
 
 if TYPE_CHECKING:
     from gateway.redis_server import EmbeddedRedis
@@ -366,6 +366,9 @@ def run(args: argparse.Namespace) -> int:
             settings = _settings(args)
             logging.basicConfig(level=python_log_level(settings),
                                 format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            for name, meant in unknown_settings():  # (found by QA: a misspelt setting was ignored in silence)
+                logging.getLogger("pagegate").warning("%s is not a pagegate setting: ignored%s", name,
+                                                      f" (did you mean {meant}?)" if meant else "")
             # cheapest first, and all before the engine loads (which takes seconds)
             check_dev_mode(settings)
             check_port(settings.host, settings.port)

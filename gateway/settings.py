@@ -294,3 +294,26 @@ def settings_errors(exc: ValidationError) -> str:
     serve`` and ``pagegate generate`` print after ``error: invalid settings:``."""
     return "; ".join(f"PAGEGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg'].removeprefix('Value error, ')}"
                      for e in exc.errors())
+
+
+# PAGEGATE_* variables that are not settings of this class but are read on purpose: the CPU
+# kernels' cache directory (``kernels/native.py``) and the test suite's PAGEGATE_TEST_*
+_OTHER_VARIABLES = frozenset({"PAGEGATE_KERNEL_CACHE"})
+
+
+def unknown_settings(environ: dict[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """The ``PAGEGATE_*`` variables that name no setting, each with the setting it most likely
+    meant (None when none is close): a misspelt one used to be ignored in silence (found by QA)."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    known = sorted(f"PAGEGATE_{name.upper()}" for name in Settings.model_fields)
+    out = []
+    for name in sorted(env):
+        if not name.startswith("PAGEGATE_") or name in _OTHER_VARIABLES or name.startswith("PAGEGATE_TEST_"):
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            out.append((name, close[0] if close else None))
+    return out
+

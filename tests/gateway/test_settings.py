@@ -197,3 +197,14 @@ def test_database_url_parameters_asyncpg_cannot_take_are_refused_by_name(given: 
 def test_a_database_url_scheme_is_case_insensitive() -> None:
     assert Settings(database_url="POSTGRESQL://u@h/d", load_engine=False).database_url == "postgresql+asyncpg://u@h/d"
     assert Settings(database_url="SQLite:////tmp/x.db", load_engine=False).database_url == "sqlite+aiosqlite:////tmp/x.db"
+
+
+def test_a_misspelt_setting_is_named_with_the_one_it_meant() -> None:
+    """Found by QA: a misspelt ``PAGEGATE_*`` variable was ignored in silence. ``pagegate serve``
+    warns about each one, with the closest setting."""
+    from gateway.settings import unknown_settings
+
+    env = {"PAGEGATE_SETTLE_DELAY_M": "5", "PAGEGATE_PORT": "9000", "PAGEGATE_WHATEVER": "1",
+           "PAGEGATE_KERNEL_CACHE": "/tmp/k", "PAGEGATE_TEST_PG_DSN": "x", "OTHER_PAGEGATE_X": "1"}
+    assert unknown_settings(env) == [("PAGEGATE_SETTLE_DELAY_M", "PAGEGATE_SETTLE_DELAY_MS"),
+                                     ("PAGEGATE_WHATEVER", None)]
