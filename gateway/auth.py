@@ -135,7 +135,7 @@ class Authenticator:
             self._listener = None
 
     async def authenticate(self, authorization_header: str | None) -> Principal:
-        key = _bearer(authorization_header)
+        key = bearer_token(authorization_header)
         if key is None:
             raise invalid_api_key("You didn't provide an API key. Send 'Authorization: Bearer pg-...'.")
         if not looks_like_key(key):
@@ -262,7 +262,8 @@ class Authenticator:
                              on_subscribed=ready.set, on_lost=lost)
 
 
-def _bearer(header: str | None) -> str | None:
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header; None for any other."""
     if not header:
         return None
     scheme, _, token = header.strip().partition(" ")

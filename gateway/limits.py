@@ -65,7 +65,9 @@ def store_unavailable(what: str, *, cause: BaseException | None = None) -> ApiEr
                    "store_unavailable", headers={"retry-after": "1"})
     err.__cause__ = cause
     if cause is not None:
-        throttle = _STORE_LOGS.get(what) or _STORE_LOGS.setdefault(what, LogThrottle())
+        throttle = _STORE_LOGS.get(what)
+        if throttle is None:
+            throttle = _STORE_LOGS[what] = LogThrottle()
         throttle.log(log, logging.WARNING, "%s store unavailable, requests refused with 503: %s: %s", what,
                      type(cause).__name__, cause)
     return err

@@ -38,6 +38,7 @@ FORCED_LIFESPAN_S = 5.0  # then the app's own shutdown
 
 _WHEN = {False: "near the graceful timeout", True: "at the second signal (forced quit)"}
 
+
 class DrainingServer(uvicorn.Server):
     _cut_timer: asyncio.TimerHandle | None = None
     _loop: asyncio.AbstractEventLoop | None = None  # the server's, once it starts

@@ -254,4 +254,3 @@ async def purge_cached_answers(redis: Redis, prefix: str, tenant_id: int) -> int
     if batch:
         gone += await redis.unlink(*batch)
     return gone
-

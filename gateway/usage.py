@@ -400,14 +400,14 @@ class UsageWriter:
                 self.files_spooled += 1
                 self._spooled_rows += len(lines)
             except OSError as exc:  # the spool's disk refuses them (full): the database is the one other
-                await self._insert_unspooled(lines, name, exc, force and retry_db)  # place they survive (QA)
+                await self._insert_unspooled(lines, name, exc, force, retry_db)  # place they survive (QA)
             on_disk.append(True)
         adopt_orphans(self._spool)
         now = time.monotonic()
         if not force and (now < self._db_ok_after
                           or (now < self._next_insert and self._spooled_rows < self._batch_size)):
             return False
-        if not retry_db and now - self._db_failed_at < FRESH_FAILURE_S and self.spooled_files():
+        if self._db_paused(force, retry_db) and self.spooled_files():
             return False
         for path in self.spooled_files():
             try:
@@ -421,14 +421,13 @@ class UsageWriter:
             try:
                 await self._insert(rows, path)
             except Exception as exc:  # database unreachable / down / timing out: keep the file
-                self._db_failed_at = time.monotonic()
-                self._db_ok_after = self._db_failed_at + self._backoff
+                retry_s = self._backoff
+                self._db_failed()
                 waiting = len(self.spooled_files())
                 log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
                             type(exc).__name__, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
                             len(rows), f"written at the next start (in {self._spool})" if self._stopping  # (QA: it
-                            else f"retry in {self._backoff:.1f}s")  # said "retry in 8.0s" as the process exited)
-                self._backoff = min(self._max_backoff, self._backoff * 2)
+                            else f"retry in {retry_s:.1f}s")  # said "retry in 8.0s" as the process exited)
                 return False
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -438,20 +437,31 @@ class UsageWriter:
         self._next_insert = time.monotonic() + self._db_interval
         return True
 
-    async def _insert_unspooled(self, lines: list[str], name: str, exc: OSError, force: bool) -> None:
+    def _db_paused(self, force: bool, retry_db: bool) -> bool:
+        """Whether this pass leaves the database alone: an unforced one while it backs off after a
+        failed insert, one that may not retry it (``retry_db=False``) within ``FRESH_FAILURE_S``."""
+        now = time.monotonic()
+        return (not force and now < self._db_ok_after) or (not retry_db and now - self._db_failed_at < FRESH_FAILURE_S)
+
+    def _db_failed(self) -> None:
+        """An insert failed: back off, twice as long each time up to ``max_backoff_s``."""
+        self._db_failed_at = time.monotonic()
+        self._db_ok_after = self._db_failed_at + self._backoff
+        self._backoff = min(self._max_backoff, self._backoff * 2)
+
+    async def _insert_unspooled(self, lines: list[str], name: str, exc: OSError, force: bool,
+                                retry_db: bool) -> None:
         """Rows that live only in memory because the spool cannot be written go straight into the
         database (a clean stop with a full spool disk lost 8 of 10 rows while the database was up:
         found by QA). Raises ``exc`` when the database cannot take them either (or is backing off):
         the caller keeps them in memory for the next try. A later replay of rows that did get in is a
         no-op (``request_id`` is unique)."""
-        if not force and time.monotonic() < self._db_ok_after:
+        if self._db_paused(force, retry_db):
             raise exc
         try:
             await self._insert([_row_from_json(line) for line in lines], self._spool / name)
         except Exception as db_exc:
-            self._db_failed_at = time.monotonic()
-            self._db_ok_after = self._db_failed_at + self._backoff
-            self._backoff = min(self._max_backoff, self._backoff * 2)
+            self._db_failed()
             raise exc from db_exc
         self._writer_log.log(log, logging.WARNING, "usage: the spool cannot be written (%s); %d row(s) were "
                              "written straight to the database", exc, len(lines))

@@ -12,6 +12,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from gateway.auth import bearer_token
 from gateway.deps import StateDep
 from gateway.errors import ApiError
 from gateway.metrics import PROMETHEUS_CONTENT_TYPE, RequestMetrics, render, wants_prometheus
@@ -52,8 +53,8 @@ def _metrics_refusal(state, request: Request) -> ApiError | None:  # noqa: ANN00
     token = state.settings.metrics_token
     if token is None:
         return None
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+    given = bearer_token(request.headers.get("authorization"))
+    if given is not None and hmac.compare_digest(given.encode(), token.encode()):
         return None
     return ApiError(401, "GET /metrics needs the metrics token (PAGEGATE_METRICS_TOKEN) as a bearer token.",
                     "invalid_request_error", "invalid_token", headers={"www-authenticate": "Bearer"})

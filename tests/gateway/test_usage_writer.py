@@ -558,3 +558,36 @@ async def test_a_flush_that_may_not_retry_the_database_gives_up_right_after_a_fa
         assert tried == [3, 3, 3]
     finally:
         await writer.close()
+
+
+async def test_a_rebuild_flush_with_a_full_spool_writes_the_rows_a_second_after_a_failure(sqlite_url, tmp_path,
+                                                                                          monkeypatch):
+    """Rows only in memory (the spool's disk full) follow the same rule as spooled ones for a flush
+    that may not retry the database: given up within ``FRESH_FAILURE_S`` of a failed insert, tried
+    after it, whatever the writer's own backoff (which grows to 10 s)."""
+    import errno
+
+    from gateway import usage
+
+    def full(*_args: object) -> bool:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600)
+    await writer.start()
+    try:
+        monkeypatch.setattr(usage.Journal, "append", full)
+        monkeypatch.setattr(usage, "write_durably", full)
+        for event in _events(tid, 3):
+            writer.record(event)
+        writer._db_failed()  # an insert has just failed (the backoff: 3600 s here)
+        with pytest.raises(OSError):
+            await writer.flush(retry_db=False)
+        assert await _count(db) == (0, 0)
+        await asyncio.sleep(usage.FRESH_FAILURE_S + 0.05)
+        assert await writer.flush(retry_db=False)  # the database answers: the rows are in
+        assert await _count(db) == (3, 3)
+    finally:
+        await writer.close()
+        await db.dispose()
