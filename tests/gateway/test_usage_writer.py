@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import shutil
 import time
@@ -16,6 +17,11 @@ from sqlalchemy import func, select, text
 from gateway.db.models import ApiKey, Tenant, UsageRecord
 from gateway.db.session import Database
 from gateway.usage import UsageEvent, UsageWriter, _row_from_json
+
+
+def _disk_full(*_args: object) -> bool:
+    """What a write to a full disk does (monkeypatched over the journal's append and the spool's write)."""
+    raise OSError(errno.ENOSPC, "No space left on device")
 
 
 def _events(tenant_id: int, n: int, tag: str = "") -> list[UsageEvent]:
@@ -469,13 +475,9 @@ async def test_rows_the_full_spool_cannot_take_go_straight_to_the_database(sqlit
     """Found by QA: with the spool's disk full and the database up, rows never reached the database,
     and a clean stop lost 8 of 10 of them while logging that they "stay spooled". Rows that live only
     in memory now go straight into the database, at every flush and at the stop."""
-    import errno
     import logging
 
     from gateway import usage
-
-    def full(*_args: object) -> bool:
-        raise OSError(errno.ENOSPC, "No space left on device")
 
     db = Database(sqlite_url)
     tid = await _add_tenant(db)
@@ -483,8 +485,8 @@ async def test_rows_the_full_spool_cannot_take_go_straight_to_the_database(sqlit
     await writer.start()
     events = _events(tid, 10)
     writer.record(events[0])  # (opens the journal)
-    monkeypatch.setattr(type(writer._journal), "append", full)
-    monkeypatch.setattr(usage, "write_durably", full)
+    monkeypatch.setattr(type(writer._journal), "append", _disk_full)
+    monkeypatch.setattr(usage, "write_durably", _disk_full)
     with caplog.at_level(logging.WARNING, logger="gateway.usage"):
         for event in events[1:5]:
             writer.record(event)
@@ -503,20 +505,16 @@ async def test_rows_neither_the_spool_nor_the_database_take_are_reported_lost_at
                                                                                           caplog):
     """The stop's log says what happened to rows only in memory: lost, by count (it used to say they
     stay spooled, with a traceback)."""
-    import errno
     import logging
 
     from gateway import usage
-
-    def full(*_args: object) -> bool:
-        raise OSError(errno.ENOSPC, "No space left on device")
 
     # a database nobody listens on (port 1): every insert fails at once
     writer = UsageWriter("postgresql+asyncpg://postgres@127.0.0.1:1/none", tmp_path / "spool",
                          flush_interval_s=3600, db_timeout_s=1.0)
     await writer.start()
-    monkeypatch.setattr(usage.Journal, "append", full)
-    monkeypatch.setattr(usage, "write_durably", full)
+    monkeypatch.setattr(usage.Journal, "append", _disk_full)
+    monkeypatch.setattr(usage, "write_durably", _disk_full)
     for event in _events(1, 3):
         writer.record(event)
     with caplog.at_level(logging.WARNING, logger="gateway.usage"):
@@ -565,20 +563,16 @@ async def test_a_rebuild_flush_with_a_full_spool_writes_the_rows_a_second_after_
     """Rows only in memory (the spool's disk full) follow the same rule as spooled ones for a flush
     that may not retry the database: given up within ``FRESH_FAILURE_S`` of a failed insert, tried
     after it, whatever the writer's own backoff (which grows to 10 s)."""
-    import errno
 
     from gateway import usage
-
-    def full(*_args: object) -> bool:
-        raise OSError(errno.ENOSPC, "No space left on device")
 
     db = Database(sqlite_url)
     tid = await _add_tenant(db)
     writer = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600)
     await writer.start()
     try:
-        monkeypatch.setattr(usage.Journal, "append", full)
-        monkeypatch.setattr(usage, "write_durably", full)
+        monkeypatch.setattr(usage.Journal, "append", _disk_full)
+        monkeypatch.setattr(usage, "write_durably", _disk_full)
         for event in _events(tid, 3):
             writer.record(event)
         writer._db_failed()  # an insert has just failed (the backoff: 3600 s here)
