@@ -34,6 +34,7 @@ from gateway.error_handlers import install_error_handlers
 from gateway.heap import tune_gc
 from gateway.loop_lag import LoopLagMonitor
 from gateway.middleware import GatewayMiddleware, Unanswered
+from gateway.probes import DependencyProbe
 from gateway.routes import DIRECT, ROUTERS
 from gateway.settings import Settings
 
@@ -85,8 +86,10 @@ def apply_gil_switch_interval(settings: Settings) -> None:
 
 
 def _own_figures(state: AppState) -> dict:
+    usage = getattr(state.services, "usage", None)
     return {"loop": state.loop_lag.snapshot() if state.loop_lag is not None else None,
-            "cache": state.cache.stats() if state.cache is not None else None}
+            "cache": state.cache.stats() if state.cache is not None else None,
+            "database": usage.database_state() if hasattr(usage, "database_state") else None}
 
 
 def create_app(settings: Settings, *, engine: EngineClient | None = None, services: Any = None,
@@ -129,8 +132,10 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
             loop_lag = LoopLagMonitor()
             loop_lag.start()
             stack.push_async_callback(loop_lag.stop)
+            probe = DependencyProbe(svc)
+            stack.push_async_callback(probe.aclose)
             state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder,
-                             ip_limiter=ip_limiter, loop_lag=loop_lag)
+                             ip_limiter=ip_limiter, loop_lag=loop_lag, probe=probe)
             app.state.pagegate = state
             counted = getattr(svc, "metrics", None)
             if counted is not None:  # this process's own figures, for /metrics and the workers' files

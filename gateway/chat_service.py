@@ -127,6 +127,8 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     if body.logprobs is not None and body.echo:
         raise unsupported("logprobs", "logprobs with echo are not supported: the prompt's tokens get none "
                                       "(leave echo out, or prepend the prompt yourself).")
+    if body.best_of is not None and body.best_of < 1:  # a wrong value, not a feature missing (QA)
+        raise invalid_request(f"best_of must be at least 1 (got {body.best_of}).", param="best_of")
     if body.best_of not in (None, 1):
         raise unsupported("best_of", "best_of must be 1 (use n for several completions).")
     if body.echo and not isinstance(prompts_in[0], str):

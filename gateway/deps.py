@@ -44,6 +44,7 @@ class AppState:
     embedder: Any = None  # gateway.embedder.Embedder (or SharedEmbedder over the cache's), on first use
     ip_limiter: Any = None  # gateway.ip_limit.ClientIPLimiter | None (settings.ip_rpm == 0)
     loop_lag: Any = None  # gateway.loop_lag.LoopLagMonitor, while serving
+    probe: Any = None  # gateway.probes.DependencyProbe: Redis's and the database's state
     started_at: float = field(default_factory=time.time)
     _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

@@ -294,9 +294,12 @@ def wants_prometheus(accept: str | None, fmt: str | None) -> bool:
 
 
 def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str | None,
-           processes: list[tuple[str | None, dict]], requests: RequestMetrics) -> str:
-    """``processes``: (worker, {"loop": ..., "cache": ...}) per process, as ``RequestMetrics.scrape``
-    gives them; with workers their series carry a ``worker`` label."""
+           processes: list[tuple[str | None, dict]], requests: RequestMetrics,
+           dependencies: dict | None = None) -> str:
+    """``processes``: (worker, {"loop": ..., "cache": ..., "database": ...}) per process, as
+    ``RequestMetrics.scrape`` gives them; with workers their series carry a ``worker`` label.
+    ``dependencies``: the answering process's ``DependencyProbe.check()`` (Redis's PING, the spool's
+    files)."""
     out: list[str] = []
 
     def family(name: str, help_text: str, kind: str) -> None:
@@ -322,6 +325,7 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
         family("pagegate_event_loop_stalls_total", "Event-loop stalls over the threshold, per process", "counter")
         for worker, lag in loops:
             out.append(f"pagegate_event_loop_stalls_total{_worker(worker)} {_num(lag['stalls_total'])}")
+    _dependency_gauges(family, out, processes, dependencies or {})
     caches = [(w, p["cache"]) for w, p in processes if p.get("cache")]
     if caches:
         family("pagegate_cache_events_total", "Semantic cache events, per process", "counter")
@@ -352,6 +356,27 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
             out.append(f"{name}_sum{_labels(label_names, labels)} {_num(series[-2])}")
             out.append(f"{name}_count{_labels(label_names, labels)} {_num(series[-1])}")
     return "\n".join(out) + "\n"
+
+
+def _dependency_gauges(family: Callable, out: list[str], processes: list[tuple[str | None, dict]],
+                       dependencies: dict) -> None:
+    redis = dependencies.get("redis")
+    if redis is not None:
+        family("pagegate_redis_up", "1 when Redis answers a PING from this process within 1 s", "gauge")
+        out.append(f"pagegate_redis_up {1 if redis.get('status') == 'ok' else 0}")
+    writers = [(w, p["database"]) for w, p in processes if p.get("database")]
+    if writers:
+        family("pagegate_database_up", "0 from a failed usage-row insert until one succeeds, per process", "gauge")
+        for worker, db in writers:
+            out.append(f"pagegate_database_up{_worker(worker)} {1 if db.get('status') == 'ok' else 0}")
+        family("pagegate_usage_rows_waiting", "Usage rows recorded but not yet known to be in the database, per "
+               "process", "gauge")
+        for worker, db in writers:
+            out.append(f"pagegate_usage_rows_waiting{_worker(worker)} {_num(db.get('rows_waiting', 0))}")
+    files = (dependencies.get("database") or {}).get("spool_files")
+    if files is not None:
+        family("pagegate_usage_spool_files", "Usage spool files waiting for the database (all processes)", "gauge")
+        out.append(f"pagegate_usage_spool_files {_num(files)}")
 
 
 def _worker(worker: str | None) -> str:

@@ -102,6 +102,20 @@ def _short_startup_failure(send: Send) -> Send:
     return send_short
 
 
+_WITH_BODY = frozenset(("POST", "PUT", "PATCH"))
+
+
+def _encoded_body(value: bytes) -> ApiError | None:
+    """415 for a compressed body (found by QA: a gzip body was read as JSON and refused as 400
+    ``invalid_json``, which sent the client looking for a JSON mistake). ``identity`` passes."""
+    codings = [c.strip().lower() for c in value.decode("latin-1").split(",") if c.strip()]
+    if all(c == "identity" for c in codings):
+        return None
+    return ApiError(415, f"Content-Encoding {value.decode('latin-1').strip()!r} is not supported: send the body "
+                    "uncompressed (no Content-Encoding, or identity).", code="unsupported_content_encoding",
+                    headers={"accept-encoding": "identity"})
+
+
 def _count_response(scope: Scope, status: int) -> None:
     """The response in ``GET /metrics``'s counters (``gateway.metrics``), when the app has them."""
     services = getattr(getattr(scope["app"].state, "pagegate", None), "services", None)
@@ -220,6 +234,10 @@ class GatewayMiddleware:
             if name == b"content-length":
                 if value.isdigit() and int(value) > self.max_bytes:
                     return ApiError(413, too_large(self.max_bytes, int(value)), code="request_too_large")
+            elif name == b"content-encoding" and scope["method"] in _WITH_BODY:
+                refusal = _encoded_body(value)
+                if refusal is not None:
+                    return refusal
             elif name == b"authorization":
                 if authorization is not None:  # one credential a request (found by QA: the first won,
                     return ApiError(  # so a proxy adding its own could be overridden by the client's)

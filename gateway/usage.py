@@ -137,6 +137,13 @@ def _rejected(exc: DBAPIError) -> bool:
 _COLUMNS = {f.name for f in fields(UsageEvent)}
 
 
+def _describe(exc: BaseException) -> str:
+    """A failed insert's error in one line: the driver's own message when SQLAlchemy wraps one."""
+    inner = getattr(exc, "orig", None) or exc
+    text = " ".join(str(inner).split())[:300]
+    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
+
+
 def _row_from_json(line: str) -> dict:
     d = json.loads(line)
     row = {k: v for k, v in d.items() if k in _COLUMNS}
@@ -204,6 +211,10 @@ class UsageWriter:
         self._db_ok_after = 0.0  # monotonic time before which DB writes are not retried
         self._db_failed_at = -math.inf  # monotonic time of the last failed insert
         self._backoff = flush_interval_s
+        # the database as the writer last found it (``database_state``): the error of the failed
+        # insert, and since when (wall clock) it has failed, until an insert succeeds again
+        self._db_error: str | None = None
+        self._db_down_since: float | None = None
         self.rows_written = 0  # rows the DB accepted from this process (duplicates excluded)
         self.files_spooled = 0  # journals this process sealed into spool files
 
@@ -291,6 +302,26 @@ class UsageWriter:
         """Rows recorded but not yet handed to the writer thread."""
         return ((self._journal.count if self._journal else 0) + sum(j.count for j in self._full)
                 + len(self._unjournaled))
+
+    def database_state(self) -> dict:
+        """What ``/health`` and ``/metrics`` say of the database, as this writer last found it:
+        ``unavailable`` from a failed insert until one succeeds (so an idle process reports the
+        last outcome, not a fresh probe), with the error, for how long, and the rows this process
+        recorded that are not yet known to be in the database (normally up to the insert
+        interval's worth). No I/O: cheap enough for the event loop."""
+        down_since = self._db_down_since
+        return {"status": "ok" if down_since is None else "unavailable",
+                "error": self._db_error if down_since is not None else None,
+                "unavailable_for_s": None if down_since is None else round(max(0.0, time.time() - down_since), 3),
+                "rows_waiting": max(0, self.recorded - self.written)}
+
+    def spool_file_count(self) -> int | None:
+        """The spool's files waiting for the database (every process's, orphans included); None
+        when the directory cannot be listed. Lists a directory: call it off the event loop."""
+        try:
+            return len(self.spooled_files())
+        except OSError:
+            return None
 
     def spooled_files(self) -> list[Path]:
         if not self._spool.is_dir():
@@ -422,7 +453,7 @@ class UsageWriter:
                 await self._insert(rows, path)
             except Exception as exc:  # database unreachable / down / timing out: keep the file
                 retry_s = self._backoff
-                self._db_failed()
+                self._db_failed(exc)
                 waiting = len(self.spooled_files())
                 log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
                             type(exc).__name__, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
@@ -435,6 +466,7 @@ class UsageWriter:
         self._db_ok_after = 0.0
         self._spooled_rows = 0
         self._next_insert = time.monotonic() + self._db_interval
+        self._db_reached()
         return True
 
     def _db_paused(self, force: bool, retry_db: bool) -> bool:
@@ -443,8 +475,11 @@ class UsageWriter:
         now = time.monotonic()
         return (not force and now < self._db_ok_after) or (not retry_db and now - self._db_failed_at < FRESH_FAILURE_S)
 
-    def _db_failed(self) -> None:
+    def _db_failed(self, exc: BaseException) -> None:
         """An insert failed: back off, twice as long each time up to ``max_backoff_s``."""
+        self._db_error = _describe(exc)
+        if self._db_down_since is None:
+            self._db_down_since = time.time()
         self._db_failed_at = time.monotonic()
         self._db_ok_after = self._db_failed_at + self._backoff
         self._backoff = min(self._max_backoff, self._backoff * 2)
@@ -461,10 +496,14 @@ class UsageWriter:
         try:
             await self._insert([_row_from_json(line) for line in lines], self._spool / name)
         except Exception as db_exc:
-            self._db_failed()
+            self._db_failed(db_exc)
             raise exc from db_exc
+        self._db_reached()
         self._writer_log.log(log, logging.WARNING, "usage: the spool cannot be written (%s); %d row(s) were "
                              "written straight to the database", exc, len(lines))
+
+    def _db_reached(self) -> None:
+        self._db_down_since = self._db_error = None
 
     async def _insert(self, rows: list[dict], path: Path) -> None:
         if not rows:

@@ -30,21 +30,37 @@ def _engine_stats(state) -> dict | None:  # noqa: ANN001 - AppState
 
 @router.get("/health")
 @router.head("/health", include_in_schema=False)  # load balancers' HEAD checks: the status alone
-async def health(state: StateDep) -> JSONResponse:
+async def health(state: StateDep, request: Request) -> JSONResponse:
+    model = state.engine.model_id if state.engine else None
     try:
         stats = _engine_stats(state)
     except Exception:  # a dead engine: say so, with 503 so load balancers take the process out
-        return JSONResponse({"status": "unavailable", "model": state.engine.model_id if state.engine else None},
-                            status_code=503)
-    return JSONResponse({"status": "ok", "model": state.engine.model_id if state.engine else None,
-                         "engine": stats})
+        return JSONResponse({"status": "unavailable", "model": model}, status_code=503)
+    if request.method == "HEAD" or state.probe is None:  # HEAD: the status code alone, no PING
+        return JSONResponse({"status": "ok", "model": model, "engine": stats})
+    # Redis or the database down: 200 and "degraded" (shared by every process, they would take every
+    # process out of a load balancer at once); no error text here: /health needs no token
+    deps = {name: part["status"] for name, part in (await state.probe.check()).items()}
+    status = "ok" if all(v == "ok" for v in deps.values()) else "degraded"
+    return JSONResponse({"status": status, "model": model, "engine": stats, "dependencies": deps})
 
 
 def _exposition(counted: RequestMetrics, own: dict, engine: dict | None, up: bool, model: str | None,
-                uptime_s: float) -> str:
+                uptime_s: float, deps: dict) -> str:
     requests, processes = counted.scrape(own)
     return render(uptime_s=uptime_s, engine=engine, engine_up=up, model=model, processes=processes,
-                  requests=requests)
+                  requests=requests, dependencies=deps)
+
+
+async def _dependencies(state) -> dict:  # noqa: ANN001 - AppState
+    """The probe's findings, with the usage spool's file count (a directory listing: off the loop)."""
+    if state.probe is None:
+        return {}
+    deps = await state.probe.check()
+    usage = getattr(state.services, "usage", None)
+    if "database" in deps and hasattr(usage, "spool_file_count"):
+        deps["database"] = {**deps["database"], "spool_files": await asyncio.to_thread(usage.spool_file_count)}
+    return deps
 
 
 def _metrics_refusal(state, request: Request) -> ApiError | None:  # noqa: ANN001 - AppState
@@ -73,12 +89,13 @@ async def metrics(state: StateDep, request: Request) -> Response:
     loop_lag = state.loop_lag.snapshot() if state.loop_lag is not None else None
     # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
     cache = state.cache.stats() if state.cache is not None else None  # this process's counters
+    deps = await _dependencies(state)
     if wants_prometheus(request.headers.get("accept"), request.query_params.get("format")):
         counted = getattr(state.services, "metrics", None) or RequestMetrics()
         own = counted.state()  # a copy, on the event loop; the files, the sums and the text off it
         model = state.engine.model_id if state.engine else None
         text = await asyncio.to_thread(_exposition, counted, own, stats, up and state.engine is not None, model,
-                                       time.time() - state.started_at)
+                                       time.time() - state.started_at, deps)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
-                         "event_loop": loop_lag, "cache": cache, "pid": os.getpid()})
+                         "event_loop": loop_lag, "cache": cache, "dependencies": deps, "pid": os.getpid()})

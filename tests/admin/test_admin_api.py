@@ -327,7 +327,8 @@ async def test_out_of_range_values_are_400_on_both_databases(client, auth, path,
     resp = await client.request(method, path, json=body, headers=auth())
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"] == {"message": resp.json()["error"]["message"], "type": "invalid_request_error",
-                                    "param": param, "code": None}
+                                    "param": param, "code": resp.json()["error"]["code"]}
+    assert resp.json()["error"]["code"] in ("invalid_value", "invalid_type")  # (found by QA: it was null)
     assert param in resp.json()["error"]["message"]
 
 
@@ -335,8 +336,14 @@ async def test_odd_requests_get_clear_errors(client, auth):
     resp = await client.post("/admin/v1/tenants", content=b"not json",
                              headers={**auth(), "content-type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["message"] == "The request body is not valid JSON."
+    assert resp.json()["error"]["code"] == "invalid_json"
+    resp = await client.post("/admin/v1/tenants", content=b"[1]", headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_type", resp.text
+    resp = await client.post("/admin/v1/tenants", json={"rpm": 5}, headers=auth())
+    assert resp.json()["error"]["code"] == "missing_required_parameter" and resp.json()["error"]["param"] == "name"
     resp = await client.post("/admin/v1/tenants", json={"name": "bad name!"}, headers=auth())
     assert resp.status_code == 400 and "letters, digits" in resp.json()["error"]["message"]
+    assert resp.json()["error"]["code"] == "invalid_value"
     assert not resp.json()["error"]["message"].startswith("name: Value error")
     for ref in ("99999999999999999999", "0", "pg-nothing"):
         resp = await client.get(f"/admin/v1/keys/{ref}", headers=auth())

@@ -182,7 +182,8 @@ async def test_loose_types_and_nulls_that_cannot_clear_are_400(client, app, auth
     resp = await client.request(method, path.replace("{t}", tenant), json=body, headers=auth())
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
-    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, None)
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert error["code"] in ("invalid_type", "invalid_value"), error
     assert error["message"].startswith(f"{param}: ")
     got = (await client.get(f"/admin/v1/tenants/{tenant}", headers=auth())).json()
     assert (got["rpm"], got["enabled"], got["period"], got["cache_enabled"]) == (None, True, "month", True)

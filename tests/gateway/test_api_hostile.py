@@ -174,6 +174,31 @@ def test_broken_bodies(api, content, headers) -> None:  # noqa: ANN001
         assert err["code"] == "invalid_type", err
 
 
+@pytest.mark.parametrize(("path", "encoding"), [
+    ("/v1/chat/completions", "gzip"), ("/v1/completions", "br"), ("/v1/embeddings", "deflate"),
+    ("/admin/v1/tenants", "gzip"), ("/v1/chat/completions", "identity, gzip"),
+])
+def test_a_compressed_body_is_415(api, path, encoding) -> None:  # noqa: ANN001
+    """Found by QA: a gzip body was read as JSON and refused as 400 ``invalid_json``, which sent the
+    client looking for a JSON mistake; it is 415 ``unsupported_content_encoding`` now, and a body
+    marked ``identity`` is served."""
+    import gzip
+    import json
+
+    body = {"model": api.model, **BASE} if "chat" in path else {"model": api.model, "prompt": "Hi", "max_tokens": 1}
+    if path.endswith("embeddings"):
+        body = {"model": "all-MiniLM-L6-v2", "input": "Hi"}
+    elif path.startswith("/admin"):
+        body = {"name": "never-made"}
+    resp = _post(api, path, content=gzip.compress(json.dumps(body).encode()),
+                 headers={"content-type": "application/json", "content-encoding": encoding})
+    err = assert_error(resp, 415, code="unsupported_content_encoding")
+    assert encoding in err["message"]
+    served = _post(api, "/v1/chat/completions", content=json.dumps({"model": api.model, **BASE}).encode(),
+                   headers={"content-type": "application/json", "content-encoding": "identity"})
+    assert served.status_code == 200, served.text
+
+
 @pytest.mark.parametrize("authorization", [
     None, "", "Bearer", "Basic dXNlcjpwYXNz", "bearer pg-", "Bearer pg-" + "a" * 43,
     "Bearer " + "x" * 6000, "Bearer pg-\u00e9\u00e8", "Token abc", "Bearer  pg-  spaced",
@@ -208,6 +233,8 @@ def test_two_authorization_headers_are_refused(api, path) -> None:  # noqa: ANN0
     ({"prompt": None}, "prompt"),
     ({"prompt": [1, 2], "echo": True}, "echo"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
+    ({"prompt": "x", "best_of": 0}, "best_of"),
+    ({"prompt": "x", "best_of": -3}, "best_of"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": -1}, "logprobs"),
     ({"prompt": "x", "logprobs": 1, "echo": True}, "logprobs"),
@@ -221,6 +248,14 @@ def test_two_authorization_headers_are_refused(api, path) -> None:  # noqa: ANN0
 def test_hostile_completions(api, body, param) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/completions", json={"model": api.model, "max_tokens": 1, **body})
     assert_error(resp, 404 if param == "model" else 400, param=param)
+
+
+def test_best_of_below_one_is_a_wrong_value_and_above_unsupported(api) -> None:  # noqa: ANN001
+    """Found by QA: ``best_of: 0`` was ``unsupported_parameter``, as if 0 were a feature missing."""
+    for best_of, code in ((0, "invalid_value"), (-1, "invalid_value"), (2, "unsupported_parameter")):
+        resp = _post(api, "/v1/completions", json={"model": api.model, "max_tokens": 1, "prompt": "x",
+                                                  "best_of": best_of})
+        assert_error(resp, 400, param="best_of", code=code)
 
 
 @pytest.mark.parametrize(("body", "param"), [

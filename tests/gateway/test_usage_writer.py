@@ -575,7 +575,7 @@ async def test_a_rebuild_flush_with_a_full_spool_writes_the_rows_a_second_after_
         monkeypatch.setattr(usage, "write_durably", _disk_full)
         for event in _events(tid, 3):
             writer.record(event)
-        writer._db_failed()  # an insert has just failed (the backoff: 3600 s here)
+        writer._db_failed(TimeoutError())  # an insert has just failed (the backoff: 3600 s here)
         with pytest.raises(OSError):
             await writer.flush(retry_db=False)
         assert await _count(db) == (0, 0)

@@ -1,0 +1,125 @@
+"""``/health`` and ``/metrics`` report Redis's and the database's state (``gateway.probes``): found
+by QA, nothing told an operator that either was down while requests got 503s or rows piled up in
+the spool. Real Redis servers and a real (unreachable) PostgreSQL address, no stand-ins."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from gateway.app import create_app
+from gateway.db.session import Database
+from gateway.redis_server import EmbeddedRedis
+from gateway.settings import Settings
+from gateway.usage import UsageEvent
+from tests.gateway.conftest import TENANCY_REDIS_URL
+from tests.gateway.test_usage_writer import _add_tenant
+
+DOWN_PG = "postgresql+asyncpg://postgres@127.0.0.1:1/none"  # nothing listens on port 1
+
+
+def _series(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def _settings(tmp_path, database_url: str, redis_url: str, redis_prefix: str) -> Settings:  # noqa: ANN001
+    return Settings(database_url=database_url, redis_url=redis_url, redis_prefix=redis_prefix,
+                    data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
+                    load_engine=False, cache_enabled=False, database_timeout_s=1.0)
+
+
+def _row(n: int) -> UsageEvent:
+    return UsageEvent(request_id=f"probe-{n}", tenant_id=1, model="m", status="ok", prompt_tokens=3,
+                      completion_tokens=2, latency_ms=1.0, finish_reason="stop")
+
+
+async def test_all_up_is_ok(tmp_path, sqlite_url, redis_prefix) -> None:  # noqa: ANN001
+    app = create_app(_settings(tmp_path, sqlite_url, TENANCY_REDIS_URL, redis_prefix))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        body = (await client.get("/health")).json()
+        assert body["status"] == "ok" and body["dependencies"] == {"redis": "ok", "database": "ok"}
+        deps = (await client.get("/metrics")).json()["dependencies"]
+        assert deps["redis"] == {"status": "ok", "error": None}
+        assert deps["database"] == {"status": "ok", "error": None, "unavailable_for_s": None, "rows_waiting": 0,
+                                    "spool_files": 0}
+        got = _series((await client.get("/metrics", params={"format": "prometheus"})).text)
+        assert got["pagegate_redis_up"] == 1 and got["pagegate_database_up"] == 1
+        assert got["pagegate_usage_rows_waiting"] == 0 and got["pagegate_usage_spool_files"] == 0
+
+
+async def test_a_database_down_is_degraded_with_its_backlog_and_back_to_ok(tmp_path, pg_template, pg_tools,
+                                                                           redis_prefix) -> None:  # noqa: ANN001
+    """Rows that cannot be inserted: ``/health`` 200 ``degraded`` (the database is every process's:
+    a 503 would take them all out of a load balancer), ``/metrics`` the driver's error, for how
+    long, the rows waiting and the spool's files; once the database takes them, ``ok`` again."""
+    import uuid
+
+    name = f"pgt_probe_{uuid.uuid4().hex[:8]}"  # does not exist yet: the database is "down"
+    app = create_app(_settings(tmp_path, pg_tools.url(name), TENANCY_REDIS_URL, redis_prefix))
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            usage = app.state.pagegate.services.usage
+            for n in range(5):
+                usage.record(_row(n))
+            assert await usage.flush() is False
+            resp = await client.get("/health")
+            assert resp.status_code == 200
+            assert resp.json()["status"] == "degraded"
+            assert resp.json()["dependencies"] == {"redis": "ok", "database": "unavailable"}
+            assert "error" not in resp.text.lower()  # no error text on the open endpoint
+            db = (await client.get("/metrics")).json()["dependencies"]["database"]
+            assert db["status"] == "unavailable" and name in db["error"]  # asyncpg: database "…" does not exist
+            assert db["unavailable_for_s"] >= 0 and db["rows_waiting"] == 5 and db["spool_files"] == 1
+            got = _series((await client.get("/metrics", params={"format": "prometheus"})).text)
+            assert got["pagegate_database_up"] == 0 and got["pagegate_usage_rows_waiting"] == 5
+            assert got["pagegate_usage_spool_files"] == 1 and got["pagegate_redis_up"] == 1
+            # the database comes back (made from the migrated template, so the rows' tenant exists)
+            await pg_tools.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
+            fresh = Database(pg_tools.url(name))
+            await _add_tenant(fresh)
+            await fresh.dispose()
+            assert await usage.flush() is True
+            body = (await client.get("/health")).json()
+            assert body["status"] == "ok" and body["dependencies"]["database"] == "ok"
+            db = (await client.get("/metrics")).json()["dependencies"]["database"]
+            assert db == {"status": "ok", "error": None, "unavailable_for_s": None, "rows_waiting": 0,
+                          "spool_files": 0}
+    finally:
+        await pg_tools.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_a_redis_down_is_degraded_and_a_ping_is_bounded(tmp_path, sqlite_url, redis_prefix) -> None:  # noqa: ANN001
+    """A private Redis server, stopped under the running app: ``/health`` says ``degraded`` with
+    ``redis: unavailable`` (and answers within the PING's bound), then ``ok`` once one is back."""
+    from gateway import probes
+
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = await asyncio.to_thread(server.start)
+    app = create_app(_settings(tmp_path, sqlite_url, url, redis_prefix))
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
+            await asyncio.to_thread(server.stop)
+            await asyncio.sleep(probes.REUSE_S + 0.05)  # past the reuse of the last PING's outcome
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            # concurrent checks share one PING
+            answers = await asyncio.gather(*(client.get("/health") for _ in range(5)))
+            assert loop.time() - started < probes.PING_TIMEOUT_S + 1.0
+            for resp in answers:
+                assert resp.status_code == 200
+                assert resp.json()["status"] == "degraded"
+                assert resp.json()["dependencies"]["redis"] == "unavailable"
+            head = await client.head("/health")  # a load balancer's HEAD: the status alone, no PING
+            assert head.status_code == 200
+            redis = (await client.get("/metrics")).json()["dependencies"]["redis"]
+            assert redis["status"] == "unavailable" and redis["error"]
+            got = _series((await client.get("/metrics", params={"format": "prometheus"})).text)
+            assert got["pagegate_redis_up"] == 0
+    finally:
+        await asyncio.to_thread(server.stop)
