@@ -23,6 +23,7 @@ from admin.audit import money
 from admin.schemas import InvalidField
 from gateway.db.models import ApiKey, Tenant, UsageRecord
 from gateway.pricing import summed_usd, usd_sum
+from gateway.tenancy import RESERVED_NAME
 
 GROUPS = ("day", "model", "key")
 CACHE_HIT_VALUES = ("hit", "semantic-hit")  # cache outcomes that count as hits
@@ -262,7 +263,7 @@ def _total(rows: list[ReportRow], p50: float | None, p95: float | None) -> Repor
     rows are being written (found by QA: as a query of its own, it could count a row the grouped
     query, a statement earlier, had not seen: PostgreSQL at READ COMMITTED takes a snapshot per
     statement). Its latency percentiles (which do not add up) come from their own query."""
-    total = ReportRow(group="TOTAL", p50_latency_ms=_round(p50), p95_latency_ms=_round(p95))
+    total = ReportRow(group=RESERVED_NAME, p50_latency_ms=_round(p50), p95_latency_ms=_round(p95))
     for row in rows:
         for name in _SUMMED:
             setattr(total, name, getattr(total, name) + getattr(row, name))

@@ -14,6 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from gateway.tenancy import RESERVED_NAME
+
 Period = Literal["day", "month"]
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -117,6 +119,8 @@ class TenantLimits(_Body):
 def _tenant_name(name: str) -> str:
     if not re.fullmatch(TENANT_NAME, name):
         raise ValueError("a tenant name uses letters, digits, '.', '_' and '-', and starts with a letter or digit")
+    if name.casefold() == RESERVED_NAME.casefold():
+        raise ValueError(f"{name!r} is reserved: the reports' CSV names its sum line {RESERVED_NAME}")
     return name
 
 

@@ -54,6 +54,9 @@ async def _require_tenant(session: AsyncSession, tenant_id: int | None, tenant_n
     return tenant
 
 
+RESERVED_NAME = "TOTAL"  # the last line of a report's or the summary's CSV (admin.reports.to_csv)
+
+
 async def create_tenant(
     session: AsyncSession,
     *,
@@ -74,6 +77,9 @@ async def create_tenant(
     # stored exactly as checked: stripping here would let "acme\n" past a caller's duplicate check
     if not name or name != name.strip():
         raise TenancyError("tenant name must not be empty or start or end with whitespace")
+    if name.casefold() == RESERVED_NAME.casefold():  # found by QA: two TOTAL lines in the summary's CSV
+        raise TenancyError(f"the tenant name {name!r} is reserved: the reports' CSV names its sum line "
+                           f"{RESERVED_NAME}")
     _check_limits(rpm, tpm, budget_tokens, budget_usd, period)
     if await get_tenant(session, name=name) is not None:
         raise TenantExists(f"tenant {name!r} already exists")

@@ -427,6 +427,16 @@ async def test_tenant_names_must_match_the_whole_pattern(client, app, auth):
         assert await s.scalar(select(Tenant).where(Tenant.name == fresh)) is None
 
 
+async def test_the_csv_sum_line_name_is_reserved(client, auth):
+    """Found by QA: a tenant named ``TOTAL`` gave the summary's CSV two ``TOTAL`` lines, and a
+    spreadsheet that left the sum line out left the tenant out too."""
+    for name in ("TOTAL", "total", "Total"):
+        resp = await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "name" and "reserved" in resp.json()["error"]["message"]
+    assert (await client.post("/admin/v1/tenants", json={"name": unique("TOTALS")}, headers=auth())).status_code == 201
+
+
 async def test_money_is_exact_in_replies_and_the_audit_log(client, app, auth, settings):
     """A JSON number with 18 digits is read as sent and written back digit for digit (a float
     held 1234567890.1234567); SQLite, which keeps NUMERIC as a double, refuses it instead of

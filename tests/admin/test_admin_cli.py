@@ -229,6 +229,8 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     """Bad values, a bad database URL (password hidden) and bad settings: exit 1, one line on stderr."""
     code, out, err = run(capsys, "tenants", "create", "bad name!")
     assert (code, out) == (1, "") and err.startswith("error: name: a tenant name uses letters")
+    code, out, err = run(capsys, "tenants", "create", "TOTAL")  # the CSV's sum line (found by QA)
+    assert (code, out) == (1, "") and "reserved" in err
     with pytest.raises(SystemExit) as usage:  # a usage error (exit 2), before any database
         cli.main(["tenants", "create", unique("t"), "--cache-threshold", "5"])
     assert usage.value.code == 2 and "--cache-threshold: must be in (0, 1]" in capsys.readouterr().err
