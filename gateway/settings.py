@@ -174,6 +174,10 @@ class Settings(BaseSettings):
         ``postgres://``, ``postgresql+psycopg2://``…) is read with asyncpg, ``sqlite://`` with
         aiosqlite, and libpq's ``sslmode`` becomes asyncpg's ``ssl`` (found by QA: the URL most users
         type was a traceback in the admin CLI); another database is refused by name."""
+        authority = value.strip().partition("://")[2].partition("/")[0]
+        if authority.count("@") > 1:  # found by QA: read as host "ss@127.0.0.1", a DNS error that showed "ss"
+            raise ValueError("the URL's user name or password holds an '@': percent-encode it as %40 (e.g. "
+                             "postgresql+asyncpg://user:p%40ss@host:5432/db)")
         try:
             url = make_url(value.strip())
             url = url.set(drivername=url.drivername.lower())  # (a scheme is case-insensitive)

@@ -28,6 +28,10 @@ def safe_url(url: str) -> str:
     """The URL with any password hidden (it goes to a terminal or a log): the authority's, and one
     given as a query parameter (``?password=``, which asyncpg and psycopg also read; found by QA in
     clear in ``pagegate serve``'s error line)."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, tail = rest.partition("/")
+    if sep and authority.count("@") > 1:  # an unescaped '@' in a password: all of the user part hidden
+        return f"{scheme}://***@{authority.rpartition('@')[2]}{slash}{tail}"
     try:
         parsed = make_url(url)
         hidden = {k: "***" for k in parsed.query if k.lower() in _SECRET_QUERY_KEYS}

@@ -159,6 +159,8 @@ def test_safe_redis_url_hides_the_password(url: str, shown: str) -> None:
     # unparsable (a port that is no number): what looks like a password is hidden all the same
     ("postgresql+asyncpg://u:s3cret@h:abc/db", "postgresql+asyncpg://u:***@h:abc/db"),
     ("postgresql+asyncpg://u@[::1/db?Password=s3cret&x=1", "postgresql+asyncpg://u@[::1/db?Password=***&x=1"),
+    # an unescaped '@' in the password: the whole user part hidden (it showed "***@ss@h")
+    ("postgresql+asyncpg://u:p@ss@h:5432/db", "postgresql+asyncpg://***@h:5432/db"),
 ])
 def test_safe_database_url_hides_the_password(url: str, shown: str) -> None:
     from gateway.db.session import safe_url
