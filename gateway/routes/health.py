@@ -1,5 +1,6 @@
-"""GET /health (liveness + engine stats, no auth; HEAD as well, for load balancers) and GET
-/metrics (the same, as JSON numbers, with the event loop's lag: ``gateway.loop_lag``, and the
+"""GET /health (liveness + engine stats + Redis's and the database's state, ``gateway.probes``;
+no auth; HEAD as well, for load balancers) and GET /metrics (the same, as JSON numbers, with the
+event loop's lag: ``gateway.loop_lag``, the dependencies' errors and the usage backlog, and the
 semantic cache's counters; in Prometheus's text format, with the request counters of
 ``gateway.metrics``, for a scraper's ``Accept`` or ``?format=prometheus``)."""
 
