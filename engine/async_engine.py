@@ -248,8 +248,12 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats
         # requests the next step can admit at once (free running slots) do not wait: found by QA, a
-        # burst into an idle engine was refused past the share, then past the queue, with slots free
-        free = max(0, self.config.max_num_seqs - (stats.running if stats is not None else 0))
+        # burst into an idle engine was refused past the share, then past the queue, with slots free.
+        # Only while the last step left nothing waiting: sequences waiting beside free slots wait for
+        # KV blocks (or the step's token budget), and so would these (found by QA: with the pool full
+        # of long prompts, 10 waited against a queue of 4, one tenant 4x its share)
+        free = 0 if stats is not None and stats.waiting else max(
+            0, self.config.max_num_seqs - (stats.running if stats is not None else 0))
         # requests never admitted: not the sequences of admitted ones waiting to be recomputed
         # (preempted, or yielded to another class: found by a re-check, 13 yielded children of one
         # request got another tenant a 503 with no request queued)

@@ -203,6 +203,41 @@ async def test_a_burst_into_free_running_slots_is_not_waiting(make_engine):
     assert all(len(tokens) == 2 for tokens, _text, _outs in results)
 
 
+async def test_free_slots_do_not_open_the_queue_while_requests_wait_for_kv_blocks(make_engine):
+    """Found by QA: with the pool full of long prompts, free running slots let requests past
+    ``max_waiting`` (10 waited against 4) and past a tenant's share: they waited for KV blocks like
+    the others. Free slots count only while the last step left nothing waiting."""
+    eng = await make_engine(num_blocks=8, max_num_seqs=8, max_waiting=2, max_num_batched_tokens=128)
+    step = eng.engine.step
+
+    def slow_step():  # noqa: ANN202 - the first request runs for a second or so
+        time.sleep(0.02)
+        return step()
+
+    eng.engine.step = slow_step
+    params = SamplingParams(max_tokens=50, **GREEDY)
+    def prompt(i: int) -> list[int]:  # 70 tokens: 5 of the 8 blocks, growing to 8; none shared
+        return [(i * 61 + t * 7) % 250 + 5 for t in range(70)]
+
+    first = eng.generate(prompt(0), params, request_id="big0")
+    await first.__anext__()  # admitted and running
+    waiting = [asyncio.ensure_future(collect(eng, prompt(i), params, f"big{i}")) for i in (1, 2)]
+    deadline = time.monotonic() + 10
+    while eng.stats().waiting < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert (eng.stats().running, eng.stats().waiting) == (1, 2)  # 7 slots free, no blocks for them
+    with pytest.raises(EngineOverloadedError):  # before: taken, as one of the 7 free slots
+        await eng.generate(prompt(3), params, request_id="big3").__anext__()
+    async for _ in first:
+        pass
+    results = await asyncio.wait_for(asyncio.gather(*waiting), timeout=60)
+    assert all(len(tokens) == 50 for tokens, _text, _outs in results)
+    # idle again: a burst into the free slots is taken whole, as before
+    burst = await asyncio.wait_for(asyncio.gather(*(collect(eng, [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY),
+                                                            f"s{i}") for i in range(6))), timeout=60)
+    assert all(len(tokens) == 2 for tokens, _text, _outs in burst)
+
+
 async def test_crashed_step_loop_fails_every_stream(make_engine):
     eng = await make_engine()
 
