@@ -8,6 +8,7 @@ It is not thread-safe; ``AsyncEngine`` drives it from its own thread.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -91,6 +94,10 @@ class LLMEngine:
             )
         # a single sequence must always fit in the pool, so preemption can never deadlock
         self.max_model_len = min(config.max_model_len or arch.max_position_embeddings, num_blocks * bs)
+        if config.max_model_len and self.max_model_len < config.max_model_len:  # (found by QA: said nowhere)
+            logger.warning("max_model_len %d is capped at %d, what the KV cache pool holds (%d blocks of %d "
+                           "tokens): give the pool more memory or blocks for the whole context",
+                           config.max_model_len, self.max_model_len, num_blocks, bs)
         eos = set(arch.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

@@ -173,3 +173,17 @@ def test_generate_returns_every_choice_when_n_is_above_one(engine):
             by_index.setdefault(d.index, []).extend(d.token_ids)
     assert both[0] == [by_index[i] for i in range(3)]
     assert engine.kv.num_used_blocks == 0
+
+
+def test_a_max_model_len_over_the_pool_is_capped_and_said(tiny_model_dir, engine_config, caplog):
+    """Found by QA: ``PAGEGATE_MAX_MODEL_LEN=512`` with a pool of 320 tokens served 320 with nothing
+    said; the cap is logged once at start (an unset length capped by the pool is the design: not)."""
+    with caplog.at_level("WARNING", logger="engine.llm_engine"):
+        capped = LLMEngine(engine_config(tiny_model_dir, num_blocks=4, max_model_len=100))
+    assert capped.max_model_len == 4 * capped.config.block_size
+    assert any("max_model_len 100 is capped at 64" in r.getMessage() for r in caplog.records), caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.llm_engine"):
+        LLMEngine(engine_config(tiny_model_dir, num_blocks=4, max_model_len=64))
+        LLMEngine(engine_config(tiny_model_dir, num_blocks=4))
+    assert not [r for r in caplog.records if "capped" in r.getMessage()]

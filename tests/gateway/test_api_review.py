@@ -93,6 +93,12 @@ def test_min_tokens_above_max_tokens_is_refused(api) -> None:  # noqa: ANN001
                  param="min_tokens", code="invalid_value")
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": "Hi", "max_tokens": 2,
                                                "min_tokens": 9}), 400, param="min_tokens")
+    # no max_tokens sent: the message speaks of the room the prompt leaves (found by QA: it named a
+    # max_tokens the request never sent)
+    body = chat(api, min_tokens=10**6)
+    body.pop("max_tokens", None)
+    err = assert_error(post(api, "/v1/chat/completions", body), 400, param="min_tokens", code="invalid_value")
+    assert "max_tokens" not in err["message"] and "leave" in err["message"], err
 
 
 def test_a_body_over_the_limit_is_a_413_at_once_or_as_it_arrives(api) -> None:  # noqa: ANN001
