@@ -118,8 +118,8 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     prompts_in = body.prompts()
     limit = min(MAX_PROMPTS, getattr(engine, "max_waiting", None) or MAX_PROMPTS)  # each prompt takes a place
     if len(prompts_in) > limit:
-        why = "" if limit == MAX_PROMPTS else (" here: each prompt takes a place in the engine's waiting queue, "
-                                               f"of which a tenant may hold {limit}")
+        why = "" if limit == MAX_PROMPTS else (" here: each prompt takes a running slot or a place in the engine's "
+                                               f"waiting queue, of which a tenant may hold {limit}")
         noun = "prompt" if limit == 1 else "prompts"
         raise invalid_request(f"At most {limit} {noun} per request{why} (got {len(prompts_in)}).", param="prompt")
     if body.suffix:
