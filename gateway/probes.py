@@ -14,11 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
 PING_TIMEOUT_S = 1.0  # a Redis that does not answer a PING in this long is reported unavailable
 REUSE_S = 1.0  # health checks every few milliseconds cost Redis one PING a second
+# a check waits this long for a fresh PING, then answers with the last outcome (found by QA: with
+# Redis hung, every probe took the PING's whole second, past a load balancer's 1 s timeout)
+ANSWER_WITHIN_S = 0.25
+
+log = logging.getLogger("pagegate.gateway")
+
+
+def describe_error(exc: BaseException, *, timeout_s: float | None = None) -> str:
+    """An error in one line for an operator: the driver's own message when SQLAlchemy wraps one;
+    a bare timeout says how long was waited (found by QA: "TimeoutError" alone)."""
+    inner = getattr(exc, "orig", None) or exc
+    text = " ".join(str(inner).split())[:300]
+    if not text and isinstance(inner, TimeoutError) and timeout_s is not None:
+        text = f"no answer within {timeout_s:g} s"
+    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
 
 
 class DependencyProbe:
@@ -36,7 +52,7 @@ class DependencyProbe:
             out["redis"] = await self.redis()
         usage = getattr(self._services, "usage", None)
         if usage is not None and hasattr(usage, "database_state"):
-            out["database"] = usage.database_state()
+            out["database"] = _with_auth(usage.database_state(), getattr(self._services, "auth", None))
         return out
 
     async def redis(self) -> dict:
@@ -46,7 +62,10 @@ class DependencyProbe:
             self._inflight = asyncio.ensure_future(self._ping())
         task = self._inflight
         # shielded: a caller that goes away (a disconnected health check) leaves the PING to the others
-        return await asyncio.shield(task)
+        if self._redis is None:  # the first check waits for its PING (at most PING_TIMEOUT_S)
+            return await asyncio.shield(task)
+        done, _ = await asyncio.wait([task], timeout=ANSWER_WITHIN_S)
+        return task.result() if done else self._redis  # a hung Redis: the next check finds it out
 
     async def _ping(self) -> dict:
         try:
@@ -55,9 +74,13 @@ class DependencyProbe:
         except TimeoutError:
             result = {"status": "unavailable", "error": f"no answer to PING within {PING_TIMEOUT_S:g} s"}
         except Exception as exc:  # noqa: BLE001 - refused, reset, out of memory, auth: all "unavailable"
-            text = " ".join(str(exc).split())[:300]
-            result = {"status": "unavailable", "error": f"{type(exc).__name__}: {text}" if text
-                      else type(exc).__name__}
+            result = {"status": "unavailable", "error": describe_error(exc)}
+        before = self._redis
+        if before is not None and before["status"] != result["status"]:  # (QA: no line said it was back)
+            if result["status"] == "ok":
+                log.warning("redis: reachable again (a PING answered)")
+            else:
+                log.warning("redis: unavailable (%s)", result["error"])
         self._redis, self._redis_at, self._inflight = result, time.monotonic(), None
         return result
 
@@ -67,3 +90,14 @@ class DependencyProbe:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+
+
+def _with_auth(state: dict, auth: Any) -> dict:
+    """The usage writer's view of the database, made ``unavailable`` also while the key lookups
+    fail (found by QA: requests with an uncached key got 503 ``auth_unavailable`` while the gauge
+    said the database was up, as no usage row was waiting)."""
+    since = getattr(auth, "db_down_since", None)
+    if since is None or state["status"] != "ok":
+        return state
+    return {**state, "status": "unavailable", "error": auth.db_error,
+            "unavailable_for_s": round(max(0.0, time.time() - since), 3)}

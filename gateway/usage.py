@@ -52,6 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.models import ApiKey, UsageRecord
 from gateway.log_throttle import LogThrottle
+from gateway.probes import describe_error
 from gateway.usage_journal import (
     JOURNAL_BYTES,
     JOURNAL_SUFFIX,
@@ -135,13 +136,6 @@ def _rejected(exc: DBAPIError) -> bool:
 
 
 _COLUMNS = {f.name for f in fields(UsageEvent)}
-
-
-def _describe(exc: BaseException) -> str:
-    """A failed insert's error in one line: the driver's own message when SQLAlchemy wraps one."""
-    inner = getattr(exc, "orig", None) or exc
-    text = " ".join(str(inner).split())[:300]
-    return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
 
 
 def _row_from_json(line: str) -> dict:
@@ -477,7 +471,7 @@ class UsageWriter:
 
     def _db_failed(self, exc: BaseException) -> None:
         """An insert failed: back off, twice as long each time up to ``max_backoff_s``."""
-        self._db_error = _describe(exc)
+        self._db_error = describe_error(exc, timeout_s=self._db_timeout_s)
         if self._db_down_since is None:
             self._db_down_since = time.time()
         self._db_failed_at = time.monotonic()
@@ -503,6 +497,9 @@ class UsageWriter:
                              "written straight to the database", exc, len(lines))
 
     def _db_reached(self) -> None:
+        if self._db_down_since is not None:  # (found by QA: no line said the database was back)
+            log.warning("usage: the database is reachable again after %.1f s; the rows waiting for it are "
+                        "written", time.time() - self._db_down_since)
         self._db_down_since = self._db_error = None
 
     async def _insert(self, rows: list[dict], path: Path) -> None:

@@ -98,5 +98,7 @@ async def metrics(state: StateDep, request: Request) -> Response:
         text = await asyncio.to_thread(_exposition, counted, own, stats, up and state.engine is not None, model,
                                        time.time() - state.started_at, deps)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
+    counted = getattr(state.services, "metrics", None)  # with --workers, its Prometheus `worker` label
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
-                         "event_loop": loop_lag, "cache": cache, "dependencies": deps, "pid": os.getpid()})
+                         "event_loop": loop_lag, "cache": cache, "dependencies": deps, "pid": os.getpid(),
+                         "worker": counted.worker if counted is not None and counted.directory else None})

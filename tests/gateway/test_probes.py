@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
+import redis as redis_sync
 
 from gateway.app import create_app
 from gateway.db.session import Database
+from gateway.errors import ApiError
 from gateway.redis_server import EmbeddedRedis
 from gateway.settings import Settings
 from gateway.usage import UsageEvent
 from tests.gateway.conftest import TENANCY_REDIS_URL
 from tests.gateway.test_usage_writer import _add_tenant
-
-DOWN_PG = "postgresql+asyncpg://postgres@127.0.0.1:1/none"  # nothing listens on port 1
 
 
 def _series(text: str) -> dict[str, float]:
@@ -62,7 +63,19 @@ async def test_a_database_down_is_degraded_with_its_backlog_and_back_to_ok(tmp_p
     try:
         async with app.router.lifespan_context(app), httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
-            usage = app.state.pagegate.services.usage
+            services = app.state.pagegate.services
+            usage = services.usage
+            # a key lookup that fails marks it too, with no usage row waiting (found by QA: requests got
+            # 503 auth_unavailable while the gauge said the database was up)
+            from gateway.keys import generate_key
+
+            with pytest.raises(ApiError) as refused:
+                await services.auth.authenticate(f"Bearer {generate_key().key}")
+            assert refused.value.code == "auth_unavailable"
+            body = (await client.get("/health")).json()
+            assert body["status"] == "degraded" and body["dependencies"]["database"] == "unavailable"
+            db = (await client.get("/metrics")).json()["dependencies"]["database"]
+            assert db["status"] == "unavailable" and name in db["error"] and db["rows_waiting"] == 0
             for n in range(5):
                 usage.record(_row(n))
             assert await usage.flush() is False
@@ -83,6 +96,8 @@ async def test_a_database_down_is_degraded_with_its_backlog_and_back_to_ok(tmp_p
             await _add_tenant(fresh)
             await fresh.dispose()
             assert await usage.flush() is True
+            with pytest.raises(ApiError):  # a lookup that reaches the database (no such key: 401) clears it
+                await services.auth.authenticate(f"Bearer {generate_key().key}")
             body = (await client.get("/health")).json()
             assert body["status"] == "ok" and body["dependencies"]["database"] == "ok"
             db = (await client.get("/metrics")).json()["dependencies"]["database"]
@@ -122,4 +137,36 @@ async def test_a_redis_down_is_degraded_and_a_ping_is_bounded(tmp_path, sqlite_u
             got = _series((await client.get("/metrics", params={"format": "prometheus"})).text)
             assert got["pagegate_redis_up"] == 0
     finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_hung_redis_is_found_out_and_no_check_waits_out_the_ping(tmp_path, sqlite_url,
+                                                                        redis_prefix) -> None:  # noqa: ANN001
+    """Found by QA: with Redis hung (``CLIENT PAUSE``), every check waited the PING's whole second,
+    past a load balancer's 1 s timeout. A check waits for a fresh PING at most ``ANSWER_WITHIN_S``,
+    then answers with the last outcome; the PING's timeout, a second later, says unavailable."""
+    from gateway import probes
+
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = await asyncio.to_thread(server.start)
+    app = create_app(_settings(tmp_path, sqlite_url, url, redis_prefix))
+    admin = redis_sync.Redis.from_url(url)
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
+            await asyncio.to_thread(admin.execute_command, "CLIENT", "PAUSE", "4000", "ALL")
+            await asyncio.sleep(probes.REUSE_S + 0.05)
+            loop = asyncio.get_running_loop()
+            seen, slowest = [], 0.0
+            deadline = loop.time() + probes.PING_TIMEOUT_S + 1.5
+            while loop.time() < deadline and "unavailable" not in seen:
+                started = loop.time()
+                seen.append((await client.get("/health")).json()["dependencies"]["redis"])
+                slowest = max(slowest, loop.time() - started)
+                await asyncio.sleep(0.1)
+            assert seen[-1] == "unavailable", seen  # found out once the PING timed out
+            assert slowest < probes.PING_TIMEOUT_S - 0.25, (slowest, seen)  # (each check: ~ANSWER_WITHIN_S)
+    finally:
+        admin.close()
         await asyncio.to_thread(server.stop)
