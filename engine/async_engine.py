@@ -95,6 +95,10 @@ class AsyncEngine:
         self._cv = threading.Condition()
         self._cmds: list[_Add | _Abort] = []
         self._adds_sent = 0  # the _Add commands among them
+        # (KV blocks, requests) that requests taken into free running slots claimed: since the
+        # commands were last taken, and taken into the step in progress (not yet in self._stats)
+        self._claims = (0, 0)
+        self._step_claims = (0, 0)
         self._burst = BurstGate(self._cv, gap_ms=config.admission_gap_ms, notice_gap_ms=config.admission_notice_gap_ms,
                                 max_wait_ms=config.admission_max_wait_ms)
         self._streams: dict[str, _Stream] = {}
@@ -250,13 +254,23 @@ class AsyncEngine:
         if request_id in self._streams or request_id in self._retiring:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats
-        # requests the next step can admit at once (free running slots) do not wait: found by QA, a
-        # burst into an idle engine was refused past the share, then past the queue, with slots free.
-        # Only while the last step left nothing waiting: sequences waiting beside free slots wait for
-        # KV blocks (or the step's token budget), and so would these (found by QA: with the pool full
-        # of long prompts, 10 waited against a queue of 4, one tenant 4x its share)
-        free = 0 if stats is not None and stats.waiting else max(
-            0, self.config.max_num_seqs - (stats.running if stats is not None else 0))
+        # requests the next step can admit at once do not wait: found by QA, a burst into an idle
+        # engine was refused past the share, then past the queue, with running slots free. At once
+        # means a free slot and free KV blocks for the prompt (found by QA: with the pool full of long
+        # prompts, or an idle engine's 8 slots taken by 8 prompts the pool held two of, 10 waited
+        # against a queue of 4 and another tenant got 503s), and only while the last step left
+        # nothing waiting (what waits beside free slots waits for blocks or the step's token budget)
+        claim = 0
+        if stats is None:
+            free = self.config.max_num_seqs
+        elif stats.waiting:
+            free = 0
+        else:
+            slots = max(0, self.config.max_num_seqs - stats.running - self._step_claims[1])
+            need = -(-(len(ids) + 1) // self.config.block_size) + params.n - 1
+            room = stats.kv_blocks_total - stats.kv_blocks_used - self._step_claims[0] - self._claims[0]
+            claim = need if slots > self._claims[1] and need <= room else 0
+            free = min(slots, self._claims[1] + (1 if claim else 0))
         # requests never admitted: not the sequences of admitted ones waiting to be recomputed
         # (preempted, or yielded to another class: found by a re-check, 13 yielded children of one
         # request got another tenant a 503 with no request queued)
@@ -276,6 +290,9 @@ class AsyncEngine:
         if self._dead is not None:  # died between the check above and the registration
             self._streams.pop(request_id, None)
             raise EngineDeadError(f"the engine stopped: {self._dead!r}")
+        if claim:  # its blocks and slot, counted against what the next step has until its figures say
+            with self._cv:
+                self._claims = (self._claims[0] + claim, self._claims[1] + 1)
         return ids, stream
 
     async def abort(self, request_id: str) -> None:
@@ -330,6 +347,7 @@ class AsyncEngine:
                         return
                     cmds, self._cmds = self._cmds, []
                     self._sent_by_class, self._adds_sent = {}, 0
+                    self._step_claims, self._claims = self._claims, (0, 0)
                     self._burst.taken()
                 for cmd in cmds:
                     self._apply(engine, cmd)
@@ -337,12 +355,17 @@ class AsyncEngine:
                     self._waiting_by_class = engine.scheduler.waiting.counts()
                     if not engine.has_unfinished_requests():  # aborts emptied it: no step follows to say so
                         self._stats = engine.stats()  # (the last step's running and waiting hold new ones back)
+                        self._step_claims = (0, 0)
                 if engine.has_unfinished_requests():
                     streams = self._streams
-                    _deliver([(stream, out) for out in engine.step()
-                              if (stream := streams.get(out.request_id)) is not None])
+                    outputs = engine.step()
+                    # the figures first: a client that sends its next request as its output arrives
+                    # is admitted against this step's, not the one before (its blocks still held)
                     self._stats = engine.stats()
+                    self._step_claims = (0, 0)  # (in the figures now)
                     self._waiting_by_class = engine.scheduler.waiting.counts()
+                    _deliver([(stream, out) for out in outputs
+                              if (stream := streams.get(out.request_id)) is not None])
         except BaseException as exc:  # noqa: BLE001 - any crash must release every waiter
             logger.exception("engine step loop crashed")
             self._dead = exc

@@ -38,6 +38,7 @@ from gateway.tenancy import invalidation_channel, invalidation_version_key, publ
 
 log = logging.getLogger(__name__)
 _REFRESH_FAILED = LogThrottle()
+_LOOKUP_FAILED = LogThrottle()
 
 
 @dataclass(slots=True)
@@ -152,8 +153,9 @@ class Authenticator:
                 entry = await self._load_once(key_hash)
                 self.db_down_since = self.db_error = None
             except Exception as exc:  # never seen and the database is unreachable
-                self._db_failed(exc)
-                log.warning("auth: cannot read keys from the database: %r", exc)
+                self._db_failed(exc)  # (once per 10 s: a re-check saw a line per unknown key while it was down)
+                _LOOKUP_FAILED.log(log, logging.WARNING, "auth: cannot read keys from the database: %s",
+                                   self.db_error)
                 raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
                                "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
         elif entry.expires_at < time.monotonic() and key_hash not in self._loading:

@@ -138,7 +138,7 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     for i, prompt in enumerate(prompts):
         try:
             resolve_max_tokens(max_tokens, len(prompt), engine.max_model_len, min_tokens=body.min_tokens,
-                               what="prompt")
+                               what="prompt", defaulted=body.max_tokens is None)
         except ApiError as err:
             if err.param != "min_tokens":
                 err.param = _prompt_param(i, body.batched)

@@ -31,6 +31,8 @@ def describe_error(exc: BaseException, *, timeout_s: float | None = None) -> str
     """An error in one line for an operator: the driver's own message when SQLAlchemy wraps one;
     a bare timeout says how long was waited (found by QA: "TimeoutError" alone)."""
     inner = getattr(exc, "orig", None) or exc
+    while type(inner).__name__ == "Error" and inner.__cause__ is not None:  # SQLAlchemy's adapter's own
+        inner = inner.__cause__  # wrapper (a re-check: "Error: database ... does not exist"): the driver's
     text = " ".join(str(inner).split())[:300]
     if not text and isinstance(inner, TimeoutError) and timeout_s is not None:
         text = f"no answer within {timeout_s:g} s"

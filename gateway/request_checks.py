@@ -62,9 +62,10 @@ async def tokenize(engine: EngineClient, fn: Callable[[Any], list[int]], arg: An
 
 
 def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int, *, min_tokens: int = 0,
-                       what: str = "messages") -> int:
+                       what: str = "messages", defaulted: bool = False) -> int:
     """``requested`` if the context has room for it; unset: all the room left. ``min_tokens`` must
-    not be more than that (vLLM refuses it too)."""
+    not be more than that (vLLM refuses it too). ``defaulted``: ``requested`` is the route's default
+    (text completions' 16), not the client's."""
     room = max_model_len - prompt_tokens
     if room < 1 or (requested is not None and requested > room):  # a requested completion is named in the
         raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)  # message (found by QA)
@@ -74,8 +75,9 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
             raise invalid_request(f"min_tokens ({min_tokens}) is more than the context leaves for the completion: "
                                   f"the prompt's {prompt_tokens} tokens leave {room} of the model's "
                                   f"{max_model_len}.", param="min_tokens")
-        raise invalid_request(f"min_tokens ({min_tokens}) must not be more than max_tokens ({max_tokens}).",
-                              param="min_tokens")
+        default = ", the default when none is sent" if defaulted else ""  # (a re-check: it named a max_tokens
+        raise invalid_request(f"min_tokens ({min_tokens}) must not be more than max_tokens "  # never sent)
+                              f"({max_tokens}{default}).", param="min_tokens")
     return max_tokens
 
 

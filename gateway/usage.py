@@ -450,7 +450,7 @@ class UsageWriter:
                 self._db_failed(exc)
                 waiting = len(self.spooled_files())
                 log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
-                            type(exc).__name__, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
+                            self._db_error, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
                             len(rows), f"written at the next start (in {self._spool})" if self._stopping  # (QA: it
                             else f"retry in {retry_s:.1f}s")  # said "retry in 8.0s" as the process exited)
                 return False

@@ -238,6 +238,32 @@ async def test_free_slots_do_not_open_the_queue_while_requests_wait_for_kv_block
     assert all(len(tokens) == 2 for tokens, _text, _outs in burst)
 
 
+async def test_free_slots_take_only_what_the_free_kv_blocks_hold(make_engine):
+    """Found by a re-check: an idle engine took 8 long prompts into its 8 free running slots though
+    its pool held one of them, and the rest, waiting for blocks, filled the queue: another tenant
+    got 503s for seconds. A request counts as taken at once only with a slot and blocks for it."""
+    # (a long burst window: the step thread takes nothing while the four arrive, as in a burst)
+    eng = await make_engine(num_blocks=8, max_num_seqs=8, max_waiting=2, max_num_batched_tokens=128,
+                            admission_gap_ms=400, admission_max_wait_ms=3000)
+    params = SamplingParams(max_tokens=4, **GREEDY)
+
+    def prompt(i: int) -> list[int]:  # 70 tokens: 5 of the 8 blocks; none shared
+        return [(i * 61 + t * 7) % 250 + 5 for t in range(70)]
+
+    tasks = [asyncio.ensure_future(collect(eng, prompt(i), params, f"long{i}")) for i in range(3)]
+    await asyncio.sleep(0.05)
+    done = [t for t in tasks if t.done()]
+    assert not done, [t.exception() for t in done]  # one fits the pool at once, two wait: the queue
+    with pytest.raises(EngineOverloadedError):  # before: taken, as one of the 8 free slots
+        await eng.generate(prompt(3), params, request_id="long3").__anext__()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+    assert all(len(tokens) == 4 for tokens, _text, _outs in results)
+    deadline = time.monotonic() + 10  # (the figures follow the last outputs)
+    while eng.stats().kv_blocks_used and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert eng.stats().kv_blocks_used == 0
+
+
 async def test_crashed_step_loop_fails_every_stream(make_engine):
     eng = await make_engine()
 

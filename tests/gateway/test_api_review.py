@@ -99,6 +99,10 @@ def test_min_tokens_above_max_tokens_is_refused(api) -> None:  # noqa: ANN001
     body.pop("max_tokens", None)
     err = assert_error(post(api, "/v1/chat/completions", body), 400, param="min_tokens", code="invalid_value")
     assert "max_tokens" not in err["message"] and "leave" in err["message"], err
+    # text completions' default of 16 is named as the default (a re-check: it read as the client's)
+    err = assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": "Hi", "min_tokens": 40}), 400,
+                       param="min_tokens", code="invalid_value")
+    assert "16, the default when none is sent" in err["message"], err
 
 
 def test_a_body_over_the_limit_is_a_413_at_once_or_as_it_arrives(api) -> None:  # noqa: ANN001
