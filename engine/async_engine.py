@@ -270,7 +270,9 @@ class AsyncEngine:
             need = -(-(len(ids) + 1) // self.config.block_size) + params.n - 1
             room = stats.kv_blocks_total - stats.kv_blocks_used - self._step_claims[0] - self._claims[0]
             claim = need if slots > self._claims[1] and need <= room else 0
-            free = min(slots, self._claims[1] + (1 if claim else 0))
+            # (plus those taken into the step in progress: the scheduler counts them as waiting until
+            # the step admits them; found by a re-check, a burst's second half got 429s meanwhile)
+            free = self._step_claims[1] + min(slots, self._claims[1] + (1 if claim else 0))
         # requests never admitted: not the sequences of admitted ones waiting to be recomputed
         # (preempted, or yielded to another class: found by a re-check, 13 yielded children of one
         # request got another tenant a 503 with no request queued)

@@ -264,6 +264,30 @@ async def test_free_slots_take_only_what_the_free_kv_blocks_hold(make_engine):
     assert eng.stats().kv_blocks_used == 0
 
 
+async def test_requests_taken_into_the_step_in_progress_do_not_count_as_waiting(make_engine):
+    """Found by a re-check: 3 requests into an idle engine, then 3 more of the same class while the
+    first step was computing the first 3: the scheduler counted those as waiting until the step
+    admitted them, and the second 3 got 429s with 5 slots and the pool free."""
+    eng = await make_engine(max_num_seqs=8, max_waiting=4, max_waiting_per_class=2)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    gate = hold_steps(eng)
+    first = [asyncio.ensure_future(collect(eng, [1, 2, i + 3], params, f"a{i}", priority_class="a"))
+             for i in range(3)]
+    deadline = time.monotonic() + 10
+    while sum(eng._waiting_by_class.values()) < 3 and time.monotonic() < deadline:  # taken, step held
+        await asyncio.sleep(0.005)
+    try:
+        second = [asyncio.ensure_future(collect(eng, [4, 5, i + 6], params, f"b{i}", priority_class="a"))
+                  for i in range(3)]
+        await asyncio.sleep(0.2)
+        done = [t for t in second if t.done()]
+        assert not done, [t.exception() for t in done]  # before: EngineClassFullError
+    finally:
+        gate.set()
+    results = await asyncio.wait_for(asyncio.gather(*first, *second), timeout=60)
+    assert all(len(tokens) == 2 for tokens, _text, _outs in results)
+
+
 async def test_crashed_step_loop_fails_every_stream(make_engine):
     eng = await make_engine()
 
