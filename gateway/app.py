@@ -34,7 +34,7 @@ from gateway.error_handlers import install_error_handlers
 from gateway.heap import tune_gc
 from gateway.loop_lag import LoopLagMonitor
 from gateway.middleware import GatewayMiddleware, Unanswered
-from gateway.probes import DependencyProbe
+from gateway.probes import DependencyProbe, database_state
 from gateway.routes import DIRECT, ROUTERS
 from gateway.settings import Settings
 
@@ -86,10 +86,9 @@ def apply_gil_switch_interval(settings: Settings) -> None:
 
 
 def _own_figures(state: AppState) -> dict:
-    usage = getattr(state.services, "usage", None)
     return {"loop": state.loop_lag.snapshot() if state.loop_lag is not None else None,
             "cache": state.cache.stats() if state.cache is not None else None,
-            "database": usage.database_state() if hasattr(usage, "database_state") else None}
+            "database": database_state(state.services)}
 
 
 def create_app(settings: Settings, *, engine: EngineClient | None = None, services: Any = None,

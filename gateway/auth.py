@@ -31,7 +31,7 @@ from gateway.db.models import ApiKey, Tenant
 from gateway.errors import ApiError, invalid_api_key, permission_denied
 from gateway.keys import hash_key, looks_like_key
 from gateway.log_throttle import LogThrottle
-from gateway.probes import describe_error
+from gateway.probes import Outage
 from gateway.pubsub import listen_forever
 from gateway.settings import Settings
 from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
@@ -119,9 +119,7 @@ class Authenticator:
         self._loading: dict[str, asyncio.Task] = {}  # key hash -> its one load in flight
         self._background: set[asyncio.Task] = set()  # version reads, refreshes of stale principals
         self._redis_trouble: dict[tuple[str, str], LogThrottle] = {}  # (what failed, error type) -> its throttle
-        # the database as the key lookups last found it (gateway.probes): the error and since when
-        self.db_error: str | None = None
-        self.db_down_since: float | None = None
+        self.db_outage = Outage()  # the database as the key lookups last found it (gateway.probes)
 
     async def start(self) -> None:
         if self._listener is None:
@@ -151,11 +149,12 @@ class Authenticator:
         if entry is None or (entry.principal is None and entry.expires_at < time.monotonic()):
             try:
                 entry = await self._load_once(key_hash)
-                self.db_down_since = self.db_error = None
+                self.db_outage.reached()
             except Exception as exc:  # never seen and the database is unreachable
-                self._db_failed(exc)  # (once per 10 s: a re-check saw a line per unknown key while it was down)
+                self.db_outage.failed(exc, timeout_s=self._settings.database_timeout_s)
+                # (once per 10 s: a re-check saw a line per unknown key while it was down)
                 _LOOKUP_FAILED.log(log, logging.WARNING, "auth: cannot read keys from the database: %s",
-                                   self.db_error)
+                                   self.db_outage.error)
                 raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
                                "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
         elif entry.expires_at < time.monotonic() and key_hash not in self._loading:
@@ -194,18 +193,11 @@ class Authenticator:
     async def _refresh(self, key_hash: str) -> None:
         try:
             await self._load_once(key_hash)
-            self.db_down_since = self.db_error = None
+            self.db_outage.reached()
         except Exception as exc:  # DB hiccup: keep serving what we knew (invalidations still drop it)
-            self._db_failed(exc)
+            self.db_outage.failed(exc, timeout_s=self._settings.database_timeout_s)
             # (once per 10 s: while the database is down every request's refresh fails, 135 lines in 23 s)
             _REFRESH_FAILED.log(log, logging.WARNING, "auth: cannot refresh a key from the database: %r", exc)
-
-    def _db_failed(self, exc: BaseException) -> None:
-        """A key lookup failed: what ``/health`` says of the database (``gateway.probes``) until one
-        succeeds."""
-        self.db_error = describe_error(exc, timeout_s=self._settings.database_timeout_s)
-        if self.db_down_since is None:
-            self.db_down_since = time.time()
 
     def _in_background(self, coro) -> None:  # noqa: ANN001 - a coroutine
         task = asyncio.ensure_future(coro)

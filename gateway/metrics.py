@@ -366,7 +366,8 @@ def _dependency_gauges(family: Callable, out: list[str], processes: list[tuple[s
         out.append(f"pagegate_redis_up {1 if redis.get('status') == 'ok' else 0}")
     writers = [(w, p["database"]) for w, p in processes if p.get("database")]
     if writers:
-        family("pagegate_database_up", "0 from a failed usage-row insert until one succeeds, per process", "gauge")
+        family("pagegate_database_up", "0 from a failed usage-row insert or key lookup until one succeeds, per "
+               "process", "gauge")
         for worker, db in writers:
             out.append(f"pagegate_database_up{_worker(worker)} {1 if db.get('status') == 'ok' else 0}")
         family("pagegate_usage_rows_waiting", "Usage rows recorded but not yet known to be in the database, per "

@@ -39,6 +39,47 @@ def describe_error(exc: BaseException, *, timeout_s: float | None = None) -> str
     return f"{type(inner).__name__}: {text}" if text else type(inner).__name__
 
 
+class Outage:
+    """A dependency as its users last found it: down from a failed call until one succeeds (the
+    usage writer's inserts, the key lookups), with the error and since when (wall clock)."""
+
+    __slots__ = ("error", "since")
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException, *, timeout_s: float | None = None) -> None:
+        self.error = describe_error(exc, timeout_s=timeout_s)
+        if self.since is None:
+            self.since = time.time()
+
+    def reached(self) -> float | None:
+        """A call succeeded: clears it; how long it was down, or None when it was not."""
+        since, self.since, self.error = self.since, None, None
+        return None if since is None else time.time() - since
+
+    def state(self) -> dict:
+        since = self.since
+        return {"status": "ok" if since is None else "unavailable", "error": self.error if since is not None else None,
+                "unavailable_for_s": None if since is None else round(max(0.0, time.time() - since), 3)}
+
+
+def database_state(services: Any) -> dict | None:
+    """The database as this process last found it: the usage writer's state
+    (``UsageWriter.database_state``), made ``unavailable`` also while the key lookups fail (found
+    by QA: requests with an uncached key got 503 ``auth_unavailable`` while the gauge said the
+    database was up, as no usage row was waiting). None without a usage writer. No I/O."""
+    usage = getattr(services, "usage", None)
+    if not hasattr(usage, "database_state"):
+        return None
+    state = usage.database_state()
+    lookups = getattr(getattr(services, "auth", None), "db_outage", None)
+    if state["status"] == "ok" and lookups is not None and lookups.since is not None:
+        state.update(lookups.state())
+    return state
+
+
 class DependencyProbe:
     def __init__(self, services: Any) -> None:
         self._services = services
@@ -47,14 +88,14 @@ class DependencyProbe:
         self._inflight: asyncio.Task | None = None
 
     async def check(self) -> dict:
-        """``{"redis": {"status", "error"}, "database": UsageWriter.database_state()}``; a part is
+        """``{"redis": {"status", "error"}, "database": database_state(services)}``; a part is
         absent when this process has no such service (an app built without tenancy, in tests)."""
         out: dict = {}
         if getattr(self._services, "redis", None) is not None:
             out["redis"] = await self.redis()
-        usage = getattr(self._services, "usage", None)
-        if usage is not None and hasattr(usage, "database_state"):
-            out["database"] = _with_auth(usage.database_state(), getattr(self._services, "auth", None))
+        database = database_state(self._services)
+        if database is not None:
+            out["database"] = database
         return out
 
     async def redis(self) -> dict:
@@ -93,13 +134,3 @@ class DependencyProbe:
             with contextlib.suppress(BaseException):
                 await task
 
-
-def _with_auth(state: dict, auth: Any) -> dict:
-    """The usage writer's view of the database, made ``unavailable`` also while the key lookups
-    fail (found by QA: requests with an uncached key got 503 ``auth_unavailable`` while the gauge
-    said the database was up, as no usage row was waiting)."""
-    since = getattr(auth, "db_down_since", None)
-    if since is None or state["status"] != "ok":
-        return state
-    return {**state, "status": "unavailable", "error": auth.db_error,
-            "unavailable_for_s": round(max(0.0, time.time() - since), 3)}

@@ -52,7 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.models import ApiKey, UsageRecord
 from gateway.log_throttle import LogThrottle
-from gateway.probes import describe_error
+from gateway.probes import Outage
 from gateway.usage_journal import (
     JOURNAL_BYTES,
     JOURNAL_SUFFIX,
@@ -205,10 +205,7 @@ class UsageWriter:
         self._db_ok_after = 0.0  # monotonic time before which DB writes are not retried
         self._db_failed_at = -math.inf  # monotonic time of the last failed insert
         self._backoff = flush_interval_s
-        # the database as the writer last found it (``database_state``): the error of the failed
-        # insert, and since when (wall clock) it has failed, until an insert succeeds again
-        self._db_error: str | None = None
-        self._db_down_since: float | None = None
+        self._db_outage = Outage()  # the database as the inserts last found it (``database_state``)
         self.rows_written = 0  # rows the DB accepted from this process (duplicates excluded)
         self.files_spooled = 0  # journals this process sealed into spool files
 
@@ -303,11 +300,7 @@ class UsageWriter:
         last outcome, not a fresh probe), with the error, for how long, and the rows this process
         recorded that are not yet known to be in the database (normally up to the insert
         interval's worth). No I/O: cheap enough for the event loop."""
-        down_since = self._db_down_since
-        return {"status": "ok" if down_since is None else "unavailable",
-                "error": self._db_error if down_since is not None else None,
-                "unavailable_for_s": None if down_since is None else round(max(0.0, time.time() - down_since), 3),
-                "rows_waiting": max(0, self.recorded - self.written)}
+        return {**self._db_outage.state(), "rows_waiting": max(0, self.recorded - self.written)}
 
     def spool_file_count(self) -> int | None:
         """The spool's files waiting for the database (every process's, orphans included); None
@@ -450,7 +443,7 @@ class UsageWriter:
                 self._db_failed(exc)
                 waiting = len(self.spooled_files())
                 log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
-                            self._db_error, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
+                            self._db_outage.error, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
                             len(rows), f"written at the next start (in {self._spool})" if self._stopping  # (QA: it
                             else f"retry in {retry_s:.1f}s")  # said "retry in 8.0s" as the process exited)
                 return False
@@ -471,9 +464,7 @@ class UsageWriter:
 
     def _db_failed(self, exc: BaseException) -> None:
         """An insert failed: back off, twice as long each time up to ``max_backoff_s``."""
-        self._db_error = describe_error(exc, timeout_s=self._db_timeout_s)
-        if self._db_down_since is None:
-            self._db_down_since = time.time()
+        self._db_outage.failed(exc, timeout_s=self._db_timeout_s)
         self._db_failed_at = time.monotonic()
         self._db_ok_after = self._db_failed_at + self._backoff
         self._backoff = min(self._max_backoff, self._backoff * 2)
@@ -497,10 +488,10 @@ class UsageWriter:
                              "written straight to the database", exc, len(lines))
 
     def _db_reached(self) -> None:
-        if self._db_down_since is not None:  # (found by QA: no line said the database was back)
+        down_s = self._db_outage.reached()
+        if down_s is not None:  # (found by QA: no line said the database was back)
             log.warning("usage: the database is reachable again after %.1f s; the rows waiting for it are "
-                        "written", time.time() - self._db_down_since)
-        self._db_down_since = self._db_error = None
+                        "written", down_s)
 
     async def _insert(self, rows: list[dict], path: Path) -> None:
         if not rows:

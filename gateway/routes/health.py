@@ -91,14 +91,14 @@ async def metrics(state: StateDep, request: Request) -> Response:
     # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
     cache = state.cache.stats() if state.cache is not None else None  # this process's counters
     deps = await _dependencies(state)
+    counted = getattr(state.services, "metrics", None)  # with --workers, its `worker` is the series' label
     if wants_prometheus(request.headers.get("accept"), request.query_params.get("format")):
-        counted = getattr(state.services, "metrics", None) or RequestMetrics()
+        counted = counted or RequestMetrics()
         own = counted.state()  # a copy, on the event loop; the files, the sums and the text off it
         model = state.engine.model_id if state.engine else None
         text = await asyncio.to_thread(_exposition, counted, own, stats, up and state.engine is not None, model,
                                        time.time() - state.started_at, deps)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
-    counted = getattr(state.services, "metrics", None)  # with --workers, its Prometheus `worker` label
     return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
                          "event_loop": loop_lag, "cache": cache, "dependencies": deps, "pid": os.getpid(),
                          "worker": counted.worker if counted is not None and counted.directory else None})

@@ -76,6 +76,8 @@ async def test_a_database_down_is_degraded_with_its_backlog_and_back_to_ok(tmp_p
             assert body["status"] == "degraded" and body["dependencies"]["database"] == "unavailable"
             db = (await client.get("/metrics")).json()["dependencies"]["database"]
             assert db["status"] == "unavailable" and name in db["error"] and db["rows_waiting"] == 0
+            got = _series((await client.get("/metrics", params={"format": "prometheus"})).text)
+            assert got["pagegate_database_up"] == 0  # the gauge too, not only the JSON
             for n in range(5):
                 usage.record(_row(n))
             assert await usage.flush() is False
