@@ -63,12 +63,16 @@ class WaveTimeline:
         burst, llm = engine._burst, engine.engine
         gather, add = burst.gather, llm.add_request
 
-        def timed_gather(stopping):  # noqa: ANN001, ANN202
-            self.mark("gather")
+        def timed_gather(stopping, *, resume=False):  # noqa: ANN001, ANN202
+            if not resume:
+                self.mark("gather")
+            tail = False
             try:
-                return gather(stopping)
+                tail = gather(stopping, resume=resume)
+                return tail
             finally:
-                self.mark("gathered")
+                if not tail:  # (a quiet tail left: the requests are applied before it is waited out)
+                    self.mark("gathered")
 
         def timed_add(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             self.mark("added")

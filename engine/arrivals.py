@@ -69,6 +69,8 @@ class BurstGate:
         self._arrivals = 0  # commands ever queued
         self._unannounced = 0  # adds queued since the step thread last took the commands, without a notice
         self._gathering = False
+        self._deadline = 0.0  # when the current gathering gives up (monotonic)
+        self._tail = None  # (arrivals and notices seen, since when) while a quiet tail is being waited
 
     def announce(self) -> ArrivalNotice:
         with self._cv:
@@ -98,27 +100,47 @@ class BurstGate:
         """(``cv`` held.) The step thread took the queued commands."""
         self._unannounced = 0
 
-    def gather(self, stopping) -> None:  # noqa: ANN001 - () -> bool
-        """(``cv`` held.) Wait for the rest of the burst that woke the step thread."""
+    def gather(self, stopping, *, resume: bool = False) -> bool:  # noqa: ANN001 - () -> bool
+        """(``cv`` held.) Wait for the rest of the burst that woke the step thread. False: the burst
+        is in. True: every announced request is in, and only the notice gap's quiet tail is left
+        (for a request whose admission is only starting); the caller takes and applies the commands
+        queued so far, then calls ``gather(resume=True)``, which waits only what is left of the
+        tail, so that applying the burst's requests overlaps the tail instead of following it (while
+        requests are still being handed over, the step thread keeps off the GIL: it waits)."""
         if self.gap <= 0:
-            return
-        deadline = time.monotonic() + self.max_wait
+            return False
+        if not resume:
+            self._deadline = time.monotonic() + self.max_wait
+            self._tail = None
         self._gathering = True
         try:
             while not stopping():
-                remaining = deadline - time.monotonic()
+                now = time.monotonic()
+                remaining = self._deadline - now
                 if remaining <= 0:
-                    return
+                    return False
                 if self.open_notices:  # announced requests on their way: the last hand-over wakes us
+                    self._tail = None
                     self._cv.wait(remaining)
                     continue
                 seen = (self._arrivals, self._issued)
+                if not self._unannounced:  # the quiet tail after announced arrivals
+                    tail = self._tail
+                    if tail is None or tail[0] != seen:  # (new arrivals: a new tail, from now)
+                        self._tail = (seen, now)
+                        return True
+                    wait = self.notice_gap - (now - tail[1])
+                    if wait <= 0:
+                        return False  # quiet for the whole tail: the burst is in
+                else:
+                    wait = self.gap
                 self._cv.release()  # a sleep, not a wait: the arrivals' notify must not wake us each
                 try:
-                    time.sleep(min(self.gap if self._unannounced else self.notice_gap, remaining))
+                    time.sleep(min(wait, remaining))
                 finally:
                     self._cv.acquire()
                 if (self._arrivals, self._issued) == seen and not self.open_notices:
-                    return  # quiet: the burst is in
+                    return False  # quiet: the burst is in
+            return False
         finally:
             self._gathering = False

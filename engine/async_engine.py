@@ -343,21 +343,18 @@ class AsyncEngine:
                     was_idle = not engine.has_unfinished_requests()
                     while not (self._cmds or self._stopping or engine.has_unfinished_requests()):
                         self._cv.wait()
-                    if was_idle:
-                        self._burst.gather(lambda: self._stopping)
+                    tail = was_idle and self._burst.gather(lambda: self._stopping)
                     if self._stopping:
                         return
-                    cmds, self._cmds = self._cmds, []
-                    self._sent_by_class, self._adds_sent = {}, 0
-                    self._step_claims, self._claims = self._claims, (0, 0)
-                    self._burst.taken()
-                for cmd in cmds:
-                    self._apply(engine, cmd)
-                if cmds:
-                    self._waiting_by_class = engine.scheduler.waiting.counts()
-                    if not engine.has_unfinished_requests():  # aborts emptied it: no step follows to say so
-                        self._stats = engine.stats()  # (the last step's running and waiting hold new ones back)
-                        self._step_claims = (0, 0)
+                    cmds = self._take()
+                self._apply_all(engine, cmds)
+                while tail:  # the burst's quiet tail, what was taken applied in the meantime
+                    with self._cv:
+                        tail = self._burst.gather(lambda: self._stopping, resume=True)
+                        if self._stopping:
+                            return
+                        cmds = self._take()
+                    self._apply_all(engine, cmds)
                 if engine.has_unfinished_requests():
                     streams = self._streams
                     outputs = engine.step()
@@ -372,6 +369,25 @@ class AsyncEngine:
             logger.exception("engine step loop crashed")
             self._dead = exc
             self._fail_all(EngineDeadError(f"the engine stopped: {exc!r}"))
+
+    def _take(self) -> list[_Add | _Abort]:
+        """(``_cv`` held.) The queued commands, now the step thread's."""
+        cmds, self._cmds = self._cmds, []
+        self._sent_by_class, self._adds_sent = {}, 0
+        # (several takes may come before one step: the burst's tail)
+        self._step_claims = (self._step_claims[0] + self._claims[0], self._step_claims[1] + self._claims[1])
+        self._claims = (0, 0)
+        self._burst.taken()
+        return cmds
+
+    def _apply_all(self, engine: LLMEngine, cmds: list[_Add | _Abort]) -> None:
+        for cmd in cmds:
+            self._apply(engine, cmd)
+        if cmds:
+            self._waiting_by_class = engine.scheduler.waiting.counts()
+            if not engine.has_unfinished_requests():  # aborts emptied it: no step follows to say so
+                self._stats = engine.stats()  # (the last step's running and waiting hold new ones back)
+                self._step_claims = (0, 0)
 
     def _apply(self, engine: LLMEngine, cmd: _Add | _Abort) -> None:
         if isinstance(cmd, _Abort):
