@@ -31,6 +31,10 @@ class RequestAccount:
         self.started = started  # time.perf_counter() at arrival
         self.reservation: Any = None
         self.price: Any = None  # the price the reservation was made at: the row and the settlement use it
+        # when the reservation was made (unix µs): the row is dated by it, so that a request running
+        # across the end of a budget period counts in the period whose counter it charged (found by
+        # QA: dated by its end, a stream from 23:59:50 to 00:00:20 charged day D and was reported in D+1)
+        self.admitted_us: int | None = None
         self.cache = "bypass"  # hit | semantic-hit | miss (looked up) | bypass (not looked up: the chat route sets it)
         self._closed = False
 
@@ -41,6 +45,7 @@ class RequestAccount:
             self.principal, model=self.model, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             min_tokens=min_tokens)
         self.price = self.reservation.price
+        self.admitted_us = getattr(self.reservation, "made_us", None) or None
         return int(self.reservation.max_tokens)
 
     @property
@@ -162,6 +167,7 @@ class RequestAccount:
                 status=status,
                 finish_reason=finish_reason,
                 cache=self.cache,
+                created_us=self.admitted_us,
             ))
         except Exception:
             log.exception("usage record failed for %s", self.request_id)

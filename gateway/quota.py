@@ -118,6 +118,9 @@ class Reservation:
     tpm_key: str = ""
     epoch: str = ""  # the period counter's epoch when it was made ("": made without a counter)
     made: float = 0.0  # unix time
+    # the same instant in integer microseconds: the budget period was picked by it, and the request's
+    # usage row is dated by it, so the row counts in the period whose counter the request charged
+    made_us: int = 0
 
     @property
     def reserved_usd(self) -> Decimal:
@@ -253,7 +256,8 @@ class QuotaLedger:
         told its budget was held by requests in flight when it had none (found by QA)."""
         principal = asks[0].principal  # the group shares the tenant, its budgets, period and TPM
         budget_usd = group[3]
-        now = time.time()
+        now_us = time.time_ns() // 1000  # (exact: the usage rows are dated by it)
+        now = now_us / 1e6
         period_id, period_end = self._period(principal.budget_period, now)
         minute, frac = divmod(now / 60.0, 1.0)
         minute = int(minute)
@@ -323,7 +327,7 @@ class QuotaLedger:
                 reservation = Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
-                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch, made=now)
+                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch, made=now, made_us=now_us)
                 self._open[reservation.id] = reservation
                 out.append(reservation)
         if len(self._open) > 100_000:  # settlements that never came (a bug): forget what is past its TTL

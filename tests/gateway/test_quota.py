@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import math
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -907,3 +907,50 @@ async def test_a_request_whose_row_reached_the_rebuilds_sum_is_not_charged_again
     # (no usage row exists in this test: the database's sum is 0 either way)
     assert (await ledger.usage(p.tenant_id))[0] == (0 if in_sum else 15) + second.reserved_tokens
     assert await ledger.open_reservations(p.tenant_id) == 1  # only the second's entry is left
+
+
+async def test_a_request_running_across_midnight_is_dated_in_the_period_it_charged(tenancy, make_tenant,
+                                                                                   monkeypatch):
+    """Found by QA: a usage row was dated when it was written (the request's end), its reservation
+    charged the period in force at admission, so a stream from 23:59:50 to 00:00:20 charged day D's
+    counter and counted in D+1's reports and rebuilt counter. The row is now dated by the instant
+    its reservation picked the period."""
+    import time
+
+    from sqlalchemy import select
+
+    import gateway.quota as quota_mod
+    from gateway.accounting import RequestAccount
+    from gateway.db.models import UsageRecord
+    from gateway.quota import period_usage_from_db
+
+    p = await _principal(tenancy, make_tenant, budget_tokens=10_000, period="day", tpm=0)
+    today = period_bounds("day", datetime.now(UTC))[1]
+    admitted_us = int(today.timestamp()) * 1_000_000 - 1  # yesterday, 23:59:59.999999
+
+    class Clock:  # the quota module's clock alone, at the admission
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        @staticmethod
+        def time_ns():
+            return admitted_us * 1000
+
+    monkeypatch.setattr(quota_mod, "time", Clock())
+    request_id = uuid.uuid4().hex
+    account = RequestAccount(tenancy, p, request_id=request_id, model="m", endpoint="chat.completions",
+                             started=time.perf_counter())
+    await account.reserve(prompt_tokens=10, max_tokens=20)
+    monkeypatch.setattr(quota_mod, "time", time)  # the request ends today
+    await account.close(status="ok", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
+    await tenancy.aftercare.drain()
+    assert await tenancy.usage.flush()
+    async with tenancy.db.sessionmaker() as s:
+        row = (await s.execute(select(UsageRecord).where(UsageRecord.request_id == request_id))).scalar_one()
+    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+    day, start, end = period_bounds("day", created)
+    assert end == today and created == today - timedelta(microseconds=1)
+    # the period whose counter it charged counts it, the next one does not
+    assert (await period_usage_from_db(tenancy.db.sessionmaker, p.tenant_id, start, end))[0] == 15
+    assert (await period_usage_from_db(tenancy.db.sessionmaker, p.tenant_id, today,
+                                       today + timedelta(days=1)))[0] == 0
