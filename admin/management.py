@@ -163,21 +163,22 @@ class Management:
             update(ApiKey).where(ApiKey.tenant_id == tenant.id, ApiKey.revoked.is_(False))
             .values(revoked=True, revoked_at=now).execution_options(synchronize_session=False))
         await self.session.refresh(tenant)
+        namespace = tenancy.cache_namespace(tenant)
         audit.record(self.session, actor=self.actor, action="tenant.delete", target=f"tenant:{tenant.name}",
                      before=before, after=tenant_view(tenant), detail=f"{revoked.rowcount} key(s) revoked")
         await self.session.commit()
         await self._invalidate(tenant_id=tenant.id)
-        await self._purge_cache(tenant.id)
+        await self._purge_cache(tenant.id, namespace)
         return tenant, int(revoked.rowcount)
 
-    async def _purge_cache(self, tenant_id: int) -> None:
+    async def _purge_cache(self, tenant_id: int, namespace: str) -> None:
         """A deleted tenant's cached prompts and answers go at once (QA: they stayed until their TTL,
         24 h by default, unreadable but kept). The delete is already committed: if Redis is down they
         expire at their TTL as before (logged)."""
         if self.redis is None:
             return
         try:
-            await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant_id)
+            await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant_id, namespace)
         except RedisError as exc:
             log.warning("tenant deleted but its semantic-cache entries could not be purged (%s); they expire "
                         "at their TTL", exc)

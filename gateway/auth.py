@@ -34,7 +34,12 @@ from gateway.log_throttle import LogThrottle
 from gateway.probes import Outage
 from gateway.pubsub import listen_forever
 from gateway.settings import Settings
-from gateway.tenancy import invalidation_channel, invalidation_version_key, publish_invalidation
+from gateway.tenancy import (
+    cache_namespace,
+    invalidation_channel,
+    invalidation_version_key,
+    publish_invalidation,
+)
 
 log = logging.getLogger(__name__)
 _REFRESH_FAILED = LogThrottle()
@@ -62,6 +67,7 @@ class Principal:
     cache_threshold: float
     cache_ttl_s: int
     cache_max_entries: int
+    cache_namespace: str = ""  # its semantic-cache entries' namespace (``tenancy.cache_namespace``)
 
     def may_use(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -86,6 +92,7 @@ def build_principal(tenant: Tenant, key: ApiKey, settings: Settings) -> Principa
         cache_threshold=tenant.cache_threshold if tenant.cache_threshold is not None else settings.cache_threshold,
         cache_ttl_s=_or_default(tenant.cache_ttl_s, settings.cache_ttl_s),
         cache_max_entries=_or_default(tenant.cache_max_entries, settings.cache_max_entries),
+        cache_namespace=cache_namespace(tenant),
     )
 
 

@@ -90,7 +90,7 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
         policy = cache_policy(caller.principal, caller.cache_control)
         request_body = cache_body(body)
-        namespace = str(caller.principal.tenant_id)
+        namespace = caller.principal.cache_namespace or str(caller.principal.tenant_id)
         lookup = await cache_lookup(cache, namespace, request_body, policy)
         account.cache = lookup.outcome
         caller.response_headers["x-cache"] = lookup.outcome

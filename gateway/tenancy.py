@@ -5,7 +5,7 @@ through ``publish_invalidation`` (Redis only, so the CLI can call it without a r
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from redis.asyncio import Redis
@@ -242,21 +242,40 @@ async def publish_invalidation(redis: Redis, prefix: str, *, key_hash: str | Non
     await redis.publish(invalidation_channel(prefix), message)
 
 
-async def purge_cached_answers(redis: Redis, prefix: str, tenant_id: int) -> int:
+def cache_namespace(tenant: Tenant) -> str:
+    """The tenant's semantic-cache namespace: its id and its creation time (µs), so that a tenant
+    id used again (a database reset or restored while Redis kept its keys, staging and production
+    on one Redis) never reads another tenant's stored prompts and answers (found by QA: a new
+    tenant 1 on a fresh database was served the old tenant 1's answers)."""
+    created = tenant.created_at
+    if created is None:
+        return str(tenant.id)
+    if created.tzinfo is None:  # (SQLite gives it back naive: UTC)
+        created = created.replace(tzinfo=UTC)
+    return f"{tenant.id}.{(created - _EPOCH) // _MICROSECOND}"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+async def purge_cached_answers(redis: Redis, prefix: str, tenant_id: int, namespace: str | None = None) -> int:
     """Delete a tenant's semantic-cache entries (its prompts and the answers stored for them) at
     once, instead of at their TTL (a deleted tenant's, found by QA: 24 h by default). Returns how
     many Redis keys went. (``cache.store`` keeps a tenant's keys under one hash-tagged base.)"""
     from cache.store import TenantKeys
 
-    base = TenantKeys.of(prefix, str(tenant_id)).base
-    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in base) + "*"
     gone = 0
-    batch: list[bytes] = []
-    async for key in redis.scan_iter(match=pattern, count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
+    # (its namespace, and the bare id under which releases before the namespace stored them)
+    for ns in dict.fromkeys(n for n in (namespace, str(tenant_id)) if n):
+        base = TenantKeys.of(prefix, ns).base
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in base) + "*"
+        batch: list[bytes] = []
+        async for key in redis.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                gone += await redis.unlink(*batch)
+                batch = []
+        if batch:
             gone += await redis.unlink(*batch)
-            batch = []
-    if batch:
-        gone += await redis.unlink(*batch)
     return gone

@@ -167,18 +167,29 @@ async def test_delete_purges_the_tenants_cached_answers(client, app, auth, setti
 
     names = [unique("purged"), unique("kept")]
     ids = [(await client.post("/admin/v1/tenants", json={"name": n}, headers=auth())).json()["id"] for n in names]
+    from gateway.db.models import Tenant
+    from gateway.db.session import Database
+    from gateway.tenancy import cache_namespace
+
+    db = Database(settings.database_url)
+    async with db.sessionmaker() as s:  # the namespaces the gateway gives the tenants' entries
+        spaces = [cache_namespace(await s.get(Tenant, tid)) for tid in ids]
+    await db.dispose()
+    # and, for the one deleted, the bare id under which earlier releases stored them
+    spaces.append(str(ids[0]))
     redis = Redis.from_url(settings.redis_url)
     store = EntryStore(redis, settings.redis_prefix)
-    for tid in ids:
-        keys = store.keys(str(tid))  # the namespace the gateway gives a tenant's entries
+    for ns in spaces:
+        keys = store.keys(ns)
         vec = np.ones(4, np.float32) / 2
-        await store.put(keys, NewEntry(entry_id=f"e{tid}", ns=keys.ns("ctx"), text="What is the secret plan?",
+        await store.put(keys, NewEntry(entry_id=f"e{ns}", ns=keys.ns("ctx"), text="What is the secret plan?",
                                        vec=vec, response={"answer": "the secret"}), ttl_s=3600, max_entries=10)
-    bases = [store.keys(str(tid)).base for tid in ids]
+    bases = [store.keys(ns).base for ns in spaces]
     before = [[k async for k in redis.scan_iter(match=b + "*")] for b in bases]
     assert all(len(keys) >= 3 for keys in before), before  # the entry, its zset, its stamps...
     assert (await client.delete(f"/admin/v1/tenants/{names[0]}", headers=auth())).status_code == 200
     assert [k async for k in redis.scan_iter(match=bases[0] + "*")] == []
+    assert [k async for k in redis.scan_iter(match=bases[2] + "*")] == []
     assert sorted([k async for k in redis.scan_iter(match=bases[1] + "*")]) == sorted(before[1])
-    assert await store.get_response(store.keys(str(ids[1])), f"e{ids[1]}") == {"answer": "the secret"}
+    assert await store.get_response(store.keys(spaces[1]), f"e{spaces[1]}") == {"answer": "the secret"}
     await redis.aclose()

@@ -142,7 +142,9 @@ def test_max_age_serves_only_a_recent_answer(api_cached) -> None:  # noqa: ANN00
     first = _post(api, key, _body(api, question))
     assert first.headers["x-cache"] == "miss"
     assert _post(api, key, _body(api, question), **{"cache-control": "max-age=3600"}).headers["x-cache"] == "hit"
-    keys = cache.store_.keys(str(tenant_id))
+    namespace = api.loop.run(api.services.auth.authenticate(f"Bearer {key}")).cache_namespace
+    assert namespace.startswith(f"{tenant_id}.")
+    keys = cache.store_.keys(namespace)
 
     async def backdate() -> None:
         stored = await cache.redis.zrange(keys.stored, 0, -1, withscores=True)
@@ -256,3 +258,32 @@ def test_a_semantic_hit_reports_its_own_prompt_tokens(api_cached) -> None:  # no
     assert hit.json()["usage"]["completion_tokens"] == first.json()["usage"]["completion_tokens"]
     row = api.usage_rows(hit.headers["x-request-id"])[0]
     assert row.cache == "semantic-hit" and row.prompt_tokens == own and Decimal(row.cost_usd) == 0
+
+
+def test_a_tenant_id_used_again_never_reads_the_old_tenants_answers(api_cached) -> None:  # noqa: ANN001
+    """Found by QA: the cache's namespace was the tenant's id alone, so after a database reset (or a
+    restore, or staging and production on one Redis) a new tenant that got an old tenant's id was
+    served that tenant's stored answers. The namespace now holds the tenant's creation time too:
+    here the tenant row is given another creation time, as a new tenant with the same id would have."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from gateway.db.models import Tenant
+
+    api = api_cached
+    tenant_id, key = api.make_tenant()
+    question = f"What is the secret plan of project {time.time_ns()}?"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "hit"
+
+    async def recreate() -> None:
+        async with api.services.db.sessionmaker() as s:
+            await s.execute(update(Tenant).where(Tenant.id == tenant_id)
+                            .values(created_at=datetime(2020, 1, 1, tzinfo=UTC)))
+            await s.commit()
+        await api.services.auth.invalidate_tenant(tenant_id)
+
+    api.loop.run(recreate())
+    again = _post(api, key, _body(api, question))
+    assert again.status_code == 200 and again.headers["x-cache"] == "miss"
