@@ -165,8 +165,13 @@ class SemanticCache:
         if raw is not None and policy.max_age_s is not None and not await self._fresh(keys, req.exact_key, policy):
             raw, stale = None, True  # older than the request allows: a paraphrase stored since may do
         if raw is not None:
+            answer = _answer(raw)
+            if answer is None:
+                log.warning("cache entry %s holds no answer the gateway can serve: a miss, replaced by "
+                            "the new answer", req.exact_key)
+                return self._miss("unreadable-entry")
             self._stats.hits += 1
-            return CacheLookup("hit", 1.0, json.loads(raw))
+            return CacheLookup("hit", 1.0, answer)
         if not req.query:
             return self._miss("stale" if stale else "no-semantic-tier")
         try:
@@ -205,7 +210,7 @@ class SemanticCache:
             if policy.max_age_s is not None and not await self._fresh(keys, cand.entry_id, policy):
                 stale += 1
                 continue
-            resp = await self._response(keys, cand)
+            resp = _answer(await self._response(keys, cand))
             if resp is not None:
                 self._stats.semantic_hits += 1
                 return CacheLookup("semantic-hit", round(cand.score, 4), resp)
@@ -304,6 +309,32 @@ class SemanticCache:
             self._last_log = now
             log.error("semantic cache %s failed, serving without cache: %s: %s",
                       op, type(e).__name__, e)
+
+
+def _answer(raw: bytes | str | dict | None) -> dict | None:
+    """A stored answer in the shape the gateway replays (``choices`` of finished messages or texts,
+    integer ``usage``), or None for anything else: foreign or corrupt data in Redis (another
+    version sharing it, a hand edit) is a miss whose new answer replaces it, never a failed request
+    (found by QA: ``[]`` stored as an answer gave a 500)."""
+    try:
+        resp = json.loads(raw) if isinstance(raw, bytes | str) else raw
+    except ValueError:
+        return None
+    if not isinstance(resp, dict) or not isinstance(resp.get("choices"), list) or not resp["choices"]:
+        return None
+    for c in resp["choices"]:
+        if not isinstance(c, dict) or c.get("finish_reason") not in _STORABLE_FINISH:
+            return None
+        message = c.get("message")
+        text = message.get("content") if isinstance(message, dict) else c.get("text")
+        if not isinstance(text, str) or not isinstance(c.get("index", 0), int):
+            return None
+    usage = resp.get("usage")
+    if usage is not None and (not isinstance(usage, dict) or not all(
+            isinstance(usage.get(k, 0), int) and not isinstance(usage.get(k, 0), bool) and usage.get(k, 0) >= 0
+            for k in ("prompt_tokens", "completion_tokens"))):
+        return None
+    return resp
 
 
 def _complete(response: dict) -> bool:

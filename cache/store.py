@@ -148,8 +148,12 @@ class EntryStore:
         return TenantKeys.of(self.prefix, namespace)
 
     async def get_response(self, keys: TenantKeys, entry_id: str) -> dict | None:
+        """The stored answer, or None (gone; or not JSON: ``semantic_cache._answer`` judges the rest)."""
         raw = await self.redis.hget(keys.entry(entry_id), "resp")
-        return None if raw is None else json.loads(raw)
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
 
     async def put(self, keys: TenantKeys, e: NewEntry, *, ttl_s: int, max_entries: int) -> tuple[int, int]:
         """Store one entry; returns (evicted for the cap, expired cleaned up)."""

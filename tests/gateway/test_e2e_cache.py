@@ -287,3 +287,32 @@ def test_a_tenant_id_used_again_never_reads_the_old_tenants_answers(api_cached) 
     api.loop.run(recreate())
     again = _post(api, key, _body(api, question))
     assert again.status_code == 200 and again.headers["x-cache"] == "miss"
+
+
+@pytest.mark.parametrize("stored", [b"[]", b'{"choices": "x"}', b"{not json", b'{"choices": [{"index": 0}]}',
+                                    b'{"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],'
+                                    b' "usage": {"prompt_tokens": "many"}}'])
+def test_an_unreadable_stored_answer_is_a_miss_and_is_replaced(api_cached, stored) -> None:  # noqa: ANN001
+    """Found by QA: an entry whose stored answer was JSON of another shape (another version sharing
+    Redis, a hand edit) gave a 500 with a traceback; one that was not JSON was a bypass for as long
+    as it lived. Either is now a miss, answered by the engine, whose answer replaces it."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    cache = api.app.state.pagegate.cache
+    question = f"Name a mountain. ({time.time_ns()})"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
+    namespace = api.loop.run(api.services.auth.authenticate(f"Bearer {key}")).cache_namespace
+    keys = cache.store_.keys(namespace)
+
+    async def corrupt() -> int:
+        entries = [k async for k in cache.redis.scan_iter(match=keys.entry_prefix + "*")]
+        for k in entries:
+            await cache.redis.hset(k, "resp", stored)
+        return len(entries)
+
+    assert api.loop.run(corrupt()) == 1
+    again = _post(api, key, _body(api, question))
+    assert again.status_code == 200 and again.headers["x-cache"] == "miss", again.text
+    assert again.json()["choices"][0]["message"]["content"]
+    healed = _post(api, key, _body(api, question))
+    assert healed.headers["x-cache"] == "hit" and healed.json()["choices"] == again.json()["choices"]
