@@ -23,7 +23,9 @@ synonym's comparative forms as the synonym), "qa6" (a cache QA's modal, logic, r
 date and format pairs, which led to the logic, role and layout guards, cache/logic.py) and "heldout7"
 (pairs of those kinds written by someone who had not seen those guards, before they ran on it; some of
 its misses then extended them) and "qa7" (a re-check QA's pairs written to get around those guards, and
-paraphrases they refused; its misses led to the guards' second version). "original"
+paraphrases they refused; its misses led to the guards' second version), "qa8" (a cache QA's added
+qualifiers, "Is Pluto a (dwarf) planet?", and unit swaps without numbers, which led to the qualifier
+guard, with paraphrases written against that guard). "original"
 is the first four splits, the 282 pairs before "qa".
 
 Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache._unsearchable``:
@@ -59,7 +61,7 @@ PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
 THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
 DEFAULT_T = 0.90  # the gateway's default (PAGEGATE_CACHE_THRESHOLD)
 SUMMARY_T = (0.85, DEFAULT_T)
-SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7"]
+SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8"]
 ORIGINAL = SPLITS[:4]
 
 

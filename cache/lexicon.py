@@ -202,6 +202,7 @@ UNITS = {
     "tb": "tb terabyte terabytes".split(),
     "bit": "bit bits".split(),
     "byte": "byte bytes".split(),
+    "nibble": "nibble nibbles".split(),
     "mph": "mph".split(),
     "kph": "kph km/h kmh".split(),
     "%": "% percent percentage pct".split(),
@@ -225,7 +226,7 @@ UNITS = {
 UNIT_OF = {w: canon for canon, words in UNITS.items() for w in words}
 # Units that are everyday words too ("a cup of tea", "per day"): they count only after a number.
 WEAK_UNITS = frozenset("""cup cups day days week weeks month months year years hour hours minute
-    minutes second seconds degree degrees bit bits byte bytes bar""".split())
+    minutes second seconds degree degrees bit bits byte bytes nibble nibbles bar""".split())
 
 # Tasks that transform given content: a different one asks for a different answer.
 TASKS = {

@@ -159,15 +159,21 @@ def _subject_object(clause: list[Word]) -> Iterator[Relation]:
 _ONE = frozenset("a an each every per the".split())
 
 
+def _key(w: Word) -> str | None:
+    """A word's key, or for an everyday unit word that has none (a stopword: "a bit") its unit: "bits
+    in a byte" / "bytes in a bit" (found by QA: read as no relation, served each other's answer)."""
+    return w.key or (lx.UNIT_OF.get(w.low) if w.unit else None)
+
+
 def _unit_in(clause: list[Word]) -> Iterator[Relation]:
     """"ounces in a pound" (a pound to ounces) and "a pound in ounces" (the same): see the module doc."""
     for i, w in enumerate(clause):
         if w.low != "in":
             continue
-        before = next((x for x in reversed(clause[:i]) if x.key), None)
-        j = next((k for k in range(i + 1, len(clause)) if clause[k].key), None)
-        if before is None or j is None or not (before.unit and clause[j].unit) or before.key == clause[j].key:
+        before = next((x for x in reversed(clause[:i]) if _key(x)), None)
+        j = next((k for k in range(i + 1, len(clause)) if _key(clause[k])), None)
+        if before is None or j is None or not (before.unit and clause[j].unit) or _key(before) == _key(clause[j]):
             continue
-        left, right = frozenset({before.key}), frozenset({clause[j].key})
+        left, right = frozenset({_key(before)}), frozenset({_key(clause[j])})
         counted = any(x.low in _ONE for x in clause[i + 1:j])  # "in a pound": one pound holds how many?
         yield Relation("to", right, left) if counted else Relation("to", left, right)

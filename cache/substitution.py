@@ -54,6 +54,43 @@ def substituted(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...]
     return False
 
 
+MAX_ADDED = 4  # words one text adds to the other, at most, for a pair to be a qualified question
+
+
+def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], function: frozenset[str],
+              filler: frozenset[str] = frozenset()) -> bool:
+    """Whether one text is the other with a qualifier added: the other's words, in order, with up to
+    ``MAX_ADDED`` more in one or more places, and no word of it dropped or replaced, where an added
+    word matters (is not light). The embedder scores "Is Pluto a planet?" / "Is Pluto a dwarf
+    planet?" at 0.91, "Is the water boiling?" / "... almost boiling?" at 0.94, "Do I need a passport
+    for Mexico?" / "... for Mexico by land?" at 0.92 (found by QA): the shared words carry the score,
+    the added one turns the answer. Words added before the first shared one frame the question
+    ("Can you tell me ..."), and are let pass, as are added light, function or filler words
+    ("please", "and", "exactly"; ``function`` and ``filler``: stems), and a word added before a light
+    or function word, which names what was there already ("a SQL query to", "the capital city of",
+    "days are left until")."""
+    if min(len(a), len(b)) < MIN_WORDS:
+        return False
+    sa, sb = [s for s, _ in a], [s for s, _ in b]
+    diff = [op for op in difflib.SequenceMatcher(a=sa, b=sb, autojunk=False).get_opcodes() if op[0] != "equal"]
+    if not diff:
+        return False
+    if all(op[0] == "insert" for op in diff):
+        longer, spans = b, [(j1, j2) for _, _, _, j1, j2 in diff]
+    elif all(op[0] == "delete" for op in diff):
+        longer, spans = a, [(i1, i2) for _, i1, i2, _, _ in diff]
+    else:
+        return False
+    if sum(end - start for start, end in spans) > MAX_ADDED:
+        return False
+    # a qualifier sits before a word that matters ("a dwarf planet", "almost boiling") or ends the
+    # question ("by land")
+    return any(start > 0 and any(not light and stem not in filler and stem not in function
+                                 for stem, light in longer[start:end])
+               and (end == len(longer) or not (longer[end][1] or longer[end][0] in function))
+               for start, end in spans)
+
+
 _QUESTION_WORDS = frozenset("how what which when where who whom whose why".split())
 # what may follow a word in another form of it (invest / investment, safe / safely); -er / -ee and
 # the like are other words (employer / employee, trainer / trainee)

@@ -92,7 +92,7 @@ from cache.logic import (
 )
 from cache.relations import Relation, Word, relations, reversed_relation
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
-from cache.substitution import substituted
+from cache.substitution import qualified, substituted
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
@@ -154,7 +154,8 @@ for _g, _group in enumerate(lx.SYNONYM_GROUPS):
             _SYNONYMS[stem(_form)] = _SYNONYMS.get(stem(_form), frozenset()) | {_g}
 _BREAKS = frozenset(".?!;:,")
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
-                     "content", "symbol", "case", "accent", "choice", "substitution", "logic", "role", "layout"})
+                     "content", "symbol", "case", "accent", "choice", "substitution", "qualifier", "logic", "role",
+                     "layout"})
 _SENTENCE_END = frozenset(".?!")
 _PRONOUNS = frozenset("i we you he she they it one".split())
 # words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
@@ -420,6 +421,8 @@ class Verifier:
             return Verdict(False, "role")
         if "layout" in g and layouts_apart(q.layout, c.layout):
             return Verdict(False, "layout")
+        if "qualifier" in g and qualified(q.sequence, c.sequence, _STOP, _FILLER):
+            return Verdict(False, "qualifier")
         return Verdict(True)
 
 

@@ -121,7 +121,8 @@ def test_positive_form_reduces_comparatives_only(word, base):
 
 
 def test_comparatives_are_reduced_for_the_antonym_lookup_only(verifier):
-    assert verifier.check("How much water is in a bottle?", "How much water is in a large bottle?").ok
+    # ("a large bottle" is a qualifier added, refused as such: not as an antonym of "small")
+    assert verifier.check("How much water is in a bottle?", "How much water is in a large bottle?").reason == "qualifier"
     assert verifier.analyse("Why is it faster?").words == frozenset({"why", "is", "it", "faster"})
 
 
@@ -161,7 +162,6 @@ def test_qa_hard_negatives_are_rejected(verifier, q, c, reason):
     ("What is 100 Fahrenheit in Celsius?", "Convert 100 Fahrenheit to Celsius"),
     ("What is the time complexity of mergesort?", "What is mergesort's time complexity?"),
     ("What is the time complexity of quicksort?", "How much time does quicksort take, in big-O terms?"),
-    ("What is the space complexity of quicksort?", "What is the space complexity of the quicksort algorithm?"),
     ("Is Pluto a planet?", "Is Pluto considered a planet?"),
 ])
 def test_qa_paraphrases_pass(verifier, q, c):
@@ -517,3 +517,46 @@ def test_rechecked_hard_negatives_are_rejected(verifier, q, c, reason):
 def test_rechecked_paraphrases_pass(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
     assert verifier.check(c, q).ok
+
+
+@pytest.mark.parametrize(("a", "b"), [  # a cache QA's false hits at the default threshold (0.90-0.95)
+    ("Is the water boiling?", "Is the water almost boiling?"),
+    ("Is my code correct?", "Is my code mostly correct?"),
+    ("Is Pluto a planet?", "Is Pluto a dwarf planet?"),
+    ("Is Sydney a city?", "Is Sydney a capital city?"),
+    ("Do I need a passport for Mexico?", "Do I need a passport for Mexico by land?"),
+    ("Can I give my dog ibuprofen?", "Can I give my dog a small dose of ibuprofen?"),
+    ("Is this mushroom edible?", "Is this mushroom edible raw?"),
+])
+def test_a_qualifier_added_to_the_same_question_is_refused(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "qualifier")
+    assert verifier.check(b, a) == Verdict(False, "qualifier")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("How do I reset my password?", "Can you tell me how to reset my password?"),  # a framing before it
+    ("How do I reset my password?", "How do I reset my password, please?"),  # a light word
+    ("What is the capital of France?", "What is the capital city of France?"),  # before a function word
+    ("Write SQL to find duplicate emails.", "Write a SQL query to find duplicate emails."),
+])
+def test_words_that_frame_or_name_what_was_there_are_not_a_qualifier(verifier, a, b):
+    assert verifier.check(a, b).ok and verifier.check(b, a).ok
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("How many bits in a byte?", "How many bytes in a bit?"),
+    ("How many bits in a nibble?", "How many nibbles in a bit?"),
+])
+def test_unit_words_without_a_number_swapped_around_in_are_refused(verifier, a, b):
+    """Found by QA: "bit" is also a stopword ("a bit"), so "bits in a byte" was read as no relation."""
+    assert verifier.check(a, b) == Verdict(False, "relation")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    # a word that matters added at the end reads as a qualifier ("edible raw", "Mexico by land"): the
+    # guard's price, paraphrases that name what was there at the end (QA's, before the guard)
+    ("What is the space complexity of quicksort?", "What is the space complexity of the quicksort algorithm?"),
+    ("Why does my laptop get so hot?", "Why does my laptop get so hot all the time?"),
+])
+def test_a_head_noun_added_at_the_end_is_refused_as_a_qualifier(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "qualifier")
