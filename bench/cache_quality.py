@@ -32,7 +32,7 @@ Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache
 not English in Latin letters, or letters the embedder does not see) is served only by the exact
 tier, whatever its cosine: its "+verif" column counts it as a miss.
 
-    .venv/bin/python bench/cache_quality.py [--split all|original|dev|heldout|...|qa7] [--e2e]
+    .venv/bin/python bench/cache_quality.py [--split all|original|dev|heldout|...|qa8|before-qa7] [--e2e]
 
 --e2e also runs every pair through the real SemanticCache (Redis DB 4) at the default
 threshold and checks it agrees with the offline computation.
@@ -71,6 +71,8 @@ def body(text: str, history: list[dict] | None) -> dict:
 
 def load(split: str) -> list[dict]:
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines() if line.strip()]
+    if split.startswith("before-"):  # the splits written before that one: "before-qa7" is the 893 pairs
+        return [r for r in rows if SPLITS.index(r["split"]) < SPLITS.index(split[len("before-"):])]
     return [r for r in rows if split == "all" or r["split"] == split or (split == "original" and r["split"] in ORIGINAL)]
 
 
@@ -149,7 +151,8 @@ async def e2e(rows: list[dict], emb: Embedder, threshold: float) -> None:
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--split", default="each", choices=["each", "all", "original", *SPLITS])
+    ap.add_argument("--split", default="each",
+                    choices=["each", "all", "original", *SPLITS, *(f"before-{x}" for x in SPLITS[1:])])
     ap.add_argument("--e2e", action="store_true")
     args = ap.parse_args()
     emb = Embedder()
