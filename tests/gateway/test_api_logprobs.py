@@ -119,10 +119,11 @@ def test_an_answer_that_stops_on_eos_lists_no_entry_for_it(api) -> None:  # noqa
 
 def test_logprobs_bypass_the_semantic_cache(api_cached) -> None:  # noqa: ANN001
     api = api_cached
-    tid, key = api.make_tenant()
+    _tid, key = api.make_tenant()
     client = api.openai(key)
     cache = api.app.state.pagegate.cache
-    stored = lambda: api.loop.run(cache.store_.count(cache.store_.keys(str(tid))))  # noqa: E731
+    namespace = api.loop.run(api.services.auth.authenticate(f"Bearer {key}")).cache_namespace
+    stored = lambda: api.loop.run(cache.store_.count(cache.store_.keys(namespace)))  # noqa: E731
     for _ in range(2):
         raw = client.chat.completions.with_raw_response.create(
             model=api.model, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True)
