@@ -358,3 +358,25 @@ strange/weird/odd kid/kids/child/children easy/simple pick/choose/select symptom
 subscription/membership cut/chop end/terminate/cancel exercise/workout glasses/spectacles
 licence/license tyre/tire centre/center theatre/theater metre/meter litre/liter fibre/fiber grey/gray
 mould/mold analyse/analyze""".split()
+
+
+# The qualifier guard (``cache/substitution.py``: one question is the other with words added).
+# Added words that leave the answer as it was: modifiers that restrict nothing ("the (current) CEO",
+# "the (main) symptoms", "delete my account (permanently)": a re-check QA's paraphrases).
+NONRESTRICTIVE = frozenset("""current official main common basic exact general famous actual overall typical
+    usual standard primary major permanently officially originally commonly mainly technically safely
+    efficiently locally actually really exactly basically generally usually typically properly easily
+    simply briefly away""".split())
+# nouns that name the kind of the thing named next ("the (acronym) FOMO", "the (planet) Earth")
+CLASSIFIERS = frozenset("word term acronym abbreviation phrase element planet country city company language name".split())
+# adverbs that change the answer wherever they stand, before a preposition too ("take it (daily) with",
+# "fly (early) while", "Do I (still) need")
+QUALIFYING_ADVERBS = frozenset("""daily alone hard early late direct still ever always never already again just
+    only yet even too very""".split())
+# words before which an added noun names what was there ("a SQL (query) to", "the capital (city) of")
+LINKING = frozenset("of in on at to for from with by about into onto over under until than between the a an that which".split())
+# what a question about the user's own setting ends with, without changing the answer
+SETTING_TAILS = ("at home", "online", "myself", "in general", "for me", "step by step", "in simple terms",
+                 "in simple words", "in plain english")
+SETTING_POSSESSIVE = frozenset("on in at with from using".split())  # "on my laptop", "in my browser"
+YES_NO_STARTS = frozenset("is are was were do does did can could will would should shall has have had may might must".split())

@@ -21,6 +21,7 @@ pass; a swapped word that matters does not.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 
 MAX_CHANGED = 2  # words changed on each side, at most, for a pair to be a substitution
 MIN_WORDS = 3  # shorter texts are keyword lists: the other guards read them
@@ -57,18 +58,35 @@ def substituted(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...]
 MAX_ADDED = 4  # words one text adds to the other, at most, for a pair to be a qualified question
 
 
-def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], function: frozenset[str],
-              filler: frozenset[str] = frozenset()) -> bool:
+@dataclass(frozen=True, slots=True)
+class QualifierWords:
+    """The word lists of ``qualified``, as stems (``lexicon``: the raw words)."""
+
+    function: frozenset[str]  # stopwords: an added one matters only if it is below
+    filler: frozenset[str]
+    nonrestrictive: frozenset[str]
+    classifiers: frozenset[str]
+    adverbs: frozenset[str]  # QUALIFYING_ADVERBS, and the quantity words among the stopwords
+    linking: frozenset[str]
+    tails: tuple[tuple[str, ...], ...]
+    possessive: frozenset[str]
+    yes_no: frozenset[str]
+
+
+def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], words: QualifierWords) -> bool:
     """Whether one text is the other with a qualifier added: the other's words, in order, with up to
     ``MAX_ADDED`` more in one or more places, and no word of it dropped or replaced, where an added
-    word matters (is not light). The embedder scores "Is Pluto a planet?" / "Is Pluto a dwarf
-    planet?" at 0.91, "Is the water boiling?" / "... almost boiling?" at 0.94, "Do I need a passport
-    for Mexico?" / "... for Mexico by land?" at 0.92 (found by QA): the shared words carry the score,
-    the added one turns the answer. Words added before the first shared one frame the question
-    ("Can you tell me ..."), and are let pass, as are added light, function or filler words
-    ("please", "and", "exactly"; ``function`` and ``filler``: stems), and a word added before a light
-    or function word, which names what was there already ("a SQL query to", "the capital city of",
-    "days are left until")."""
+    word changes what is asked. The embedder scores "Is Pluto a planet?" / "Is Pluto a dwarf
+    planet?" at 0.91, "Is the water boiling?" / "... almost boiling?" at 0.94, "Are (all) mushrooms
+    poisonous?" at 0.97, "Do I (still) need a visa?" at 0.97 (found by QA): the shared words carry
+    the score, the added one turns the answer. Let pass, as they leave the answer as it was:
+    light and filler words ("please", "exactly"), modifiers that restrict nothing ("the (current)
+    CEO", "(main) symptoms", "delete it (permanently)"), a kind named before a name ("the (acronym)
+    FOMO"), a noun added before a preposition or an article, which names what was there ("a SQL
+    (query) to", "the capital (city) of"; not an adverb: "take it (daily) with"), the user's own
+    setting at the end ("(on my laptop)", "(at home)"), and words framing the question before its
+    first shared word ("(Can you tell me) how ..."), unless they turn a yes/no question into another
+    ("(Why) is Pluto a planet?")."""
     if min(len(a), len(b)) < MIN_WORDS:
         return False
     sa, sb = [s for s, _ in a], [s for s, _ in b]
@@ -76,19 +94,34 @@ def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], 
     if not diff:
         return False
     if all(op[0] == "insert" for op in diff):
-        longer, spans = b, [(j1, j2) for _, _, _, j1, j2 in diff]
+        longer, shorter, spans = b, sa, [(j1, j2) for _, _, _, j1, j2 in diff]
     elif all(op[0] == "delete" for op in diff):
-        longer, spans = a, [(i1, i2) for _, i1, i2, _, _ in diff]
+        longer, shorter, spans = a, sb, [(i1, i2) for _, i1, i2, _, _ in diff]
     else:
         return False
     if sum(end - start for start, end in spans) > MAX_ADDED:
         return False
-    # a qualifier sits before a word that matters ("a dwarf planet", "almost boiling") or ends the
-    # question ("by land")
-    return any(start > 0 and any(not light and stem not in filler and stem not in function
-                                 for stem, light in longer[start:end])
-               and (end == len(longer) or not (longer[end][1] or longer[end][0] in function))
-               for start, end in spans)
+    return any(_qualifies([s for s, _ in longer[start:end]], [light for _, light in longer[start:end]],
+                          start, end, [s for s, _ in longer], shorter, words) for start, end in spans)
+
+
+def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer: list[str], shorter: list[str],
+               words: QualifierWords) -> bool:
+    if start == 0:  # framing: only a question word put before a yes/no question turns it
+        return bool(shorter) and shorter[0] in words.yes_no and any(w in _QUESTION_WORDS for w in added)
+    matters = [w for w, lt in zip(added, light, strict=True)
+               if (w in words.adverbs or w.endswith("ly") and w not in words.nonrestrictive)
+               or not (lt or w in words.filler or w in words.nonrestrictive or w in words.function)]
+    if not matters:
+        return False
+    if end == len(longer) and (tuple(added) in words.tails or (
+            len(added) == 3 and added[0] in words.possessive and added[1] == "my")):
+        return False  # the user's own setting: "(on my laptop)", "(at home)"
+    if any(w in words.adverbs or w.endswith("ly") for w in matters):
+        return True
+    if end < len(longer) and all(w in words.classifiers for w in matters):
+        return False  # "the (planet) Earth"
+    return end == len(longer) or longer[end] not in words.linking
 
 
 _QUESTION_WORDS = frozenset("how what which when where who whom whose why".split())

@@ -92,7 +92,7 @@ from cache.logic import (
 )
 from cache.relations import Relation, Word, relations, reversed_relation
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
-from cache.substitution import qualified, substituted
+from cache.substitution import QualifierWords, qualified, substituted
 
 _TOKEN = re.compile(
     r"[$€£¥]?\d[\d,]*(?:\.\d+)?[a-zA-Z°%/]*"  # numbers, with attached unit or suffix
@@ -153,6 +153,18 @@ for _g, _group in enumerate(lx.SYNONYM_GROUPS):
         for _form in (_w, _w + "r", _w + "st") if _w.endswith("e") else (_w, _w + "er", _w + "est"):
             _SYNONYMS[stem(_form)] = _SYNONYMS.get(stem(_form), frozenset()) | {_g}
 _BREAKS = frozenset(".?!;:,")
+_QUALIFIER_WORDS = QualifierWords(
+    function=_STOP, filler=_FILLER,
+    nonrestrictive=frozenset(stem(w) for w in lx.NONRESTRICTIVE),
+    classifiers=frozenset(stem(w) for w in lx.CLASSIFIERS),
+    # (the quantity and degree words among the stopwords: "Are (all) mushrooms poisonous?", "(a little) milk")
+    adverbs=frozenset(stem(w) for w in lx.QUALIFYING_ADVERBS | set("""all some any every each both most many much
+        few little lot least more less several""".split())),
+    linking=frozenset(stem(w) for w in lx.LINKING),
+    tails=tuple(tuple(stem(w) for w in t.split()) for t in lx.SETTING_TAILS),
+    possessive=frozenset(stem(w) for w in lx.SETTING_POSSESSIVE),
+    yes_no=frozenset(stem(w) for w in lx.YES_NO_STARTS),
+)
 _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
                      "content", "symbol", "case", "accent", "choice", "substitution", "qualifier", "logic", "role",
                      "layout"})
@@ -421,7 +433,7 @@ class Verifier:
             return Verdict(False, "role")
         if "layout" in g and layouts_apart(q.layout, c.layout):
             return Verdict(False, "layout")
-        if "qualifier" in g and qualified(q.sequence, c.sequence, _STOP, _FILLER):
+        if "qualifier" in g and qualified(q.sequence, c.sequence, _QUALIFIER_WORDS):
             return Verdict(False, "qualifier")
         return Verdict(True)
 

@@ -560,3 +560,34 @@ def test_unit_words_without_a_number_swapped_around_in_are_refused(verifier, a, 
 ])
 def test_a_head_noun_added_at_the_end_is_refused_as_a_qualifier(verifier, a, b):
     assert verifier.check(a, b) == Verdict(False, "qualifier")
+
+
+@pytest.mark.parametrize(("a", "b"), [  # a re-check QA's false hits of the guard's first version
+    ("Are mushrooms poisonous?", "Are all mushrooms poisonous?"),  # a quantity word, though a stopword
+    ("Can I give my cat milk?", "Can I give my cat a little milk?"),
+    ("Can I take ibuprofen with alcohol?", "Can I take ibuprofen daily with alcohol?"),  # an adverb before "with"
+    ("Do I need a visa for Japan?", "Do I still need a visa for Japan?"),  # before an auxiliary
+])
+def test_quantities_and_adverbs_added_anywhere_are_qualifiers(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "qualifier")
+    assert verifier.check(b, a) == Verdict(False, "qualifier")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Is Pluto a planet?", "Why is Pluto a planet?"),
+    ("Did the Roman Empire fall?", "When did the Roman Empire fall?"),
+])
+def test_a_question_word_put_before_a_yes_no_question_is_a_qualifier(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "qualifier")
+
+
+@pytest.mark.parametrize(("a", "b"), [  # a re-check QA's paraphrases that the first version refused
+    ("Who is the CEO of Tesla?", "Who is the current CEO of Tesla?"),
+    ("What are the symptoms of the flu?", "What are the main symptoms of the flu?"),
+    ("How do I delete my Instagram account?", "How do I delete my Instagram account permanently?"),
+    ("What does FOMO mean?", "What does the acronym FOMO mean?"),
+    ("How do I take a screenshot on Windows?", "How do I take a screenshot on Windows on my laptop?"),
+    ("What is a neural network?", "What is a neural network in simple terms?"),
+])
+def test_modifiers_that_restrict_nothing_and_the_users_setting_pass(verifier, a, b):
+    assert verifier.check(a, b).ok and verifier.check(b, a).ok
