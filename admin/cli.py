@@ -20,6 +20,7 @@ from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound, priced_model
 from admin.schemas import INT32_MAX, INT64_MAX, PLAIN_DECIMAL, WHOLE_NUMBER, InvalidField, split_models
 from gateway.db.session import safe_url
+from gateway.errors import ApiError
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
 
@@ -190,6 +191,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p = tsub.add_parser(verb, help=f"{verb} a tenant (every gateway within 1 s with Redis)")
         p.add_argument("name")
         p.set_defaults(run=cmd.tenants_enable)
+    p = tsub.add_parser("clear-cache", help="drop a tenant's semantic-cache entries now (needs Redis)")
+    p.add_argument("name")
+    p.set_defaults(run=cmd.tenants_clear_cache)
     p = tsub.add_parser("delete", help="revoke a tenant's keys and delete it (its usage history stays)")
     p.add_argument("name")
     p.add_argument("--yes", action="store_true", required=True, help="required: deleting cannot be undone")
@@ -282,6 +286,9 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
         return asyncio.run(_run_async(settings, args))
     except (NotFound, Conflict, TenancyError, ValueError) as exc:
         cmd.note(f"error: {exc}")
+        return 1
+    except ApiError as exc:  # (an operation that needs Redis, without it: clear-cache)
+        cmd.note(f"error: {exc.message}")
         return 1
     except BrokenPipeError:  # `... | head`: the reader has what it wanted; no error, no flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -212,6 +212,12 @@ async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:
     return 0
 
 
+async def tenants_clear_cache(ops: Management, args: argparse.Namespace) -> int:
+    tenant, gone = await ops.clear_cache(args.name)
+    note(f"cleared the semantic cache of tenant {tenant.name} ({gone} Redis key(s) removed)")
+    return 0
+
+
 async def tenants_delete(ops: Management, args: argparse.Namespace) -> int:
     tenant, revoked = await ops.delete_tenant(args.name)
     note(f"deleted tenant {tenant.name} ({revoked} key(s) revoked; its usage stays in reports)")

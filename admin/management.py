@@ -31,6 +31,7 @@ from admin.schemas import (
 )
 from gateway import tenancy
 from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant
+from gateway.errors import ApiError
 from gateway.keys import NewKey
 from gateway.quota import forget_counter, period_bounds, period_usage
 from gateway.settings import Settings
@@ -312,6 +313,26 @@ class Management:
             await self.session.rollback()
             raise NotFound(f"No tenant named {name!r}.")
         return locked
+
+    async def clear_cache(self, name: str) -> tuple[Tenant, int]:
+        """Drop a tenant's semantic-cache entries now (a wrong answer found stored, new settings
+        meant for every entry): its later requests are answered by the engine and stored afresh.
+        Returns the tenant and how many Redis keys went. One audit row. Needs Redis: without it,
+        ``ApiError`` 503 (nothing to clear here, and nothing that could be told)."""
+        tenant = await self.tenant(name)
+        if self.redis is None:
+            raise ApiError(503, "The semantic cache lives in Redis, and none is configured for this admin "
+                           "(PAGEGATE_REDIS_URL).", "server_error", "redis_unavailable")
+        try:
+            gone = await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant.id,
+                                                      tenancy.cache_namespace(tenant))
+        except RedisError as exc:
+            raise ApiError(503, f"Redis did not answer ({type(exc).__name__}); nothing was recorded. Retry "
+                           "shortly.", "server_error", "redis_unavailable", headers={"retry-after": "1"}) from exc
+        audit.record(self.session, actor=self.actor, action="tenant.cache_clear", target=f"tenant:{tenant.name}",
+                     detail=f"{gone} Redis key(s) removed")
+        await self.session.commit()
+        return tenant, gone
 
     async def set_enabled(self, name: str, enabled: bool) -> Tenant:
         return await self.update_tenant(name, enabled=enabled)

@@ -1,5 +1,5 @@
 """``/admin/v1/tenants``: create, list (a page by id), get, update limits / budget / cache settings,
-disable and enable, and the tenant's keys (a page by id)."""
+disable and enable, clear the semantic cache, and the tenant's keys (a page by id)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def add_routes(router: APIRouter) -> None:
     async def delete_tenant(name: str, ops: WriteBareDep) -> dict:
         tenant, revoked = await ops.delete_tenant(name)
         return {**tenant_view(tenant), "deleted": True, "keys_revoked": revoked}
+
+    @router.delete("/tenants/{name}/cache")
+    async def clear_tenant_cache(name: str, ops: WriteBareDep) -> dict:
+        tenant, gone = await ops.clear_cache(name)
+        return {"tenant": tenant.name, "cache_cleared": True, "redis_keys_removed": gone}
 
     @router.post("/tenants/{name}/disable")
     async def disable_tenant(name: str, ops: WriteBareDep) -> dict:

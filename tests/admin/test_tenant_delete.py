@@ -193,3 +193,55 @@ async def test_delete_purges_the_tenants_cached_answers(client, app, auth, setti
     assert sorted([k async for k in redis.scan_iter(match=bases[1] + "*")]) == sorted(before[1])
     assert await store.get_response(store.keys(spaces[1]), f"e{spaces[1]}") == {"answer": "the secret"}
     await redis.aclose()
+
+
+async def test_clear_cache_drops_one_tenants_answers_now(client, app, auth, settings, env, capsys):
+    """Found by QA: an admin who finds a wrong answer stored had no way to drop it short of deleting the
+    tenant (a lower cache_ttl_s does not shorten entries already stored). ``DELETE
+    /admin/v1/tenants/{name}/cache`` and ``pagegate admin tenants clear-cache NAME`` drop that tenant's
+    entries (another's stay), with an audit row; the tenant itself is untouched."""
+    import numpy as np
+
+    from cache.store import EntryStore, NewEntry
+    from gateway.db.session import Database
+    from gateway.tenancy import cache_namespace
+
+    names = [unique("cleared"), unique("kept")]
+    ids = [(await client.post("/admin/v1/tenants", json={"name": n}, headers=auth())).json()["id"] for n in names]
+    db = Database(settings.database_url)
+    async with db.sessionmaker() as s:
+        spaces = [cache_namespace(await s.get(Tenant, tid)) for tid in ids]
+    await db.dispose()
+    redis = Redis.from_url(settings.redis_url)
+    store = EntryStore(redis, settings.redis_prefix)
+
+    async def fill() -> None:
+        for ns in spaces:
+            keys = store.keys(ns)
+            await store.put(keys, NewEntry(entry_id=f"e{ns}", ns=keys.ns("ctx"), text="What is the plan?",
+                                           vec=np.ones(4, np.float32) / 2, response={"answer": "x"}),
+                            ttl_s=3600, max_entries=10)
+
+    async def left(ns: str) -> list:
+        return [k async for k in redis.scan_iter(match=store.keys(ns).base + "*")]
+
+    await fill()
+    kept = sorted(await left(spaces[1]))
+    resp = await client.delete(f"/admin/v1/tenants/{names[0]}/cache", headers=auth())
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["cache_cleared"] is True and resp.json()["redis_keys_removed"] >= 3
+    assert await left(spaces[0]) == [] and sorted(await left(spaces[1])) == kept
+    tenant = (await client.get(f"/admin/v1/tenants/{names[0]}", headers=auth())).json()
+    assert tenant["enabled"] is True and tenant["deleted_at"] is None
+    audit = (await client.get("/admin/v1/audit", params={"target": f"tenant:{names[0]}"}, headers=auth())).json()
+    assert "tenant.cache_clear" in [row["action"] for row in audit["data"]]
+    assert (await client.delete("/admin/v1/tenants/nobody-at-all/cache", headers=auth())).status_code == 404
+    assert (await client.delete(f"/admin/v1/tenants/{names[0]}/cache",
+                                headers=auth("admin:read"))).status_code == 403
+
+    await fill()  # the CLI, against the same database and Redis
+    code = await asyncio.to_thread(cli.main, ["tenants", "clear-cache", names[0]])
+    _out, err = capsys.readouterr()
+    assert code == 0 and f"cleared the semantic cache of tenant {names[0]}" in err, err
+    assert await left(spaces[0]) == [] and sorted(await left(spaces[1])) == kept
+    await redis.aclose()

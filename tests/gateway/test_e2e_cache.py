@@ -316,3 +316,34 @@ def test_an_unreadable_stored_answer_is_a_miss_and_is_replaced(api_cached, store
     assert again.json()["choices"][0]["message"]["content"]
     healed = _post(api, key, _body(api, question))
     assert healed.headers["x-cache"] == "hit" and healed.json()["choices"] == again.json()["choices"]
+
+
+def test_an_admin_clear_makes_the_next_request_a_miss(api_cached) -> None:  # noqa: ANN001
+    """``Management.clear_cache`` (the admin API's and CLI's clear-cache) on a serving gateway: the
+    exact repeat and a paraphrase that hit before are answered by the engine after it, and stored
+    again (the in-process vector index forgets what Redis no longer holds)."""
+    from admin.management import Management
+
+    api = api_cached
+    _tid, key = api.make_tenant()
+    tag = time.time_ns()
+    question = f"What is the tallest building in Dubai? ({tag})"
+    paraphrase = f"What's the tallest building in Dubai? ({tag})"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "hit"
+    assert _post(api, key, _body(api, paraphrase)).headers["x-cache"] == "semantic-hit"
+    name = api.loop.run(api.services.auth.authenticate(f"Bearer {key}")).tenant_name
+
+    async def clear() -> int:
+        async with api.services.db.sessionmaker() as s:
+            ops = Management(session=s, actor="test", redis=api.services.redis,
+                             redis_prefix=api.services.settings.redis_prefix)
+            return (await ops.clear_cache(name))[1]
+
+    assert api.loop.run(clear()) >= 3
+    # (each miss stores its new answer, which the other text would then find: one text per clear)
+    assert _post(api, key, _body(api, paraphrase)).headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "semantic-hit"  # the new answer
+    assert api.loop.run(clear()) >= 3
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
+    assert _post(api, key, _body(api, question)).headers["x-cache"] == "hit"
