@@ -256,6 +256,11 @@ def add_routes(router: APIRouter) -> None:
         router.add_api_route(f"/tenants/{{name}}/{verb}", make(verb == "enable"), methods=["POST"],
                              include_in_schema=False, name=f"dashboard_{verb}")
 
+    @router.post("/tenants/{name}/clear-cache", include_in_schema=False)
+    async def clear_cache(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep) -> RedirectResponse:
+        await _ops(ctx, session, viewer).clear_cache(name)
+        return _to_tenant_page(name)
+
     @router.post("/tenants/{name}/delete", include_in_schema=False)
     async def delete_tenant(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
                             confirm: Annotated[str, Form()] = "") -> RedirectResponse:

@@ -278,3 +278,18 @@ async def test_the_tenant_list_and_the_tenant_page_count_the_same_30_days(browse
     assert (cells[2], cells[4]) == ("2", "$1.50"), cells  # requests, cost
     detail = (await browser_like.get(f"/admin/tenants/{name}")).text
     assert 'id="stat-requests">2<' in detail and 'id="stat-cost">$1.50<' in detail
+
+
+async def test_clear_a_tenants_semantic_cache(browser_like, app, token):
+    c = browser_like
+    await _sign_in(c, token(sub="dash-user"))
+    csrf = _csrf((await c.get("/admin/tenants")).text)
+    name = unique("dashclear")
+    assert (await c.post("/admin/tenants", data={"csrf": csrf, "name": name})).status_code == 303
+    assert 'id="clear-cache"' in (await c.get(f"/admin/tenants/{name}")).text
+    done = await c.post(f"/admin/tenants/{name}/clear-cache", data={"csrf": csrf})
+    assert done.status_code == 303 and done.headers["location"].endswith(f"/admin/tenants/{name}")
+    async with app.state.admin_context.database.sessionmaker() as s:
+        actions = (await s.scalars(select(AuditLog.action).where(AuditLog.target == f"tenant:{name}"))).all()
+    assert "tenant.cache_clear" in actions
+    assert (await c.post(f"/admin/tenants/{name}/clear-cache", data={})).status_code == 403  # no CSRF token
