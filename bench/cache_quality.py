@@ -25,7 +25,10 @@ date and format pairs, which led to the logic, role and layout guards, cache/log
 its misses then extended them) and "qa7" (a re-check QA's pairs written to get around those guards, and
 paraphrases they refused; its misses led to the guards' second version), "qa8" (a cache QA's added
 qualifiers, "Is Pluto a (dwarf) planet?", and unit swaps without numbers, which led to the qualifier
-guard, with paraphrases written against that guard). "original"
+guard, with paraphrases written against that guard), "qa9" (a re-check QA's added-word negatives and
+paraphrases, written against the qualifier guard's first version; its second was written from them)
+and "heldout8" (120 pairs written blind to the guards and this file, before they ran on them).
+"original"
 is the first four splits, the 282 pairs before "qa".
 
 Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache._unsearchable``:
@@ -61,7 +64,7 @@ PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
 THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
 DEFAULT_T = 0.90  # the gateway's default (PAGEGATE_CACHE_THRESHOLD)
 SUMMARY_T = (0.85, DEFAULT_T)
-SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8", "qa9"]
+SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8", "qa9", "heldout8"]
 ORIGINAL = SPLITS[:4]
 
 

@@ -591,3 +591,11 @@ def test_a_question_word_put_before_a_yes_no_question_is_a_qualifier(verifier, a
 ])
 def test_modifiers_that_restrict_nothing_and_the_users_setting_pass(verifier, a, b):
     assert verifier.check(a, b).ok and verifier.check(b, a).ok
+
+
+@pytest.mark.parametrize("b", ["What's the square root of 144? Thanks!", "What's the square root of 144? Thank you.",
+                               "What's the square root of 144? Please answer."])
+def test_a_polite_second_sentence_is_no_name(verifier, b):
+    """Found by a held-out set: a later sentence's capitalised first word was read as a name."""
+    assert verifier.check("What's the square root of 144?", b).ok
+    assert verifier.check("Who wrote Hamlet?", "Who wrote Hamlet? Shakespeare?").reason == "entity"
