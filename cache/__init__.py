@@ -27,9 +27,11 @@ def build_cache(settings, redis: Redis) -> SemanticCache | None:
         return None
     from cache.embedder import Embedder
     from cache.semantic_cache import SemanticCache
+    from cache.verifier import GUARDS, Verifier
 
+    guards = GUARDS if getattr(settings, "cache_qualifier_guard", True) else GUARDS - {"qualifier"}
     return SemanticCache(redis, Embedder(settings.embedding_model), prefix=settings.redis_prefix,
-                         defaults=default_policy(settings), owns_embedder=True)
+                         verifier=Verifier(guards=guards), defaults=default_policy(settings), owns_embedder=True)
 
 
 __all__ = ["CacheLookup", "CachePolicy", "SemanticCacheClient", "build_cache", "default_policy"]

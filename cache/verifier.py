@@ -165,7 +165,7 @@ _QUALIFIER_WORDS = QualifierWords(
     possessive=frozenset(stem(w) for w in lx.SETTING_POSSESSIVE),
     yes_no=frozenset(stem(w) for w in lx.YES_NO_STARTS),
 )
-_GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
+GUARDS = _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
                      "content", "symbol", "case", "accent", "choice", "substitution", "qualifier", "logic", "role",
                      "layout"})
 _SENTENCE_END = frozenset(".?!")

@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     cache_threshold: float = Field(default=0.90, gt=0, le=1)
     cache_ttl_s: int = Field(default=86_400, ge=1)
     cache_max_entries: int = Field(default=10_000, ge=1)
+    # the verifier's qualifier guard ("Is Pluto a (dwarf) planet?"): off serves more paraphrases that
+    # add words, and the wrong answers it refuses (README, Semantic cache: heldout8)
+    cache_qualifier_guard: bool = True
     embedding_model: str = "all-MiniLM-L6-v2"
 
     # admin

@@ -599,3 +599,21 @@ def test_a_polite_second_sentence_is_no_name(verifier, b):
     """Found by a held-out set: a later sentence's capitalised first word was read as a name."""
     assert verifier.check("What's the square root of 144?", b).ok
     assert verifier.check("Who wrote Hamlet?", "Who wrote Hamlet? Shakespeare?").reason == "entity"
+
+
+def test_the_qualifier_guard_can_be_turned_off():
+    """``PAGEGATE_CACHE_QUALIFIER_GUARD=false``: the cache's verifier runs every guard but that one."""
+    from redis.asyncio import Redis
+
+    from cache import build_cache
+    from gateway.settings import Settings
+
+    pair = ("Is Pluto a planet?", "Is Pluto a dwarf planet?")
+    for on in (True, False):  # (the client never connects here)
+        cache = build_cache(Settings(cache_qualifier_guard=on, load_engine=False),
+                            redis=Redis.from_url("redis://127.0.0.1:6379/15"))
+        try:
+            assert cache.verifier.check(*pair).ok is not on
+            assert cache.verifier.check("How many bits in a byte?", "How many bytes in a bit?").reason == "relation"
+        finally:
+            cache.embedder.close()
