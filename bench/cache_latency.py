@@ -106,7 +106,8 @@ async def make_tenant(db_url: str) -> tuple[str, str]:
             tenant = await tenancy.create_tenant(session, name=f"bench-{uuid.uuid4().hex[:6]}")
             _row, key = await tenancy.create_api_key(session, tenant_id=tenant.id)
             await session.commit()
-        return str(tenant.id), key.key
+            await session.refresh(tenant)  # (its creation time: part of its cache namespace)
+        return tenancy.cache_namespace(tenant), key.key
     finally:
         await db.dispose()
 

@@ -67,6 +67,10 @@ class QueryEngineIndex:
             if score < min_score or "resp" not in f:
                 continue
             text = f.get("text", b"")
+            try:
+                resp = json.loads(f["resp"])
+            except ValueError:  # not JSON: no answer to serve (``semantic_cache._answer`` skips it)
+                resp = None
             out.append(Candidate(key.rsplit(":", 1)[-1], score,
-                                 text.decode() if isinstance(text, bytes) else text, json.loads(f["resp"])))
+                                 text.decode() if isinstance(text, bytes) else text, resp))
         return out

@@ -326,6 +326,8 @@ def _answer(raw: bytes | str | dict | None) -> dict | None:
         if not isinstance(c, dict) or c.get("finish_reason") not in _STORABLE_FINISH:
             return None
         message = c.get("message")
+        if message and not isinstance(message, dict):  # (replay reads a message that is there as one)
+            return None
         text = message.get("content") if isinstance(message, dict) else c.get("text")
         if not isinstance(text, str) or not isinstance(c.get("index", 0), int):
             return None

@@ -173,6 +173,21 @@ class Authenticator:
                                     code="tenant_disabled")
         return entry.principal
 
+    async def still_valid(self, principal: Principal) -> bool:
+        """Whether ``principal``'s key still authenticates (not revoked, its tenant neither disabled
+        nor deleted), as of the last invalidation this process heard of; False when that cannot be
+        told (the database down for a key no longer cached). For work done after a request's answer
+        that must not outlive its tenant: the semantic cache's store (found by a review: a request
+        running while its tenant was deleted stored its answer after the purge, for 24 h)."""
+        self._poll_version()
+        entry = self._cache.get(principal.key_hash)
+        if entry is None:
+            try:
+                entry = await self._load_once(principal.key_hash)
+            except Exception:  # noqa: BLE001 - unknown: do not act for it
+                return False
+        return entry.principal is not None and not entry.disabled
+
     async def invalidate_key(self, key_hash: str) -> None:
         """Drop a key everywhere (this process at once, others through Redis)."""
         self._drop(f"key:{key_hash}")

@@ -61,8 +61,14 @@ async def cache_lookup(cache: Any, namespace: str, body: dict, policy: CachePoli
         return CacheLookup(outcome="bypass", reason="cache-error")
 
 
-def cache_store(cache: Any, namespace: str, body: dict, policy: CachePolicy) -> Callable[[dict], Awaitable[None]]:
+def cache_store(cache: Any, namespace: str, body: dict, policy: CachePolicy, *,
+                still_valid: Callable[[], Awaitable[bool]] | None = None) -> Callable[[dict], Awaitable[None]]:
+    """The store of one request's answer, once it is complete. ``still_valid``: asked first; False
+    (the key revoked or the tenant deleted while the request ran: its entries were purged) stores
+    nothing."""
     async def store(response: dict) -> None:
+        if still_valid is not None and not await still_valid():
+            return
         await cache.store(namespace, body, response, policy)
 
     return store

@@ -104,7 +104,9 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
                 prompt_tokens = len(await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages)))
             return await replay(lookup.response, fmt, account, stream=body.stream, prompt_tokens=prompt_tokens)
         if lookup.storable:  # a miss, or no-cache on a cacheable request; never no-store
-            store = cache_store(cache, namespace, request_body, policy)
+            auth, principal = caller.state.services.auth, caller.principal
+            store = cache_store(cache, namespace, request_body, policy,
+                                still_valid=lambda: auth.still_valid(principal))
     prompt = await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages))
     max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
                                     min_tokens=body.min_tokens)

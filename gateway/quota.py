@@ -511,7 +511,9 @@ class QuotaLedger:
         written = None
         if self._before_rebuild is not None:
             written = await self._before_rebuild()  # (settles what ended before: their rows are in the sum)
-        _, start, end = period_bounds(period, datetime.now(UTC))
+        # the period of the counter being rebuilt, not of now (found by a review: a rebuild of day D's
+        # counter still writing rows past midnight summed D+1's)
+        _, start, end = period_bounds(period, period_end - timedelta(microseconds=1))
         try:
             tokens, usd = await period_usage_from_db(self._sessionmaker, tenant_id, start, end)
         except Exception as exc:  # fail closed: without the DB the period's spend is unknown

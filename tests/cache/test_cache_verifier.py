@@ -617,3 +617,21 @@ def test_the_qualifier_guard_can_be_turned_off():
             assert cache.verifier.check("How many bits in a byte?", "How many bytes in a bit?").reason == "relation"
         finally:
             cache.embedder.close()
+
+
+async def test_a_candidate_whose_stored_answer_is_not_json_is_skipped_by_the_query_engine_index():
+    """Found by a review: in Redis Stack mode ``FT.SEARCH`` replies were parsed whole, so one entry
+    that was not JSON failed every lookup that found it (a bypass for the entry's whole TTL)."""
+    import numpy as np
+
+    from cache.ft_index import QueryEngineIndex
+
+    class FakeRedis:
+        async def execute_command(self, *args):
+            if args[0] == "FT.INFO":
+                return []
+            return [2, b"pg:cache:{t}:e:bad", [b"d", b"0.01", b"text", b"q", b"resp", b"not json {"],
+                    b"pg:cache:{t}:e:good", [b"d", b"0.02", b"text", b"q", b"resp", b'{"choices": []}']]
+
+    found = await QueryEngineIndex(FakeRedis(), "pg:", 4).search("ns", np.ones(4, np.float32), 4, 0.5)
+    assert [(c.entry_id, c.response) for c in found] == [("bad", None), ("good", {"choices": []})]

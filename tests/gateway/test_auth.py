@@ -272,3 +272,22 @@ async def test_redis_away_is_one_warning_line_per_kind_not_a_traceback_per_retry
     assert "cannot read the invalidation version" in warnings[1].getMessage()
     assert all("ConnectionError" in r.getMessage() and not r.exc_info for r in warnings)
     assert [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+
+
+async def test_still_valid_follows_revocations_and_disabled_tenants(tenancy, make_tenant):
+    """What the semantic cache asks before it stores a finished request's answer (found by a review:
+    a request running while its tenant was deleted stored its answer after the purge)."""
+    tenant, key, row = await make_tenant()
+    principal = await tenancy.auth.authenticate(f"Bearer {key}")
+    assert await tenancy.auth.still_valid(principal)
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_tenant_enabled(s, tenant_id=tenant.id, enabled=False)
+        await s.commit()
+    await tenancy.auth.invalidate_tenant(tenant.id)
+    assert not await tenancy.auth.still_valid(principal)
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_tenant_enabled(s, tenant_id=tenant.id, enabled=True)
+        await svc.revoke_key(s, key_id=row.id)
+        await s.commit()
+    await tenancy.auth.invalidate_tenant(tenant.id)
+    assert not await tenancy.auth.still_valid(principal)

@@ -291,7 +291,8 @@ def test_a_tenant_id_used_again_never_reads_the_old_tenants_answers(api_cached) 
 
 @pytest.mark.parametrize("stored", [b"[]", b'{"choices": "x"}', b"{not json", b'{"choices": [{"index": 0}]}',
                                     b'{"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],'
-                                    b' "usage": {"prompt_tokens": "many"}}'])
+                                    b' "usage": {"prompt_tokens": "many"}}',
+                                    b'{"choices": [{"index": 0, "finish_reason": "stop", "message": ["hi"], "text": "x"}]}'])
 def test_an_unreadable_stored_answer_is_a_miss_and_is_replaced(api_cached, stored) -> None:  # noqa: ANN001
     """Found by QA: an entry whose stored answer was JSON of another shape (another version sharing
     Redis, a hand edit) gave a 500 with a traceback; one that was not JSON was a bypass for as long
@@ -347,3 +348,39 @@ def test_an_admin_clear_makes_the_next_request_a_miss(api_cached) -> None:  # no
     assert api.loop.run(clear()) >= 3
     assert _post(api, key, _body(api, question)).headers["x-cache"] == "miss"
     assert _post(api, key, _body(api, question)).headers["x-cache"] == "hit"
+
+
+def test_an_answer_finished_after_its_tenant_was_deleted_is_not_stored(api_cached) -> None:  # noqa: ANN001
+    """Found by a review: a request running while its tenant was deleted stored its answer after
+    the delete's purge, for the entries' whole TTL. The chat route's store asks first whether the
+    key still authenticates (``Authenticator.still_valid``): here the same store, made for a
+    request of a live tenant, is run once before and once after the tenant's delete."""
+    from admin.management import Management
+    from gateway.cache_glue import cache_body, cache_store
+    from gateway.schemas import ChatCompletionRequest
+
+    api = api_cached
+    cache = api.app.state.pagegate.cache
+    answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Lake Baikal."},
+                           "finish_reason": "stop"}], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}
+
+    def store_for(key: str, question: str):  # noqa: ANN202
+        principal = api.loop.run(api.services.auth.authenticate(f"Bearer {key}"))
+        body = cache_body(ChatCompletionRequest.model_validate(_body(api, question)))
+        store = cache_store(cache, principal.cache_namespace, body, cache.defaults,
+                            still_valid=lambda: api.services.auth.still_valid(principal))
+        return principal, store
+
+    async def delete(name: str) -> None:
+        async with api.services.db.sessionmaker() as s:
+            await Management(session=s, actor="test", redis=api.services.redis,
+                             redis_prefix=api.services.settings.redis_prefix).delete_tenant(name)
+
+    for deleted in (False, True):
+        _tid, key = api.make_tenant()
+        principal, store = store_for(key, f"Name a lake. ({time.time_ns()})")
+        if deleted:
+            api.loop.run(delete(principal.tenant_name))
+        api.loop.run(store(answer))
+        stored = api.loop.run(cache.store_.count(cache.store_.keys(principal.cache_namespace)))
+        assert stored == (0 if deleted else 1), deleted

@@ -954,3 +954,26 @@ async def test_a_request_running_across_midnight_is_dated_in_the_period_it_charg
     assert (await period_usage_from_db(tenancy.db.sessionmaker, p.tenant_id, start, end))[0] == 15
     assert (await period_usage_from_db(tenancy.db.sessionmaker, p.tenant_id, today,
                                        today + timedelta(days=1)))[0] == 0
+
+
+async def test_a_rebuild_of_a_period_that_has_ended_sums_that_period(tenancy, make_tenant):
+    """Found by a review: the rebuild summed the rows of the period in force when it ran, so a rebuild
+    of day D's counter that was still writing rows past midnight filled it with day D+1's spend."""
+    from gateway.db.models import UsageRecord
+
+    tenant, _, _ = await make_tenant(budget_tokens=10_000, period="day", tpm=0)
+    day_id, today, tomorrow = period_bounds("day", datetime.now(UTC))
+    yesterday = today - timedelta(days=1)
+    async with tenancy.db.sessionmaker() as s:
+        for when, tokens in ((yesterday + timedelta(hours=23), 7), (today + timedelta(minutes=1), 100)):
+            s.add(UsageRecord(request_id=uuid.uuid4().hex, created_at=when, tenant_id=tenant.id, model="m",
+                              prompt_tokens=tokens, completion_tokens=0, cost_usd=Decimal(0), status="ok",
+                              cache="miss"))
+        await s.commit()
+    old_id = period_bounds("day", yesterday)[0]
+    key = tenancy.quota.counter_key(tenant.id, old_id)
+    await tenancy.quota._rebuild_now(tenant.id, "day", key, today)  # day D's counter, rebuilt on D+1
+    assert int(await tenancy.redis.hget(key, "tok")) == 7
+    key_now = tenancy.quota.counter_key(tenant.id, day_id)
+    await tenancy.quota._rebuild_now(tenant.id, "day", key_now, tomorrow)
+    assert int(await tenancy.redis.hget(key_now, "tok")) == 100
