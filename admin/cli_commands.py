@@ -213,8 +213,9 @@ async def tenants_enable(ops: Management, args: argparse.Namespace) -> int:
 
 
 async def tenants_clear_cache(ops: Management, args: argparse.Namespace) -> int:
-    tenant, gone = await ops.clear_cache(args.name)
-    note(f"cleared the semantic cache of tenant {tenant.name} ({gone} Redis key(s) removed)")
+    tenant, entries, gone = await ops.clear_cache(args.name)
+    note(f"cleared the semantic cache of tenant {tenant.name}: {entries} stored answer(s) removed "
+         f"({gone} Redis key(s) in all)")
     return 0
 
 

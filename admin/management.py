@@ -314,25 +314,27 @@ class Management:
             raise NotFound(f"No tenant named {name!r}.")
         return locked
 
-    async def clear_cache(self, name: str) -> tuple[Tenant, int]:
+    async def clear_cache(self, name: str) -> tuple[Tenant, int, int]:
         """Drop a tenant's semantic-cache entries now (a wrong answer found stored, new settings
         meant for every entry): its later requests are answered by the engine and stored afresh.
-        Returns the tenant and how many Redis keys went. One audit row. Needs Redis: without it,
-        ``ApiError`` 503 (nothing to clear here, and nothing that could be told)."""
+        Returns the tenant, how many answers and how many Redis keys in all went. One audit row.
+        Needs Redis: without it, ``ApiError`` 503 (nothing to clear here, and nothing that could be
+        told). A request of the tenant still running stores its answer when it ends, after the clear."""
         tenant = await self.tenant(name)
         if self.redis is None:
-            raise ApiError(503, "The semantic cache lives in Redis, and none is configured for this admin "
-                           "(PAGEGATE_REDIS_URL).", "server_error", "redis_unavailable")
+            raise ApiError(503, "The semantic cache lives in Redis, and this admin has none: PAGEGATE_REDIS_URL "
+                           "is unset and no embedded Redis runs on this data directory (PAGEGATE_DATA_DIR: "
+                           "use the gateway's).", "server_error", "redis_unavailable")
         try:
-            gone = await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant.id,
-                                                      tenancy.cache_namespace(tenant))
+            entries, gone = await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant.id,
+                                                               tenancy.cache_namespace(tenant))
         except RedisError as exc:
             raise ApiError(503, f"Redis did not answer ({type(exc).__name__}); nothing was recorded. Retry "
                            "shortly.", "server_error", "redis_unavailable", headers={"retry-after": "1"}) from exc
         audit.record(self.session, actor=self.actor, action="tenant.cache_clear", target=f"tenant:{tenant.name}",
-                     detail=f"{gone} Redis key(s) removed")
+                     detail=f"{entries} answer(s) removed ({gone} Redis key(s))")
         await self.session.commit()
-        return tenant, gone
+        return tenant, entries, gone
 
     async def set_enabled(self, name: str, enabled: bool) -> Tenant:
         return await self.update_tenant(name, enabled=enabled)

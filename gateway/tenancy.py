@@ -259,23 +259,28 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-async def purge_cached_answers(redis: Redis, prefix: str, tenant_id: int, namespace: str | None = None) -> int:
+async def purge_cached_answers(redis: Redis, prefix: str, tenant_id: int,
+                               namespace: str | None = None) -> tuple[int, int]:
     """Delete a tenant's semantic-cache entries (its prompts and the answers stored for them) at
     once, instead of at their TTL (a deleted tenant's, found by QA: 24 h by default). Returns how
-    many Redis keys went. (``cache.store`` keeps a tenant's keys under one hash-tagged base.)"""
+    many answers (entries) and how many Redis keys in all went (each tenant also has its index
+    keys: its entry set, stamps, sequence and change log). (``cache.store`` keeps a tenant's keys
+    under one hash-tagged base.)"""
     from cache.store import TenantKeys
 
-    gone = 0
+    keys = entries = 0
     # (its namespace, and the bare id under which releases before the namespace stored them)
     for ns in dict.fromkeys(n for n in (namespace, str(tenant_id)) if n):
-        base = TenantKeys.of(prefix, ns).base
-        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in base) + "*"
+        tenant_keys = TenantKeys.of(prefix, ns)
+        entry_prefix = tenant_keys.entry_prefix.encode()
+        pattern = "".join("\\" + c if c in "*?[]\\" else c for c in tenant_keys.base) + "*"
         batch: list[bytes] = []
         async for key in redis.scan_iter(match=pattern, count=1000):
             batch.append(key)
+            entries += (key if isinstance(key, bytes) else key.encode()).startswith(entry_prefix)
             if len(batch) >= 500:
-                gone += await redis.unlink(*batch)
+                keys += await redis.unlink(*batch)
                 batch = []
         if batch:
-            gone += await redis.unlink(*batch)
-    return gone
+            keys += await redis.unlink(*batch)
+    return entries, keys

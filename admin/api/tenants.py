@@ -38,8 +38,8 @@ def add_routes(router: APIRouter) -> None:
 
     @router.delete("/tenants/{name}/cache")
     async def clear_tenant_cache(name: str, ops: WriteBareDep) -> dict:
-        tenant, gone = await ops.clear_cache(name)
-        return {"tenant": tenant.name, "cache_cleared": True, "redis_keys_removed": gone}
+        tenant, entries, gone = await ops.clear_cache(name)
+        return {"tenant": tenant.name, "cache_cleared": True, "answers_removed": entries, "redis_keys_removed": gone}
 
     @router.post("/tenants/{name}/disable")
     async def disable_tenant(name: str, ops: WriteBareDep) -> dict:
