@@ -29,7 +29,7 @@ def build_cache(settings, redis: Redis) -> SemanticCache | None:
     from cache.semantic_cache import SemanticCache
     from cache.verifier import GUARDS, Verifier
 
-    guards = GUARDS if getattr(settings, "cache_qualifier_guard", True) else GUARDS - {"qualifier"}
+    guards = GUARDS if settings.cache_qualifier_guard else GUARDS - {"qualifier"}
     return SemanticCache(redis, Embedder(settings.embedding_model), prefix=settings.redis_prefix,
                          verifier=Verifier(guards=guards), defaults=default_policy(settings), owns_embedder=True)
 

@@ -373,6 +373,9 @@ CLASSIFIERS = frozenset("word term acronym abbreviation phrase element planet co
 # "fly (early) while", "Do I (still) need")
 QUALIFYING_ADVERBS = frozenset("""daily alone hard early late direct still ever always never already again just
     only yet even too very""".split())
+# the quantity and degree words among the stopwords, which change the answer added anywhere too
+# ("Are (all) mushrooms poisonous?", "(a little) milk")
+QUANTITY_WORDS = frozenset("all some any every each both most many much few little lot least more less several".split())
 # words before which an added noun names what was there ("a SQL (query) to", "the capital (city) of")
 LINKING = frozenset("of in on at to for from with by about into onto over under until than between the a an that which".split())
 # what a question about the user's own setting ends with, without changing the answer

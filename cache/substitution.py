@@ -62,11 +62,11 @@ MAX_ADDED = 4  # words one text adds to the other, at most, for a pair to be a q
 class QualifierWords:
     """The word lists of ``qualified``, as stems (``lexicon``: the raw words)."""
 
-    function: frozenset[str]  # stopwords: an added one matters only if it is below
+    function: frozenset[str]  # stopwords: added, they do not matter (unless also in ``adverbs``)
     filler: frozenset[str]
     nonrestrictive: frozenset[str]
     classifiers: frozenset[str]
-    adverbs: frozenset[str]  # QUALIFYING_ADVERBS, and the quantity words among the stopwords
+    adverbs: frozenset[str]  # QUALIFYING_ADVERBS and QUANTITY_WORDS: added, they always matter
     linking: frozenset[str]
     tails: tuple[tuple[str, ...], ...]
     possessive: frozenset[str]
@@ -110,7 +110,7 @@ def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer
     if start == 0:  # framing: only a question word put before a yes/no question turns it
         return bool(shorter) and shorter[0] in words.yes_no and any(w in _QUESTION_WORDS for w in added)
     matters = [w for w, lt in zip(added, light, strict=True)
-               if (w in words.adverbs or w.endswith("ly") and w not in words.nonrestrictive)
+               if w in words.adverbs or (w.endswith("ly") and w not in words.nonrestrictive)
                or not (lt or w in words.filler or w in words.nonrestrictive or w in words.function)]
     if not matters:
         return False

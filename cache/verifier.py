@@ -157,15 +157,13 @@ _QUALIFIER_WORDS = QualifierWords(
     function=_STOP, filler=_FILLER,
     nonrestrictive=frozenset(stem(w) for w in lx.NONRESTRICTIVE),
     classifiers=frozenset(stem(w) for w in lx.CLASSIFIERS),
-    # (the quantity and degree words among the stopwords: "Are (all) mushrooms poisonous?", "(a little) milk")
-    adverbs=frozenset(stem(w) for w in lx.QUALIFYING_ADVERBS | set("""all some any every each both most many much
-        few little lot least more less several""".split())),
+    adverbs=frozenset(stem(w) for w in lx.QUALIFYING_ADVERBS | lx.QUANTITY_WORDS),
     linking=frozenset(stem(w) for w in lx.LINKING),
     tails=tuple(tuple(stem(w) for w in t.split()) for t in lx.SETTING_TAILS),
     possessive=frozenset(stem(w) for w in lx.SETTING_POSSESSIVE),
     yes_no=frozenset(stem(w) for w in lx.YES_NO_STARTS),
 )
-GUARDS = _GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
+GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
                      "content", "symbol", "case", "accent", "choice", "substitution", "qualifier", "logic", "role",
                      "layout"})
 _SENTENCE_END = frozenset(".?!")
@@ -222,7 +220,7 @@ class Verifier:
                  guards: frozenset[str] | None = None, memo_size: int = 8192) -> None:
         self._vocab = vocab or {}
         self._rare_rank = rare_rank
-        self.guards = _GUARDS if guards is None else guards
+        self.guards = GUARDS if guards is None else guards
         self._memo: OrderedDict[str, _Analysis] = OrderedDict()
         self._memo_size = memo_size
 

@@ -150,22 +150,11 @@ class Authenticator:
             raise invalid_api_key("You didn't provide an API key. Send 'Authorization: Bearer pg-...'.")
         if not looks_like_key(key):
             raise invalid_api_key()
-        key_hash = hash_key(key)
-        self._poll_version()
-        entry = self._cache.get(key_hash)
-        if entry is None or (entry.principal is None and entry.expires_at < time.monotonic()):
-            try:
-                entry = await self._load_once(key_hash)
-                self.db_outage.reached()
-            except Exception as exc:  # never seen and the database is unreachable
-                self.db_outage.failed(exc, timeout_s=self._settings.database_timeout_s)
-                # (once per 10 s: a re-check saw a line per unknown key while it was down)
-                _LOOKUP_FAILED.log(log, logging.WARNING, "auth: cannot read keys from the database: %s",
-                                   self.db_outage.error)
-                raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
-                               "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
-        elif entry.expires_at < time.monotonic() and key_hash not in self._loading:
-            self._in_background(self._refresh(key_hash))  # served as it is meanwhile
+        try:
+            entry = await self._entry(hash_key(key))
+        except Exception as exc:  # never seen and the database is unreachable
+            raise ApiError(503, "Authentication is temporarily unavailable; retry shortly.",
+                           "server_error", "auth_unavailable", headers={"retry-after": "1"}) from exc
         if entry.principal is None:
             raise invalid_api_key()
         if entry.disabled:
@@ -179,14 +168,30 @@ class Authenticator:
         told (the database down for a key no longer cached). For work done after a request's answer
         that must not outlive its tenant: the semantic cache's store (found by a review: a request
         running while its tenant was deleted stored its answer after the purge, for 24 h)."""
-        self._poll_version()
-        entry = self._cache.get(principal.key_hash)
-        if entry is None:
-            try:
-                entry = await self._load_once(principal.key_hash)
-            except Exception:  # noqa: BLE001 - unknown: do not act for it
-                return False
+        try:
+            entry = await self._entry(principal.key_hash)
+        except Exception:  # noqa: BLE001 - unknown: do not act for it
+            return False
         return entry.principal is not None and not entry.disabled
+
+    async def _entry(self, key_hash: str) -> _Entry:
+        """A key's cache entry, loaded when missing (or a negative one expired), refreshed in the
+        background when stale. Raises when it must be loaded and the database does not answer."""
+        self._poll_version()
+        entry = self._cache.get(key_hash)
+        if entry is None or (entry.principal is None and entry.expires_at < time.monotonic()):
+            try:
+                entry = await self._load_once(key_hash)
+                self.db_outage.reached()
+            except Exception as exc:
+                self.db_outage.failed(exc, timeout_s=self._settings.database_timeout_s)
+                # (once per 10 s: a re-check saw a line per unknown key while it was down)
+                _LOOKUP_FAILED.log(log, logging.WARNING, "auth: cannot read keys from the database: %s",
+                                   self.db_outage.error)
+                raise
+        elif entry.expires_at < time.monotonic() and key_hash not in self._loading:
+            self._in_background(self._refresh(key_hash))  # served as it is meanwhile
+        return entry
 
     async def invalidate_key(self, key_hash: str) -> None:
         """Drop a key everywhere (this process at once, others through Redis)."""

@@ -117,9 +117,8 @@ class Reservation:
     counter_key: str = ""
     tpm_key: str = ""
     epoch: str = ""  # the period counter's epoch when it was made ("": made without a counter)
-    made: float = 0.0  # unix time
-    # the same instant in integer microseconds: the budget period was picked by it, and the request's
-    # usage row is dated by it, so the row counts in the period whose counter the request charged
+    # when it was made, unix µs: the budget period was picked by it, and the request's usage row is
+    # dated by it, so the row counts in the period whose counter the request charged
     made_us: int = 0
 
     @property
@@ -327,11 +326,11 @@ class QuotaLedger:
                 reservation = Reservation(
                     id=ask.id, tenant_id=principal.tenant_id, model=ask.model, prompt_tokens=ask.prompt_tokens,
                     requested_max_tokens=ask.max_tokens, max_tokens=a, reserved_tokens=ask.prompt_tokens + a,
-                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch, made=now, made_us=now_us)
+                    price=ask.price, counter_key=keys[0], tpm_key=keys[3], headers=headers, epoch=epoch, made_us=now_us)
                 self._open[reservation.id] = reservation
                 out.append(reservation)
         if len(self._open) > 100_000:  # settlements that never came (a bug): forget what is past its TTL
-            self._open = {i: r for i, r in self._open.items() if now - r.made < self.reservation_ttl_s}
+            self._open = {i: r for i, r in self._open.items() if now_us - r.made_us < self.reservation_ttl_s * 1_000_000}
         if len(self._epochs) > 100_000:  # a counter per tenant and period: start afresh, as _keys does
             self._epochs.clear()
         seen = self._epochs.get(keys[0])
