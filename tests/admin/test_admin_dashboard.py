@@ -191,12 +191,18 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
     assert resp.status_code == 404 and "No API key" in resp.text
 
 
-async def test_delete_a_tenant_by_typing_its_name(browser_like, app, token):
-    c = browser_like
+async def _signed_in_with_a_tenant(c, token, prefix: str) -> tuple[str, str]:  # noqa: ANN001
+    """Sign in as an editor and create a tenant through the dashboard: (CSRF token, tenant name)."""
     await _sign_in(c, token(sub="dash-user"))
     csrf = _csrf((await c.get("/admin/tenants")).text)
-    name = unique("dashdel")
+    name = unique(prefix)
     assert (await c.post("/admin/tenants", data={"csrf": csrf, "name": name})).status_code == 303
+    return csrf, name
+
+
+async def test_delete_a_tenant_by_typing_its_name(browser_like, app, token):
+    c = browser_like
+    csrf, name = await _signed_in_with_a_tenant(c, token, "dashdel")
     page = await c.get(f"/admin/tenants/{name}")
     assert 'id="delete-tenant"' in page.text
     wrong = await c.post(f"/admin/tenants/{name}/delete", data={"csrf": csrf, "confirm": name.upper()})
@@ -282,10 +288,7 @@ async def test_the_tenant_list_and_the_tenant_page_count_the_same_30_days(browse
 
 async def test_clear_a_tenants_semantic_cache(browser_like, app, token):
     c = browser_like
-    await _sign_in(c, token(sub="dash-user"))
-    csrf = _csrf((await c.get("/admin/tenants")).text)
-    name = unique("dashclear")
-    assert (await c.post("/admin/tenants", data={"csrf": csrf, "name": name})).status_code == 303
+    csrf, name = await _signed_in_with_a_tenant(c, token, "dashclear")
     assert 'id="clear-cache"' in (await c.get(f"/admin/tenants/{name}")).text
     done = await c.post(f"/admin/tenants/{name}/clear-cache", data={"csrf": csrf})
     assert done.status_code == 303 and done.headers["location"].endswith(f"/admin/tenants/{name}")
