@@ -165,7 +165,7 @@ _QUALIFIER_WORDS = QualifierWords(
 )
 GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogative", "entity", "relation",
                      "content", "symbol", "case", "accent", "choice", "substitution", "qualifier", "logic", "role",
-                     "layout"})
+                     "layout", "person"})
 _SENTENCE_END = frozenset(".?!")
 _PRONOUNS = frozenset("i we you he she they it one".split())
 # words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
@@ -436,7 +436,26 @@ class Verifier:
             return Verdict(False, "layout")
         if "qualifier" in g and qualified(q.sequence, c.sequence, _QUALIFIER_WORDS):
             return Verdict(False, "qualifier")
+        if "person" in g and _owner_swapped(q.forms, c.forms):
+            return Verdict(False, "person")
         return Verdict(True)
+
+
+def _persons(forms: frozenset[str], first: frozenset[str], second: frozenset[str]) -> frozenset[int]:
+    return frozenset((1,) * bool(forms & first) + (2,) * bool(forms & second))
+
+
+def _owner_swapped(q_forms: frozenset[str], c_forms: frozenset[str]) -> bool:
+    """Both texts say whose thing it is and say it of another person ("What is my / your IP
+    address?"), while the person who asks stays the same: a question reworded from "I" to the
+    generic "you" moves both words ("How do I reset my password?" / "How do you reset your
+    password?" passes)."""
+    own_q = _persons(q_forms, lx.FIRST_PERSON_POSSESSIVES, lx.SECOND_PERSON_POSSESSIVES)
+    own_c = _persons(c_forms, lx.FIRST_PERSON_POSSESSIVES, lx.SECOND_PERSON_POSSESSIVES)
+    if not own_q or not own_c or own_q == own_c:
+        return False
+    return (_persons(q_forms, lx.FIRST_PERSON_PRONOUNS, lx.SECOND_PERSON_PRONOUNS)
+            == _persons(c_forms, lx.FIRST_PERSON_PRONOUNS, lx.SECOND_PERSON_PRONOUNS))
 
 
 def _choices(order: list[Word]) -> frozenset[frozenset[str]]:

@@ -137,7 +137,8 @@ def _to_tenant_page(name: str) -> RedirectResponse:
     return RedirectResponse(f"{ROOT}/tenants/{quote(name, safe='')}", status_code=303)
 
 
-async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, new_key: str | None = None):
+async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, new_key: str | None = None,
+                       notice: str | None = None):
     tenant = await ops.tenant(name, include_deleted=True)  # read-only for a deleted one: its usage stays
     since, until = reports.calendar_days(days)  # the tenant list's range too: one set of rows
     report = await reports.tenant_report(ops.session, tenant=tenant, since=since, until=until, group_by="day")
@@ -155,7 +156,7 @@ async def _tenant_page(ops: Management, viewer: Viewer, name: str, days: int, ne
     ]
     keys = (await ops.key_page(tenant=tenant, limit=None)).data
     return page("tenant.html", viewer=viewer, tenant=tenant_view(tenant), report=report, charts=charts,
-                keys=keys, budget=await ops.budget(tenant), days=days, new_key=new_key)
+                keys=keys, budget=await ops.budget(tenant), days=days, new_key=new_key, notice=notice)
 
 
 def add_routes(router: APIRouter) -> None:
@@ -257,9 +258,13 @@ def add_routes(router: APIRouter) -> None:
                              include_in_schema=False, name=f"dashboard_{verb}")
 
     @router.post("/tenants/{name}/clear-cache", include_in_schema=False)
-    async def clear_cache(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep) -> RedirectResponse:
-        await _ops(ctx, session, viewer).clear_cache(name)
-        return _to_tenant_page(name)
+    async def clear_cache(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep) -> HTMLResponse:
+        ops = _ops(ctx, session, viewer)
+        tenant, answers, gone = await ops.clear_cache(name)
+        # the page itself says what went (as a new key is shown): a redirect would say nothing
+        done = (f"Semantic cache cleared: {answers} stored answer{'' if answers == 1 else 's'} removed "
+                f"({gone} Redis key{'' if gone == 1 else 's'}).")
+        return await _tenant_page(ops, viewer, tenant.name, DEFAULT_DAYS, notice=done)
 
     @router.post("/tenants/{name}/delete", include_in_schema=False)
     async def delete_tenant(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
