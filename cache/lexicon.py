@@ -135,7 +135,7 @@ SYMMETRIC = frozenset("and or nor vs versus with between plus & compared compare
 CLAUSE_BREAKS = frozenset(". ? ! ; : , or but".split())
 
 # Verbs that negate what follows: "foods to avoid" asks the opposite of "foods to eat".
-NEGATING_VERBS = frozenset("""avoid avoiding avoided prevent preventing stop stopping refrain skip
+NEGATING_VERBS = frozenset("""avoid avoiding avoided prevent preventing stop stopping refrain skip rid
     forbid forbidden prohibit prohibited ban banned""".split())
 
 # Prefixes that flip meaning: "install" vs "uninstall", "able" vs "unable".
@@ -383,10 +383,3 @@ SETTING_TAILS = ("at home", "online", "myself", "in general", "for me", "step by
                  "in simple words", "in plain english")
 SETTING_POSSESSIVE = frozenset("on in at with from using".split())  # "on my laptop", "in my browser"
 YES_NO_STARTS = frozenset("is are was were do does did can could will would should shall has have had may might must".split())
-
-# Whose thing a question asks about ("What is my / your IP address?": the person guard). The
-# speaker's and the listener's words, by person; "you" is both the subject and the object form.
-FIRST_PERSON_POSSESSIVES = frozenset("my mine our ours".split())
-SECOND_PERSON_POSSESSIVES = frozenset("your yours".split())
-FIRST_PERSON_PRONOUNS = frozenset("i i'm i've i'd i'll me we we're we've we'd we'll us".split())
-SECOND_PERSON_PRONOUNS = frozenset("you you're you've you'd you'll".split())

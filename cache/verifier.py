@@ -90,6 +90,7 @@ from cache.logic import (
     turned,
     turned_apart,
 )
+from cache.persons import Persons, persons, persons_apart
 from cache.relations import Relation, Word, relations, reversed_relation
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
 from cache.substitution import QualifierWords, qualified, substituted
@@ -167,6 +168,9 @@ GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogat
                      "content", "symbol", "case", "accent", "choice", "substitution", "qualifier", "logic", "role",
                      "layout", "person"})
 _SENTENCE_END = frozenset(".?!")
+# "How does one …?", "Should one …?": the pronoun, not the number
+_ASKS_ONE = frozenset("do does did can could should would will must may might".split())
+_KEEP_FROM = re.compile(r"\b(?:keep|keeps|keeping|kept)\b[^.?!;:,]*?\bfrom \w+ing\b", re.IGNORECASE)
 _PRONOUNS = frozenset("i we you he she they it one".split())
 # words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
 _NO_NAMES = frozenset({"ok"})
@@ -202,6 +206,7 @@ class _Analysis:
     turned: tuple[frozenset[str], frozenset[str]]  # a passive's doer, the owners named (cache/logic.py)
     clauses: tuple[frozenset[str], frozenset[str]] | None  # the words before and after "if" (cache/logic.py)
     layout: tuple  # the code, names in code, bracket runs, quoted literals, whether it holds code (cache/logic.py)
+    persons: Persons  # the speaker and the listener named, by role (cache/persons.py)
 
 
 def _num(s: str) -> str:
@@ -334,7 +339,7 @@ class Verifier:
                 forms.add(low)
                 if low in lx.NEGATIONS or low.endswith("n't") or low in lx.NEGATING_VERBS or low.startswith("n'"):
                     negated = True
-                elif low in lx.NUMBER_WORDS:
+                elif low in lx.NUMBER_WORDS and not (low == "one" and i_tok and tokens[i_tok - 1].lower() in _ASKS_ONE):
                     numbers.append(key := _num(str(lx.NUMBER_WORDS[low])))
                     is_number = True
                 elif low in lx.ORDINALS:
@@ -377,6 +382,8 @@ class Verifier:
                 sequence.append((st_, low in _LIGHT or st_ in _LIGHT))
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
+        if not negated and _KEEP_FROM.search(text):  # "keep my glasses from fogging" is "stop them fogging"
+            negated = True
         unit_key = (*sorted(quantities), "|", *sorted(units))
         has_lower, has_upper = any(ch.islower() for ch in text), any(ch.isupper() for ch in text)
         cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)
@@ -384,7 +391,7 @@ class Verifier:
                       frozenset(entities), frozenset(content), frozenset(rare), relations(order),
                       *symbols(text), cased, {w: frozenset(ws) for w, ws in spellings.items()},
                       _choices(order), _asks(text), frozenset(forms), tuple(sequence), logic_words(text),
-                      role_of(text), turned(text), clauses(text), layout(original))
+                      role_of(text), turned(text), clauses(text), layout(original), persons(text))
         self._memo[original] = a
         if len(self._memo) > self._memo_size:
             self._memo.popitem(last=False)
@@ -436,26 +443,9 @@ class Verifier:
             return Verdict(False, "layout")
         if "qualifier" in g and qualified(q.sequence, c.sequence, _QUALIFIER_WORDS):
             return Verdict(False, "qualifier")
-        if "person" in g and _owner_swapped(q.forms, c.forms):
+        if "person" in g and persons_apart(q.persons, c.persons):
             return Verdict(False, "person")
         return Verdict(True)
-
-
-def _persons(forms: frozenset[str], first: frozenset[str], second: frozenset[str]) -> frozenset[int]:
-    return frozenset((1,) * bool(forms & first) + (2,) * bool(forms & second))
-
-
-def _owner_swapped(q_forms: frozenset[str], c_forms: frozenset[str]) -> bool:
-    """Both texts say whose thing it is and say it of another person ("What is my / your IP
-    address?"), while the person who asks stays the same: a question reworded from "I" to the
-    generic "you" moves both words ("How do I reset my password?" / "How do you reset your
-    password?" passes)."""
-    own_q = _persons(q_forms, lx.FIRST_PERSON_POSSESSIVES, lx.SECOND_PERSON_POSSESSIVES)
-    own_c = _persons(c_forms, lx.FIRST_PERSON_POSSESSIVES, lx.SECOND_PERSON_POSSESSIVES)
-    if not own_q or not own_c or own_q == own_c:
-        return False
-    return (_persons(q_forms, lx.FIRST_PERSON_PRONOUNS, lx.SECOND_PERSON_PRONOUNS)
-            == _persons(c_forms, lx.FIRST_PERSON_PRONOUNS, lx.SECOND_PERSON_PRONOUNS))
 
 
 def _choices(order: list[Word]) -> frozenset[frozenset[str]]:

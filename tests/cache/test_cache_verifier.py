@@ -635,3 +635,41 @@ async def test_a_candidate_whose_stored_answer_is_not_json_is_skipped_by_the_que
 
     found = await QueryEngineIndex(FakeRedis(), "pg:", 4).search("ns", np.ones(4, np.float32), 4, 0.5)
     assert [(c.entry_id, c.response) for c in found] == [("bad", None), ("good", {"choices": []})]
+
+
+@pytest.mark.parametrize(("a", "b"), [  # a cache QA's find, then a blind held-out set's (heldout9)
+    ("What is my IP address?", "What is your IP address?"),
+    ("What time zone are you in?", "What time zone am I in?"),
+    ("Can you see my earlier messages in this chat?", "Can I see my earlier messages in this chat?"),
+    ("Can you call me by a nickname?", "Can I call you by a nickname?"),
+    ("Can you summarize your last answer?", "Can you summarize my last message?"),
+    ("Can I claim my mother as a dependent on my taxes?", "Can my mother claim me as a dependent on her taxes?"),
+])
+def test_another_person_in_the_same_question_is_refused(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "person")
+    assert verifier.check(b, a) == Verdict(False, "person")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("How do I reset my router?", "How do you reset your router?"),  # the generic "you"
+    ("What should I do if I lose my passport abroad?", "What do you do if you lose your passport abroad?"),
+    ("How do I back up my photos?", "What's the best way to back up your photos?"),
+    ("How do we stop our kids from fighting?", "How can I get my children to stop fighting?"),
+    ("How do I reset my password?", "Can you tell me how to reset my password?"),  # a favour's framing
+    ("How do I tie a tie?", "Tell me how to tie a tie."),
+    ("Can you help me write a cover letter?", "Would you help me with writing my cover letter?"),
+    ("How do you politely decline a meeting invite?", "What's a polite way for me to decline a meeting invite?"),
+])
+def test_a_question_reworded_between_persons_passes(verifier, a, b):
+    assert verifier.check(a, b).reason != "person" and verifier.check(b, a).reason != "person"
+
+
+def test_getting_rid_of_and_keeping_from_are_negations_and_one_after_an_auxiliary_is_no_number(verifier):
+    """A blind held-out set's paraphrases refused as a negation or a number."""
+    assert verifier.check("How do I get rid of hiccups?", "How can I stop hiccups?").ok
+    assert verifier.check("How do I get rid of hiccups?", "How do I get hiccups?").reason == "negation"
+    assert verifier.check("How do I stop my glasses from fogging up?", "How can I keep my glasses from fogging?").ok
+    assert verifier.check("How can I keep my glasses from fogging?", "How can I make my glasses fog?").reason == "negation"
+    assert verifier.check("How do I keep my phone charged?", "How do I stop my phone charging?").reason == "negation"
+    assert verifier.check("How do I clear my browser cache?", "How does one clear their browser cache?").ok
+    assert verifier.check("Does one cup of coffee help?", "Do two cups of coffee help?").reason == "number"
