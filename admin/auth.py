@@ -4,8 +4,10 @@
 - RS256/ES256 (and the other RSA/EC algorithms) tokens from a company IdP, verified against the
   JWKS at ``settings.admin_jwks_url`` by the header's ``kid``.
 
-Every token must carry ``sub``, ``exp`` (enforced) and ``iss`` equal to
-``settings.admin_jwt_issuer``. Scopes come from ``scope`` (space-separated, RFC 8693) or ``scp``
+Every token must carry ``sub``, ``exp`` (enforced, a finite number) and ``iss`` equal to
+``settings.admin_jwt_issuer``. An ``aud`` claim must name ``settings.admin_jwt_audience`` (a token
+an identity provider issued for another API is refused); an identity provider's token must carry
+one, while an HS256 token (the server's own secret) may go without. Scopes come from ``scope`` (space-separated, RFC 8693) or ``scp``
 (a list, as Okta and Entra ID issue them). ``admin:write`` implies ``admin:read``.
 Failures raise ``ApiError``: 401 ``invalid_token`` for a missing, malformed, expired, badly signed
 or unknown-``kid`` token; 403 ``insufficient_scope`` for a valid token without the scope.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -87,20 +90,29 @@ def mint_token(settings: Settings, *, subject: str = "admin", scopes: tuple[str,
     ttl = settings.admin_token_ttl_s if ttl_s is None else ttl_s
     if ttl > MAX_TOKEN_TTL_S:  # (a negative ttl mints an expired token, which tests use)
         raise ValueError(f"a token's lifetime is at most {MAX_TOKEN_TTL_S} seconds (one year), not {ttl}")
-    claims = {"iss": settings.admin_jwt_issuer, "sub": subject, "iat": issued, "exp": issued + ttl,
-              "scope": " ".join(scopes), "jti": uuid.uuid4().hex}
+    claims = {"iss": settings.admin_jwt_issuer, "aud": settings.admin_jwt_audience, "sub": subject, "iat": issued,
+              "exp": issued + ttl, "scope": " ".join(scopes), "jti": uuid.uuid4().hex}
     return JsonWebToken(["HS256"]).encode({"alg": "HS256"}, claims, settings.admin_jwt_secret.encode()).decode()
 
 
-def _peek_header(token: str) -> dict:
+def _peek(token: str) -> dict:
+    """The token's header, once its header and claims are seen to be JSON objects (found by QA:
+    claims that were no object, signed with the right secret, were reported as a bad signature)."""
+    parts = token.split(".")
     try:
-        head = token.split(".")[0]
-        header = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+        header, claims = (json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4))) for p in parts[:2])
     except (ValueError, IndexError) as exc:
         raise unauthorized("The admin token is malformed.") from exc
-    if not isinstance(header, dict) or token.count(".") != 2:
+    if not isinstance(header, dict) or len(parts) != 3:
         raise unauthorized("The admin token is malformed.")
+    if not isinstance(claims, dict):
+        raise unauthorized("The admin token is malformed: its claims are not a JSON object.")
     return header
+
+
+def _audiences(claims: dict) -> list | None:
+    aud = claims.get("aud")
+    return None if aud is None else aud if isinstance(aud, list) else [aud]
 
 
 def _scopes(claims: dict) -> frozenset[str]:
@@ -140,7 +152,7 @@ class AdminTokenVerifier:
     async def verify(self, token: str | None) -> AdminPrincipal:
         if not token:
             raise unauthorized("Missing admin bearer token (Authorization: Bearer <jwt>).")
-        header = _peek_header(token)
+        header = _peek(token)
         alg = header.get("alg")
         if not isinstance(alg, str):
             raise unauthorized("The admin token is malformed (no 'alg' header).")
@@ -157,6 +169,21 @@ class AdminTokenVerifier:
             claims = self._jwt[alg].decode(token, key, claims_options=self._claims_options)
         except (JoseError, ValueError, TypeError, KeyError) as exc:  # bad signature or undecodable
             raise unauthorized(self._bad_signature) from exc
+        for name in ("exp", "nbf", "iat"):  # (found by QA: an exp of 1e400 or NaN never expired)
+            value = claims.get(name)
+            if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
+                                      or not math.isfinite(value)):
+                raise unauthorized(f"The admin token's claims are invalid: '{name}' must be a finite number.")
+        audiences = _audiences(claims)
+        audience = self.settings.admin_jwt_audience
+        if audiences is None and alg not in HMAC_ALGS:
+            # (found by QA: any token of the company's identity provider with a scope named
+            # admin:write was taken, whatever API it had been issued for)
+            raise unauthorized(f"The admin token lacks a required claim: aud (an identity provider's token must "
+                               f"name this server's audience, '{audience}': PAGEGATE_ADMIN_JWT_AUDIENCE).")
+        if audiences is not None and audience not in audiences:
+            raise unauthorized(f"The admin token is for another audience: its 'aud' must name '{audience}' "
+                               "(PAGEGATE_ADMIN_JWT_AUDIENCE).")
         try:
             claims.validate(leeway=LEEWAY_S)
         except ExpiredTokenError as exc:

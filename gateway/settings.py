@@ -156,6 +156,9 @@ class Settings(BaseSettings):
     # admin
     admin_jwt_secret: str = Field(default="change-me-admin-secret-at-least-32-bytes!!")
     admin_jwt_issuer: str = "pagegate"
+    # the audience admin tokens are for: a token that names others in ``aud`` (one an identity
+    # provider issued for another API) is refused; an identity provider's token must name it
+    admin_jwt_audience: str = "pagegate-admin"
     admin_jwks_url: str | None = None  # URL or file path of a JWKS for RS256/ES256 tokens
     admin_token_ttl_s: int = Field(default=3600, ge=1)
 

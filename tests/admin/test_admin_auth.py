@@ -20,10 +20,16 @@ from gateway.errors import ApiError
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
+def jwt_claims(token: str) -> dict:
+    import base64
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
 def _claims(settings, **over) -> dict:
     now = int(time.time())
-    base = {"iss": settings.admin_jwt_issuer, "sub": "idp-user", "iat": now, "exp": now + 300,
-            "scope": "admin:read admin:write"}
+    base = {"iss": settings.admin_jwt_issuer, "aud": settings.admin_jwt_audience, "sub": "idp-user", "iat": now,
+            "exp": now + 300, "scope": "admin:read admin:write"}
     base.update(over)
     return {k: v for k, v in base.items() if v is not None}
 
@@ -99,6 +105,43 @@ async def test_missing_sub_or_exp_is_401(client, settings):
                       401, "invalid_token")
 
 
+async def test_a_token_for_another_audience_is_401_and_one_without_exp_as_a_number_too(client, settings):
+    """Found by QA: ``aud`` was never read (a token issued for another API was taken), and an
+    ``exp`` of 1e400 or NaN never expired (and /whoami answered 500)."""
+    key = SECRET.encode()
+
+    async def status(claims: dict) -> httpx.Response:
+        tok = sign({"alg": "HS256"}, claims, key)
+        return await client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {tok}"})
+
+    for aud in ("other-app", ["x", "y"]):
+        err = _assert_error(await status(_claims(settings, aud=aud)), 401, "invalid_token")
+        assert "audience" in err["message"] and settings.admin_jwt_audience in err["message"]
+    assert (await status(_claims(settings, aud=["x", settings.admin_jwt_audience]))).status_code == 200
+    assert (await status(_claims(settings, aud=None))).status_code == 200  # the server's own secret: aud optional
+    assert jwt_claims(mint_token(settings))["aud"] == settings.admin_jwt_audience
+    for name in ("exp", "nbf", "iat"):
+        for bad in (float("inf"), float("nan"), "1e400"):
+            err = _assert_error(await status(_claims(settings, **{name: bad})), 401, "invalid_token")
+            assert f"'{name}' must be a finite number" in err["message"]
+
+
+async def test_signed_claims_that_are_no_json_object_are_malformed_not_a_bad_signature(client):
+    import base64
+    import hashlib
+    import hmac
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    for payload in (b"[1, 2]", b"not json"):
+        signing_input = f"{b64(json.dumps({'alg': 'HS256'}).encode())}.{b64(payload)}"
+        sig = b64(hmac.new(SECRET.encode(), signing_input.encode(), hashlib.sha256).digest())
+        err = _assert_error(await client.get("/admin/v1/tenants", headers={"authorization": f"Bearer {signing_input}.{sig}"}),
+                            401, "invalid_token")
+        assert "malformed" in err["message"] and "signature" not in err["message"]
+
+
 async def test_read_scope_cannot_write_and_no_scope_cannot_read(client, auth, settings):
     err = _assert_error(await client.post("/admin/v1/tenants", json={"name": "nope"}, headers=auth("admin:read")),
                         403, "insufficient_scope")
@@ -135,6 +178,16 @@ async def idp_client(settings, jwks):
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://admin.test") as c:
         yield c
     await router.admin_context.aclose()
+
+
+async def test_an_identity_providers_token_must_name_the_audience(idp_client, settings, jwks):
+    _, rsa, _ = jwks
+    for aud, code in ((None, 401), ("other-api", 401), (settings.admin_jwt_audience, 200)):
+        tok = sign({"alg": "RS256", "kid": rsa.kid}, _claims(settings, aud=aud), rsa)
+        resp = await idp_client.get("/admin/v1/whoami", headers={"authorization": f"Bearer {tok}"})
+        assert resp.status_code == code, resp.text
+        if aud is None:
+            assert "aud" in resp.json()["error"]["message"]
 
 
 async def test_rs256_and_es256_tokens_from_jwks_file(idp_client, settings, jwks):
