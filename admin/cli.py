@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from admin import cli_commands as cmd
-from admin.auth import ALL_SCOPES, MAX_TOKEN_TTL_S
+from admin.auth import ALL_SCOPES, MAX_SUBJECT_CHARS, MAX_TOKEN_TTL_S
 from admin.management import Conflict, NotFound, priced_model
 from admin.schemas import INT32_MAX, INT64_MAX, PLAIN_DECIMAL, WHOLE_NUMBER, InvalidField, split_models
 from gateway.db.session import safe_url
@@ -106,8 +106,12 @@ def _ttl(value: str) -> int:
 
 
 def _subject(value: str) -> str:
-    if not value.strip():  # the server refuses a token whose sub is empty
+    # the server refuses these subjects (found by QA: a line break or 257 characters exited 1, not as
+    # the usage error an empty one is)
+    if not value.strip():
         raise argparse.ArgumentTypeError("must not be empty")
+    if len(value) > MAX_SUBJECT_CHARS or not value.isprintable():
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SUBJECT_CHARS} printable characters (no line breaks)")
     return value
 
 
@@ -336,6 +340,9 @@ async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
             cmd.note("warning: the budget period changed, but without Redis its spend counter could not be "
                      "reset: if the tenant was on this period earlier in it, its budget counts too little "
                      "until the period ends (set PAGEGATE_REDIS_URL to the gateways' Redis)")
+        if ops.cache_kept:  # (found by QA: the CLI said nothing of it; the server's log did)
+            cmd.note("warning: its semantic-cache entries could not be purged without Redis: they are unreadable "
+                     "(no key of the tenant is left) and expire at their TTL")
         return code
 
 

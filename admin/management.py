@@ -125,6 +125,7 @@ class Management:
     redis_prefix: str = "pg:"
     invalidation_failed: bool = False
     counter_kept: bool = False  # a budget period changed, but its Redis counter could not be dropped
+    cache_kept: bool = False  # a tenant deleted, but its semantic-cache entries could not be purged
 
     # --- reads ---------------------------------------------------------------------------------
     async def tenant(self, name: str, *, include_deleted: bool = False) -> Tenant:
@@ -181,6 +182,7 @@ class Management:
         try:
             await tenancy.purge_cached_answers(self.redis, self.redis_prefix, tenant_id, namespace)
         except RedisError as exc:
+            self.cache_kept = True
             log.warning("tenant deleted but its semantic-cache entries could not be purged (%s); they expire "
                         "at their TTL", exc)
 
@@ -254,11 +256,12 @@ class Management:
         # IntegrityError: created concurrently and committed between that check and our insert
         except (tenancy.TenantExists, IntegrityError) as exc:
             await self.session.rollback()
-            held = await tenancy.get_tenant(self.session, name=name)
+            held = await tenancy.tenant_named_alike(self.session, name)
+            alike = "" if held is None or held.name == name else f" as {held.name!r} (names are compared without case)"
             if held is not None and held.deleted_at is not None:
-                raise Conflict(f"Tenant {name!r} was deleted; its name stays with its usage history. "
+                raise Conflict(f"Tenant {name!r} was deleted{alike}; its name stays with its usage history. "
                                "Choose another name.") from exc
-            raise Conflict(f"Tenant {name!r} already exists.") from exc
+            raise Conflict(f"Tenant {name!r} already exists{alike}.") from exc
         return tenant
 
     async def update_tenant(self, name: str, **changes: object) -> Tenant:

@@ -80,6 +80,19 @@ class InvalidField(ValueError):
         self.param = param
 
 
+MONEY_RULE = "must have at most 10 digits before the point and 8 after it"
+# pydantic's words for the Money bounds, which said "18 digits in total" for 1e400 or 12.000000000000000000001
+# (found by QA: the rule is 10 and 8, as the README says)
+_DECIMAL_BOUNDS = frozenset({"decimal_max_digits", "decimal_max_places", "decimal_whole_digits"})
+
+
+def error_message(error: dict) -> str:
+    """A pydantic error's message as the admin surfaces give it."""
+    if error.get("type") in _DECIMAL_BOUNDS:
+        return MONEY_RULE
+    return str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+
+
 def validated(model: type[BaseModel], data: dict) -> BaseModel:
     """``model`` built from ``data``; the first problem is raised as ``InvalidField``. Text is
     converted (``"12"`` to 12: the dashboard's form fields are text); a JSON body is read by the
@@ -89,8 +102,7 @@ def validated(model: type[BaseModel], data: dict) -> BaseModel:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
-        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-        raise InvalidField(f"{param or 'request'}: {message}", param) from exc
+        raise InvalidField(f"{param or 'request'}: {error_message(first)}", param) from exc
 
 
 class _Body(BaseModel):
@@ -141,7 +153,7 @@ def _model_names(models: list[str]) -> list[str]:
     # an empty list must not silently mean "all models", as null does
     if not models or any(not m.strip() for m in models):
         raise ValueError(MODELS_RULE)
-    return models
+    return list(dict.fromkeys(models))  # a model named twice is named once (found by QA: "x, x")
 
 
 ModelNames = Annotated[list[Annotated[str, Field(max_length=128), AfterValidator(lambda m: _model_name(m))]],
@@ -171,8 +183,14 @@ def _model_name(name: str) -> str:
     return name
 
 
+def _key_name(name: str) -> str | None:
+    # a blank name is no name: null, as the dashboard's empty field gives (found by QA: the API and
+    # the CLI stored "", shown apart from the dashboard's null)
+    return _printable(name) if name.strip() else None
+
+
 class KeyCreate(_Body):
-    name: Annotated[str, Field(max_length=128), AfterValidator(_printable)] | None = None
+    name: Annotated[str, Field(max_length=128), AfterValidator(_key_name)] | None = None
     allowed_models: ModelNames | None = None  # null: every model
     rpm: Count | None = None
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from redis.asyncio import Redis
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.db.models import ApiKey, ModelPrice, Tenant
@@ -47,6 +47,14 @@ async def get_tenant(session: AsyncSession, *, tenant_id: int | None = None,
     return (await session.execute(select(Tenant).where(Tenant.name == name))).scalar_one_or_none()
 
 
+async def tenant_named_alike(session: AsyncSession, name: str) -> Tenant | None:
+    """A tenant (deleted ones too) whose name is ``name`` but for case: names are told apart only
+    by more than case (found by QA: "acme" and "ACME" were two tenants, and a command typed with
+    the wrong case acted on the other one)."""
+    rows = await session.execute(select(Tenant).where(func.lower(Tenant.name) == name.lower()).limit(1))
+    return rows.scalar_one_or_none()
+
+
 async def _require_tenant(session: AsyncSession, tenant_id: int | None, tenant_name: str | None) -> Tenant:
     tenant = await get_tenant(session, tenant_id=tenant_id, name=tenant_name)
     if tenant is None:
@@ -81,8 +89,10 @@ async def create_tenant(
         raise TenancyError(f"the tenant name {name!r} is reserved: the reports' CSV names its sum line "
                            f"{RESERVED_NAME}")
     _check_limits(rpm, tpm, budget_tokens, budget_usd, period)
-    if await get_tenant(session, name=name) is not None:
-        raise TenantExists(f"tenant {name!r} already exists")
+    held = await tenant_named_alike(session, name)
+    if held is not None:
+        raise TenantExists(f"tenant {held.name!r} already exists" + ("" if held.name == name else
+                                                                     " (names are compared without case)"))
     tenant = Tenant(
         name=name, enabled=enabled, rpm_limit=rpm, tpm_limit=tpm, budget_tokens=budget_tokens,
         budget_usd=None if budget_usd is None else Decimal(str(budget_usd)), budget_period=period,

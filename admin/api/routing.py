@@ -22,7 +22,7 @@ from admin.api.exact_json import ExactJSONRequest, ExactJSONResponse
 from admin.auth import SCOPE_READ, SCOPE_WRITE, bearer_token, require
 from admin.context import AdminContext
 from admin.management import Conflict, NotFound
-from admin.schemas import InvalidField
+from admin.schemas import InvalidField, error_message
 from gateway.error_handlers import too_many_digits
 from gateway.errors import ApiError
 from gateway.tenancy import TenancyError
@@ -42,6 +42,9 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_val
     return ApiError(400, message, "invalid_request_error", code, param)
 
 
+_UNPARSED = "There was an error parsing the body"  # FastAPI's own words for a body it could not read
+
+
 def as_api_error(exc: Exception) -> ApiError | None:
     """The ApiError a management exception stands for; None for anything unexpected."""
     if isinstance(exc, ApiError):
@@ -56,6 +59,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return bad_request(str(exc))
     if isinstance(exc, HTTPException) and exc.status_code == 400 and (digits := too_many_digits(exc.__cause__)):
         return bad_request(digits.message)  # FastAPI's body parse: int() refused it
+    if isinstance(exc, HTTPException) and exc.status_code == 400 and exc.detail == _UNPARSED:
+        # FastAPI's body parse failed outside JSON's grammar: nested too deep (found by QA: code null)
+        return bad_request("The request body could not be parsed as JSON (nested too deeply, or not UTF-8).",
+                           code="invalid_json")
     if isinstance(exc, HTTPException):  # raised by FastAPI/Starlette themselves (e.g. a bad form body)
         return ApiError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
                         else "server_error", headers=dict(exc.headers or {}))
@@ -74,7 +81,7 @@ def as_api_error(exc: Exception) -> ApiError | None:
             return bad_request(f"The request body must be a JSON object, not {kind}.", code="invalid_type")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
-        message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        message = error_message(first)
         kind = str(first.get("type", ""))
         code = ("missing_required_parameter" if kind == "missing" else
                 "invalid_type" if kind.endswith("_type") else "invalid_value")

@@ -72,6 +72,9 @@ async def test_tenant_errors(client, auth):
     assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).status_code == 201
     resp = await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "conflict"
+    # the same name in other case is the same name (found by QA: "acme" and "ACME" were two tenants)
+    resp = await client.post("/admin/v1/tenants", json={"name": name.upper()}, headers=auth())
+    assert resp.status_code == 409 and f"as '{name}' (names are compared without case)" in resp.json()["error"]["message"]
     resp = await client.get("/admin/v1/tenants/no-such-tenant", headers=auth())
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
     for bad in ({"name": unique("x"), "rpm": -1}, {"name": unique("x"), "period": "week"},
@@ -339,6 +342,9 @@ async def test_odd_requests_get_clear_errors(client, auth):
     assert resp.json()["error"]["code"] == "invalid_json"
     resp = await client.post("/admin/v1/tenants", content=b"[1]", headers={**auth(), "content-type": "application/json"})
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_type", resp.text
+    deep = b'{"name": "deep", "allowed_models": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # (QA: code null)
+    resp = await client.post("/admin/v1/tenants", content=deep, headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json", resp.text
     resp = await client.post("/admin/v1/tenants", json={"rpm": 5}, headers=auth())
     assert resp.json()["error"]["code"] == "missing_required_parameter" and resp.json()["error"]["param"] == "name"
     resp = await client.post("/admin/v1/tenants", json={"name": "bad name!"}, headers=auth())
@@ -663,3 +669,18 @@ async def test_changes_that_take_no_body_refuse_one(client, app, auth):
         assert resp.status_code == 200, (body, resp.text)
     resp = await client.post(f"/admin/v1/tenants/{tenant}/enable", headers=auth())
     assert resp.status_code == 200 and resp.json()["enabled"] is True
+
+
+@pytest.mark.parametrize("amount", ["12.000000000000000000001", "1e400", "12345678901", "0.000000001"])
+async def test_money_out_of_range_names_the_rule(client, auth, amount):
+    """Found by QA: the 400 said "no more than 18 digits in total" where the rule is 10 and 8."""
+    name = unique("money")
+    assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).status_code == 201
+    resp = await client.patch(f"/admin/v1/tenants/{name}", content=f'{{"budget_usd": {amount}}}',
+                              headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "budget_usd" and "at most 10 digits before the point and 8 after it" in err["message"], err
+    resp = await client.put("/admin/v1/prices/m-money", headers={**auth(), "content-type": "application/json"},
+                            content=f'{{"prompt_usd_per_1m": {amount}, "completion_usd_per_1m": 1}}')
+    assert resp.status_code == 400 and "at most 10 digits before the point and 8 after it" in resp.json()["error"]["message"]

@@ -270,6 +270,8 @@ def test_refusals_are_one_clean_line(env, capsys, monkeypatch):
     (["keys", "create", "--tenant", "acme", "--models", "m1,,m2"], "none empty"),
     (["token", "--scope", "bogus"], "admin:read and/or admin:write, not 'bogus'"),
     (["token", "--sub", ""], "--sub: must not be empty"),  # the server would refuse the token
+    (["token", "--sub", "a\nb"], "--sub: must be at most 256 printable characters"),  # (QA: exit 1)
+    (["token", "--sub", "x" * 257], "--sub: must be at most 256 printable characters"),
     (["token", "--ttl", "99999999999999999999"], "at most 31536000 seconds (one year)"),
 ])
 def test_usage_errors_exit_2_with_one_reason_line(capsys, argv, reason):
@@ -566,6 +568,17 @@ def test_a_period_change_drops_the_new_periods_counter_or_warns_without_redis(en
     finally:
         client.delete(day)
         client.close()
+
+
+def test_a_delete_while_redis_is_down_says_what_was_left(env, capsys, monkeypatch):
+    """Found by QA: the CLI warned of the key cache only; the semantic cache's entries, which a
+    delete purges, were left unsaid (the server logged it)."""
+    name = unique("gone")
+    assert run(capsys, "tenants", "create", name)[0] == 0
+    monkeypatch.setenv("PAGEGATE_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    code, _, err = run(capsys, "tenants", "delete", name, "--yes")
+    assert code == 0 and f"deleted tenant {name}" in err, err
+    assert "Redis was unreachable" in err and "semantic-cache entries could not be purged" in err, err
 
 
 def test_tables_show_unlimited_and_default_limits_as_the_dashboard_does(env, capsys):
