@@ -16,7 +16,6 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str]) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
-        self.max_stop_len = max((len(s) for s in stop), default=0)
         self.ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -40,8 +39,12 @@ class IncrementalDetokenizer:
         self.text += full[len(prefix) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         if self.stop and check_stop:
-            start = max(0, before - self.max_stop_len + 1)
-            cut = min((i for s in self.stop if (i := self.text.find(s, start)) != -1), default=-1)
+            # only a stop string that ends in the new text: one that ended before was checked then,
+            # or let pass before min_tokens (found by QA: searching back by the longest stop's
+            # length found a shorter stop there afterwards, cut the answer where it had been let
+            # pass and left the stop string, already released, in the output)
+            cut = min((i for s in self.stop if (i := self.text.find(s, max(0, before - len(s) + 1))) != -1),
+                      default=-1)
             if cut != -1:
                 self.text = self.text[:cut]
                 self.stopped = True

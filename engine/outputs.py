@@ -16,7 +16,7 @@ class CompletionDelta:
     """New output of one choice (``index`` < n) since the previous ``RequestOutput``."""
 
     index: int
-    text: str  # valid UTF-8, never half a character, never part of a stop string
+    text: str  # whole characters (an answer cut inside one ends with U+FFFD), never part of a stop string
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" once finished
     num_tokens: int = 0  # completion tokens of this choice so far

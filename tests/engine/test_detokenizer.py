@@ -109,3 +109,27 @@ def test_the_held_back_search_reads_only_unreleased_text() -> None:
     assert d.take_delta(False) == "" and d.take_delta(False) == ""
     d.text += "x"
     assert d.take_delta(False) == "QQQx"
+
+
+def test_a_stop_string_let_pass_before_min_tokens_is_not_found_later(byte_tokenizer):
+    """Found by QA: with a longer stop string beside it, a short one let pass before ``min_tokens``
+    was found again by the next token's search, which reached back the longest stop's length: the
+    answer was cut there, with the stop string already released in it."""
+    ids = byte_tokenizer.encode("in the heart of the city", add_special_tokens=False)
+    min_tokens = len("in the heart") + 1  # " heart" completes before min_tokens
+    for stops in ([" heart"], [" heart", "a much longer stop string"]):
+        detok = IncrementalDetokenizer(byte_tokenizer, [], stops)
+        text, stopped = "", False
+        for i, t in enumerate(ids):
+            if detok.add_token(t, check_stop=i + 1 >= min_tokens):
+                stopped = True
+                text += detok.take_delta(True)
+                break
+            text += detok.take_delta(False)
+        else:
+            text += detok.take_delta(True)
+        assert (stopped, text) == (False, "in the heart of the city"), stops
+    # a stop string that ends in the new text still counts, across the min_tokens boundary too
+    detok = IncrementalDetokenizer(byte_tokenizer, [], ["rt of", "a much longer stop string"])
+    stopped_at = next(i for i, t in enumerate(ids) if detok.add_token(t, check_stop=i + 1 >= min_tokens))
+    assert stopped_at == len("in the heart of") - 1 and detok.text == "in the hea"
