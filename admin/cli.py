@@ -235,6 +235,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = psub.add_parser("list", help="all prices")
     _json_option(p)
     p.set_defaults(run=cmd.prices_list)
+    p = psub.add_parser("delete", help="remove a model's price (the model then costs 0)")
+    p.add_argument("model")
+    p.set_defaults(run=cmd.prices_delete)
 
     p = sub.add_parser("report", help="one tenant's usage and cost")
     p.add_argument("--tenant", required=True)
@@ -281,7 +284,7 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     if getattr(args, "no_budget", False) and (args.budget_tokens is not None or args.budget_usd is not None):
         cmd.note("error: --no-budget removes both budgets: not with --budget-tokens or --budget-usd")
         return 2  # a usage error, before any database is opened
-    if getattr(args, "run", None) is cmd.prices_set:
+    if getattr(args, "run", None) in (cmd.prices_set, cmd.prices_delete):
         args.served_models = served_models(settings)
         args.model = priced_model(settings, args.model)  # (an alias of the embedding model: its served id)
     try:

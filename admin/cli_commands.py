@@ -283,6 +283,12 @@ async def prices_set(ops: Management, args: argparse.Namespace) -> int:
     return 0
 
 
+async def prices_delete(ops: Management, args: argparse.Namespace) -> int:
+    row = await ops.delete_price(args.model)
+    note(f"deleted the price of {row.model}: it now costs 0 (rows already billed keep their cost)")
+    return 0
+
+
 async def prices_list(ops: Management, args: argparse.Namespace) -> int:
     views = [price_view(p) for p in await ops.prices()]
     if args.json:

@@ -459,6 +459,21 @@ class Management:
                     raise Conflict(f"The price of {model!r} is being changed concurrently; try again.") from exc
         raise AssertionError("unreachable")
 
+    async def delete_price(self, model: str) -> ModelPrice:
+        """Remove a model's price (a mistyped model's, found by QA: one stayed listed for ever): the
+        model then costs 0, as a model without a price does; rows already billed keep their cost.
+        ``NotFound`` when it has none. One ``price.delete`` audit row."""
+        await self._lock_price(model)
+        row = await self.session.get(ModelPrice, model, populate_existing=True)
+        if row is None:
+            await self.session.rollback()
+            raise NotFound(f"No price for model {model!r}.")
+        before = price_view(row)
+        await self.session.delete(row)
+        audit.record(self.session, actor=self.actor, action="price.delete", target=f"model:{model}", before=before)
+        await self.session.commit()
+        return row
+
     async def _lock_price(self, model: str) -> bool:
         """Hold the model's price row (when it exists) until this change commits, so the price it
         reads as ``before`` is the one it replaces: PostgreSQL's row lock; SQLite's write lock, taken

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from admin.api.deps import ContextDep, ReadDep, WriteDep
+from admin.api.deps import ContextDep, ReadDep, WriteBareDep, WriteDep
 from admin.management import price_view, priced_model
 from admin.schemas import PriceSet
 
@@ -20,3 +20,9 @@ def add_routes(router: APIRouter) -> None:
                                               prompt_usd_per_1m=body.prompt_usd_per_1m,
                                               completion_usd_per_1m=body.completion_usd_per_1m,
                                               cached_prompt_usd_per_1m=body.cached_prompt_usd_per_1m))
+
+    @router.delete("/prices/{model:path}")
+    async def delete_price(model: str, ops: WriteBareDep, ctx: ContextDep) -> dict:
+        """The model then costs 0 (as a model without a price does); rows already billed keep their cost."""
+        row = await ops.delete_price(priced_model(ctx.settings, model))
+        return {**price_view(row), "deleted": True}

@@ -218,6 +218,23 @@ async def test_prices(client, app, auth):
     assert entries[1].after["cached_prompt_usd_per_1m"] is None  # not set: billed as other prompt tokens
 
 
+async def test_a_price_can_be_deleted(client, app, auth):
+    """Found by QA: a mistyped model's price could not be removed (405)."""
+    model = unique("typo/model")
+    await client.put(f"/admin/v1/prices/{model}", headers=auth(), json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 2})
+    assert (await client.delete(f"/admin/v1/prices/{model}", headers=auth("admin:read"))).status_code == 403
+    assert (await client.request("DELETE", f"/admin/v1/prices/{model}", headers=auth(),
+                                 json={"force": True})).status_code == 400  # it takes no body
+    resp = await client.delete(f"/admin/v1/prices/{model}", headers=auth(sub="erin"))
+    assert resp.status_code == 200 and resp.json()["deleted"] is True and resp.json()["model"] == model, resp.text
+    prices = (await client.get("/admin/v1/prices", headers=auth())).json()["data"]
+    assert model not in [p["model"] for p in prices]
+    (entry,) = await _audit(app, "price.delete", f"model:{model}")
+    assert entry.actor == "erin" and entry.before["prompt_usd_per_1m"] == "1.00000000"
+    resp = await client.delete(f"/admin/v1/prices/{model}", headers=auth())
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
+
+
 async def test_cached_prompt_price(client, app, auth):
     model = unique("org/model")
     body = {"prompt_usd_per_1m": "1.25", "completion_usd_per_1m": 10, "cached_prompt_usd_per_1m": "0.125"}

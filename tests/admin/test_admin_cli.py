@@ -682,6 +682,16 @@ def test_a_price_for_a_model_this_configuration_does_not_serve_is_warned(env, ca
     assert code == 0 and "warning" not in err, err
 
 
+def test_prices_delete(env, capsys):
+    model = unique("typo-model")
+    assert run(capsys, "prices", "set", model, "--prompt", "1", "--completion", "2")[0] == 0
+    code, _, err = run(capsys, "prices", "delete", model)
+    assert code == 0 and f"deleted the price of {model}: it now costs 0" in err, err
+    assert model not in run(capsys, "prices", "list")[1]
+    code, _, err = run(capsys, "prices", "delete", model)
+    assert code == 1 and f"error: No price for model '{model}'." in err, err
+
+
 def test_a_price_set_on_an_embedding_alias_is_kept_under_its_served_id(env, capsys):
     code, _, err = run(capsys, "prices", "set", "sentence-transformers/all-MiniLM-L6-v2", "--prompt", "0.02",
                        "--completion", "0")
