@@ -172,10 +172,10 @@ def _range_options(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     admin = subparsers.add_parser("admin", help="manage tenants, keys, prices; cost reports; admin tokens")
-    sub = admin.add_subparsers(dest="admin_cmd", required=True)
+    sub = admin.add_subparsers(dest="admin_cmd", required=True, metavar="COMMAND")
 
     tenants = sub.add_parser("tenants", help="create, list, show, update, disable, enable, delete tenants")
-    tsub = tenants.add_subparsers(dest="tenants_cmd", required=True)
+    tsub = tenants.add_subparsers(dest="tenants_cmd", required=True, metavar="COMMAND")
     p = tsub.add_parser("create", help="add a tenant")
     p.add_argument("name")
     _limit_options(p, update=False)
@@ -204,7 +204,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd.tenants_delete)
 
     keys = sub.add_parser("keys", help="create, list, revoke, rotate API keys")
-    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
+    ksub = keys.add_subparsers(dest="keys_cmd", required=True, metavar="COMMAND")
     p = ksub.add_parser("create", help="mint a key; prints it alone on stdout (shown once)")
     p.add_argument("--tenant", required=True, help="the tenant's name")
     p.add_argument("--name", help="a label for the key (shown in lists and reports)")
@@ -224,7 +224,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.set_defaults(run=fn)
 
     prices = sub.add_parser("prices", help="model prices (USD per 1M tokens)")
-    psub = prices.add_subparsers(dest="prices_cmd", required=True)
+    psub = prices.add_subparsers(dest="prices_cmd", required=True, metavar="COMMAND")
     p = psub.add_parser("set", help="set a model's price")
     p.add_argument("model")
     p.add_argument("--prompt", type=_usd, required=True, help="USD per 1M prompt tokens")

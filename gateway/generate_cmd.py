@@ -85,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_generate(config, prompt, args.system, params, raw=args.raw, quiet=args.quiet))
     except ValueError as exc:  # unknown model, bad directory, prompt too long
-        print(f"\nerror: {exc}", file=sys.stderr)
+        message = str(exc)
+        if args.device:  # the flag was the cause, not the setting (found by QA: the hint named the setting)
+            message = message.replace("use PAGEGATE_DEVICE=cpu or auto", "use --device cpu or auto")
+        print(f"\nerror: {message}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head`: the reader has what it wanted (a QA find: a traceback)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)

@@ -120,6 +120,9 @@ def dev_banner(settings: Settings, key: str, tenant: str = "default") -> str:
            f'reply = client.chat.completions.create(model="{model}", '
            f'messages=[{{"role": "user", "content": "Say hello in French."}}], max_tokens=32)\n'
            f'print(reply.choices[0].message.content)')
+    if not settings.load_engine:  # (found by QA: the examples below answered 404 model_not_found)
+        sdk += ("\n# PAGEGATE_LOAD_ENGINE=false: no chat model is loaded, so chat and completions answer 404\n"
+                "# model_not_found; /v1/embeddings and the admin API work")
     return "\n".join([
         "",
         f"pagegate dev mode: created tenant '{tenant}' and this API key (shown once, keep it):",
@@ -155,12 +158,29 @@ def check_port(host: str, port: int) -> None:
     from gateway.workers import probe_port
 
     if not 0 <= port <= 65535:  # getaddrinfo would quietly take it modulo 65536
-        raise StartupError(f"cannot listen on {host}:{port}: a port is between 0 and 65535")
+        raise StartupError(f"cannot listen on {host}:{port}: a port is between 1 and 65535")
+    if port == 0:  # (found by QA: the dev banner then named port 0, and clients, workers and CORS need the port)
+        raise StartupError(f"cannot listen on {host}:0: name the port to serve on (0, any free port, is not "
+                           "supported: the banner, the workers and the clients need to know it)")
     try:
         probe_port(host, port)
     except (OSError, OverflowError, UnicodeError) as exc:  # taken, not ours, no such host, port > 65535
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise StartupError(f"cannot listen on {host}:{port}: {reason}") from None
+
+
+def warn_missing_jwks_file(settings: Settings) -> None:
+    """A key set named as a file that is not there (a typo) is said at start-up: identity-provider
+    tokens are refused until it exists (found by QA: ``PAGEGATE_ADMIN_JWKS_URL=notaurl`` started in
+    silence). Not an error: the file may be provisioned after the server starts; it is read then."""
+    location = settings.admin_jwks_url
+    if not location or location.lower().startswith(("https://", "http://")):
+        return
+    path = location.removeprefix("file://")
+    if not os.path.isfile(path):
+        logging.getLogger("pagegate").warning(
+            "PAGEGATE_ADMIN_JWKS_URL names no file (%s): identity-provider admin tokens are refused until it "
+            "exists (a URL starts with https://)", os.path.abspath(path))
 
 
 def check_spool_dir(path: str) -> None:
@@ -232,7 +252,9 @@ def check_engine(settings: Settings) -> None:
         served = served_model_id(settings)
         if len(served) > MAX_MODEL_ID_CHARS:  # (a usage row holds it: every row would be refused, a QA find)
             raise ValueError(f"the served model id {served[:40]!r}... is {len(served)} characters, more than the "
-                             f"{MAX_MODEL_ID_CHARS} a usage row holds: set PAGEGATE_SERVED_MODEL_NAME")
+                             f"{MAX_MODEL_ID_CHARS} a usage row holds: " + (
+                                 "shorten PAGEGATE_SERVED_MODEL_NAME" if settings.served_model_name else
+                                 "set PAGEGATE_SERVED_MODEL_NAME to a shorter name"))
         from engine.llm_engine import check_kv_pool, resolve_device
 
         device = resolve_device(settings.device)  # (a CUDA device this torch cannot use: refused)
@@ -343,9 +365,9 @@ def _settings(args: argparse.Namespace) -> Settings:
     except ValidationError as exc:  # e.g. PAGEGATE_PORT=abc
         raise StartupError(f"invalid settings: {settings_errors(exc)}") from None
     updates: dict = {}
-    if args.host:
+    if args.host is not None:  # (found by QA: --port 0 was taken as not given)
         updates["host"] = args.host
-    if args.port:
+    if args.port is not None:
         updates["port"] = args.port
     if args.dev:
         updates["dev_mode"] = True
@@ -370,7 +392,11 @@ def run(args: argparse.Namespace) -> int:
                 logging.getLogger("pagegate").warning("%s is not a pagegate setting: ignored%s", name,
                                                       f" (did you mean {meant}?)" if meant else "")
             # cheapest first, and all before the engine loads (which takes seconds)
+            if settings.engine_socket:  # (found by QA: set by hand, the start-up waited 10 minutes, deaf to signals)
+                raise StartupError("PAGEGATE_ENGINE_SOCKET is set: `pagegate serve --workers N` sets it for its "
+                                   "own worker processes only; unset it to start a server")
             check_dev_mode(settings)
+            warn_missing_jwks_file(settings)
             check_port(settings.host, settings.port)
             check_spool_dir(settings.usage_spool_dir)
             # uvicorn re-raises SIGTERM after its graceful shutdown; make that a SystemExit so the

@@ -170,7 +170,20 @@ def test_safe_database_url_hides_the_password(url: str, shown: str) -> None:
 
 def test_a_port_out_of_range_is_refused_not_wrapped(tmp_path) -> None:  # noqa: ANN001
     proc, _ = _serve(tmp_path, 70000, PAGEGATE_REDIS_URL=REDIS)  # getaddrinfo alone would bind 70000 - 65536
-    assert _one_error_line(proc) == "error: cannot listen on 127.0.0.1:70000: a port is between 0 and 65535"
+    assert _one_error_line(proc) == "error: cannot listen on 127.0.0.1:70000: a port is between 1 and 65535"
+
+
+def test_port_0_given_on_the_command_line_is_refused_not_ignored(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: ``--port 0`` was read as not given (PAGEGATE_PORT, else 8000, was served), and
+    PAGEGATE_PORT=0 printed a dev banner naming port 0."""
+    proc, _ = _serve(tmp_path, 0, PAGEGATE_REDIS_URL=REDIS, PAGEGATE_PORT=str(free_port()))
+    assert _one_error_line(proc).startswith("error: cannot listen on 127.0.0.1:0: name the port to serve on")
+
+
+def test_an_engine_socket_set_by_hand_is_refused_at_once(tmp_path) -> None:  # noqa: ANN001
+    """Found by QA: the start-up waited for an engine at that socket for 10 minutes, deaf to signals."""
+    proc, took = _serve(tmp_path, free_port(), PAGEGATE_REDIS_URL=REDIS, PAGEGATE_ENGINE_SOCKET=str(tmp_path / "x"))
+    assert _one_error_line(proc).startswith("error: PAGEGATE_ENGINE_SOCKET is set") and took < 60
 
 
 @pytest.mark.parametrize("workers", [(), ("--workers", "2")])
@@ -223,6 +236,9 @@ def test_the_dev_banner_names_an_address_a_client_can_call(host: str, origin: st
     settings = Settings(load_engine=False, host=host, port=8123)
     assert client_origin(settings) == origin
     assert f"{origin}/v1/chat/completions" in dev_banner(settings, "pg-KEY")
+    # without an engine its chat example answers 404: the banner says so (found by QA)
+    assert "no chat model is loaded" in dev_banner(settings, "pg-KEY")
+    assert "no chat model is loaded" not in dev_banner(settings.model_copy(update={"load_engine": True}), "pg-KEY")
 
 
 @pytest.mark.parametrize(("name", "says"), [
