@@ -298,7 +298,7 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
            dependencies: dict | None = None) -> str:
     """``processes``: (worker, {"loop": ..., "cache": ..., "database": ...}) per process, as
     ``RequestMetrics.scrape`` gives them; with workers their series carry a ``worker`` label.
-    ``dependencies``: the answering process's ``DependencyProbe.check()`` (Redis's PING, the spool's
+    ``dependencies``: the answering process's ``DependencyProbe.check()`` (Redis's write probe, the spool's
     files)."""
     out: list[str] = []
 
@@ -362,7 +362,7 @@ def _dependency_gauges(family: Callable, out: list[str], processes: list[tuple[s
                        dependencies: dict) -> None:
     redis = dependencies.get("redis")
     if redis is not None:
-        family("pagegate_redis_up", "1 when Redis answers a PING from this process within 1 s", "gauge")
+        family("pagegate_redis_up", "1 when Redis takes a write from this process within 1 s", "gauge")
         out.append(f"pagegate_redis_up {1 if redis.get('status') == 'ok' else 0}")
     writers = [(w, p["database"]) for w, p in processes if p.get("database")]
     if writers:

@@ -1,5 +1,7 @@
-"""The state of what the gateway depends on, for ``/health`` and ``/metrics``: Redis by a PING
-(bounded, shared by concurrent callers, its outcome reused for a second) and the database as the
+"""The state of what the gateway depends on, for ``/health`` and ``/metrics``: Redis by a write of
+a probe key (bounded, shared by concurrent callers, its outcome reused for a second; a write, not a
+PING: a Redis out of memory or turned read-only answers PING while it refuses every request's
+script, found by a faults QA) and the database as the
 usage writer last found it (``UsageWriter.database_state``: no query of its own, so a health check
 never adds load to a database in trouble).
 
@@ -18,7 +20,8 @@ import logging
 import time
 from typing import Any
 
-PING_TIMEOUT_S = 1.0  # a Redis that does not answer a PING in this long is reported unavailable
+PING_TIMEOUT_S = 1.0  # a Redis that does not answer the probe in this long is reported unavailable
+PROBE_TTL_MS = 60_000  # the probe key goes by itself
 REUSE_S = 1.0  # health checks every few milliseconds cost Redis one PING a second
 # a check waits this long for a fresh PING, then answers with the last outcome (found by QA: with
 # Redis hung, every probe took the PING's whole second, past a load balancer's 1 s timeout)
@@ -112,16 +115,17 @@ class DependencyProbe:
 
     async def _ping(self) -> dict:
         try:
-            await asyncio.wait_for(self._services.redis.ping(), PING_TIMEOUT_S)
+            prefix = getattr(getattr(self._services, "settings", None), "redis_prefix", "pg:")
+            await asyncio.wait_for(self._services.redis.set(f"{prefix}health", b"1", px=PROBE_TTL_MS), PING_TIMEOUT_S)
             result = {"status": "ok", "error": None}
         except TimeoutError:
-            result = {"status": "unavailable", "error": f"no answer to PING within {PING_TIMEOUT_S:g} s"}
+            result = {"status": "unavailable", "error": f"no answer to the health probe within {PING_TIMEOUT_S:g} s"}
         except Exception as exc:  # noqa: BLE001 - refused, reset, out of memory, auth: all "unavailable"
             result = {"status": "unavailable", "error": describe_error(exc)}
         before = self._redis
         if before is not None and before["status"] != result["status"]:  # (QA: no line said it was back)
             if result["status"] == "ok":
-                log.warning("redis: reachable again (a PING answered)")
+                log.warning("redis: reachable again (the health probe's write answered)")
             else:
                 log.warning("redis: unavailable (%s)", result["error"])
         self._redis, self._redis_at, self._inflight = result, time.monotonic(), None

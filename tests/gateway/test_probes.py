@@ -142,6 +142,38 @@ async def test_a_redis_down_is_degraded_and_a_ping_is_bounded(tmp_path, sqlite_u
         await asyncio.to_thread(server.stop)
 
 
+async def test_a_redis_out_of_memory_or_read_only_is_degraded(tmp_path, sqlite_url, redis_prefix) -> None:  # noqa: ANN001
+    """Found by a faults QA: out of memory or turned read-only, Redis answered PING while every
+    request got 503 ``store_unavailable``, and /health said ok. The probe is a write."""
+    from gateway import probes
+
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = await asyncio.to_thread(server.start)
+    app = create_app(_settings(tmp_path, sqlite_url, url, redis_prefix))
+    admin = redis_sync.Redis.from_url(url)
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
+            for refuse, allow, says in (
+                    ([("CONFIG", "SET", "maxmemory-policy", "noeviction"), ("CONFIG", "SET", "maxmemory", "1")],
+                     [("CONFIG", "SET", "maxmemory", "0")], "OutOfMemoryError"),
+                    ([("REPLICAOF", "127.0.0.1", "1")], [("REPLICAOF", "NO", "ONE")], "ReadOnlyError")):
+                for command in refuse:
+                    await asyncio.to_thread(admin.execute_command, *command)
+                await asyncio.sleep(probes.REUSE_S + 0.05)
+                assert (await client.get("/health")).json()["dependencies"]["redis"] == "unavailable"
+                redis = (await client.get("/metrics")).json()["dependencies"]["redis"]
+                assert redis["status"] == "unavailable" and says in redis["error"], redis
+                for command in allow:
+                    await asyncio.to_thread(admin.execute_command, *command)
+                await asyncio.sleep(probes.REUSE_S + 0.05)
+                assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
+    finally:
+        admin.close()
+        await asyncio.to_thread(server.stop)
+
+
 async def test_a_hung_redis_is_found_out_and_no_check_waits_out_the_ping(tmp_path, sqlite_url,
                                                                         redis_prefix) -> None:  # noqa: ANN001
     """Found by QA: with Redis hung (``CLIENT PAUSE``), every check waited the PING's whole second,
