@@ -141,10 +141,11 @@ class LocalIndex:
         ids = [_s(i) for i in await self.redis.zrange(keys.zset, 0, -1)]
         for i in range(0, len(ids), _LOAD_CHUNK):
             chunk = ids[i:i + _LOAD_CHUNK]
-            pipe = self.redis.pipeline(transaction=False)
-            for eid in chunk:
-                pipe.hmget(keys.entry(eid), "ns", "text", "vec")
-            for eid, (ns, text, vec) in zip(chunk, await pipe.execute(), strict=True):
+            async with self.redis.pipeline(transaction=False) as pipe:  # (cut short: its connection given back)
+                for eid in chunk:
+                    pipe.hmget(keys.entry(eid), "ns", "text", "vec")
+                rows = await pipe.execute()
+            for eid, (ns, text, vec) in zip(chunk, rows, strict=True):
                 if ns is not None and vec:
                     t.apply_add(eid, _s(ns), _s(text), np.frombuffer(vec, np.float32), self.dim)
         return t

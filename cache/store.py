@@ -162,14 +162,14 @@ class EntryStore:
     async def put_many(self, keys: TenantKeys, entries: list[NewEntry], *, ttl_s: int,
                        max_entries: int) -> list[tuple[int, int]]:
         """Store many entries of one tenant in one pipelined round trip (prefill, benchmarks)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for e in entries:
-            vec = b"" if e.vec is None else np.asarray(e.vec, np.float32).tobytes()
-            args = [keys.entry_prefix, e.entry_id, e.ns, e.text, vec, json.dumps(e.response),
-                    max(1, int(ttl_s * 1000)), max(1, max_entries), LOG_MAXLEN if self.with_log else 0]
-            await self._script(keys=[keys.entry(e.entry_id), keys.zset, keys.log, keys.seq, keys.stored],
-                               args=args, client=pipe)
-        res = await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:  # (cut short: its connection given back)
+            for e in entries:
+                vec = b"" if e.vec is None else np.asarray(e.vec, np.float32).tobytes()
+                args = [keys.entry_prefix, e.entry_id, e.ns, e.text, vec, json.dumps(e.response),
+                        max(1, int(ttl_s * 1000)), max(1, max_entries), LOG_MAXLEN if self.with_log else 0]
+                await self._script(keys=[keys.entry(e.entry_id), keys.zset, keys.log, keys.seq, keys.stored],
+                                   args=args, client=pipe)
+            res = await pipe.execute()
         return [(int(r[0]), int(r[1])) for r in res]
 
     async def count(self, keys: TenantKeys) -> int:

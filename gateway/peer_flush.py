@@ -161,7 +161,7 @@ class PeerFlush:
             return
         key = self._ack_prefix + token
         with contextlib.suppress(Exception):
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.rpush(key, self._id)
-            pipe.expire(key, _ACK_TTL_S)
-            await pipe.execute()
+            async with self._redis.pipeline(transaction=False) as pipe:  # (cut short: its connection given back)
+                pipe.rpush(key, self._id)
+                pipe.expire(key, _ACK_TTL_S)
+                await pipe.execute()
