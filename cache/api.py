@@ -30,6 +30,7 @@ class CacheLookup:
     reason: str | None = None  # why bypass/miss (e.g. "non-deterministic", "redis-down", "verifier")
     storable: bool = False  # store() would keep this request's complete answer: a miss, or a
     # no-cache bypass of a cacheable request, without no-store
+    key: str | None = None  # a storable miss's exact key in its namespace (identical requests share it)
 
 
 class SemanticCacheClient(Protocol):

@@ -103,6 +103,8 @@ class SemanticCache:
             self._redis_failed("lookup", e)
             return self._bypass("redis-down")
         found.storable = found.outcome == "miss" and not policy.no_store
+        if found.storable:
+            found.key = req.exact_key
         return found
 
     async def store(self, namespace: str, body: dict, response: dict, policy: CachePolicy) -> None:

@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from engine.protocol import EngineClient
 from gateway.deps import AppState
 from gateway.error_handlers import install_error_handlers
+from gateway.flights import Flights
 from gateway.heap import tune_gc
 from gateway.loop_lag import LoopLagMonitor
 from gateway.middleware import GatewayMiddleware, Unanswered
@@ -87,7 +88,7 @@ def apply_gil_switch_interval(settings: Settings) -> None:
 
 def _own_figures(state: AppState) -> dict:
     return {"loop": state.loop_lag.snapshot() if state.loop_lag is not None else None,
-            "cache": state.cache.stats() if state.cache is not None else None,
+            "cache": state.cache_stats(),
             "database": database_state(state.services)}
 
 
@@ -134,7 +135,8 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
             probe = DependencyProbe(svc)
             stack.push_async_callback(probe.aclose)
             state = AppState(settings=settings, engine=eng, services=svc, cache=semantic_cache, embedder=embedder,
-                             ip_limiter=ip_limiter, loop_lag=loop_lag, probe=probe)
+                             ip_limiter=ip_limiter, loop_lag=loop_lag, probe=probe,
+                             flights=Flights() if semantic_cache is not None and settings.cache_coalesce else None)
             app.state.pagegate = state
             counted = getattr(svc, "metrics", None)
             if counted is not None:  # this process's own figures, for /metrics and the workers' files
@@ -153,8 +155,11 @@ def create_app(settings: Settings, *, engine: EngineClient | None = None, servic
                   description="OpenAI-compatible multi-tenant LLM gateway", docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.state.unanswered = Unanswered()  # requests without a response yet (gateway.shutdown)
+    # dev mode on the public secret: only requests addressed to this machine by name (a page of
+    # another site reaching it through DNS rebinding mints admin tokens with that secret)
     app.add_middleware(GatewayMiddleware, max_bytes=settings.max_request_bytes, direct=DIRECT,
-                       unanswered=app.state.unanswered)
+                       unanswered=app.state.unanswered,
+                       loopback_hosts_only=settings.dev_mode and settings.placeholder_admin_secret)
     origins = [o.strip().rstrip("/") for o in settings.cors_allow_origins.split(",") if o.strip()]
     if origins:  # outermost: a preflight is answered before any limit or key check
         from starlette.middleware.cors import CORSMiddleware

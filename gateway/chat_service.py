@@ -34,6 +34,7 @@ from gateway.errors import (
     invalid_request,
     unsupported,
 )
+from gateway.flights import Flights
 from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
 from gateway.generation import (
     Generation,
@@ -83,6 +84,7 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     size = sum(len(m["content"]) for m in messages)
     refuse_far_too_long(engine, size, messages=len(messages))
     store: Store | None = None
+    land: Callable[[dict | None], None] | None = None  # a leader's (gateway.flights)
     cache = caller.state.cache
     if cache is not None and fmt.token_names is not None:  # a stored answer has no logprobs to show
         account.cache = caller.response_headers["x-cache"] = "bypass"
@@ -107,10 +109,56 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
             auth, principal = caller.state.services.auth, caller.principal
             store = cache_store(cache, namespace, request_body, policy,
                                 still_valid=lambda: auth.still_valid(principal))
-    prompt = await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages))
-    max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
-                                    min_tokens=body.min_tokens)
-    return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store)
+            flights = caller.state.flights
+            if flights is not None and lookup.outcome == "miss" and lookup.key is not None and not body.stream:
+                key = (namespace, lookup.key)
+                waiting = flights.follow(key)
+                if waiting is None:
+                    land = flights.lead(key)
+                    store = _landing(store, land)
+                else:
+                    followed = await _follow(waiting, flights, fmt, account, caller)
+                    if followed is not None:
+                        return followed
+    try:
+        prompt = await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages))
+        max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
+                                        min_tokens=body.min_tokens)
+        return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store)
+    finally:
+        if land is not None:  # (a JSON answer: done by now) no answer stored: the followers run themselves
+            land(None)
+
+
+def _landing(store: Store, land: Callable[[dict | None], None]) -> Store:
+    """A leader's store (``gateway.flights``): its answer goes to the requests waiting for it first."""
+    async def store_and_land(response: dict) -> None:
+        land(response)
+        await store(response)
+
+    return store_and_land
+
+
+async def _follow(waiting: asyncio.Future, flights: Flights, fmt: Format, account: RequestAccount,
+                  caller: Caller) -> Response | None:
+    """Wait for the leader of an identical request (``gateway.flights``) and replay its answer as a
+    cache hit; None when it landed none (this request then runs on the engine itself)."""
+    if caller.notice is not None:  # not on its way to the engine meanwhile (nor perhaps at all)
+        caller.notice.close()
+    answer: list[dict | None] = []
+
+    async def wait() -> None:
+        answer.append(await asyncio.shield(waiting))  # (a follower that leaves leaves the leader alone)
+
+    if not await until_done_or_disconnect(wait(), caller.receive):
+        await account.close_surely(status="aborted")
+        return Response(status_code=499)  # nobody is listening any more
+    flights.served(answer[0] is not None)
+    if answer[0] is None:
+        return None
+    account.cache = caller.response_headers["x-cache"] = "hit"
+    caller.response_headers["x-cache-coalesced"] = "true"
+    return await replay(answer[0], fmt, account, stream=False)
 
 
 async def create_completion(body: CompletionRequest, caller: Caller) -> Response:

@@ -41,12 +41,19 @@ class AppState:
     engine: EngineClient | None
     services: Any  # gateway.tenancy_services.TenancyServices
     cache: Any = None  # cache.api.SemanticCacheClient | None
+    flights: Any = None  # gateway.flights.Flights with the cache: identical misses in flight answered once
     embedder: Any = None  # gateway.embedder.Embedder (or SharedEmbedder over the cache's), on first use
     ip_limiter: Any = None  # gateway.ip_limit.ClientIPLimiter | None (settings.ip_rpm == 0)
     loop_lag: Any = None  # gateway.loop_lag.LoopLagMonitor, while serving
     probe: Any = None  # gateway.probes.DependencyProbe: Redis's and the database's state
     started_at: float = field(default_factory=time.time)
     _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def cache_stats(self) -> dict | None:
+        """This process's semantic-cache counters, the coalesced requests' among them; None without a cache."""
+        if self.cache is None:
+            return None
+        return {**self.cache.stats(), **(self.flights.stats() if self.flights is not None else {})}
 
     async def get_embedder(self) -> Any:
         if self.embedder is None:

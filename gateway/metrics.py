@@ -263,7 +263,7 @@ _ENGINE_GAUGES = {  # EngineStats field: (metric, help, type)
 }
 
 _CACHE_COUNTERS = ("lookups", "hits", "semantic_hits", "misses", "bypasses", "verifier_rejections", "stores",
-                   "evictions", "redis_errors", "embed_errors")
+                   "evictions", "redis_errors", "embed_errors", "coalesced", "coalesce_fallbacks")
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -46,6 +46,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.error_handlers import error_response, http_error_response
 from gateway.errors import ApiError, shutting_down
 from gateway.ids import new_hex_id
+from gateway.settings import is_loopback
 
 log = logging.getLogger("pagegate.gateway")
 
@@ -133,13 +134,23 @@ def too_large(max_bytes: int, size: int | None) -> str:
     return f"The request body is too large ({said}); the limit is {max_bytes:,} bytes."
 
 
+def _host_name(host: str) -> str:
+    """The name or address of a ``Host`` header's value, without its port (``[::1]:8000`` is ``::1``)."""
+    host = host.strip()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
 class GatewayMiddleware:
     """``direct``: path → handler for POST requests the middleware serves itself; the handler
     raises ``ApiError`` (or a 413 ``HTTPException`` from reading the body) to refuse."""
 
     def __init__(self, app: ASGIApp, *, max_bytes: int = 1 << 62,
-                 direct: dict[str, DirectRoute] | None = None, unanswered: Unanswered | None = None) -> None:
+                 direct: dict[str, DirectRoute] | None = None, unanswered: Unanswered | None = None,
+                 loopback_hosts_only: bool = False) -> None:
         self.app = app
+        self.loopback_hosts_only = loopback_hosts_only
         self.max_bytes = max_bytes
         self.direct = dict(direct or {})
         self.unanswered = Unanswered() if unanswered is None else unanswered
@@ -168,6 +179,9 @@ class GatewayMiddleware:
                 _count_response(scope, message["status"])
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
+                # (found by a security QA: JSON that echoes input was sent without it; pages had it)
+                if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
+                    headers.append((b"x-content-type-options", b"nosniff"))
                 if extra:
                     present = {name.lower() for name, _ in headers}
                     for name, value in extra.items():
@@ -219,7 +233,17 @@ class GatewayMiddleware:
 
     async def _admit(self, scope: Scope) -> ApiError | None:
         """The per-address limit, then a body whose ``content-length`` is over the limit, then, on
-        the routes that take a body, the API key (``KEY_FIRST``)."""
+        the routes that take a body, the API key (``KEY_FIRST``). With ``loopback_hosts_only``, first
+        a ``Host`` that names no loopback address is refused (found by a security QA: in dev mode,
+        on the public admin secret, a page whose domain rebinds to 127.0.0.1 could mint admin
+        tokens and call the admin API as the same origin)."""
+        if self.loopback_hosts_only:
+            host = next((value for name, value in scope.get("headers", ()) if name == b"host"), b"")
+            if not is_loopback(_host_name(host.decode("latin-1"))):
+                return ApiError(421, "This development server answers only requests addressed to localhost, "
+                                     "127.0.0.1 or [::1]: a page of another site must not reach it through DNS "
+                                     "rebinding. Set PAGEGATE_ADMIN_JWT_SECRET to serve under another name.",
+                                code="misdirected_request")
         if scope["path"].startswith(LIMITED_PREFIXES):
             limiter = getattr(getattr(scope["app"].state, "pagegate", None), "ip_limiter", None)
             if limiter is not None:

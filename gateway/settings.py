@@ -151,6 +151,8 @@ class Settings(BaseSettings):
     # the verifier's qualifier guard ("Is Pluto a (dwarf) planet?"): off serves more paraphrases that
     # add words, and the wrong answers it refuses (README, Semantic cache: heldout8)
     cache_qualifier_guard: bool = True
+    # identical cacheable JSON misses in flight at once are answered by one engine request (gateway.flights)
+    cache_coalesce: bool = True
     embedding_model: str = "all-MiniLM-L6-v2"
 
     # admin

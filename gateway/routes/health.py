@@ -89,7 +89,7 @@ async def metrics(state: StateDep, request: Request) -> Response:
         stats, up = None, False
     loop_lag = state.loop_lag.snapshot() if state.loop_lag is not None else None
     # with `pagegate serve --workers N` each worker answers for its own event loop (pid tells which)
-    cache = state.cache.stats() if state.cache is not None else None  # this process's counters
+    cache = state.cache_stats()  # this process's counters
     deps = await _dependencies(state)
     counted = getattr(state.services, "metrics", None)  # with --workers, its `worker` is the series' label
     if wants_prometheus(request.headers.get("accept"), request.query_params.get("format")):

@@ -386,3 +386,70 @@ def test_an_answer_finished_after_its_tenant_was_deleted_is_not_stored(api_cache
         api.loop.run(store(answer))
         stored = api.loop.run(cache.store_.count(cache.store_.keys(principal.cache_namespace)))
         assert stored == (0 if deleted else 1), deleted
+
+
+def test_identical_requests_at_once_run_on_the_engine_once(api_cached) -> None:  # noqa: ANN001
+    """Six identical deterministic JSON requests at once (official ``openai`` client): the first
+    runs on the engine, the other five wait for its answer and are served it as hits, billed
+    nothing (``gateway.flights``). A stream neither leads nor follows."""
+    import asyncio
+
+    api = api_cached
+    _tid, key = api.make_tenant()
+    question = f"Name three colours of the rainbow. ({time.time_ns()})"
+
+    async def ask_all() -> list:
+        client = api.async_openai(key)
+        try:
+            return await asyncio.gather(*(client.chat.completions.with_raw_response.create(
+                model=api.model, temperature=0, max_tokens=32, messages=[{"role": "user", "content": question}])
+                for _ in range(6)))
+        finally:
+            await client.close()
+
+    coalesced = api.app.state.pagegate.flights.coalesced
+    raws = asyncio.run(ask_all())
+    assert api.app.state.pagegate.flights.coalesced == coalesced + 5
+    metrics = httpx.get(api.base_url + "/metrics", timeout=30).json()
+    assert metrics["cache"]["coalesced"] >= 5
+    outcomes = sorted((r.headers["x-cache"], r.headers.get("x-cache-coalesced")) for r in raws)
+    assert outcomes == [("hit", "true")] * 5 + [("miss", None)], outcomes
+    answers = {r.parse().choices[0].message.content for r in raws}
+    assert len(answers) == 1 and answers != {""}
+    rows = [api.usage_rows(r.headers["x-request-id"])[0] for r in raws]
+    assert sorted(row.cache for row in rows) == ["hit"] * 5 + ["miss"]
+    assert all(row.status == "ok" for row in rows)
+    assert len({row.completion_tokens for row in rows}) == 1  # each row counts the answer it was given
+    assert all(Decimal(row.cost_usd) == 0 for row in rows if row.cache == "hit")
+
+
+def test_followers_of_a_leader_that_ends_without_an_answer_run_themselves(api_cached) -> None:  # noqa: ANN001
+    """A leader whose client leaves lands no answer: the requests that waited for it run on the
+    engine themselves (misses), and none waits for ever."""
+    import asyncio
+
+    api = api_cached
+    _tid, key = api.make_tenant()
+    body = _body(api, f"Tell me a long story about a lighthouse. ({time.time_ns()})", max_tokens=60, min_tokens=60)
+
+    async def scenario() -> list:
+        async with httpx.AsyncClient(base_url=api.base_url, timeout=120) as client:
+            async def leader() -> None:
+                with pytest.raises(httpx.TimeoutException):  # the leader's client gives up and leaves
+                    await client.post("/v1/chat/completions", json=body, headers=_h(key), timeout=1.0)
+
+            lead = asyncio.ensure_future(leader())
+            await asyncio.sleep(0.3)  # its lookup done: it leads
+            followers = [client.post("/v1/chat/completions", json=body, headers=_h(key)) for _ in range(2)]
+            done = await asyncio.gather(lead, *followers)
+            return done[1:]
+
+    flights = api.app.state.pagegate.flights
+    fallbacks = flights.coalesce_fallbacks
+    followers = asyncio.run(scenario())
+    assert flights.coalesce_fallbacks == fallbacks + 2  # both waited for the leader, then ran
+    assert len(flights) == 0
+    for resp in followers:
+        assert resp.status_code == 200 and resp.headers["x-cache"] == "miss", resp.text
+        assert resp.json()["usage"]["completion_tokens"] == 60
+        assert "x-cache-coalesced" not in resp.headers

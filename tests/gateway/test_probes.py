@@ -204,3 +204,28 @@ async def test_a_hung_redis_is_found_out_and_no_check_waits_out_the_ping(tmp_pat
     finally:
         admin.close()
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_dev_server_on_the_public_secret_answers_loopback_names_only(tmp_path, sqlite_url,
+                                                                             redis_prefix) -> None:  # noqa: ANN001
+    """Found by a security QA: a page whose domain rebinds to 127.0.0.1 reached a ``--dev`` server
+    as the same origin and minted admin tokens with the public built-in secret. Every response
+    also says ``nosniff`` (JSON that echoes input had none)."""
+    dev = _settings(tmp_path, sqlite_url, TENANCY_REDIS_URL, redis_prefix).model_copy(update={"dev_mode": True})
+    assert dev.placeholder_admin_secret
+    app = create_app(dev)
+    async with app.router.lifespan_context(app):
+        for base, refused in (("http://attacker.example:8000", True), ("http://127.0.0.1:8000", False),
+                              ("http://localhost", False), ("http://[::1]:8000", False), ("http://127.0.0.2", False),
+                              ("http://localhost.evil.example", True)):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base) as client:
+                for path in ("/health", "/admin/v1/tenants", "/v1/models"):
+                    resp = await client.get(path)
+                    assert (resp.status_code == 421) is refused, (base, path, resp.status_code)
+                    assert resp.headers["x-content-type-options"] == "nosniff"
+                    if refused:
+                        assert resp.json()["error"]["code"] == "misdirected_request"
+    own = create_app(dev.model_copy(update={"admin_jwt_secret": "s" * 40}))  # a secret of one's own: any name
+    async with own.router.lifespan_context(own), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=own), base_url="http://gateway.example") as client:
+        assert (await client.get("/health")).status_code == 200
