@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import time
 import uuid
@@ -25,7 +26,11 @@ from dataclasses import dataclass, field
 from admin.jose import ExpiredTokenError, JoseError, JsonWebToken, Key, MissingClaimError
 from admin.jwks import JwksError, JwksSource
 from gateway.errors import ApiError
+from gateway.log_throttle import LogThrottle
 from gateway.settings import Settings
+
+log = logging.getLogger("pagegate.admin")
+_JWKS_LOG = LogThrottle()  # one line per 10 s
 
 SCOPE_READ = "admin:read"
 SCOPE_WRITE = "admin:write"
@@ -210,7 +215,11 @@ class AdminTokenVerifier:
         try:
             key = await self.jwks.get(kid)
         except JwksError as exc:
-            raise unauthorized(f"The admin key set is unavailable: {exc}") from exc
+            # the detail (a URL, a path, the error) is the operator's, in the log; not for any caller
+            # (found by a security QA: a URL's credentials were in the reply)
+            _JWKS_LOG.log(log, logging.WARNING, "admin tokens: %s", exc)
+            raise unauthorized("The admin key set (PAGEGATE_ADMIN_JWKS_URL) is unavailable; the server's "
+                               "log says why.") from exc
         if key is None:
             raise unauthorized(f"Unknown admin signing key id {kid!r}.")
         if key.kty != kty:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -41,6 +42,7 @@ class JwksSource:
         self._keys: KeySet | None = None
         self._loaded_at = 0.0  # last successful read
         self._tried_at = -float("inf")  # last read attempt
+        self._failed: JwksError | None = None  # the last read's error, while no set was ever read
         self._lock = asyncio.Lock()
 
     async def get(self, kid: str | None) -> Key | None:
@@ -58,17 +60,22 @@ class JwksSource:
                                                 or now - self._tried_at < self.refresh_floor_s)
             if fresh and not force:
                 return self._keys  # type: ignore[return-value]
+            if self._keys is None and self._failed is not None and now - self._tried_at < self.refresh_floor_s:
+                # never read yet: at most one read per refresh_floor_s too (found by a security QA:
+                # each token from anyone made the server fetch the identity provider's keys again)
+                raise self._failed
             self._tried_at = now
             try:
                 data = await self._read()
             except JwksError as exc:
                 if self._keys is None:
+                    self._failed = exc
                     raise
                 # the IdP is unreachable: keep the last good set, retry after refresh_floor_s
                 log.warning("%s; keeping the previous admin key set", exc)
                 return self._keys
             self._keys = KeySet(_import_keys(data))
-            self._loaded_at = time.monotonic()
+            self._loaded_at, self._failed = time.monotonic(), None
             return self._keys
 
     async def _read(self) -> dict:
@@ -83,9 +90,10 @@ class JwksSource:
                 path = Path(loc.removeprefix("file://"))
                 data = json.loads(await asyncio.to_thread(path.read_text))
         except (OSError, ValueError, httpx.HTTPError) as exc:
-            raise JwksError(f"cannot read the JWKS at {loc}: {exc}") from exc
+            detail = _USERINFO.sub(r"\1***@", str(exc))
+            raise JwksError(f"cannot read the JWKS at {_shown(loc)}: {detail}") from exc
         if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
-            raise JwksError(f"{loc} is not a JWKS (no 'keys' list)")
+            raise JwksError(f"{_shown(loc)} is not a JWKS (no 'keys' list)")
         # Only public asymmetric keys verify IdP tokens: drop shared secrets and private members.
         keys = [{k: v for k, v in key.items() if k not in _PRIVATE}
                 for key in data["keys"] if isinstance(key, dict) and key.get("kty") in ("RSA", "EC", "OKP")]
@@ -93,6 +101,17 @@ class JwksSource:
 
 
 _PRIVATE = {"d", "p", "q", "dp", "dq", "qi", "oth"}
+
+
+_USERINFO = re.compile(r"(\w+://)[^/\s@]+@")  # a URL's user and password, as an error message may quote it
+
+
+def _shown(location: str) -> str:
+    """The location for a message: a URL's user and password hidden (found by a security QA)."""
+    scheme, sep, rest = location.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return location
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
 
 
 def _import_keys(data: dict) -> list[Key]:

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 import admin
 from admin.auth import AdminTokenVerifier, mint_token
+from admin.jwks import JwksError
 from gateway.errors import ApiError
 
 # Token checks never reach the database: run them once, on SQLite (test_admin_api covers every
@@ -279,10 +280,19 @@ async def test_jwks_over_http(settings, jwks):
         for _ in range(3):
             assert (await verifier.verify(tok)).subject == "idp-user"
         assert Handler.hits == 1  # cached
-        bad = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": url.replace("jwks", "nope")}))
-        with pytest.raises(ApiError) as info:
-            await bad.verify(tok)
-        assert info.value.status == 401 and "key set" in info.value.message
+        secret_url = url.replace("http://", "http://idpuser:hunter2@").replace("jwks", "nope")
+        bad = AdminTokenVerifier(settings.model_copy(update={"admin_jwks_url": secret_url}))
+        before = Handler.hits
+        for _ in range(3):
+            with pytest.raises(ApiError) as info:
+                await bad.verify(tok)
+            # the reply names no URL (found by a security QA: its credentials were in it)
+            assert info.value.status == 401 and "key set" in info.value.message
+            assert "hunter2" not in info.value.message and "127.0.0.1" not in info.value.message
+        assert Handler.hits == before + 1  # never read yet: at most one read per refresh floor all the same
+        with pytest.raises(JwksError) as why:
+            await bad.jwks.get(rsa.kid)
+        assert "hunter2" not in str(why.value) and "***@127.0.0.1" in str(why.value)  # the log's line
     finally:
         server.shutdown()
         server.server_close()
