@@ -40,9 +40,18 @@ def permission_denied(message: str, *, code: str = "permission_denied") -> ApiEr
     return ApiError(403, message, "permission_error", code)
 
 
+QUOTED_CHARS = 256  # a name quoted back in an error, at most (found by a security QA: a 4 MB model name came back whole)
+
+
+def quoted_name(name: str) -> str:
+    """``name`` as an error message quotes it: cut to ``QUOTED_CHARS`` characters."""
+    return name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}… ({len(name)} characters)"
+
+
 def model_not_found(model: str, served_by: str | None = None) -> ApiError:
     """404. ``served_by``: the model exists, for this key, on another route (OpenAI says "This is
     not a chat model" there); name that route instead of saying it does not exist (found by QA)."""
+    model = quoted_name(model)
     message = (f"The model `{model}` does not exist or you do not have access to it." if served_by is None
                else f"The model `{model}` is not served here: it is served on {served_by}.")
     return ApiError(404, message, "invalid_request_error", "model_not_found", "model")

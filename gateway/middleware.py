@@ -182,6 +182,10 @@ class GatewayMiddleware:
                 # (found by a security QA: JSON that echoes input was sent without it; pages had it)
                 if not any(name.lower() == b"x-content-type-options" for name, _ in headers):
                     headers.append((b"x-content-type-options", b"nosniff"))
+                # the admin API's answers (a new key in clear among them) are no one's to keep
+                if scope["path"].startswith("/admin/v1") and not any(name.lower() == b"cache-control"
+                                                                     for name, _ in headers):
+                    headers.append((b"cache-control", b"no-store"))
                 if extra:
                     present = {name.lower() for name, _ in headers}
                     for name, value in extra.items():

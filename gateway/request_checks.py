@@ -13,7 +13,7 @@ from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.deps import Caller
 from gateway.embedding_service import is_embedding_model, may_use_embedding_model
-from gateway.errors import invalid_request, model_not_found, permission_denied, unsupported
+from gateway.errors import invalid_request, model_not_found, permission_denied, quoted_name, unsupported
 from gateway.formats import TokenNames
 from gateway.generation import context_length_exceeded, far_too_long, too_many_turns
 from gateway.schemas import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
@@ -29,7 +29,7 @@ def resolve_engine(caller: Caller, model: str) -> EngineClient:
         embedding = is_embedding_model(settings, model) and may_use_embedding_model(caller.principal, settings)
         raise model_not_found(model, "/v1/embeddings (an embedding model)" if embedding else None)
     if not caller.principal.may_use(model):
-        raise permission_denied(f"This API key is not allowed to use the model `{model}`.",
+        raise permission_denied(f"This API key is not allowed to use the model `{quoted_name(model)}`.",
                                 code="model_not_allowed")
     return engine
 

@@ -339,6 +339,25 @@ async def prestart(settings: Settings) -> tuple[str, str] | None:
                            f"{_reason(exc)}") from None
 
 
+class RedactKeys(logging.Filter):
+    """API keys out of uvicorn's access log: a client that sends its key in the URL
+    (``?api_key=pg-…``, refused with a 401) had it written to the log (found by a security QA)."""
+
+    KEY = re.compile(r"pg-[A-Za-z0-9_-]{16,}")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(self.KEY.sub("pg-***", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def redact_access_log() -> None:
+    """Once uvicorn has configured its loggers (``uvicorn.Config``)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactKeys) for f in access.filters):
+        access.addFilter(RedactKeys())
+
+
 def uvicorn_options(settings: Settings) -> dict:
     """What ``uvicorn.Config`` is given besides the app: uvloop, and httptools with limits on a
     request's head (``gateway.http_guard``). ``X-Forwarded-For`` is read only from the addresses
@@ -434,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
         from gateway.shutdown import DrainingServer
 
         server = DrainingServer(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))
+        redact_access_log()
         try:
             with contextlib.suppress(KeyboardInterrupt):
                 server.run()

@@ -326,7 +326,7 @@ def _worker_main(fd: int, index: int) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.serve import uvicorn_options
+    from gateway.serve import redact_access_log, uvicorn_options
     from gateway.shutdown import DrainingServer
 
     settings = Settings(worker_index=str(index))
@@ -334,6 +334,7 @@ def _worker_main(fd: int, index: int) -> int:
                         format=f"%(asctime)s %(levelname)s %(name)s[w{index}]: %(message)s")
     sock = socket.socket(fileno=fd)
     server = DrainingServer(uvicorn.Config(create_app(settings), **uvicorn_options(settings)))
+    redact_access_log()
     server.run(sockets=[sock])
     return 0
 

@@ -163,6 +163,10 @@ def test_auth_and_model_errors(api) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/chat/completions", chat(api), key="pg-" + "x" * 43), 401, code="invalid_api_key")
     assert_error(post(api, "/v1/chat/completions", chat(api, model="gpt-17")), 404, param="model",
                  code="model_not_found")
+    # a huge name is quoted cut short (found by a security QA: a 4 MB name came back whole)
+    err = assert_error(post(api, "/v1/chat/completions", chat(api, model="m" * 100_000)), 404, param="model",
+                       code="model_not_found")
+    assert len(err["message"]) < 400 and "(100000 characters)" in err["message"], err
     _tid, key = api.make_tenant(allowed_models=["some-other-model"])
     err = assert_error(post(api, "/v1/chat/completions", chat(api), key=key), 403)
     assert api.model in err["message"]

@@ -264,3 +264,17 @@ def test_an_unusable_embedding_model_is_refused_at_start(monkeypatch, tmp_path, 
     else:
         with pytest.raises(StartupError, match=says):
             check_embedding_model(settings)
+
+
+def test_api_keys_sent_in_a_url_stay_out_of_the_access_log() -> None:
+    """Found by a security QA: ``GET /v1/models?api_key=pg-…`` (refused, 401) wrote the key to
+    uvicorn's access log."""
+    import logging
+
+    from gateway.serve import RedactKeys
+
+    key = "pg-" + "A1b2_C3d4-" * 4
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5000", "GET", f"/v1/models?api_key={key}", "1.1", 401), None)
+    assert RedactKeys().filter(record)
+    assert key not in record.getMessage() and "api_key=pg-***" in record.getMessage()
