@@ -115,6 +115,13 @@ def _peek(token: str) -> dict:
     return header
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (a review: 1 and 400 zeros was a 500)
+        return False
+
+
 def _audiences(claims: dict) -> list | None:
     aud = claims.get("aud")
     return None if aud is None else aud if isinstance(aud, list) else [aud]
@@ -177,7 +184,7 @@ class AdminTokenVerifier:
         for name in ("exp", "nbf", "iat"):  # (found by QA: an exp of 1e400 or NaN never expired)
             value = claims.get(name)
             if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)
-                                      or not math.isfinite(value)):
+                                      or not _finite(value)):
                 raise unauthorized(f"The admin token's claims are invalid: '{name}' must be a finite number.")
         audiences = _audiences(claims)
         audience = self.settings.admin_jwt_audience

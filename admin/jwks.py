@@ -63,7 +63,7 @@ class JwksSource:
             if self._keys is None and self._failed is not None and now - self._tried_at < self.refresh_floor_s:
                 # never read yet: at most one read per refresh_floor_s too (found by a security QA:
                 # each token from anyone made the server fetch the identity provider's keys again)
-                raise self._failed
+                raise JwksError(str(self._failed))  # (a new one: re-raising one object grew its traceback)
             self._tried_at = now
             try:
                 data = await self._read()

@@ -12,8 +12,10 @@ we, a "you" after an auxiliary or at a clause's start, "for me to"), object (me,
 "you"), owner (my, our, your) and whether the person is described ("am I", "are you", "you're").
 Two texts are apart (``persons_apart``) when:
 
-- one of them names both persons (so its "you" is the listener, not anyone: "Can you see my
-  messages?"), and a role that both give a person gives it another one ("Can I see my
+- one is framed as a favour asked of the listener ("Will you teach me …?") and the other names the
+  listener as an object ("Will I teach you …?");
+- one of them names both persons, or is framed as a favour (so its "you" is the listener, not
+  anyone: "Can you see my messages?"), and a role that both give a person gives it another one ("Can I see my
   messages?"; "Can I call you …?" against "Can you call me …?"; "your last answer" against "my
   last message");
 - else, the owners named differ while the subjects are the same ("What is my / your IP
@@ -61,16 +63,19 @@ class Persons:
     object: frozenset[int] = frozenset()
     owner: frozenset[int] = frozenset()
     described: frozenset[int] = frozenset()
+    favour: bool = False  # framed as a favour asked ("Can you tell me …"), the framing's persons left out
 
     @property
     def both(self) -> bool:
+        """It names the speaker and the listener (a favour's framing names both), so its "you" is
+        the listener, not anyone."""
         named = self.subject | self.object | self.owner | self.described
-        return 1 in named and 2 in named
+        return self.favour or (1 in named and 2 in named)
 
 
 def persons(text: str) -> Persons:
     """The first- and second-person words of ``text`` (already normalised: lower case works)."""
-    text = _FAVOUR.sub("", text.lower().replace("’", "'"))
+    text, favours = _FAVOUR.subn("", text.lower().replace("’", "'"))
     words = _WORD.findall(text)
     subject: set[int] = set()
     obj: set[int] = set()
@@ -101,7 +106,7 @@ def persons(text: str) -> Persons:
                 obj.add(2)
         elif w in _OWNER_2:
             owner.add(2)
-    return Persons(frozenset(subject), frozenset(obj), frozenset(owner), frozenset(described))
+    return Persons(frozenset(subject), frozenset(obj), frozenset(owner), frozenset(described), bool(favours))
 
 
 def _differ(a: frozenset[int], b: frozenset[int]) -> bool:
@@ -110,6 +115,11 @@ def _differ(a: frozenset[int], b: frozenset[int]) -> bool:
 
 def persons_apart(a: Persons, b: Persons) -> bool:
     """Whether ``a`` and ``b`` ask about other persons (the module docstring says when)."""
+    for framed, other in ((a, b), (b, a)):
+        # a favour asked of the listener against a text where the speaker does it for the listener
+        # ("Will you teach me …?" / "Will I teach you …?", "explain to me / to you": found by a review)
+        if framed.favour and not other.favour and 2 in other.object - framed.object:
+            return True
     if a.both or b.both:
         return _differ(a.subject, b.subject) or _differ(a.object, b.object) or _differ(a.owner, b.owner)
     if _differ(a.owner, b.owner) and a.subject == b.subject:

@@ -170,7 +170,11 @@ GUARDS = frozenset({"negation", "antonym", "number", "unit", "task", "interrogat
 _SENTENCE_END = frozenset(".?!")
 # "How does one …?", "Should one …?": the pronoun, not the number
 _ASKS_ONE = frozenset("do does did can could should would will must may might".split())
-_KEEP_FROM = re.compile(r"\b(?:keep|keeps|keeping|kept)\b[^.?!;:,]*?\bfrom \w+ing\b", re.IGNORECASE)
+_KEEP_FROM = re.compile(r"\b(?:keep|keeps|keeping|kept)\b[^.?!;:,]*?\bfrom (\w+ing)\b", re.IGNORECASE)
+# words in -ing that name things, not doings ("keep food from spring rolls": a review's find)
+_ING_NOUNS = frozenset("""spring string thing ring king wing sing sting sling swing bring morning evening ceiling
+    building clothing wedding pudding bedding stuffing icing frosting sibling darling during nothing something
+    anything everything beijing""".split())
 _PRONOUNS = frozenset("i we you he she they it one".split())
 # words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
 _NO_NAMES = frozenset({"ok"})
@@ -382,8 +386,8 @@ class Verifier:
                 sequence.append((st_, low in _LIGHT or st_ in _LIGHT))
             prev_number, prev_unit = is_number, is_unit
             sentence_start = False
-        if not negated and _KEEP_FROM.search(text):  # "keep my glasses from fogging" is "stop them fogging"
-            negated = True
+        if not negated and any(m.group(1).lower() not in _ING_NOUNS for m in _KEEP_FROM.finditer(text)):
+            negated = True  # "keep my glasses from fogging" is "stop them fogging"
         unit_key = (*sorted(quantities), "|", *sorted(units))
         has_lower, has_upper = any(ch.islower() for ch in text), any(ch.isupper() for ch in text)
         cased = has_lower and has_upper and capitalised * 2 <= mid_words  # (Title Case: most words capitalised)

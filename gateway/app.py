@@ -44,6 +44,7 @@ log = logging.getLogger("pagegate.app")
 # what a page may read of a response: the request id, the rate-limit and cache headers
 CORS_EXPOSED_HEADERS = [
     "x-request-id", "retry-after", "retry-after-ms", "x-should-retry", "x-cache", "x-cache-similarity",
+    "x-cache-coalesced",
     *(f"x-ratelimit-{what}-{unit}" for unit in ("requests", "tokens") for what in ("limit", "remaining", "reset")),
 ]
 

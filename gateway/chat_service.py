@@ -1,7 +1,8 @@
 """The request pipeline of chat and text completions, as plain functions.
 
     resolve model (404 / 403) → tokenize → max_tokens vs context length (400)
-    → [chat: semantic cache lookup → hit: replay, JSON or SSE]
+    → [chat: semantic cache lookup → hit: replay, JSON or SSE; a JSON miss identical to one in
+       flight: wait for its answer and replay it (``gateway.flights``)]
     → quota reservation (429; may clamp max_tokens) → engine start (400 / 503)
     → JSON, or SSE through ``gateway.sse``
     → finally: abort the engine request if unfinished, settle the quota, record the usage row;
@@ -17,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
@@ -62,6 +64,7 @@ Format = ChatFormat | CompletionFormat
 LOGPROBS_ON_A_THREAD = 8192  # logprob values in a whole answer past which it is built off the event loop
 ECHO_ON_A_THREAD = 1 << 20  # echoed characters in a whole answer past which it is built off the event loop
 Store = Callable[[dict], Awaitable[None]]
+FOLLOW_ROUNDS = 3  # leaders of identical requests a follower waits for, one after the other (gateway.flights)
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
@@ -111,23 +114,36 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
                                 still_valid=lambda: auth.still_valid(principal))
             flights = caller.state.flights
             if flights is not None and lookup.outcome == "miss" and lookup.key is not None and not body.stream:
-                key = (namespace, lookup.key)
-                waiting = flights.follow(key)
-                if waiting is None:
-                    land = flights.lead(key)
-                    store = _landing(store, land)
-                else:
-                    followed = await _follow(waiting, flights, fmt, account, caller)
-                    if followed is not None:
-                        return followed
+                coalesced = await _coalesce(flights, (namespace, lookup.key), fmt, account, caller)
+                if isinstance(coalesced, Response):
+                    return coalesced
+                land = coalesced  # this request leads
+                store = _landing(store, land)
     try:
         prompt = await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages))
         max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
                                         min_tokens=body.min_tokens)
-        return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store)
+        return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store,
+                                    unstorable=None if land is None else partial(land, None))
     finally:
         if land is not None:  # (a JSON answer: done by now) no answer stored: the followers run themselves
             land(None)
+
+
+async def _coalesce(flights: Flights, key: tuple, fmt: Format, account: RequestAccount,
+                    caller: Caller) -> Response | Callable[[dict | None], None]:
+    """Follow the leader of ``key`` (its answer replayed: a Response) or lead (``land`` returned).
+    A follower whose leader landed nothing follows the next one, or leads (found by a review: each
+    then ran on the engine, a burst whose first client left was N engine requests again); at most
+    ``FOLLOW_ROUNDS`` leaders are waited for."""
+    for _ in range(FOLLOW_ROUNDS):
+        waiting = flights.follow(key)
+        if waiting is None:
+            break
+        followed = await _follow(waiting, flights, fmt, account, caller)
+        if followed is not None:
+            return followed
+    return flights.lead(key)
 
 
 def _landing(store: Store, land: Callable[[dict | None], None]) -> Store:
@@ -239,8 +255,11 @@ async def completion_prompts(engine: EngineClient, prompts_in: list[str] | list[
 
 async def run_generation(engine: EngineClient, prompts: list[list[int]],
                          body: ChatCompletionRequest | CompletionRequest, max_tokens: int, fmt: Format,
-                         account: RequestAccount, caller: Caller, *, store: Store | None = None) -> Response:
-    """``prompts``: one engine request each (a text completion's batch), ``body.n`` choices each."""
+                         account: RequestAccount, caller: Caller, *, store: Store | None = None,
+                         unstorable: Callable[[], None] | None = None) -> Response:
+    """``prompts``: one engine request each (a text completion's batch), ``body.n`` choices each.
+    ``unstorable``: called at once when the answer will not be stored (a coalescing leader's
+    followers then stop waiting for it: ``gateway.flights``)."""
     n = body.n * len(prompts)  # the answer's choices
     reserved = await account.reserve(prompt_tokens=sum(len(p) for p in prompts), max_tokens=max_tokens * n,
                                      min_tokens=n)
@@ -252,6 +271,8 @@ async def run_generation(engine: EngineClient, prompts: list[list[int]],
             raise insufficient_quota("Your quota leaves no room for a completion.", retry_after_s=60)
         if per_choice < max_tokens:
             store = None  # clamped by the quota: not the answer this request asked for
+            if unstorable is not None:
+                unstorable()
         params = sampling_params(body, per_choice)
         gen = Generation.open(engine, prompts, params, request_id=caller.request_id,
                               tenant=str(caller.principal.tenant_id), started=caller.started, notice=caller.notice)

@@ -242,8 +242,9 @@ class GatewayMiddleware:
         on the public admin secret, a page whose domain rebinds to 127.0.0.1 could mint admin
         tokens and call the admin API as the same origin)."""
         if self.loopback_hosts_only:
-            host = next((value for name, value in scope.get("headers", ()) if name == b"host"), b"")
-            if not is_loopback(_host_name(host.decode("latin-1"))):
+            host = next((value for name, value in scope.get("headers", ()) if name == b"host"), None)
+            # (no Host at all: an HTTP/1.0 tool, never a browser, which rebinding needs)
+            if host is not None and not is_loopback(_host_name(host.decode("latin-1"))):
                 return ApiError(421, "This development server answers only requests addressed to localhost, "
                                      "127.0.0.1 or [::1]: a page of another site must not reach it through DNS "
                                      "rebinding. Set PAGEGATE_ADMIN_JWT_SECRET to serve under another name.",

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from gateway.settings import Settings, is_loopback, python_log_level, settings_errors, unknown_settings
@@ -470,15 +470,23 @@ def run(args: argparse.Namespace) -> int:
     return 1 if lost else 0
 
 
-def run_and_exit(args: argparse.Namespace) -> int:
-    """``run``, then the process ends at once: everything is shut down by then (usage rows written,
-    the engine stopped, the embedded Redis saved and stopped), and the interpreter's own teardown
-    of the model's and the caches' objects took seconds more (found by QA: 4-10 s after uvicorn's
-    "Finished server process" on a busy machine, 13-17 s from the signal where about 12 were
-    documented, close to docker-compose's 20 s before a SIGKILL)."""
+def run_and_exit(args: argparse.Namespace) -> NoReturn:
+    """``run``, then the process ends at once (``exit_at_once``)."""
+    exit_at_once(partial(run, args))
+
+
+def exit_at_once(main: Callable[[], int]) -> NoReturn:
+    """``main()``, then the process ends at once: everything is shut down by then (usage rows
+    written, the engine stopped, the embedded Redis saved and stopped), and the interpreter's own
+    teardown of the model's and the caches' objects took seconds more (found by QA: 4-10 s after
+    uvicorn's "Finished server process" on a busy machine, 13-17 s from the signal where about 12
+    were documented, close to docker-compose's 20 s before a SIGKILL). ``pagegate serve`` and, with
+    ``--workers``, its engine and worker processes end this way."""
     try:
-        status = run(args)
+        status = main()
     except SystemExit as exc:  # the SIGTERM's (``_exit_on_sigterm``, re-raised by uvicorn): 0
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
         status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     logging.shutdown()  # (the log handlers flushed and closed, as at a normal exit)
     sys.stdout.flush()

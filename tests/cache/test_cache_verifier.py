@@ -644,6 +644,11 @@ async def test_a_candidate_whose_stored_answer_is_not_json_is_skipped_by_the_que
     ("Can you call me by a nickname?", "Can I call you by a nickname?"),
     ("Can you summarize your last answer?", "Can you summarize my last message?"),
     ("Can I claim my mother as a dependent on my taxes?", "Can my mother claim me as a dependent on her taxes?"),
+    # a favour asked against the same done for the listener (a review's finds, 0.97-0.98)
+    ("Will you teach me how to cook?", "Will I teach you how to cook?"),
+    ("Would you help me move this weekend?", "Would I help you move this weekend?"),
+    ("Tell me what you think about remote work.", "What do I think about remote work?"),
+    ("Please explain to me how taxes work.", "Please explain to you how taxes work."),
 ])
 def test_another_person_in_the_same_question_is_refused(verifier, a, b):
     assert verifier.check(a, b) == Verdict(False, "person")

@@ -391,7 +391,7 @@ def test_an_answer_finished_after_its_tenant_was_deleted_is_not_stored(api_cache
 def test_identical_requests_at_once_run_on_the_engine_once(api_cached) -> None:  # noqa: ANN001
     """Six identical deterministic JSON requests at once (official ``openai`` client): the first
     runs on the engine, the other five wait for its answer and are served it as hits, billed
-    nothing (``gateway.flights``). A stream neither leads nor follows."""
+    nothing (``gateway.flights``); a stream of the same request afterwards is a stored hit."""
     import asyncio
 
     api = api_cached
@@ -410,6 +410,9 @@ def test_identical_requests_at_once_run_on_the_engine_once(api_cached) -> None: 
     coalesced = api.app.state.pagegate.flights.coalesced
     raws = asyncio.run(ask_all())
     assert api.app.state.pagegate.flights.coalesced == coalesced + 5
+    with httpx.stream("POST", api.base_url + "/v1/chat/completions", headers=_h(key), timeout=120,
+                      json=_body(api, question, max_tokens=32, stream=True)) as resp:
+        assert resp.headers["x-cache"] == "hit" and "x-cache-coalesced" not in resp.headers  # stored by now
     metrics = httpx.get(api.base_url + "/metrics", timeout=30).json()
     assert metrics["cache"]["coalesced"] >= 5
     outcomes = sorted((r.headers["x-cache"], r.headers.get("x-cache-coalesced")) for r in raws)
@@ -430,26 +433,31 @@ def test_followers_of_a_leader_that_ends_without_an_answer_run_themselves(api_ca
 
     api = api_cached
     _tid, key = api.make_tenant()
-    body = _body(api, f"Tell me a long story about a lighthouse. ({time.time_ns()})", max_tokens=60, min_tokens=60)
+    body = _body(api, f"Tell me a long story about a lighthouse. ({time.time_ns()})", max_tokens=120, min_tokens=120)
 
     async def scenario() -> list:
         async with httpx.AsyncClient(base_url=api.base_url, timeout=120) as client:
             async def leader() -> None:
                 with pytest.raises(httpx.TimeoutException):  # the leader's client gives up and leaves
-                    await client.post("/v1/chat/completions", json=body, headers=_h(key), timeout=1.0)
+                    await client.post("/v1/chat/completions", json=body, headers=_h(key), timeout=0.8)
 
             lead = asyncio.ensure_future(leader())
             await asyncio.sleep(0.3)  # its lookup done: it leads
             followers = [client.post("/v1/chat/completions", json=body, headers=_h(key)) for _ in range(2)]
-            done = await asyncio.gather(lead, *followers)
-            return done[1:]
+            # a stream neither leads nor follows: it runs at once, its own miss
+            streamed = client.post("/v1/chat/completions", json={**body, "stream": True}, headers=_h(key))
+            done = await asyncio.gather(lead, *followers, streamed)
+            assert done[-1].status_code == 200 and done[-1].headers["x-cache"] == "miss"
+            assert "x-cache-coalesced" not in done[-1].headers
+            return done[1:-1]
 
     flights = api.app.state.pagegate.flights
-    fallbacks = flights.coalesce_fallbacks
+    fallbacks, coalesced = flights.coalesce_fallbacks, flights.coalesced
     followers = asyncio.run(scenario())
-    assert flights.coalesce_fallbacks == fallbacks + 2  # both waited for the leader, then ran
+    # both waited for the leader; then one led in its place and the other followed it
+    assert flights.coalesce_fallbacks == fallbacks + 2 and flights.coalesced == coalesced + 1
     assert len(flights) == 0
+    assert sorted(r.headers["x-cache"] for r in followers) == ["hit", "miss"]
     for resp in followers:
-        assert resp.status_code == 200 and resp.headers["x-cache"] == "miss", resp.text
-        assert resp.json()["usage"]["completion_tokens"] == 60
-        assert "x-cache-coalesced" not in resp.headers
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] == 120

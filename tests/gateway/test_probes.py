@@ -5,6 +5,7 @@ the spool. Real Redis servers and a real (unreachable) PostgreSQL address, no st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -29,6 +30,24 @@ def _settings(tmp_path, database_url: str, redis_url: str, redis_prefix: str) ->
     return Settings(database_url=database_url, redis_url=redis_url, redis_prefix=redis_prefix,
                     data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
                     load_engine=False, cache_enabled=False, database_timeout_s=1.0)
+
+
+@contextlib.asynccontextmanager
+async def _app_on_own_redis(tmp_path, sqlite_url: str, redis_prefix: str):  # noqa: ANN001, ANN202
+    """A gateway on a private Redis server, up and answering ``/health`` ok: (HTTP client, admin
+    Redis client, the server)."""
+    server = EmbeddedRedis(tmp_path / "own-redis")
+    url = await asyncio.to_thread(server.start)
+    app = create_app(_settings(tmp_path, sqlite_url, url, redis_prefix))
+    admin = redis_sync.Redis.from_url(url)
+    try:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
+            yield client, admin, server
+    finally:
+        admin.close()
+        await asyncio.to_thread(server.stop)
 
 
 def _row(n: int) -> UsageEvent:
@@ -147,31 +166,21 @@ async def test_a_redis_out_of_memory_or_read_only_is_degraded(tmp_path, sqlite_u
     request got 503 ``store_unavailable``, and /health said ok. The probe is a write."""
     from gateway import probes
 
-    server = EmbeddedRedis(tmp_path / "own-redis")
-    url = await asyncio.to_thread(server.start)
-    app = create_app(_settings(tmp_path, sqlite_url, url, redis_prefix))
-    admin = redis_sync.Redis.from_url(url)
-    try:
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+    async with _app_on_own_redis(tmp_path, sqlite_url, redis_prefix) as (client, admin, _):
+        for refuse, allow, says in (
+                ([("CONFIG", "SET", "maxmemory-policy", "noeviction"), ("CONFIG", "SET", "maxmemory", "1")],
+                 [("CONFIG", "SET", "maxmemory", "0")], "OutOfMemoryError"),
+                ([("REPLICAOF", "127.0.0.1", "1")], [("REPLICAOF", "NO", "ONE")], "ReadOnlyError")):
+            for command in refuse:
+                await asyncio.to_thread(admin.execute_command, *command)
+            await asyncio.sleep(probes.REUSE_S + 0.05)
+            assert (await client.get("/health")).json()["dependencies"]["redis"] == "unavailable"
+            redis = (await client.get("/metrics")).json()["dependencies"]["redis"]
+            assert redis["status"] == "unavailable" and says in redis["error"], redis
+            for command in allow:
+                await asyncio.to_thread(admin.execute_command, *command)
+            await asyncio.sleep(probes.REUSE_S + 0.05)
             assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
-            for refuse, allow, says in (
-                    ([("CONFIG", "SET", "maxmemory-policy", "noeviction"), ("CONFIG", "SET", "maxmemory", "1")],
-                     [("CONFIG", "SET", "maxmemory", "0")], "OutOfMemoryError"),
-                    ([("REPLICAOF", "127.0.0.1", "1")], [("REPLICAOF", "NO", "ONE")], "ReadOnlyError")):
-                for command in refuse:
-                    await asyncio.to_thread(admin.execute_command, *command)
-                await asyncio.sleep(probes.REUSE_S + 0.05)
-                assert (await client.get("/health")).json()["dependencies"]["redis"] == "unavailable"
-                redis = (await client.get("/metrics")).json()["dependencies"]["redis"]
-                assert redis["status"] == "unavailable" and says in redis["error"], redis
-                for command in allow:
-                    await asyncio.to_thread(admin.execute_command, *command)
-                await asyncio.sleep(probes.REUSE_S + 0.05)
-                assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
-    finally:
-        admin.close()
-        await asyncio.to_thread(server.stop)
 
 
 async def test_a_hung_redis_is_found_out_and_no_check_waits_out_the_ping(tmp_path, sqlite_url,
@@ -181,29 +190,19 @@ async def test_a_hung_redis_is_found_out_and_no_check_waits_out_the_ping(tmp_pat
     then answers with the last outcome; the PING's timeout, a second later, says unavailable."""
     from gateway import probes
 
-    server = EmbeddedRedis(tmp_path / "own-redis")
-    url = await asyncio.to_thread(server.start)
-    app = create_app(_settings(tmp_path, sqlite_url, url, redis_prefix))
-    admin = redis_sync.Redis.from_url(url)
-    try:
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
-            assert (await client.get("/health")).json()["dependencies"]["redis"] == "ok"
-            await asyncio.to_thread(admin.execute_command, "CLIENT", "PAUSE", "4000", "ALL")
-            await asyncio.sleep(probes.REUSE_S + 0.05)
-            loop = asyncio.get_running_loop()
-            seen, slowest = [], 0.0
-            deadline = loop.time() + probes.PING_TIMEOUT_S + 1.5
-            while loop.time() < deadline and "unavailable" not in seen:
-                started = loop.time()
-                seen.append((await client.get("/health")).json()["dependencies"]["redis"])
-                slowest = max(slowest, loop.time() - started)
-                await asyncio.sleep(0.1)
-            assert seen[-1] == "unavailable", seen  # found out once the PING timed out
-            assert slowest < probes.PING_TIMEOUT_S - 0.25, (slowest, seen)  # (each check: ~ANSWER_WITHIN_S)
-    finally:
-        admin.close()
-        await asyncio.to_thread(server.stop)
+    async with _app_on_own_redis(tmp_path, sqlite_url, redis_prefix) as (client, admin, _):
+        await asyncio.to_thread(admin.execute_command, "CLIENT", "PAUSE", "4000", "ALL")
+        await asyncio.sleep(probes.REUSE_S + 0.05)
+        loop = asyncio.get_running_loop()
+        seen, slowest = [], 0.0
+        deadline = loop.time() + probes.PING_TIMEOUT_S + 1.5
+        while loop.time() < deadline and "unavailable" not in seen:
+            started = loop.time()
+            seen.append((await client.get("/health")).json()["dependencies"]["redis"])
+            slowest = max(slowest, loop.time() - started)
+            await asyncio.sleep(0.1)
+        assert seen[-1] == "unavailable", seen  # found out once the PING timed out
+        assert slowest < probes.PING_TIMEOUT_S - 0.25, (slowest, seen)  # (each check: ~ANSWER_WITHIN_S)
 
 
 async def test_a_dev_server_on_the_public_secret_answers_loopback_names_only(tmp_path, sqlite_url,

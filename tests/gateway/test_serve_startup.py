@@ -271,10 +271,18 @@ def test_api_keys_sent_in_a_url_stay_out_of_the_access_log() -> None:
     uvicorn's access log."""
     import logging
 
-    from gateway.serve import RedactKeys
+    from gateway.serve import RedactKeys, redact_access_log
 
     key = "pg-" + "A1b2_C3d4-" * 4
     record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
                                ("127.0.0.1:5000", "GET", f"/v1/models?api_key={key}", "1.1", 401), None)
     assert RedactKeys().filter(record)
     assert key not in record.getMessage() and "api_key=pg-***" in record.getMessage()
+    access = logging.getLogger("uvicorn.access")  # what `pagegate serve` and each worker install
+    before = list(access.filters)
+    try:
+        redact_access_log()
+        redact_access_log()  # (once)
+        assert sum(isinstance(f, RedactKeys) for f in access.filters) == 1
+    finally:
+        access.filters[:] = before
