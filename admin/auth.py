@@ -106,7 +106,7 @@ def _peek(token: str) -> dict:
     parts = token.split(".")
     try:
         header, claims = (json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4))) for p in parts[:2])
-    except (ValueError, IndexError) as exc:
+    except (ValueError, IndexError, RecursionError) as exc:  # (nested deep: found by a re-check, a 500)
         raise unauthorized("The admin token is malformed.") from exc
     if not isinstance(header, dict) or len(parts) != 3:
         raise unauthorized("The admin token is malformed.")

@@ -136,13 +136,17 @@ async def _coalesce(flights: Flights, key: tuple, fmt: Format, account: RequestA
     A follower whose leader landed nothing follows the next one, or leads (found by a review: each
     then ran on the engine, a burst whose first client left was N engine requests again); at most
     ``FOLLOW_ROUNDS`` leaders are waited for."""
+    waited = False
     for _ in range(FOLLOW_ROUNDS):
         waiting = flights.follow(key)
         if waiting is None:
             break
+        waited = True
         followed = await _follow(waiting, flights, fmt, account, caller)
         if followed is not None:
             return followed
+    if waited:  # (once a follower, however many leaders it waited for: a re-check)
+        flights.fell_back()
     return flights.lead(key)
 
 
@@ -169,10 +173,11 @@ async def _follow(waiting: asyncio.Future, flights: Flights, fmt: Format, accoun
     if not await until_done_or_disconnect(wait(), caller.receive):
         await account.close_surely(status="aborted")
         return Response(status_code=499)  # nobody is listening any more
-    flights.served(answer[0] is not None)
     if answer[0] is None:
         return None
+    flights.served()
     account.cache = caller.response_headers["x-cache"] = "hit"
+    caller.response_headers["x-cache-similarity"] = "1.0000"  # (an exact hit's: a re-check)
     caller.response_headers["x-cache-coalesced"] = "true"
     return await replay(answer[0], fmt, account, stream=False)
 

@@ -39,12 +39,13 @@ class Flights:
         when no request of that key is in flight."""
         return self._open.get(key)
 
-    def served(self, answered: bool) -> None:
-        """Count a follower's outcome: served the leader's answer, or running itself."""
-        if answered:
-            self.coalesced += 1
-        else:
-            self.coalesce_fallbacks += 1
+    def served(self) -> None:
+        """A follower was served its leader's answer."""
+        self.coalesced += 1
+
+    def fell_back(self) -> None:
+        """A follower waited and got no answer: it goes on by itself (it leads, or runs)."""
+        self.coalesce_fallbacks += 1
 
     def stats(self) -> dict[str, int]:
         return {"coalesced": self.coalesced, "coalesce_fallbacks": self.coalesce_fallbacks}
