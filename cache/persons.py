@@ -21,12 +21,16 @@ Two texts are apart (``persons_apart``) when:
 - else, the owners named differ while the subjects are the same ("What is my / your IP
   address?"; "How do I reset my password?" / "How do you reset your password?" moves both and
   passes), or the person described differs ("What time zone are you in? / am I in?"), or the
-  speaker is the subject on one side only and the object on the other side only ("I owe my friend
-  money" / "My friend owes me money").
+  speaker is the subject on one side only and the object on the other side only;
+- the two have the same clauses (opened by the same words: if, when, who, and, …, in order) and one
+  clause names another person as its subject (he, she, they counted), or the speaker as subject on
+  one side and object on the other ("Should I tip my hairdresser if she owns / I own the salon?",
+  "… when my manager gives me / I give my manager feedback", "I owe my friend / My friend owes me
+  money and …"). A text that names only one of speaker and listener reads its "you" as "I" there.
 
-Role swaps inside a clause with a third person ("Should I tip my hairdresser if she / I own(s) the
-salon?") are left to the other guards; a blind held-out set of such pairs (``heldout9``) measures
-what is still served.
+Still served: a relative clause without its "who" ("someone who blocked me / someone I blocked"),
+and a reflexive against another person ("remove myself / someone from my group chat"); the blind
+held-out sets ``heldout9`` and ``heldout10`` measure what is.
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ _BEFORE_SUBJECT = frozenset("""can could do does did will would should shall may
     had if when whenever that and but or because so who what where why how whether while before after
     once unless until than for""".split())
 _BREAKS = frozenset(".?!;:,")
+_SUBJECT_3 = frozenset("he she they he's she's they're".split())
+_OBJECT_3 = frozenset("him them".split())  # (not "her", which is also an owner)
+# words that open a clause of their own, whose subject is compared with the other text's
+_CLAUSE_OPENERS = frozenset("""if when whenever because while unless until although though who whom and but
+    since after before whether""".split())
+_POSSESSIVE_WORD = re.compile(r"[a-z]+(?:'s)?|[.?!;:,]")
+# words in 's that own nothing: contractions of "is" and "has", "let's"
+_NOT_POSSESSIVE = frozenset("""it's that's what's there's here's he's she's who's where's when's how's why's
+    let's one's everyone's someone's""".split())
 _CAUSATIVE = frozenset("make makes made making let lets help helps helped cause causes caused get gets".split())
 # a favour asked is the request's framing, not a person in the question: "Can you tell me how to
 # reset my password?" asks "How do I reset my password?"
@@ -64,6 +77,12 @@ class Persons:
     owner: frozenset[int] = frozenset()
     described: frozenset[int] = frozenset()
     favour: bool = False  # framed as a favour asked ("Can you tell me …"), the framing's persons left out
+    # per clause: (the word or mark that opens it, its subjects, its objects), 3 for he/she/they:
+    # "Should I tip my hairdresser | if she owns the salon?"
+    clauses: tuple[tuple[str, frozenset[int], frozenset[int]], ...] = ()
+    # what is whose: (thing, its owners) where 1 is the speaker and a word another owner
+    # ("my homework": homework of 1; "my classmate's homework": homework of "classmate")
+    owned: tuple[tuple[str, frozenset[int | str]], ...] = ()
 
     @property
     def both(self) -> bool:
@@ -81,32 +100,104 @@ def persons(text: str) -> Persons:
     obj: set[int] = set()
     owner: set[int] = set()
     described: set[int] = set()
+    clauses: list[tuple[str, set[int], set[int]]] = [("", set(), set())]
     for i, w in enumerate(words):
         before = words[i - 1] if i else "."
         after = words[i + 1] if i + 1 < len(words) else "."
+        if w in _CLAUSE_OPENERS or w in _BREAKS:
+            if clauses[-1][1] or clauses[-1][2] or clauses[-1][0] or len(clauses) > 1:
+                clauses.append((w if w in _CLAUSE_OPENERS else ",", set(), set()))
+            continue
+        if w in _SUBJECT_3:
+            clauses[-1][1].add(3)
+        elif w in _OBJECT_3:
+            clauses[-1][2].add(3)
         if w in _SUBJECT_1:
             subject.add(1)
+            clauses[-1][1].add(1)
             if w in _DESCRIBED or before in _BE or after in _BE:
                 described.add(1)
         elif w in _OBJECT_1:
             # "for me to decline" and "what makes me tired" name the one who declines, who is tired
-            (subject if (before == "for" and after == "to") or before in _CAUSATIVE else obj).add(1)
+            as_subject = (before == "for" and after == "to") or before in _CAUSATIVE
+            (subject if as_subject else obj).add(1)
+            clauses[-1][1 if as_subject else 2].add(1)
         elif w in _OWNER_1:
             owner.add(1)
         elif w in _SUBJECT_2:
             subject.add(2)
+            clauses[-1][1].add(2)
             if w in _DESCRIBED:
                 described.add(2)
         elif w == "you":
             if before in _BREAKS or before in _BEFORE_SUBJECT:
                 subject.add(2)
+                clauses[-1][1].add(2)
                 if before in _BE or after in _BE:
                     described.add(2)
             else:
                 obj.add(2)
+                clauses[-1][2].add(2)
         elif w in _OWNER_2:
             owner.add(2)
-    return Persons(frozenset(subject), frozenset(obj), frozenset(owner), frozenset(described), bool(favours))
+    named = subject | obj | owner | described
+    generic = not favours and not (1 in named and 2 in named)  # its "you" is anyone: read as "I"
+    shown = tuple((opener, _as_speaker(frozenset(s), generic), _as_speaker(frozenset(o), generic))
+                  for opener, s, o in clauses if s or o or opener)
+    return Persons(frozenset(subject), frozenset(obj), frozenset(owner), frozenset(described), bool(favours), shown,
+                   _owned(text, generic))
+
+
+def _owned(text: str, generic: bool) -> tuple[tuple[str, frozenset[int | str]], ...]:
+    """Each thing a text says is someone's, with its owners: the word after my/our/your, or after
+    a word in 's (the speaker's, the listener's, or that word's)."""
+    tokens = _POSSESSIVE_WORD.findall(text)
+    owners: dict[str, set[int | str]] = {}
+    for w, nxt in zip(tokens, tokens[1:], strict=False):
+        if w in _OWNER_1 or (w in _OWNER_2 and generic):
+            who: int | str = 1
+        elif w in _OWNER_2:
+            who = 2
+        elif w.endswith("'s") and w not in _NOT_POSSESSIVE:
+            who = _noun(w[:-2])
+        else:
+            continue
+        if nxt[0].isalpha():
+            owners.setdefault(_noun(nxt.removesuffix("'s")), set()).add(who)
+    return tuple(sorted((thing, frozenset(who)) for thing, who in owners.items()))
+
+
+def _noun(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+def _owner_moved(a: Persons, b: Persons) -> bool:
+    """A thing that is the speaker's on one side and another's on the other ("My classmate copied
+    my homework" / "I copied my classmate's homework"; found by a blind held-out set, heldout10)."""
+    theirs = dict(b.owned)
+    for thing, owners in a.owned:
+        other = theirs.get(thing)
+        if other is not None and owners != other and (1 in owners) != (1 in other):
+            return True
+    return False
+
+
+def _as_speaker(persons: frozenset[int], generic: bool) -> frozenset[int]:
+    return frozenset(1 if p == 2 else p for p in persons) if generic else persons
+
+
+def _clauses_apart(a: Persons, b: Persons) -> bool:
+    """Two texts of the same clauses (opened by the same words, in order) whose clause names
+    another person as its subject, or the speaker as subject on one side and object on the other
+    ("… when my manager gives me / I give my manager feedback", "if she owns / I own the salon")."""
+    if len(a.clauses) < 2 or len(a.clauses) != len(b.clauses):
+        return False
+    if any(x[0] != y[0] for x, y in zip(a.clauses, b.clauses, strict=True)):
+        return False
+    for (_, sa, oa), (_, sb, ob) in zip(a.clauses, b.clauses, strict=True):
+        if _differ(sa, sb) or (1 in sa - sb and 1 in ob - oa) or (1 in sb - sa and 1 in oa - ob):
+            return True
+    return False
 
 
 def _differ(a: frozenset[int], b: frozenset[int]) -> bool:
@@ -124,7 +215,7 @@ def persons_apart(a: Persons, b: Persons) -> bool:
         return _differ(a.subject, b.subject) or _differ(a.object, b.object) or _differ(a.owner, b.owner)
     if _differ(a.owner, b.owner) and a.subject == b.subject:
         return True
-    if _differ(a.described, b.described):
+    if _differ(a.described, b.described) or _clauses_apart(a, b) or _owner_moved(a, b):
         return True
     return bool((1 in a.subject - b.subject and 1 in b.object - a.object)
                 or (1 in b.subject - a.subject and 1 in a.object - b.object))

@@ -649,6 +649,19 @@ async def test_a_candidate_whose_stored_answer_is_not_json_is_skipped_by_the_que
     ("Would you help me move this weekend?", "Would I help you move this weekend?"),
     ("Tell me what you think about remote work.", "What do I think about remote work?"),
     ("Please explain to me how taxes work.", "Please explain to you how taxes work."),
+    # roles inside a clause (heldout9, served before the clause rule)
+    ("Should I tip my hairdresser if she owns the salon?", "Should I tip my hairdresser if I own the salon?"),
+    ("What should I say when my manager gives me negative feedback?",
+     "What should I say when I give my manager negative feedback?"),
+    ("I owe my friend money and can't pay it back, what should I do?",
+     "My friend owes me money and can't pay it back, what should I do?"),
+    ("Do I need a consent letter if my child travels abroad without me?",
+     "Do I need a consent letter if I travel abroad without my child?"),
+    # a thing that is the speaker's on one side and another's on the other (heldout10)
+    ("My classmate copied my homework. Should I tell the teacher?",
+     "I copied my classmate's homework. Should I tell the teacher?"),
+    ("My dog bit the neighbor's kid. Who is liable?", "The neighbor's dog bit my kid. Who is liable?"),
+    ("Can my ex garnish my wages for unpaid child support?", "Can I garnish my ex's wages for unpaid child support?"),
 ])
 def test_another_person_in_the_same_question_is_refused(verifier, a, b):
     assert verifier.check(a, b) == Verdict(False, "person")
@@ -664,6 +677,11 @@ def test_another_person_in_the_same_question_is_refused(verifier, a, b):
     ("How do I tie a tie?", "Tell me how to tie a tie."),
     ("Can you help me write a cover letter?", "Would you help me with writing my cover letter?"),
     ("How do you politely decline a meeting invite?", "What's a polite way for me to decline a meeting invite?"),
+    ("What happens if I miss a credit card payment?", "What happens if you miss a credit card payment?"),
+    ("Can I take ibuprofen if I have a cold?", "Can you take ibuprofen if you have a cold?"),
+    ("My neighbor's tree fell on my fence. Who pays for the repair?",
+     "A tree from my neighbor's yard fell on my fence. Who pays for the repair?"),
+    ("What's my friend's birthday gift budget?", "What is the budget for my friend's birthday gift?"),
 ])
 def test_a_question_reworded_between_persons_passes(verifier, a, b):
     assert verifier.check(a, b).reason != "person" and verifier.check(b, a).reason != "person"
