@@ -28,9 +28,17 @@ Two texts are apart (``persons_apart``) when:
   "… when my manager gives me / I give my manager feedback", "I owe my friend / My friend owes me
   money and …"). A text that names only one of speaker and listener reads its "you" as "I" there.
 
-Still served: a relative clause without its "who" ("someone who blocked me / someone I blocked"),
-and a reflexive against another person ("remove myself / someone from my group chat"); the blind
-held-out sets ``heldout9`` and ``heldout10`` measure what is.
+- a thing is the speaker's on one side and another's on the other ("My classmate copied my
+  homework" / "I copied my classmate's homework");
+- the same doing is turned round: done to the speaker in one text's relative clause and by the
+  speaker in the other ("someone who rejected me / someone I rejected"), or a passive whose subject
+  is the subject of the same verb, active, on the other side ("My son was bullied by / bullied a
+  classmate"; "My deposit was kept by my landlord" / "My landlord kept my deposit" passes).
+
+Still served: a relative clause without its "who" ("money my parents gave me / I gave my parents"),
+a reflexive against another person ("remove myself / someone from my group chat"), "get my ex to
+stop texting me / stop texting my ex"; the blind held-out sets ``heldout9`` and ``heldout10``
+measure what is.
 """
 
 from __future__ import annotations
@@ -57,6 +65,9 @@ _OBJECT_3 = frozenset("him them".split())  # (not "her", which is also an owner)
 # words that open a clause of their own, whose subject is compared with the other text's
 _CLAUSE_OPENERS = frozenset("""if when whenever because while unless until although though who whom and but
     since after before whether""".split())
+_AUXILIARIES = frozenset("""am was were have had do did don't didn't can can't could will would should shall may
+    might must also just really""".split())
+_PASSIVE_BE = frozenset("is are was were been being be get got gets getting".split())
 _POSSESSIVE_WORD = re.compile(r"[a-z]+(?:'s)?|[.?!;:,]")
 # words in 's that own nothing: contractions of "is" and "has", "let's"
 _NOT_POSSESSIVE = frozenset("""it's that's what's there's here's he's she's who's where's when's how's why's
@@ -83,6 +94,12 @@ class Persons:
     # what is whose: (thing, its owners) where 1 is the speaker and a word another owner
     # ("my homework": homework of 1; "my classmate's homework": homework of "classmate")
     owned: tuple[tuple[str, frozenset[int | str]], ...] = ()
+    # verbs done to the speaker in a relative clause ("someone who rejected me"), and by the speaker
+    # ("someone I rejected"); and the passives with their subjects ("my son | was bullied by")
+    done_to: frozenset[str] = frozenset()
+    done_by: frozenset[str] = frozenset()
+    passives: tuple[tuple[str, str], ...] = ()
+    actives: tuple[tuple[str, str], ...] = ()  # (subject, verb) of every verb in -ed after its clause's words
 
     @property
     def both(self) -> bool:
@@ -101,13 +118,14 @@ def persons(text: str) -> Persons:
     owner: set[int] = set()
     described: set[int] = set()
     clauses: list[tuple[str, set[int], set[int]]] = [("", set(), set())]
+    filled: set[int] = set()  # the clauses that hold a word (a text's last mark opens none)
     for i, w in enumerate(words):
         before = words[i - 1] if i else "."
         after = words[i + 1] if i + 1 < len(words) else "."
         if w in _CLAUSE_OPENERS or w in _BREAKS:
-            if clauses[-1][1] or clauses[-1][2] or clauses[-1][0] or len(clauses) > 1:
-                clauses.append((w if w in _CLAUSE_OPENERS else ",", set(), set()))
+            clauses.append((w if w in _CLAUSE_OPENERS else ",", set(), set()))
             continue
+        filled.add(len(clauses) - 1)
         if w in _SUBJECT_3:
             clauses[-1][1].add(3)
         elif w in _OBJECT_3:
@@ -143,9 +161,56 @@ def persons(text: str) -> Persons:
     named = subject | obj | owner | described
     generic = not favours and not (1 in named and 2 in named)  # its "you" is anyone: read as "I"
     shown = tuple((opener, _as_speaker(frozenset(s), generic), _as_speaker(frozenset(o), generic))
-                  for opener, s, o in clauses if s or o or opener)
+                  for k, (opener, s, o) in enumerate(clauses) if k in filled)
     return Persons(frozenset(subject), frozenset(obj), frozenset(owner), frozenset(described), bool(favours), shown,
-                   _owned(text, generic))
+                   _owned(text, generic), *_doings(words))
+
+
+def _verb(word: str) -> str:
+    """A verb's stem, roughly: rejected, rejects, reject → reject; owes, owed, owe → ow."""
+    for suffix, then in (("ied", "y"), ("ed", ""), ("es", ""), ("s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 2:
+            word = word[: -len(suffix)] + then
+            break
+    return word.removesuffix("e")
+
+
+def _doings(words: list[str]) -> tuple:
+    """(done to the speaker, done by the speaker, passives, actives): see ``Persons``."""
+    done_to: set[str] = set()
+    done_by: set[str] = set()
+    passives: list[tuple[str, str]] = []
+    actives: list[tuple[str, str]] = []
+    start = 0  # where the word's clause begins
+    for i, w in enumerate(words):
+        nxt = words[i + 1] if i + 1 < len(words) else "."
+        after = words[i + 2] if i + 2 < len(words) else "."
+        if w in ("who", "that") and after in ("me", "us") and nxt[0].isalpha():
+            done_to.add(_verb(nxt))
+        if w in _BREAKS or w in _CLAUSE_OPENERS:
+            start = i + 1
+            continue
+        if w in ("i", "we") and nxt[0].isalpha() and nxt not in _AUXILIARIES:
+            done_by.add(_verb(nxt))
+        if w in _PASSIVE_BE and nxt.endswith(("ed", "en")) and after == "by":
+            passives.append((" ".join(words[start:i]), _verb(nxt)))
+        elif w.endswith("ed") and i > start and words[i - 1] not in _PASSIVE_BE:
+            actives.append((" ".join(words[start:i]), _verb(w)))
+    return frozenset(done_to), frozenset(done_by), tuple(passives), tuple(actives)
+
+
+def _turned(a: Persons, b: Persons) -> bool:
+    """The same doing, turned round: done to the speaker in one text's relative clause and by the
+    speaker in the other ("someone who rejected me" / "someone I rejected"), or a passive whose
+    subject is the active's subject on the other side ("My son was bullied by / bullied a
+    classmate"; "My deposit was kept by my landlord" / "My landlord kept my deposit" passes).
+    Found by the blind held-out sets heldout9 and heldout10."""
+    for x, y in ((a, b), (b, a)):
+        if (x.done_to - y.done_to) & (y.done_by - x.done_by):
+            return True
+        if any(p in y.actives and p not in x.actives for p in x.passives if p[0]):
+            return True
+    return False
 
 
 def _owned(text: str, generic: bool) -> tuple[tuple[str, frozenset[int | str]], ...]:
@@ -215,7 +280,7 @@ def persons_apart(a: Persons, b: Persons) -> bool:
         return _differ(a.subject, b.subject) or _differ(a.object, b.object) or _differ(a.owner, b.owner)
     if _differ(a.owner, b.owner) and a.subject == b.subject:
         return True
-    if _differ(a.described, b.described) or _clauses_apart(a, b) or _owner_moved(a, b):
+    if _differ(a.described, b.described) or _clauses_apart(a, b) or _owner_moved(a, b) or _turned(a, b):
         return True
     return bool((1 in a.subject - b.subject and 1 in b.object - a.object)
                 or (1 in b.subject - a.subject and 1 in a.object - b.object))

@@ -662,6 +662,12 @@ async def test_a_candidate_whose_stored_answer_is_not_json_is_skipped_by_the_que
      "I copied my classmate's homework. Should I tell the teacher?"),
     ("My dog bit the neighbor's kid. Who is liable?", "The neighbor's dog bit my kid. Who is liable?"),
     ("Can my ex garnish my wages for unpaid child support?", "Can I garnish my ex's wages for unpaid child support?"),
+    # the same doing turned round: a relative clause, a passive against an active, a clause with no pronoun
+    ("How do I get over someone who rejected me?", "How do I get over someone I rejected?"),
+    ("How do I unblock someone who blocked me?", "How do I unblock someone I blocked?"),
+    ("My son was bullied by a classmate. Should I contact the school?",
+     "My son bullied a classmate. Should I contact the school?"),
+    ("Can I press charges if my neighbor threatened me?", "Can my neighbor press charges if I threatened him?"),
 ])
 def test_another_person_in_the_same_question_is_refused(verifier, a, b):
     assert verifier.check(a, b) == Verdict(False, "person")
@@ -682,6 +688,9 @@ def test_another_person_in_the_same_question_is_refused(verifier, a, b):
     ("My neighbor's tree fell on my fence. Who pays for the repair?",
      "A tree from my neighbor's yard fell on my fence. Who pays for the repair?"),
     ("What's my friend's birthday gift budget?", "What is the budget for my friend's birthday gift?"),
+    ("My landlord kept my security deposit. How do I get it back?",
+     "My security deposit was kept by my landlord. How do I get it back?"),  # a passive, the same doer
+    ("If I miss a credit card payment, what happens?", "What happens if I miss a credit card payment?"),
 ])
 def test_a_question_reworded_between_persons_passes(verifier, a, b):
     assert verifier.check(a, b).reason != "person" and verifier.check(b, a).reason != "person"
