@@ -81,19 +81,18 @@ class JwksSource:
     async def _read(self) -> dict:
         loc = self.location
         try:
-            if loc.lower().startswith(("http://", "https://")):  # (a scheme is case-insensitive, as the setting's check)
+            path = local_path(loc)
+            if path is None:
                 async with httpx.AsyncClient(timeout=self.timeout_s) as client:
                     resp = await client.get(loc)
                     resp.raise_for_status()
                     data = resp.json()
             else:
-                path = Path(loc.removeprefix("file://"))
-                data = json.loads(await asyncio.to_thread(path.read_text))
+                data = json.loads(await asyncio.to_thread(Path(path).read_text))
         except (OSError, ValueError, httpx.HTTPError) as exc:
-            detail = _USERINFO.sub(r"\1***@", str(exc))
-            raise JwksError(f"cannot read the JWKS at {_shown(loc)}: {detail}") from exc
+            raise JwksError(_without_userinfo(f"cannot read the JWKS at {loc}: {exc}")) from exc
         if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
-            raise JwksError(f"{_shown(loc)} is not a JWKS (no 'keys' list)")
+            raise JwksError(_without_userinfo(f"{loc} is not a JWKS (no 'keys' list)"))
         # Only public asymmetric keys verify IdP tokens: drop shared secrets and private members.
         keys = [{k: v for k, v in key.items() if k not in _PRIVATE}
                 for key in data["keys"] if isinstance(key, dict) and key.get("kty") in ("RSA", "EC", "OKP")]
@@ -103,15 +102,19 @@ class JwksSource:
 _PRIVATE = {"d", "p", "q", "dp", "dq", "qi", "oth"}
 
 
-_USERINFO = re.compile(r"(\w+://)[^/\s@]+@")  # a URL's user and password, as an error message may quote it
+_USERINFO = re.compile(r"(\w+://)[^/\s@]+@")  # a URL's user and password
 
 
-def _shown(location: str) -> str:
-    """The location for a message: a URL's user and password hidden (found by a security QA)."""
-    scheme, sep, rest = location.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return location
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+def _without_userinfo(text: str) -> str:
+    """``text`` with every URL's user and password hidden (found by a security QA: a message quoted them)."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+def local_path(location: str) -> str | None:
+    """The file a key set's location names (``file://…`` or a plain path); None for a URL."""
+    if location.lower().startswith(("http://", "https://")):  # (a scheme is case-insensitive, as the setting's check)
+        return None
+    return location.removeprefix("file://")
 
 
 def _import_keys(data: dict) -> list[Key]:

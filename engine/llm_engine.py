@@ -32,6 +32,15 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class DeviceUnavailable(ValueError):
+    """A device this torch cannot use; ``name`` is the one asked for (each front names its own knob)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"device {name!r}, but this torch sees no CUDA GPU (torch {torch.__version__}); "
+                         "use PAGEGATE_DEVICE=cpu or auto")
+        self.name = name
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: the GPU when torch sees one. A CUDA device this torch cannot use is a ValueError
     (torch's own is an AssertionError deep inside the model's load)."""
@@ -39,8 +48,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}, but this torch sees no CUDA GPU (torch {torch.__version__}); "
-                         "use PAGEGATE_DEVICE=cpu or auto")
+        raise DeviceUnavailable(name)
     return device
 
 

@@ -61,6 +61,8 @@ def sampling_params_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from engine.llm_engine import DeviceUnavailable
+
     try:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
         for text in (prompt, args.system, *args.stop):
@@ -84,11 +86,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(_generate(config, prompt, args.system, params, raw=args.raw, quiet=args.quiet))
+    except DeviceUnavailable as exc:
+        if not args.device:
+            print(f"\nerror: {exc}", file=sys.stderr)
+        else:  # the flag was the cause, not the setting (found by QA: the hint named the setting)
+            print(f"\nerror: device {exc.name!r}, but this torch sees no CUDA GPU; use --device cpu or auto",
+                  file=sys.stderr)
+        return 2
     except ValueError as exc:  # unknown model, bad directory, prompt too long
-        message = str(exc)
-        if args.device:  # the flag was the cause, not the setting (found by QA: the hint named the setting)
-            message = message.replace("use PAGEGATE_DEVICE=cpu or auto", "use --device cpu or auto")
-        print(f"\nerror: {message}", file=sys.stderr)
+        print(f"\nerror: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head`: the reader has what it wanted (a QA find: a traceback)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)

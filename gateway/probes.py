@@ -89,6 +89,8 @@ class DependencyProbe:
         self._redis: dict | None = None
         self._redis_at = -float("inf")
         self._inflight: asyncio.Task | None = None
+        prefix = getattr(getattr(services, "settings", None), "redis_prefix", "pg:")
+        self._probe_key = f"{prefix}health"  # written by the probe: a Redis that takes no write is down
 
     async def check(self) -> dict:
         """``{"redis": {"status", "error"}, "database": database_state(services)}``; a part is
@@ -115,8 +117,7 @@ class DependencyProbe:
 
     async def _ping(self) -> dict:
         try:
-            prefix = getattr(getattr(self._services, "settings", None), "redis_prefix", "pg:")
-            await asyncio.wait_for(self._services.redis.set(f"{prefix}health", b"1", px=PROBE_TTL_MS), PING_TIMEOUT_S)
+            await asyncio.wait_for(self._services.redis.set(self._probe_key, b"1", px=PROBE_TTL_MS), PING_TIMEOUT_S)
             result = {"status": "ok", "error": None}
         except TimeoutError:
             result = {"status": "unavailable", "error": f"no answer to the health probe within {PING_TIMEOUT_S:g} s"}

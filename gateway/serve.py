@@ -26,6 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from gateway.keys import KEY_PREFIX
 from gateway.settings import Settings, is_loopback, python_log_level, settings_errors, unknown_settings
 
 if TYPE_CHECKING:
@@ -173,11 +174,10 @@ def warn_missing_jwks_file(settings: Settings) -> None:
     """A key set named as a file that is not there (a typo) is said at start-up: identity-provider
     tokens are refused until it exists (found by QA: ``PAGEGATE_ADMIN_JWKS_URL=notaurl`` started in
     silence). Not an error: the file may be provisioned after the server starts; it is read then."""
-    location = settings.admin_jwks_url
-    if not location or location.lower().startswith(("https://", "http://")):
-        return
-    path = location.removeprefix("file://")
-    if not os.path.isfile(path):
+    from admin.jwks import local_path
+
+    path = local_path(settings.admin_jwks_url) if settings.admin_jwks_url else None
+    if path is not None and not os.path.isfile(path):
         logging.getLogger("pagegate").warning(
             "PAGEGATE_ADMIN_JWKS_URL names no file (%s): identity-provider admin tokens are refused until it "
             "exists (a URL starts with https://)", os.path.abspath(path))
@@ -343,11 +343,12 @@ class RedactKeys(logging.Filter):
     """API keys out of uvicorn's access log: a client that sends its key in the URL
     (``?api_key=pg-…``, refused with a 401) had it written to the log (found by a security QA)."""
 
-    KEY = re.compile(r"pg-[A-Za-z0-9_-]{16,}")
+    KEY = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]{16,}")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(self.KEY.sub("pg-***", a) if isinstance(a, str) else a for a in record.args)
+            record.args = tuple(self.KEY.sub(KEY_PREFIX + "***", a) if isinstance(a, str) else a
+                                for a in record.args)
         return True
 
 

@@ -107,6 +107,8 @@ def test_a_kv_cache_beyond_memory_and_a_missing_gpu_are_clear_errors() -> None:
     if not torch.cuda.is_available():
         res = _cli("hi", "--device", "cuda", "--max-tokens", "2", timeout=300)
         assert res.returncode == 2 and "sees no CUDA GPU" in res.stderr and "Traceback" not in res.stderr, res.stderr
+        # the flag was the cause: the hint names it, not the setting (found by QA)
+        assert "use --device cpu or auto" in res.stderr and "PAGEGATE_DEVICE" not in res.stderr, res.stderr
 
 
 @pytest.mark.slow
