@@ -120,6 +120,7 @@ def _blank(value: str | None) -> str | None:
 # "1_000" and "5.0" for a count)
 _WHOLE_FIELDS = frozenset({"rpm", "tpm", "budget_tokens", "cache_ttl_s", "cache_max_entries"})
 _MONEY_FIELDS = frozenset({"budget_usd"})
+_DEFAULTED_FIELDS = frozenset({"rpm", "tpm"})  # blank: the server's default (their placeholder says "default")
 
 
 def _form_fields(model: type[TenantLimits], **raw: str | None) -> TenantLimits:
@@ -127,7 +128,8 @@ def _form_fields(model: type[TenantLimits], **raw: str | None) -> TenantLimits:
     fields = {k: v for k, v in ((k, _blank(v)) for k, v in raw.items()) if v is not None}
     for name, value in fields.items():
         if name in _WHOLE_FIELDS and not WHOLE_NUMBER.fullmatch(value):
-            raise InvalidField(f"{name}: {WHOLE_NUMBER_RULE}", name)
+            blank = " (leave it empty for the server default)" if name in _DEFAULTED_FIELDS else ""
+            raise InvalidField(f"{name}: {WHOLE_NUMBER_RULE}{blank}", name)
         if name in _MONEY_FIELDS and not PLAIN_DECIMAL.fullmatch(value):
             raise InvalidField(f"{name}: {PLAIN_DECIMAL_RULE}", name)
     return validated(model, fields)

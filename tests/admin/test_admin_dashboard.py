@@ -187,6 +187,10 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
                          ("budget_usd", "1_000")):  # plain numbers, as the CLI and the API take them
         resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("lax"), field: value})
         assert resp.status_code == 400 and f"{field}: must be a " in resp.text, (field, value)
+    # the limits' placeholder is "default": the refusal of the word says how to get it
+    resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("word"), "rpm": "default"})
+    assert resp.status_code == 400 and "rpm: must be a whole number" in resp.text
+    assert "leave it empty for the server default" in resp.text
     resp = await c.post("/admin/keys/99999999999999/revoke", data={"csrf": csrf})
     assert resp.status_code == 404 and "No API key" in resp.text
 
