@@ -16,11 +16,24 @@ import torch
 from engine.request import Sequence
 from engine.sampling_params import MIN_REPETITION_PENALTY
 
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+
 
 def make_generator(seed: int) -> torch.Generator:
     g = torch.Generator()
-    g.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    g.manual_seed(seed & _MASK64)
     return g
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """A choice's generator seed from the request's 64-bit ``seed`` and the choice's index, mixed
+    (SplitMix64's finaliser) so that every bit of both reaches the low 32 bits: the CPU generator
+    (mt19937) keeps only those, so ``seed`` and ``seed + 2**32`` drew the same tokens, and one
+    seed's choice 1 could be another's choice 0 (found by QA)."""
+    z = ((seed & _MASK64) + (index + 1) * 0x9E37_79B9_7F4A_7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58_476D_1CE4_E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D0_49BB_1331_11EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 class Sampler:
@@ -33,7 +46,7 @@ class Sampler:
         seed = seq.params.seed
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
-        return make_generator(seed * 1_000_003 + seq.index)
+        return make_generator(choice_seed(seed, seq.index))
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence], *, scratch: bool = False) -> list[int]:
         """One token per row of ``logits [len(seqs), vocab]``. ``scratch``: the caller has no further

@@ -266,8 +266,11 @@ async def run_generation(engine: EngineClient, prompts: list[list[int]],
     ``unstorable``: called at once when the answer will not be stored (a coalescing leader's
     followers then stop waiting for it: ``gateway.flights``)."""
     n = body.n * len(prompts)  # the answer's choices
+    # the fewest tokens a choice may be clamped to: its ``min_tokens`` (a clamp below them was a
+    # quiet short answer, found by QA), else one
+    floor = max(1, min(body.min_tokens, max_tokens))
     reserved = await account.reserve(prompt_tokens=sum(len(p) for p in prompts), max_tokens=max_tokens * n,
-                                     min_tokens=n)
+                                     min_tokens=floor * n)
     caller.response_headers.update(account.headers)
     gen: Generation | None = None
     try:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.request import Request, RequestId
-from engine.sampler import Sampler
+from engine.sampler import Sampler, choice_seed
 from engine.sampling_params import SamplingParams
 
 
@@ -49,6 +49,25 @@ def test_seed_reproducible_regardless_of_batch_mates():
     for _ in range(20):
         other_seed.append(sampler.sample(row, [s2])[0])
     assert other_seed != alone
+
+
+def test_every_bit_of_a_seed_counts():
+    """The CPU generator keeps 32 bits of its seed: seeds apart by 2**32 (or in their sign) drew the
+    same tokens before the seed was mixed (found by QA)."""
+    def first_draws(seed: int, index: int = 0) -> list[float]:
+        g = torch.Generator()
+        g.manual_seed(choice_seed(seed, index))
+        return torch.rand(8, generator=g).tolist()
+
+    base = first_draws(12345)
+    assert first_draws(12345) == base  # deterministic
+    for other in (12345 + 2**32, 12345 + 7 * 2**32, 12345 + 2**63, -12345):
+        assert first_draws(other) != base, other
+    assert first_draws(0) != first_draws(2**40)
+    # choices of one request differ, and one seed's choice 1 is not a nearby seed's choice 0
+    assert first_draws(12345, 1) != base and first_draws(12345, 1) != first_draws(12346, 0)
+    assert len({choice_seed(s, i) & 0xFFFF_FFFF for s in range(200) for i in range(16)}) == 3200
+    assert -1 & 0xFFFF_FFFF_FFFF_FFFF == 2**64 - 1 and choice_seed(-1, 0) == choice_seed(2**64 - 1, 0)  # int64/uint64
 
 
 def test_top_k_support_set():

@@ -108,6 +108,12 @@ def test_quota_clamps_max_tokens_and_settles(api_any) -> None:  # noqa: ANN001
     client = api_any.openai()
     prompt_tokens = client.chat.completions.create(model=api_any.model, messages=MESSAGES, max_tokens=1).usage.prompt_tokens
     _tid, key = api_any.make_tenant(budget_tokens=prompt_tokens + 3)
+    # min_tokens is a floor the clamp keeps: 5 do not fit, so it is refused rather than cut to 3
+    # (found by QA: it was answered with 3 tokens)
+    with pytest.raises(openai.RateLimitError) as floor:
+        api_any.openai(key=key).chat.completions.create(model=api_any.model, messages=MESSAGES, max_tokens=50,
+                                                        extra_body={"min_tokens": 5})
+    assert floor.value.code == "insufficient_quota" and f"{prompt_tokens + 5}" in floor.value.message
     reply = api_any.openai(key=key).chat.completions.create(model=api_any.model, messages=MESSAGES, max_tokens=50,
                                                             extra_body={"ignore_eos": True})
     assert reply.usage.completion_tokens == 3 and reply.choices[0].finish_reason == "length"
