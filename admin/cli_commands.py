@@ -313,8 +313,9 @@ def _print_report(report: reports.Report, args: argparse.Namespace, first: str) 
 
 def _instant(when: datetime) -> str:
     """A UTC range bound to the second (found by QA: to the minute, a range within one minute read
-    ``21:30 .. 21:30``), its year in 4 digits (``%Y`` writes year 1 as ``1``)."""
-    return when.replace(tzinfo=None).isoformat(sep=" ", timespec="seconds")
+    ``21:30 .. 21:30``), its year in 4 digits (``%Y`` writes year 1 as ``1``); a bound with a
+    fraction of a second keeps it (found by QA: 23:59:59.999999 read 23:59:59)."""
+    return when.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds" if when.microsecond else "seconds")
 
 
 def _report_range(args: argparse.Namespace) -> tuple[datetime, datetime] | None:

@@ -49,7 +49,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
             continue
         places = max(len(c[i].partition(".")[2]) for c in cells)
         for c, raw in zip(cells, rows, strict=True):
-            if raw[i] is not None:
+            if raw[i] is not None and places:  # (no decimals down the column: no bare point, "100.")
                 c[i] += ("" if "." in c[i] else ".") + "0" * (places - len(c[i].partition(".")[2]))
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 

@@ -120,11 +120,23 @@ def quota_refusal(p: Principal, tok_used: int, usd_units: int, need: int, need_u
             retry_after_s=IN_FLIGHT_RETRY_S)
     err = insufficient_quota(
         f"You exceeded your current quota for this {p.budget_period}: "
-        f"{describe_budget(p, tok_used, usd_units, held_tok, held_units)}; this request needs at least {need} "
-        f"tokens. It resets at {period_end:%Y-%m-%d %H:%M} UTC.", retry_after_s=retry_after_s)
+        f"{describe_budget(p, tok_used, usd_units, held_tok, held_units)}; this request needs at least "
+        f"{_need(p, tok_used, usd_units, need, need_units)}. It resets at {period_end:%Y-%m-%d %H:%M} UTC.",
+        retry_after_s=retry_after_s)
     if retry_after_s > 60:
         err.headers["x-should-retry"] = "false"
     return err
+
+
+def _need(p: Principal, tok_used: int, usd_units: int, need: int, need_units: int) -> str:
+    """What the request needs against what is left, for the budget that refuses it: a money budget's
+    refusal said only tokens, and the rounded spend ("$0.0099 of $0.01") left the customer guessing
+    what remained (found by QA)."""
+    if p.budget_tokens is not None and tok_used + need > p.budget_tokens:
+        return f"{need} tokens, and {max(0, p.budget_tokens - tok_used)} are left"
+    left = max(0, usd_to_units(Decimal(p.budget_usd)) - usd_units) if p.budget_usd is not None else 0
+    return (f"{need} tokens costing ${units_to_usd(need_units).normalize():f}, and "
+            f"${units_to_usd(left).normalize():f} is left")
 
 
 def _fits(p: Principal, tok_spent: int, units_spent: int, need: int, need_units: int) -> bool:

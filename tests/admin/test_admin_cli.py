@@ -343,6 +343,8 @@ def test_tables_align_and_format_values():
     report = format_table(("group", "p50_latency_ms"), [["a", 12.5], ["b", 3.125], ["total", None], ["c", 40.0],
                                                         ["d", 3]])
     assert [ln.split()[1] for ln in report.splitlines()[2:]] == ["12.500", "3.125", "-", "40.000", "3.000"]
+    whole = format_table(("group", "p50_latency_ms"), [["a", 100.0], ["b", 7]])  # no bare point: "100."
+    assert [ln.split()[1] for ln in whole.splitlines()[2:]] == ["100", "7"]
 
 
 def test_changes_that_change_nothing_are_not_audited(env, capsys):
@@ -671,6 +673,8 @@ def test_a_report_names_its_range_to_the_second_and_latencies_as_measured(env, c
 
     code, _, err = run(capsys, "summary", "--since", "2026-12-04T21:30:40Z", "--until", "2026-12-04T21:30:47Z")
     assert code == 0 and err.startswith("2026-12-04 21:30:40 .. 2026-12-04 21:30:47 UTC"), err
+    code, _, err = run(capsys, "summary", "--since", "2026-11-30T23:59:59.999999Z", "--until", "2026-12-01T00:00Z")
+    assert code == 0 and err.startswith("2026-11-30 23:59:59.999999 .. 2026-12-01 00:00:00 UTC"), err
     assert [cell_text(v) for v in (15.0, 333.7, 0.9, 1234.5)] == ["15", "333.7", "0.9", "1,234.5"]
 
 

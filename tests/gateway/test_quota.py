@@ -789,6 +789,24 @@ def test_a_spend_just_under_the_budget_is_not_shown_as_all_of_it():
     assert describe_budget(p, 0, 1_100_000_000) == "$11.00 of $12.50 used"
 
 
+def test_a_refusal_says_what_the_binding_budget_has_left():
+    """Found by QA: a money budget's refusal spoke of tokens only ("this request needs at least 41
+    tokens"), and the spend rounded ($0.0099 of $0.01) hid what was left."""
+    from types import SimpleNamespace
+
+    from gateway.quota_refusals import quota_refusal
+
+    end = datetime(2026, 12, 7, tzinfo=UTC)
+    p = SimpleNamespace(budget_tokens=None, budget_usd="0.01", budget_period="day")
+    err = quota_refusal(p, 500, 986_880, 41, 31_000, end, retry_after_s=3600)  # $0.0098688 spent, $0.00031 asked
+    assert err.code == "insufficient_quota"
+    assert "$0.0099 of $0.01 used; this request needs at least 41 tokens costing $0.00031, and $0.0001312 " \
+           "is left. It resets at 2026-12-07 00:00 UTC." in err.message
+    p = SimpleNamespace(budget_tokens=1000, budget_usd="5", budget_period="month")
+    err = quota_refusal(p, 990, 100, 41, 31_000, end, retry_after_s=3600)  # the tokens bind, not the money
+    assert "this request needs at least 41 tokens, and 10 are left." in err.message
+
+
 async def test_n_choices_are_refused_rather_than_clamped_below_n(tenancy, make_tenant):
     """A request for n choices needs n completion tokens at least: below that it is refused by the
     limit that binds (TPM here), not admitted with fewer tokens than choices."""
