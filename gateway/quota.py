@@ -70,6 +70,12 @@ log = logging.getLogger("pagegate.quota")
 
 RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
 REBUILD_RETRY_S = 1.0  # a counter's rebuild that failed (database down) is tried again after this
+# one process rebuilds a counter at a time (``lua/quota_rebuild_lock.lua``): its lock outlasts a
+# rebuild's slowest path (the journal's flush, the peers' answers and the sum, each on its timeout);
+# a process waits for another's rebuild this long before it gives up (503) or, the lock expired
+# (its holder died), rebuilds itself
+REBUILD_LOCK_S = 30.0
+REBUILD_POLL_S = 0.02
 CACHE_HITS = ("hit", "semantic-hit")  # usage rows that used no engine tokens: not charged
 
 
@@ -185,6 +191,9 @@ class QuotaLedger:
         self._settle = redis.register_script(_script("quota_settle.lua"))
         self._init = redis.register_script(_script("quota_init.lua"))
         self._adopt_script = redis.register_script(_script("quota_adopt.lua"))
+        self._lock_script = redis.register_script(_script("quota_rebuild_lock.lua"))
+        self._unlock_script = redis.register_script(_script("quota_rebuild_unlock.lua"))
+        self._rebuilding_here: set[str] = set()  # counters this process holds the rebuild lock of
         self._lane = ScriptLane.for_client(redis)  # the request path's scripts: one pipelined connection
         self._periods: dict[str, tuple[str, datetime, float]] = {}  # period -> (id, end, end as unix s)
         self._keys: dict[tuple[int, str], tuple[str, str, str, str]] = {}
@@ -397,7 +406,8 @@ class QuotaLedger:
             self._open.pop(reservation.id, None)
             return None
         rebuild = self._rebuilding.get(reservation.counter_key)
-        if rebuild is not None and not rebuild.done() and reservation.id in self._open:
+        if (rebuild is not None and not rebuild.done() and reservation.counter_key in self._rebuilding_here
+                and reservation.id in self._open):
             # its counter is being rebuilt from the usage rows, and this request's row may come too
             # late for that sum (found by QA: settled meanwhile, against no counter, it was in
             # neither, and a flushed Redis with a slow database let the tenant overspend by 5-10%):
@@ -506,7 +516,35 @@ class QuotaLedger:
         self._rebuild_failed.pop(key, None)
 
     async def _rebuild_now(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
-        # (what ends from here waits for the new counter: ``settle_soon``)
+        lock, token = f"{key}:rebuild", new_hex_id()
+        if not await self._take_rebuild(key, lock, token):  # another process rebuilt it meanwhile
+            await self._adopt(tenant_id, key)  # (as its ask would have: before the batch is retried)
+            return
+        self._rebuilding_here.add(key)  # (what ends from here waits for the new counter: ``settle_soon``)
+        try:
+            await self._rebuild_locked(tenant_id, period, key, period_end)
+        finally:
+            self._rebuilding_here.discard(key)
+            try:
+                await self._lane.run(self._unlock_script, keys=[lock], args=[token])
+            except RedisError:  # (it expires)
+                pass
+
+    async def _take_rebuild(self, key: str, lock: str, token: str) -> bool:
+        """True once this process holds the rebuild lock of counter ``key``; False when another
+        process has rebuilt the counter meanwhile (waited for, up to ``REBUILD_LOCK_S``)."""
+        deadline = time.monotonic() + REBUILD_LOCK_S
+        while True:
+            state = await self._lane.run(self._lock_script, keys=[key, lock],
+                                         args=[token, int(REBUILD_LOCK_S * 1000)])
+            state = state.decode() if isinstance(state, bytes) else str(state)
+            if state != "wait":
+                return state == "mine"
+            if time.monotonic() >= deadline:
+                raise rebuild_unavailable()
+            await asyncio.sleep(REBUILD_POLL_S)
+
+    async def _rebuild_locked(self, tenant_id: int, period: str, key: str, period_end: datetime) -> None:
         written = None
         if self._before_rebuild is not None:
             written = await self._before_rebuild()  # (settles what ended before: their rows are in the sum)
@@ -518,8 +556,9 @@ class QuotaLedger:
         except Exception as exc:  # fail closed: without the DB the period's spend is unknown
             raise rebuild_unavailable() from exc
         ttl = int(period_end.timestamp() - time.time()) + 2 * 86400
-        await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
-        if written is not None:  # ended meanwhile with their rows in the sum: not charged again
+        made = await self._init(keys=[key], args=[tokens, usd_to_units(usd), ttl, uuid.uuid4().hex])
+        if written is not None and made:  # ended meanwhile with their rows in the sum: not charged again
+            # (not made: another process's counter, from another sum; only if this one's lock expired)
             self._in_sum |= {rid for rid, seen in self._deferred.items() if seen is not None and seen <= written}
         await self._adopt(tenant_id, key)  # before the batch that found it missing is retried
         if self.after_rebuild is not None:  # the other processes' open reservations too (QA: 2,370 of 1,500)

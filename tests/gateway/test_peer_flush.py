@@ -151,3 +151,76 @@ async def test_a_rebuilt_counter_gets_the_other_processes_open_reservations_at_o
         assert (await tenancy.quota.usage(p.tenant_id))[0] == 2 * 435 + 10
     finally:
         await other.close()
+
+
+async def test_two_processes_that_find_a_counter_missing_together_rebuild_it_once(tenancy, tenancy_settings,
+                                                                                  make_tenant, tmp_path):
+    """Found by QA with ``--workers 2`` and Redis restarted under load: both workers rebuilt the
+    counter at once. The later one's write was refused, yet it decided from its own sum which of
+    its requests that ended meanwhile were counted, and charged one whose row had reached the other's
+    sum (through that one's ask) again: counters 67-689 tokens over the rows for the rest of the
+    period. Now one process rebuilds (a lock in Redis); the other waits for the counter."""
+    from gateway.db.models import UsageRecord
+
+    other = await _other(tenancy_settings, tmp_path, usage_flush_interval_s=3600.0)  # rows stay in its journal
+    try:
+        tenant, key, _ = await make_tenant(budget_tokens=10_000, tpm=0)
+        p = await tenancy.auth.authenticate(f"Bearer {key}")
+        running = await other.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+        keys = [k async for k in tenancy.redis.scan_iter(match=f"{tenancy.settings.redis_prefix}{{t:{tenant.id}}}*")]
+        await tenancy.redis.delete(*keys)  # Redis lost while the other's request runs
+        flushed_first = other.quota._before_rebuild
+        rebuilds = []
+        first: list[asyncio.Task] = []
+
+        async def flush_then_end_and_race() -> int:
+            rebuilds.append("other")
+            written = await flushed_first()
+            # its request ends now: its row goes to its journal, its settlement waits for the counter
+            other.usage.record(UsageEvent(request_id=uuid.uuid4().hex, tenant_id=tenant.id, model="m",
+                                          status="ok", prompt_tokens=10, completion_tokens=20))
+            other.quota.settle_soon(running, prompt_tokens=10, completion_tokens=20)
+            # this process finds the counter missing too, meanwhile
+            first.append(asyncio.ensure_future(tenancy.quota.reserve(p, model="m", prompt_tokens=5, max_tokens=5)))
+            await asyncio.sleep(0.5)
+            return written
+
+        async def counted() -> int:
+            rebuilds.append("tenancy")
+            return await flushed_this()
+
+        flushed_this = tenancy.quota._before_rebuild
+        other.quota._before_rebuild = flush_then_end_and_race
+        tenancy.quota._before_rebuild = counted
+        mine = await other.quota.reserve(p, model="m", prompt_tokens=5, max_tokens=5)
+        theirs = await first[0]
+        assert rebuilds == ["other"]  # one rebuild
+        for ledger, res in ((other.quota, mine), (tenancy.quota, theirs)):
+            await ledger.settle(res, prompt_tokens=5, completion_tokens=5)
+        await other.aftercare.drain()
+        await other.usage.flush()
+        async with tenancy.db.sessionmaker() as s:
+            rows = (await s.execute(UsageRecord.__table__.select().where(UsageRecord.tenant_id == tenant.id))).all()
+        assert sum(r.prompt_tokens + r.completion_tokens for r in rows) == 30  # the request that ended
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == 30 + 2 * 10  # its 30 once, and the two settled
+    finally:
+        await other.close()
+
+
+async def test_a_rebuild_lock_left_by_a_dead_process_expires(tenancy, make_tenant):
+    """The process holding a counter's rebuild lock died: the lock expires and another rebuilds."""
+    import time
+    from datetime import UTC, datetime
+
+    from gateway.quota import period_bounds
+
+    tenant, key, _ = await make_tenant(budget_tokens=1000, tpm=0)
+    p = await tenancy.auth.authenticate(f"Bearer {key}")
+    counter = tenancy.quota.counter_key(tenant.id, period_bounds(p.budget_period, datetime.now(UTC))[0])
+    await tenancy.redis.delete(counter)
+    await tenancy.redis.set(f"{counter}:rebuild", "a-dead-process", px=400)
+    t0 = time.monotonic()
+    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    assert r.max_tokens == 10 and time.monotonic() - t0 >= 0.3  # waited for the lock, then rebuilt
+    assert await tenancy.redis.exists(f"{counter}:rebuild") == 0  # released after the rebuild
+    assert (await tenancy.quota.usage(p.tenant_id, p.budget_period))[0] == 20
