@@ -47,3 +47,47 @@ def test_backend_resolution():
         resolve_linear_backend("onednn", cpu, torch.float16)
     with pytest.raises(ValueError):
         resolve_linear_backend("mkl", cpu, torch.float32)
+
+
+_SHAPES_SCRIPT = """
+import resource, sys
+import engine  # sets the oneDNN cache capacities unless set outside
+import torch
+from engine.linear import Linear, onednn_available
+if not onednn_available():
+    print("skip"); sys.exit(0)
+torch.manual_seed(0)
+layers = [Linear(torch.randn(o, i), backend="onednn") for o, i in ((576, 576), (1536, 576), (576, 1536))]
+x, x2 = torch.randn(300, 576), torch.randn(300, 1536)
+for m in range(1, 4):  # warm: the process's own size before the shapes vary
+    for layer in layers:
+        layer(x2[:m] if layer.weight.size(1) == 1536 else x[:m])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for m in range(4, 260):  # a step's row count varies with the batch
+    for layer in layers:
+        layer(x2[:m].clone() if layer.weight.size(1) == 1536 else x[:m].clone())
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_onednn_caches_do_not_grow_with_every_row_count():
+    """Found by a QA soak: oneDNN caches a primitive per input shape (1,024 by default), and the
+    engine's row count varies step by step: ~1 GB more resident before it levelled off. Importing
+    ``engine`` caps the caches (64) unless the environment sets them; measured against 1,024."""
+    import os
+    import subprocess
+    import sys
+
+    def growth_mb(**env: str) -> int | None:
+        run_env = {k: v for k, v in os.environ.items()
+                   if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+        run_env.update(env, OMP_NUM_THREADS="1")
+        out = subprocess.run([sys.executable, "-c", _SHAPES_SCRIPT], env=run_env, capture_output=True, text=True,
+                             timeout=300, check=True).stdout.split()
+        return None if out[-1] == "skip" else int(out[-1])
+
+    capped = growth_mb()
+    if capped is None:
+        pytest.skip("no oneDNN linear on this machine")
+    default = growth_mb(ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024", LRU_CACHE_CAPACITY="1024")
+    assert default > 150 and capped < default / 3, (capped, default)
