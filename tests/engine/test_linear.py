@@ -50,7 +50,10 @@ def test_backend_resolution():
 
 
 _SHAPES_SCRIPT = """
-import resource, sys
+import sys
+def rss_mb():  # the resident size now (ru_maxrss is no use here: a child keeps its parent's peak across exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) // 1024
 import engine  # sets the oneDNN cache capacities unless set outside
 import torch
 from engine.linear import Linear, onednn_available
@@ -62,11 +65,11 @@ x, x2 = torch.randn(300, 576), torch.randn(300, 1536)
 for m in range(1, 4):  # warm: the process's own size before the shapes vary
     for layer in layers:
         layer(x2[:m] if layer.weight.size(1) == 1536 else x[:m])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = rss_mb()
 for m in range(4, 260):  # a step's row count varies with the batch
     for layer in layers:
         layer(x2[:m].clone() if layer.weight.size(1) == 1536 else x[:m].clone())
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+print(rss_mb() - before)
 """
 
 
