@@ -137,7 +137,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
             # PostgreSQL hung, the flush, the peers' and the query took 10-12 s before the 503)
             raise rebuild_unavailable()
         await peers.ask(usage=True, timeout_s=PEER_FLUSH_TIMEOUT_S)
-        return usage.written  # this process's rows in the sum about to be read
+        return usage.written_anywhere()  # this process's rows in the sum about to be read (another's flush too)
 
     quota = QuotaLedger(redis, db.sessionmaker, prices, prefix=settings.redis_prefix, before_rebuild=flush_usage)
     quota.retry_later = aftercare.retry_later

@@ -585,3 +585,34 @@ async def test_a_rebuild_flush_with_a_full_spool_writes_the_rows_a_second_after_
     finally:
         await writer.close()
         await db.dispose()
+
+
+async def test_rows_another_writer_put_in_the_database_count_as_written(sqlite_url, tmp_path):
+    """Found by a re-check QA (``--workers 2``, Redis restarted under load): a quota rebuild takes
+    ``written`` as this process's rows in its sum, but another worker's flush had inserted this
+    one's sealed spool files, so those requests were charged again (counters 79-606 tokens over the
+    rows). ``written_anywhere`` counts the rows of this process's sealed files that are gone."""
+    db = Database(sqlite_url)
+    tid = await _add_tenant(db)
+    owner = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.05, db_interval_s=3600)
+    other = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=3600)
+    await owner.start()
+    await other.start()
+    try:
+        assert await owner.flush()  # (the first pass sets the insert clock going)
+        for e in _events(tid, 4, "a"):
+            owner.record(e)
+        for _ in range(100):  # sealed by the owner's own flushes, not inserted (the hour's interval)
+            if owner.spooled_files():
+                break
+            await asyncio.sleep(0.02)
+        assert owner.written_anywhere() == 0 and await _count(db) == (0, 0)
+        for e in _events(tid, 2, "b"):  # recorded after: in the live journal, not sealed yet
+            owner.record(e)
+        assert await other.flush()  # the other process writes the spool, the owner's sealed file too
+        assert await _count(db) >= (4, 4)
+        assert owner.written == 0 and owner.written_anywhere() >= 4  # (6 if its flush sealed the "b" rows too)
+    finally:
+        await owner.close()
+        await other.close()
+        await db.dispose()
