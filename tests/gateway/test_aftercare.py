@@ -139,8 +139,8 @@ async def test_settlements_failing_while_redis_is_down_log_a_line_not_tracebacks
 
     from gateway import aftercare as module
 
-    kept = module._REDIS_DOWN  # a fresh throttle: an earlier test's line must not hold this one back
-    module._REDIS_DOWN = module.LogThrottle()
+    kept = module._REDIS_RETRIED  # a fresh throttle: an earlier test's line must not hold this one back
+    module._REDIS_RETRIED = module.LogThrottle()
     try:
         care = Aftercare(delay_s=0.001)
         loop = asyncio.get_running_loop()
@@ -155,10 +155,10 @@ async def test_settlements_failing_while_redis_is_down_log_a_line_not_tracebacks
         for i in range(5):
             care.submit(failing(RedisTimeoutError("Redis sent no reply for 2.0 s")), f"(quota settlement of req_{i})")
         care.submit(failing(ValueError("a bug")), "(quota settlement of req_bug)")
-        with caplog.at_level(logging.ERROR, logger="pagegate.aftercare"):
+        with caplog.at_level(logging.WARNING, logger="pagegate.aftercare"):
             await care.drain()
     finally:
-        module._REDIS_DOWN = kept
+        module._REDIS_RETRIED = kept
     redis_lines = [r for r in caplog.records if "Redis sent no reply" in r.getMessage()]
     assert len(redis_lines) == 1 and not redis_lines[0].exc_info
     bug = [r for r in caplog.records if "req_bug" in r.getMessage()]
@@ -176,6 +176,7 @@ async def test_a_job_that_cannot_reach_redis_is_tried_again(caplog, monkeypatch)
     from gateway.log_throttle import LogThrottle
 
     monkeypatch.setattr(aftercare, "_REDIS_DOWN", LogThrottle())  # not held back by an earlier test's line
+    monkeypatch.setattr(aftercare, "_REDIS_RETRIED", LogThrottle())
     care = Aftercare(0.01, retry_first_s=0.02)
     calls = {"flaky": 0, "broken": 0}
 
@@ -196,6 +197,9 @@ async def test_a_job_that_cannot_reach_redis_is_tried_again(caplog, monkeypatch)
             break
     assert calls == {"flaky": 3, "broken": 1}
     assert "retried later" in caplog.text
+    retried = [r for r in caplog.records if "retried later" in r.getMessage()]
+    assert retried and all(r.levelname == "WARNING" for r in retried)  # handled: no page for an operator
+    assert any(r.levelname == "ERROR" and "(broken)" in r.getMessage() for r in caplog.records)  # dropped: an error
 
 
 async def test_drain_runs_the_jobs_waiting_for_a_retry_now():
