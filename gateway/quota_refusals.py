@@ -132,9 +132,9 @@ def _need(p: Principal, tok_used: int, usd_units: int, need: int, need_units: in
     """What the request needs against what is left, for the budget that refuses it: a money budget's
     refusal said only tokens, and the rounded spend ("$0.0099 of $0.01") left the customer guessing
     what remained (found by QA)."""
-    if p.budget_tokens is not None and tok_used + need > p.budget_tokens:
-        return f"{need} tokens, and {max(0, p.budget_tokens - tok_used)} are left"
-    left = max(0, usd_to_units(Decimal(p.budget_usd)) - usd_units) if p.budget_usd is not None else 0
+    if p.budget_usd is None or (p.budget_tokens is not None and tok_used + need > p.budget_tokens):
+        return f"{need} tokens, and {max(0, (p.budget_tokens or 0) - tok_used)} are left"
+    left = max(0, usd_to_units(Decimal(p.budget_usd)) - usd_units)
     return (f"{need} tokens costing ${units_to_usd(need_units).normalize():f}, and "
             f"${units_to_usd(left).normalize():f} is left")
 

@@ -162,6 +162,8 @@ def _insert_ignore(dialect: str):  # noqa: ANN202 - an Insert construct
     return insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id"])
 
 
+SEALED_TRACKED = 10_000  # sealed spool files tracked one by one for ``written_anywhere``, at most
+
 class UsageWriter:
     """``record(event)`` (sync, never blocks on the database, never raises); ``await flush()``;
     ``await close()`` drains. ``start()`` launches the writer thread; its first flush replays
@@ -301,15 +303,14 @@ class UsageWriter:
         (each file is deleted only once its rows are in). A quota rebuild's sum read after this
         holds those rows; without them it counted again, as not in the sum, the requests of the
         rebuilding process whose rows another worker had written (found by a re-check QA with
-        ``--workers 2``: counters 79-606 tokens over the rows in 5 of 49 Redis restarts)."""
-        done = self.written
+        ``--workers 2``: counters 79-606 tokens over the rows in 5 of 49 Redis restarts). (A file set
+        aside in ``rejected/`` counts too: its rows are in no sum, and their requests go uncharged.)"""
         while self._sealed:
             paths, mark = self._sealed[0]
             if any(path.exists() for path in paths):
                 break
-            done = max(done, mark)
+            self.written = max(self.written, mark)
             self._sealed.pop(0)
-        self.written = max(self.written, done)
         return self.written
 
     @property
@@ -407,7 +408,10 @@ class UsageWriter:
             if empty:
                 self.written = max(self.written, mark)
                 self._sealed.clear()
-            elif sealed and len(self._sealed) < 10_000:  # (a long outage: the rest are simply not tracked)
+            elif sealed:
+                if len(self._sealed) >= SEALED_TRACKED:  # (a long outage: the newest entry takes these files too)
+                    paths, _ = self._sealed.pop()
+                    sealed = paths + sealed
                 self._sealed.append((sealed, mark))
             return empty
         except BaseException:

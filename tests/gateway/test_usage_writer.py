@@ -587,11 +587,16 @@ async def test_a_rebuild_flush_with_a_full_spool_writes_the_rows_a_second_after_
         await db.dispose()
 
 
-async def test_rows_another_writer_put_in_the_database_count_as_written(sqlite_url, tmp_path):
+@pytest.mark.parametrize("tracked", [10_000, 1])
+async def test_rows_another_writer_put_in_the_database_count_as_written(sqlite_url, tmp_path, monkeypatch, tracked):
     """Found by a re-check QA (``--workers 2``, Redis restarted under load): a quota rebuild takes
     ``written`` as this process's rows in its sum, but another worker's flush had inserted this
     one's sealed spool files, so those requests were charged again (counters 79-606 tokens over the
-    rows). ``written_anywhere`` counts the rows of this process's sealed files that are gone."""
+    rows). ``written_anywhere`` counts the rows of this process's sealed files that are gone (with
+    ``tracked`` 1, the files of later flushes join the newest entry)."""
+    from gateway import usage as usage_module
+
+    monkeypatch.setattr(usage_module, "SEALED_TRACKED", tracked)
     db = Database(sqlite_url)
     tid = await _add_tenant(db)
     owner = UsageWriter(db.url, tmp_path / "spool", flush_interval_s=0.05, db_interval_s=3600)
