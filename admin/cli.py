@@ -21,6 +21,7 @@ from admin.management import Conflict, NotFound, priced_model
 from admin.schemas import INT32_MAX, INT64_MAX, PLAIN_DECIMAL, WHOLE_NUMBER, InvalidField, split_models
 from gateway.db.session import safe_url
 from gateway.errors import ApiError
+from gateway.serve import safe_redis_url
 from gateway.settings import Settings
 from gateway.tenancy import TenancyError
 
@@ -339,6 +340,11 @@ async def _run_async(settings: Settings, args: argparse.Namespace) -> int:
         if ops.invalidation_failed:
             cmd.note("warning: saved, but Redis was unreachable: gateways see the change when their key "
                      "cache expires (PAGEGATE_KEY_CACHE_TTL_S)")
+        elif ops.invalidation_unheard:  # (found by QA: a CLI on another prefix said nothing, keys lived 30 s)
+            where = safe_redis_url(settings.redis_url) if settings.redis_url else "the embedded Redis"
+            cmd.note(f"warning: saved, but no gateway process heard the change ({where}, PAGEGATE_REDIS_PREFIX="
+                     f"{settings.redis_prefix!r}): running gateways on another Redis or prefix see it when their "
+                     "key cache expires (PAGEGATE_KEY_CACHE_TTL_S)")
         if ops.counter_kept:
             cmd.note("warning: the budget period changed, but without Redis its spend counter could not be "
                      "reset: if the tenant was on this period earlier in it, its budget counts too little "

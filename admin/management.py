@@ -124,6 +124,7 @@ class Management:
     redis: Redis | None = None
     redis_prefix: str = "pg:"
     invalidation_failed: bool = False
+    invalidation_unheard: bool = False  # published, but no process listens on that Redis and prefix
     counter_kept: bool = False  # a budget period changed, but its Redis counter could not be dropped
     cache_kept: bool = False  # a tenant deleted, but its semantic-cache entries could not be purged
 
@@ -521,8 +522,9 @@ class Management:
         if self.redis is None:
             return
         try:
-            await tenancy.publish_invalidation(self.redis, self.redis_prefix, key_hash=key_hash,
-                                               tenant_id=tenant_id)
+            heard = await tenancy.publish_invalidation(self.redis, self.redis_prefix, key_hash=key_hash,
+                                                       tenant_id=tenant_id)
+            self.invalidation_unheard = self.invalidation_unheard or heard == 0
         except RedisError as exc:
             self.invalidation_failed = True
             log.warning("change saved but the Redis invalidation failed (%s); gateways pick it up when "

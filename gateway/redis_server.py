@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.private import private_dir
+
 log = logging.getLogger(__name__)
 _MARKS = itertools.count(1)
 
@@ -46,8 +48,8 @@ class EmbeddedRedis:
         """One start or stop at a time on a data dir, across processes (found by QA: two gateways
         started together each got a server of their own, and a start racing the last stop fell back
         to another redis-server, whose newer snapshot format the embedded one then refused)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_dir(self.dir)  # its snapshot holds every tenant's cached prompts and answers
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

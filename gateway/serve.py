@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from gateway.keys import KEY_PREFIX
+from gateway.private import private_dir
 from gateway.settings import Settings, is_loopback, python_log_level, settings_errors, unknown_settings
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def check_spool_dir(path: str) -> None:
     """The usage spool must be a directory this process can write (every usage row lands there first)."""
     folder = os.path.abspath(path)
     try:
-        os.makedirs(folder, exist_ok=True)
+        private_dir(folder)  # (its rows name tenants, keys and costs)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:

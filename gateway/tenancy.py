@@ -239,9 +239,11 @@ def invalidation_version_key(prefix: str) -> str:
 
 
 async def publish_invalidation(redis: Redis, prefix: str, *, key_hash: str | None = None,
-                               tenant_id: int | None = None) -> None:
+                               tenant_id: int | None = None) -> int:
     """Tell every gateway process to drop cached principals: of one key, of one tenant, or all
-    (neither given). Bumps a version counter (polled as a fallback) then publishes on a channel."""
+    (neither given). Bumps a version counter (polled as a fallback) then publishes on a channel.
+    Returns how many processes heard it (Redis's answer to PUBLISH): 0 when no gateway shares
+    this Redis and prefix."""
     if key_hash is not None:
         message = f"key:{key_hash}"
     elif tenant_id is not None:
@@ -249,7 +251,7 @@ async def publish_invalidation(redis: Redis, prefix: str, *, key_hash: str | Non
     else:
         message = "all"
     await redis.incr(invalidation_version_key(prefix))
-    await redis.publish(invalidation_channel(prefix), message)
+    return int(await redis.publish(invalidation_channel(prefix), message))
 
 
 def cache_namespace(tenant: Tenant) -> str:

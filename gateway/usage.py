@@ -52,6 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db.models import ApiKey, UsageRecord
 from gateway.log_throttle import LogThrottle
+from gateway.private import private_dir
 from gateway.probes import Outage
 from gateway.usage_journal import (
     JOURNAL_BYTES,
@@ -370,7 +371,7 @@ class UsageWriter:
 
     def _new_journal(self, *, reveal: bool = True) -> Journal:
         if not self._spool_ready:
-            self._spool.mkdir(parents=True, exist_ok=True)
+            private_dir(self._spool)
             self._spool_ready = True
         name = f"{time.time_ns():020d}-{os.getpid()}-{next(self._seq):06d}{JOURNAL_SUFFIX}"
         return Journal.create(self._spool / name, self._journal_bytes, reveal=reveal)
@@ -425,7 +426,7 @@ class UsageWriter:
     async def _w_open(self) -> None:
         from gateway.db.session import Database
 
-        self._spool.mkdir(parents=True, exist_ok=True)
+        private_dir(self._spool)
         self._engine = Database(self._url, timeout_s=self._db_timeout_s).engine
         self._prepare_spare()
 

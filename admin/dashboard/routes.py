@@ -20,7 +20,7 @@ from admin.api.routing import admin_route_class
 from admin.auth import LEEWAY_S, MAX_TOKEN_TTL_S
 from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
-from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin
+from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin, url_netloc
 from admin.management import Management, tenant_view
 from admin.schemas import (
     PLAIN_DECIMAL,
@@ -90,10 +90,8 @@ def _same_site_referer(request: Request) -> str | None:
     """The page to go back to, only when it is on this server (never a link to another site) and
     a web page (found by QA: ``javascript://<this host>/%0a...`` has this server's host too)."""
     referer = request.headers.get("referer")
-    if referer:
-        parts = urlsplit(referer)
-        if parts.scheme in ("http", "https") and parts.netloc == request.url.netloc:
-            return referer
+    if referer and url_netloc(referer) == request.url.netloc and urlsplit(referer).scheme in ("http", "https"):
+        return referer
     return None
 
 

@@ -48,19 +48,29 @@ async def _viewer(request: Request, ctx: ContextDep) -> Viewer:
 ViewerDep = Annotated[Viewer, Depends(_viewer)]
 
 
+def url_netloc(url: str) -> str | None:
+    """A header URL's host and port; None when it cannot be parsed (found by QA: ``http://[x``
+    raised ValueError from ``urlsplit``, a 500 before sign-in)."""
+    try:
+        return urlsplit(url).netloc
+    except ValueError:
+        return None
+
+
 def same_origin(request: Request) -> None:
     """Refuse cross-site form posts (defence in depth next to SameSite=Strict). ``Origin: null`` is
     refused too: browsers send it from opaque origins (sandboxed frames, ``data:`` pages), never
     from the dashboard's own pages, whose referrer policy is ``same-origin``; without the header
     (scripts, curl) the CSRF token alone decides."""
     origin = request.headers.get("origin") or request.headers.get("referer")
-    if origin and (origin == "null" or urlsplit(origin).netloc != request.url.netloc):
+    if origin and (origin == "null" or url_netloc(origin) != request.url.netloc):
         raise ApiError(403, "Cross-site form submission refused.", "permission_error", "csrf")
 
 
 async def _editor(request: Request, viewer: ViewerDep, csrf: Annotated[str, Form()] = "") -> Viewer:
     same_origin(request)
-    if not hmac.compare_digest(csrf, viewer.csrf):
+    # bytes: compare_digest refuses str with non-ASCII characters (a TypeError, found by QA)
+    if not hmac.compare_digest(csrf.encode(), viewer.csrf.encode()):
         raise ApiError(403, "The form expired or was not sent by this dashboard; reload and retry.",
                        "permission_error", "csrf")
     if not viewer.can_write:

@@ -18,6 +18,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from gateway.private import private_file
+
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -68,6 +70,7 @@ class Database:
             if db and db != ":memory:":
                 with contextlib.suppress(OSError):  # unusable path: connecting will say so
                     Path(db).parent.mkdir(parents=True, exist_ok=True)
+                    private_file(db)  # tenants, key hashes, usage: owner-only when created here
             kwargs["connect_args"] = {"timeout": 30}
         else:
             kwargs.update(pool_pre_ping=True, pool_size=10, max_overflow=20, pool_timeout=timeout_s)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -135,12 +136,21 @@ def test_key_commands_print_key_alone_and_invalidate(env, capsys):
     msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
     assert msg and msg["data"] == f"key:{hash_key(key)}".encode()
 
+    assert "no gateway process heard" not in err  # this test's subscriber heard it
+
     new_row = _db(env, lambda s: s.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(new_key))))
     assert run(capsys, "keys", "revoke", str(new_row.id))[0] == 0
     msg = pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
     assert msg and msg["data"] == f"key:{hash_key(new_key)}".encode()
     pubsub.close()
     client.close()
+    # with nobody listening on this Redis and prefix (a CLI set up apart from the gateways), the
+    # change is saved and the CLI says no gateway heard it (found by QA: it printed success alone,
+    # and the key kept working for the key cache's 30 s)
+    third = run(capsys, "keys", "create", "--tenant", name)[1].strip()
+    third_row = _db(env, lambda s: s.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(third))))
+    code, out, err = run(capsys, "keys", "revoke", str(third_row.id))
+    assert code == 0 and "no gateway process heard the change" in err and env.redis_prefix in err, err
 
     code, out, _ = run(capsys, "keys", "list", "--tenant", name, "--active")
     assert new_row.prefix not in out and row.prefix not in out
@@ -347,7 +357,27 @@ def test_tables_align_and_format_values():
     assert [ln.split()[1] for ln in whole.splitlines()[2:]] == ["100", "7"]
 
 
+@contextlib.contextmanager
+def _a_gateway_listening(env):  # noqa: ANN001, ANN202 - a context manager
+    """A subscriber on the gateways' invalidation channel, as a running gateway has: the CLI's
+    changes are heard (without one it warns that no gateway heard them)."""
+    client = redis_sync.Redis.from_url(env.redis_url)
+    pubsub = client.pubsub()
+    pubsub.subscribe(invalidation_channel(env.redis_prefix))
+    pubsub.get_message(timeout=2.0)  # the subscription's confirmation
+    try:
+        yield
+    finally:
+        pubsub.close()
+        client.close()
+
+
 def test_changes_that_change_nothing_are_not_audited(env, capsys):
+    with _a_gateway_listening(env):
+        _changes_that_change_nothing(env, capsys)
+
+
+def _changes_that_change_nothing(env, capsys) -> None:  # noqa: ANN001
     name = unique("noop")
     assert run(capsys, "tenants", "create", name, "--rpm", "60", "--budget-usd", "2.5")[0] == 0
     for argv, said in ((["tenants", "disable", name], f"disabled tenant {name}\n"),
@@ -559,7 +589,8 @@ def test_a_period_change_drops_the_new_periods_counter_or_warns_without_redis(en
     try:
         day = counter_key(env.redis_prefix, tenant.id, period_bounds("day", datetime.now(UTC))[0])
         client.hset(day, mapping={"tok": 1, "usd": 0, "epoch": "old"})  # left from an earlier switch
-        code, _, err = run(capsys, "tenants", "update", name, "--period", "day")
+        with _a_gateway_listening(env):
+            code, _, err = run(capsys, "tenants", "update", name, "--period", "day")
         assert code == 0 and "warning" not in err and not client.exists(day)
         client.hset(day, mapping={"tok": 1, "usd": 0, "epoch": "old"})
         monkeypatch.delenv("PAGEGATE_REDIS_URL")

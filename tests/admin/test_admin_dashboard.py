@@ -139,6 +139,17 @@ async def test_csrf_and_origin_are_enforced(browser_like, token):
     # nor can an opaque origin sign a browser in with its own token (login CSRF)
     resp = await c.post("/admin/login", data={"token": token()}, headers={"origin": "null"})
     assert resp.status_code == 403 and "set-cookie" not in resp.headers
+    # headers urlsplit cannot parse, and a token with non-ASCII characters: refused, not a 500 (QA)
+    for header in ("origin", "referer"):
+        resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name}, headers={header: "http://[::1"})
+        assert resp.status_code == 403 and "Cross-site" in resp.text, header
+    c.cookies.clear()
+    resp = await c.post("/admin/login", data={"token": token()}, headers={"origin": "http://[x"})
+    assert resp.status_code == 403 and "set-cookie" not in resp.headers
+    await _sign_in(c, token())
+    csrf = _csrf((await c.get("/admin/tenants")).text)  # the new token's
+    resp = await c.post("/admin/tenants", data={"csrf": "\u00e9" + csrf[1:], "name": name})
+    assert resp.status_code == 403 and "form" in resp.text
     resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": name}, headers={"origin": "http://admin.test"})
     assert resp.status_code == 303
 
@@ -174,6 +185,9 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
     resp = await c.get("/admin/tenants/nobody-here",
                        headers={"referer": "javascript://admin.test/%0aalert(document.domain)"})
     assert resp.status_code == 404 and "javascript:" not in resp.text
+    # a Referer urlsplit cannot parse: the error page without a Back link, not a 500 (found by QA)
+    resp = await c.get("/admin/tenants/nobody-here", headers={"referer": "http://[admin.test/"})
+    assert resp.status_code == 404 and "No tenant named" in resp.text and "[admin.test" not in resp.text
     # pages are never framed by another site, nor sniffed
     assert resp.headers["x-frame-options"] == "DENY"
     assert resp.headers["content-security-policy"] == "frame-ancestors 'none'"

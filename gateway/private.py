@@ -1,0 +1,30 @@
+"""Files that hold tenants' data are readable by this user only (found by QA: under umask 022 the
+embedded Redis's snapshot, with every tenant's cached prompts and answers, the usage spool and the
+SQLite database were readable by every local user)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` (and its parents) as an owner-only folder; one that exists and belongs to
+    this user is made owner-only too (pagegate's own folders: the embedded Redis's, the spool)."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    with contextlib.suppress(OSError):
+        if folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
+            folder.chmod(PRIVATE_DIR)
+    return folder
+
+
+def private_file(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` empty and owner-only when it does not exist (SQLite then keeps the mode for
+    its ``-wal`` and ``-shm`` files); an existing file is left as it is."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE_FILE))
