@@ -6,6 +6,7 @@ never finished are never stored."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from decimal import Decimal
 
@@ -462,3 +463,50 @@ def test_followers_of_a_leader_that_ends_without_an_answer_run_themselves(api_ca
     for resp in followers:
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == 120
+
+
+def test_a_replayed_stream_cut_short_is_recorded_aborted_with_the_tokens_it_reached(api_cached) -> None:  # noqa: ANN001
+    """Found by QA: a cached answer replayed as a stream whose client left early was recorded
+    ``ok`` with the whole answer's tokens (and savings); it is now ``aborted`` with the share of
+    the tokens its text reached, as a stream the engine ran is."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    cache = api.app.state.pagegate.cache
+    body = _body(api, f"Recite a list of words. ({time.time_ns()})")
+    assert _post(api, key, body).headers["x-cache"] == "miss"
+    namespace = api.loop.run(api.services.auth.authenticate(f"Bearer {key}")).cache_namespace
+    keys = cache.store_.keys(namespace)
+    words = 30_000  # ~7.5 MB of events: more than the sockets hold when the client leaves
+    long = {"choices": [{"index": 0, "finish_reason": "length",
+                         "message": {"role": "assistant", "content": " word" * words}}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": words, "total_tokens": words + 20}}
+
+    async def lengthen() -> int:
+        entries = [k async for k in cache.redis.scan_iter(match=keys.entry_prefix + "*")]
+        for k in entries:
+            await cache.redis.hset(k, "resp", json.dumps(long))
+        return len(entries)
+
+    assert api.loop.run(lengthen()) == 1
+    # a small receive buffer, as a slow client's: else the loopback's autotuned buffers (32 MB
+    # here) take the whole replay before the client leaves
+    small = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)])
+    with httpx.Client(transport=small, timeout=120) as client, client.stream(
+            "POST", api.base_url + "/v1/chat/completions", headers=_h(key), json=dict(body, stream=True)) as resp:
+        assert resp.headers["x-cache"] == "hit"
+        request_id = resp.headers["x-request-id"]
+        for i, _line in enumerate(resp.iter_lines()):
+            if i >= 20:
+                break
+    for _ in range(100):
+        rows = api.usage_rows(request_id)
+        if rows:
+            break
+        time.sleep(0.1)
+    row = rows[0]
+    assert row.cache == "hit" and row.status == "aborted", (row.status, row.completion_tokens, row.latency_ms)
+    assert 0 < row.completion_tokens < words
+    # read to the end, the same replay is recorded whole
+    whole = _post(api, key, dict(body, stream=True))
+    row = api.usage_rows(whole.headers["x-request-id"])[0]
+    assert (row.status, row.completion_tokens, row.finish_reason) == ("ok", words, "length")
