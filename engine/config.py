@@ -56,10 +56,10 @@ class EngineConfig:
             raise ValueError("num_blocks must be >= 2")
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError("max_num_batched_tokens must be >= block_size")
-        waits = (self.admission_gap_ms, self.admission_max_wait_ms, self.admission_notice_gap_ms)
-        if not all(math.isfinite(w) and w >= 0 for w in waits):  # (found by QA: NaN passed `< 0`; the step loop
-            raise ValueError("admission_gap_ms, admission_notice_gap_ms and admission_max_wait_ms "  # crashed)
-                             "must be finite numbers >= 0")
+        for name in ("admission_gap_ms", "admission_max_wait_ms", "admission_notice_gap_ms"):
+            wait = getattr(self, name)
+            if not (math.isfinite(wait) and wait >= 0):  # (found by QA: NaN passed `< 0`; the step loop crashed)
+                raise ValueError(f"{name} must be a finite number >= 0")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_model_len is not None and self.max_model_len < 2:  # a prompt token and one to generate

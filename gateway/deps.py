@@ -46,7 +46,8 @@ class AppState:
     ip_limiter: Any = None  # gateway.ip_limit.ClientIPLimiter | None (settings.ip_rpm == 0)
     loop_lag: Any = None  # gateway.loop_lag.LoopLagMonitor, while serving
     probe: Any = None  # gateway.probes.DependencyProbe: Redis's and the database's state
-    started_at: float = field(default_factory=time.time)
+    started_at: float = field(default_factory=time.time)  # (the models' ``created``)
+    started_mono: float = field(default_factory=time.monotonic)  # uptime: a clock step moves it not
     _embedder_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def cache_stats(self) -> dict | None:

@@ -308,7 +308,7 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
 
     family("pagegate_up", "1 while the engine steps (0: its loop stopped)", "gauge")
     out.append(f"pagegate_up{_labels(('model',), (model or '',))} {1 if engine_up else 0}")
-    family("pagegate_uptime_seconds", "Seconds since this process started", "gauge")
+    family("pagegate_uptime_seconds", "Seconds since this process's app started", "gauge")
     out.append(f"pagegate_uptime_seconds {_num(uptime_s)}")
     if engine:
         for field_name, (name, help_text, kind) in _ENGINE_GAUGES.items():

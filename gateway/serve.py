@@ -28,7 +28,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from gateway.keys import KEY_PREFIX
 from gateway.private import private_dir
-from gateway.settings import Settings, is_loopback, python_log_level, settings_errors, unknown_settings
+from gateway.settings import (
+    Settings,
+    is_loopback,
+    miscased_settings,
+    python_log_level,
+    settings_errors,
+    unknown_settings,
+)
 
 if TYPE_CHECKING:
     from gateway.redis_server import EmbeddedRedis
@@ -262,7 +269,25 @@ def check_engine(settings: Settings) -> None:
         if settings.num_blocks is None:  # the pool's size before the model is loaded: its budget
             check_kv_pool(settings.kv_cache_memory_gb * 2**30, device)
     except ValueError as exc:
-        raise StartupError(f"cannot use the engine's settings: {exc}") from None
+        raise StartupError(f"cannot use the engine's settings: {_by_variable(str(exc))}") from None
+
+
+# EngineConfig's fields whose setting has another name
+_ENGINE_FIELD_SETTING = {"max_waiting_per_class": "max_waiting_per_tenant"}
+
+
+def _by_variable(message: str) -> str:
+    """An EngineConfig refusal with each field named by the variable that sets it (found by QA:
+    ``block_size must be one of …`` where every other refusal names ``PAGEGATE_BLOCK_SIZE``)."""
+    from dataclasses import fields
+
+    from engine.config import EngineConfig
+
+    for f in fields(EngineConfig):
+        setting = _ENGINE_FIELD_SETTING.get(f.name, f.name)
+        if setting in Settings.model_fields and ("_" in f.name or message.startswith(f"{f.name} ")):
+            message = re.sub(rf"\b{f.name}\b", f"PAGEGATE_{setting.upper()}", message)
+    return message
 
 
 def check_embedding_model(settings: Settings) -> None:
@@ -381,6 +406,10 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     from pydantic import ValidationError
 
+    miscased = miscased_settings()
+    if miscased:
+        raise StartupError("; ".join(f"{name}: write it {upper} (a setting's name is in capitals)"
+                                     for name, upper in miscased))
     try:
         settings = Settings()
     except ValidationError as exc:  # e.g. PAGEGATE_PORT=abc
@@ -416,6 +445,10 @@ def run(args: argparse.Namespace) -> int:
             if settings.engine_socket:  # (found by QA: set by hand, the start-up waited 10 minutes, deaf to signals)
                 raise StartupError("PAGEGATE_ENGINE_SOCKET is set: `pagegate serve --workers N` sets it for its "
                                    "own worker processes only; unset it to start a server")
+            for name in ("worker_index", "metrics_dir"):  # (found by QA: set by hand, a warning a second)
+                if getattr(settings, name) is not None:
+                    raise StartupError(f"PAGEGATE_{name.upper()} is set: `pagegate serve --workers N` sets it for "
+                                       "its own worker processes only; unset it to start a server")
             check_dev_mode(settings)
             warn_missing_jwks_file(settings)
             check_port(settings.host, settings.port)

@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PAGEGATE_", env_file=None, extra="ignore")
 
     # server
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", min_length=1)
     port: int = 8000
     dev_mode: bool = False  # `make run`: create a default tenant + key on an empty database
     log_level: str = "info"  # critical | error | warning (warn) | info | debug | trace, any case
@@ -93,7 +93,8 @@ class Settings(BaseSettings):
     # the directory of every local default: the SQLite database, the usage spool, the converted
     # weights and the embedded Redis's snapshot; a path set on its own stays where it is set
     data_dir: str = Field(default="./data", min_length=1)  # (empty: every file in the working directory)
-    usage_spool_dir: str = "./data/usage-spool"
+    # (empty: the working directory, whose files the spool would adopt or set aside; found by QA)
+    usage_spool_dir: str = Field(default="./data/usage-spool", min_length=1)
     usage_flush_interval_s: float = Field(default=0.5, gt=0, allow_inf_nan=False)
     # the spooled rows go into the database this often, or as soon as usage_batch_size wait: each
     # insert's thread hand-offs slow the engine's steps (~4% at one insert every 0.5 s, ~1% at 2 s)
@@ -106,7 +107,7 @@ class Settings(BaseSettings):
     # engine
     model: str = "smollm2-135m-instruct"
     served_model_name: str | None = None
-    weights_cache_dir: str = "./data/weights"
+    weights_cache_dir: str = Field(default="./data/weights", min_length=1)
     device: str = "auto"
     dtype: str = "auto"
     block_size: int = 16
@@ -313,6 +314,16 @@ def settings_errors(exc: ValidationError) -> str:
 _OTHER_VARIABLES = frozenset({"PAGEGATE_KERNEL_CACHE"})
 
 
+def miscased_settings(environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """Variables that name a setting in another case than capitals (``PAGEGATE_Port``), each with
+    its name in capitals. Settings are read in any case, so such a variable is used, and with the
+    capitals one also set, which one wins is not defined: ``pagegate serve`` refuses them (found by
+    QA: ``PAGEGATE_Port`` was said to be ignored, then used over ``PAGEGATE_PORT``)."""
+    env = os.environ if environ is None else environ
+    known = {f"PAGEGATE_{name.upper()}" for name in Settings.model_fields}
+    return [(name, name.upper()) for name in sorted(env) if name != name.upper() and name.upper() in known]
+
+
 def unknown_settings(environ: dict[str, str] | None = None) -> list[tuple[str, str | None]]:
     """The ``PAGEGATE_*`` variables that name no setting, each with the setting it most likely
     meant (None when none is close): a misspelt one used to be ignored in silence (found by QA)."""
@@ -324,7 +335,7 @@ def unknown_settings(environ: dict[str, str] | None = None) -> list[tuple[str, s
     for name in sorted(env):
         if not name.startswith("PAGEGATE_") or name in _OTHER_VARIABLES or name.startswith("PAGEGATE_TEST_"):
             continue
-        if name not in known:
+        if name not in known and name.upper() not in known:  # (a setting in another case: ``miscased_settings``)
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
             out.append((name, close[0] if close else None))
     return out

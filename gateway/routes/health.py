@@ -97,8 +97,8 @@ async def metrics(state: StateDep, request: Request) -> Response:
         own = counted.state()  # a copy, on the event loop; the files, the sums and the text off it
         model = state.engine.model_id if state.engine else None
         text = await asyncio.to_thread(_exposition, counted, own, stats, up and state.engine is not None, model,
-                                       time.time() - state.started_at, deps)
+                                       time.monotonic() - state.started_mono, deps)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
-    return JSONResponse({"uptime_s": round(time.time() - state.started_at, 3), "engine": stats,
+    return JSONResponse({"uptime_s": round(time.monotonic() - state.started_mono, 3), "engine": stats,
                          "event_loop": loop_lag, "cache": cache, "dependencies": deps, "pid": os.getpid(),
                          "worker": counted.worker if counted is not None and counted.directory else None})

@@ -71,9 +71,9 @@ def test_a_setting_of_the_wrong_type_is_one_line(capsys, monkeypatch) -> None:
                                ("PAGEGATE_KV_CACHE_MEMORY_GB", "inf", "kv_cache_memory_gb must be a finite"),
                                ("PAGEGATE_KV_CACHE_MEMORY_GB", "nan", "kv_cache_memory_gb must be a finite"),
                                # (found by QA: NaN passed `< 0`, and the step loop crashed at the first request)
-                               ("PAGEGATE_ADMISSION_NOTICE_GAP_MS", "nan", "must be finite numbers >= 0"),
-                               ("PAGEGATE_ADMISSION_GAP_MS", "inf", "must be finite numbers >= 0"),
-                               ("PAGEGATE_ADMISSION_MAX_WAIT_MS", "nan", "must be finite numbers >= 0")):
+                               ("PAGEGATE_ADMISSION_NOTICE_GAP_MS", "nan", "admission_notice_gap_ms must be a finite"),
+                               ("PAGEGATE_ADMISSION_GAP_MS", "inf", "admission_gap_ms must be a finite number >= 0"),
+                               ("PAGEGATE_ADMISSION_MAX_WAIT_MS", "nan", "admission_max_wait_ms must be a finite")):
         monkeypatch.delenv("PAGEGATE_NUM_THREADS", raising=False)
         monkeypatch.setenv(name, value)
         assert args.func(args) == 2

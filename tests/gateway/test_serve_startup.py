@@ -52,7 +52,8 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
-                                  "data-dir-under-a-file", "bad-setting", "unknown-model", "bad-engine-setting",
+                                  "data-dir-under-a-file", "bad-setting", "empty-spool-dir", "miscased-setting", "worker-index",
+                                  "unknown-model", "bad-engine-setting", "admission-wait",
                                   "max-model-len", "max-waiting", "bad-device", "kv-beyond-memory", "long-model-id",
                                   pytest.param("no-cuda", marks=pytest.mark.skipif(
                                       _cuda_available(), reason="this machine has a CUDA GPU"))])
@@ -67,16 +68,26 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
         "data-dir-under-a-file": ({"PAGEGATE_DATA_DIR": str(tmp_path / "file/data")},  # no Redis URL: embedded
                                   f"error: cannot start the embedded Redis in {tmp_path / 'file/data/redis'}: "),
         "bad-setting": ({"PAGEGATE_REDIS_TIMEOUT_S": "soon"}, "error: invalid settings: PAGEGATE_REDIS_TIMEOUT_S: "),
+        # (found by QA: an empty spool directory was the working directory, whose files it adopted
+        # or set aside; a setting in another case was said to be ignored, then used)
+        "empty-spool-dir": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_USAGE_SPOOL_DIR": ""},
+                            "error: invalid settings: PAGEGATE_USAGE_SPOOL_DIR: String should have at least 1"),
+        "miscased-setting": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_Port": "1"},
+                             "error: PAGEGATE_Port: write it PAGEGATE_PORT"),
+        "worker-index": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_WORKER_INDEX": "zz"},
+                         "error: PAGEGATE_WORKER_INDEX is set: `pagegate serve --workers N` sets it"),
+        "admission-wait": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_ADMISSION_NOTICE_GAP_MS": "-1"},
+                           "error: cannot use the engine's settings: PAGEGATE_ADMISSION_NOTICE_GAP_MS must be a"),
         "unknown-model": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_MODEL": str(tmp_path / "no-such-model")},
                           f"error: cannot use the engine's settings: unknown model '{tmp_path / 'no-such-model'}'"),
         "bad-engine-setting": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_BLOCK_SIZE": "7"},
-                               "error: cannot use the engine's settings: block_size must be one of"),
+                               "error: cannot use the engine's settings: PAGEGATE_BLOCK_SIZE must be one of"),
         "max-model-len": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_MAX_MODEL_LEN": "-5"},
-                          "error: cannot use the engine's settings: max_model_len must be >= 2"),
+                          "error: cannot use the engine's settings: PAGEGATE_MAX_MODEL_LEN must be >= 2"),
         "max-waiting": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_MAX_WAITING": "-1"},
-                        "error: cannot use the engine's settings: max_waiting must be >= 1"),
+                        "error: cannot use the engine's settings: PAGEGATE_MAX_WAITING must be >= 1"),
         "bad-device": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "bogus"},
-                       "error: cannot use the engine's settings: device must be auto, cpu, cuda or cuda:N"),
+                       "error: cannot use the engine's settings: PAGEGATE_DEVICE must be auto, cpu, cuda or cuda:N"),
         # (found by QA: 200 GiB got the process OOM-killed, 1e9 never finished sizing its free list)
         "kv-beyond-memory": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_KV_CACHE_MEMORY_GB": "1e9",
                               "PAGEGATE_DEVICE": "cpu"},
@@ -86,7 +97,7 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
         "long-model-id": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_SERVED_MODEL_NAME": "m" * 129},
                           "error: cannot use the engine's settings: the served model id 'mmmm"),
         "no-cuda": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "cuda"},
-                    "error: cannot use the engine's settings: device 'cuda', but this torch sees no CUDA GPU"),
+                    "error: cannot use the engine's settings: PAGEGATE_DEVICE 'cuda', but this torch sees no CUDA GPU"),
     }[case]
     proc, elapsed = _serve(tmp_path, free_port(), **settings)
     line = _one_error_line(proc)
