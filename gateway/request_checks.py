@@ -91,8 +91,11 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest, engine: 
     """400 for token ids outside the model's vocabulary (the engine would index its logits with
     them). Every sampling field the schema accepts is honoured by the engine, none is ignored."""
     vocab = vocab_size(engine)
-    if body.stop_token_ids and vocab is not None and any(not 0 <= t < vocab for t in body.stop_token_ids):
-        raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab}).", param="stop_token_ids")
+    if body.stop_token_ids and vocab is not None:
+        for i, t in enumerate(body.stop_token_ids):  # the item, as stop[i] and prompt[i] are named (QA)
+            if not 0 <= t < vocab:
+                raise invalid_request(f"stop_token_ids must be token ids in [0, {vocab}).",
+                                      param=f"stop_token_ids[{i}]")
     if body.logit_bias and vocab is not None:
         outside = next((k for k in body.logit_bias if int(k) >= vocab), None)
         if outside is not None:
