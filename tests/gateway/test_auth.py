@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 
 import pytest
@@ -122,7 +123,7 @@ async def test_database_unreachable_is_503_for_unknown_keys_and_stale_cache_for_
     auth = Authenticator(tenancy.db.sessionmaker, tenancy.redis, tenancy.settings)
     await auth.authenticate(f"Bearer {key}")
     broken = Database(f"sqlite+aiosqlite:///{tmp_path / 'no-such-dir' / 'x.db'}")
-    (tmp_path / "no-such-dir").rmdir()
+    shutil.rmtree(tmp_path / "no-such-dir")  # (with the empty, owner-only file Database made there)
     (tmp_path / "no-such-dir").write_text("not a directory")
     auth._sessionmaker = broken.sessionmaker  # the database goes away
     for entry in auth._cache.values():
