@@ -12,14 +12,17 @@ PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
 
-def private_dir(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` (and its parents) as an owner-only folder; one that exists and belongs to
-    this user is made owner-only too (pagegate's own folders: the embedded Redis's, the spool)."""
+def private_dir(path: str | os.PathLike[str], *, tighten: bool = False) -> Path:
+    """Create ``path`` (and its parents) as an owner-only folder. ``tighten``: one that exists and
+    belongs to this user is made owner-only too, for a folder only pagegate uses (the embedded
+    Redis's ``redis/``); a folder the operator named (the spool) is left as it is (found by a
+    re-check QA: a spool set to an existing folder had its mode changed)."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
-    with contextlib.suppress(OSError):
-        if folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
-            folder.chmod(PRIVATE_DIR)
+    if tighten:
+        with contextlib.suppress(OSError):
+            if folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o077:
+                folder.chmod(PRIVATE_DIR)
     return folder
 
 

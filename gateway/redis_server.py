@@ -48,7 +48,7 @@ class EmbeddedRedis:
         """One start or stop at a time on a data dir, across processes (found by QA: two gateways
         started together each got a server of their own, and a start racing the last stop fell back
         to another redis-server, whose newer snapshot format the embedded one then refused)."""
-        private_dir(self.dir)  # its snapshot holds every tenant's cached prompts and answers
+        private_dir(self.dir, tighten=True)  # its snapshot holds every tenant's cached prompts and answers
         fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

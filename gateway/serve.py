@@ -195,6 +195,13 @@ def check_spool_dir(path: str) -> None:
     """The usage spool must be a directory this process can write (every usage row lands there first)."""
     folder = os.path.abspath(path)
     try:
+        here = os.getcwd()
+    except OSError:  # (a working directory removed meanwhile: nothing of it to take)
+        here = None
+    if here is not None and os.path.commonpath([folder, here]) == folder:  # (found by QA: its files taken as the spool's)
+        raise StartupError(f"the usage spool directory {folder} is the working directory or one above it: "
+                           "give PAGEGATE_USAGE_SPOOL_DIR a folder of its own")
+    try:
         private_dir(folder)  # (its rows name tenants, keys and costs)
         with tempfile.TemporaryFile(dir=folder):
             pass

@@ -40,7 +40,7 @@ class Journal:
         """Made under a name adopters do not read (``.new``), locked, then renamed into view
         (now, or by ``reveal()``): a visible ``.journal`` is always locked while its owner lives."""
         hidden = path.with_suffix(_HIDDEN)
-        fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(hidden, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)  # (rows: owner only)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if hasattr(os, "posix_fallocate"):
@@ -191,7 +191,8 @@ def write_durably(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w",
+                  encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

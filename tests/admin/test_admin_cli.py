@@ -372,6 +372,14 @@ def _a_gateway_listening(env):  # noqa: ANN001, ANN202 - a context manager
         client.close()
 
 
+def test_a_setting_named_in_another_case_is_refused(env, capsys, monkeypatch):
+    """Found by a re-check QA: ``pagegate serve`` refused ``pagegate_redis_prefix``, the CLI used it
+    without a word (a lower-case database URL would have pointed it at another database)."""
+    monkeypatch.setenv("pagegate_redis_prefix", "zzz:")
+    code, out, err = run(capsys, "tenants", "create", unique("case"))
+    assert (code, out) == (1, "") and "pagegate_redis_prefix: write it PAGEGATE_REDIS_PREFIX" in err, err
+
+
 def test_changes_that_change_nothing_are_not_audited(env, capsys):
     with _a_gateway_listening(env):
         _changes_that_change_nothing(env, capsys)
