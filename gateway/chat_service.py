@@ -503,7 +503,7 @@ async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: 
                     if pieces % REPLAY_PIECES_PER_TURN == 0:
                         # a send that the socket takes at once never suspends: without a turn the
                         # loop would serve nothing else, nor hear the client leave, until the
-                        # whole answer is written (found by QA: an 8,000-token replay, 1.2 s)
+                        # whole answer is written (found by QA: a 15 MB replay, 1.2 s)
                         await asyncio.sleep(0)
                 yield fmt.finish_chunk(i, reasons[i])
             sent_chars = None

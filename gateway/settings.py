@@ -317,8 +317,8 @@ _OTHER_VARIABLES = frozenset({"PAGEGATE_KERNEL_CACHE"})
 def miscased_settings(environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """Variables that name a setting in another case than capitals (``PAGEGATE_Port``), each with
     its name in capitals. Settings are read in any case, so such a variable is used, and with the
-    capitals one also set, which one wins is not defined: ``pagegate serve`` refuses them (found by
-    QA: ``PAGEGATE_Port`` was said to be ignored, then used over ``PAGEGATE_PORT``)."""
+    capitals one also set, which one wins is not defined: ``pagegate serve`` and the admin CLI refuse
+    them (found by QA: ``PAGEGATE_Port`` was said to be ignored, then used over ``PAGEGATE_PORT``)."""
     env = os.environ if environ is None else environ
     known = {f"PAGEGATE_{name.upper()}" for name in Settings.model_fields}
     return [(name, name.upper()) for name in sorted(env) if name != name.upper() and name.upper() in known]
