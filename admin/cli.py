@@ -22,7 +22,7 @@ from admin.schemas import INT32_MAX, INT64_MAX, PLAIN_DECIMAL, WHOLE_NUMBER, Inv
 from gateway.db.session import safe_url
 from gateway.errors import ApiError
 from gateway.serve import safe_redis_url
-from gateway.settings import Settings, miscased_settings
+from gateway.settings import Settings, miscased_refusal
 from gateway.tenancy import TenancyError
 
 
@@ -270,10 +270,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     """Entry point for ``pagegate admin``; returns the exit status (1 on a refused change)."""
-    miscased = miscased_settings() if settings is None else []
-    if miscased:  # (found by QA: `serve` refused them, the CLI used them without a word)
-        cmd.note("error: " + "; ".join(f"{name}: write it {upper} (a setting's name is in capitals)"
-                                       for name, upper in miscased))
+    miscased = miscased_refusal() if settings is None else None
+    if miscased is not None:  # (found by QA: `serve` refused them, the CLI used them without a word)
+        cmd.note(f"error: {miscased}")
         return 1
     try:
         settings = settings or Settings()

@@ -151,11 +151,13 @@ class Aftercare:
                 retried = isinstance(result, TRANSIENT_REDIS_ERRORS)
                 # (retried: a warning, handled without anyone; dropped: an error, found by a re-check QA
                 # whose restarts of Redis logged every retried settlement at ERROR)
-                (_REDIS_RETRIED if retried else _REDIS_DOWN).log(
-                    log, logging.WARNING if retried else logging.ERROR, "request bookkeeping failed %s: %s: %s%s",
-                    label, type(result).__name__, result, " (retried later)" if retried else "")
                 if retried:
+                    _REDIS_RETRIED.log(log, logging.WARNING, "request bookkeeping failed %s: %s: %s (retried later)",
+                                       label, type(result).__name__, result)
                     self.retry_later(job, label, waited_s)
+                else:
+                    _REDIS_DOWN.log(log, logging.ERROR, "request bookkeeping failed %s: %s: %s", label,
+                                    type(result).__name__, result)
             elif isinstance(result, BaseException):
                 log.error("request bookkeeping failed %s", label, exc_info=result)
 

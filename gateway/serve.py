@@ -31,7 +31,7 @@ from gateway.private import private_dir
 from gateway.settings import (
     Settings,
     is_loopback,
-    miscased_settings,
+    miscased_refusal,
     python_log_level,
     settings_errors,
     unknown_settings,
@@ -413,10 +413,9 @@ def _exit_on_sigterm(signum: int, _frame: object) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     from pydantic import ValidationError
 
-    miscased = miscased_settings()
-    if miscased:
-        raise StartupError("; ".join(f"{name}: write it {upper} (a setting's name is in capitals)"
-                                     for name, upper in miscased))
+    miscased = miscased_refusal()
+    if miscased is not None:
+        raise StartupError(miscased)
     try:
         settings = Settings()
     except ValidationError as exc:  # e.g. PAGEGATE_PORT=abc

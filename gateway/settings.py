@@ -324,6 +324,15 @@ def miscased_settings(environ: dict[str, str] | None = None) -> list[tuple[str, 
     return [(name, name.upper()) for name in sorted(env) if name != name.upper() and name.upper() in known]
 
 
+def miscased_refusal(environ: dict[str, str] | None = None) -> str | None:
+    """What ``pagegate serve`` and the admin CLI say after ``error:`` when ``miscased_settings``
+    finds any; None when there is none."""
+    miscased = miscased_settings(environ)
+    if not miscased:
+        return None
+    return "; ".join(f"{name}: write it {upper} (a setting's name is in capitals)" for name, upper in miscased)
+
+
 def unknown_settings(environ: dict[str, str] | None = None) -> list[tuple[str, str | None]]:
     """The ``PAGEGATE_*`` variables that name no setting, each with the setting it most likely
     meant (None when none is close): a misspelt one used to be ignored in silence (found by QA)."""

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from fastapi import APIRouter, Form, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -20,7 +20,7 @@ from admin.api.routing import admin_route_class
 from admin.auth import LEEWAY_S, MAX_TOKEN_TTL_S
 from admin.context import AdminContext
 from admin.dashboard.charts import Series, bar_chart, count, usd
-from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin, url_netloc
+from admin.dashboard.session import COOKIE, EditorDep, Viewer, ViewerDep, same_origin, url_parts
 from admin.management import Management, tenant_view
 from admin.schemas import (
     PLAIN_DECIMAL,
@@ -90,7 +90,8 @@ def _same_site_referer(request: Request) -> str | None:
     """The page to go back to, only when it is on this server (never a link to another site) and
     a web page (found by QA: ``javascript://<this host>/%0a...`` has this server's host too)."""
     referer = request.headers.get("referer")
-    if referer and url_netloc(referer) == request.url.netloc and urlsplit(referer).scheme in ("http", "https"):
+    parts = url_parts(referer) if referer else None
+    if parts is not None and parts.scheme in ("http", "https") and parts.netloc == request.url.netloc:
         return referer
     return None
 

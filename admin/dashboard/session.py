@@ -8,7 +8,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from fastapi import Depends, Form, Request
 
@@ -48,11 +48,11 @@ async def _viewer(request: Request, ctx: ContextDep) -> Viewer:
 ViewerDep = Annotated[Viewer, Depends(_viewer)]
 
 
-def url_netloc(url: str) -> str | None:
-    """A header URL's host and port; None when it cannot be parsed (found by QA: ``http://[x``
-    raised ValueError from ``urlsplit``, a 500 before sign-in)."""
+def url_parts(url: str) -> SplitResult | None:
+    """A header URL split; None when it cannot be parsed (found by QA: ``http://[x`` raised
+    ValueError from ``urlsplit``, a 500 before sign-in)."""
     try:
-        return urlsplit(url).netloc
+        return urlsplit(url)
     except ValueError:
         return None
 
@@ -63,7 +63,8 @@ def same_origin(request: Request) -> None:
     from the dashboard's own pages, whose referrer policy is ``same-origin``; without the header
     (scripts, curl) the CSRF token alone decides."""
     origin = request.headers.get("origin") or request.headers.get("referer")
-    if origin and (origin == "null" or url_netloc(origin) != request.url.netloc):
+    parts = url_parts(origin) if origin else None
+    if origin and (origin == "null" or parts is None or parts.netloc != request.url.netloc):
         raise ApiError(403, "Cross-site form submission refused.", "permission_error", "csrf")
 
 
