@@ -68,6 +68,7 @@ class Report:
                 "total": self.total.as_dict()}
 
 
+_FRACTION = re.compile(r"[.,](\d+)")  # a fraction of a second (dates and offsets hold no other)
 _BARE_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
@@ -78,6 +79,11 @@ def parse_time(value: str) -> datetime:
     here, and the same digits must not mean 1970 to one surface and 2026 to another. A time with no
     UTC equivalent (``0001-01-01T00:00+05:00``) is refused here too, so both surfaces name the bound
     (the API's 400 its ``param``, the CLI's usage error its option)."""
+    fraction = _FRACTION.search(value)
+    if fraction and fraction.group(1)[6:].strip("0") and not _BARE_NUMBER.fullmatch(value.strip()):
+        # ``fromisoformat`` cuts a fraction down to microseconds: an ``until`` would move earlier, and
+        # rows on the wrong side of either bound be counted (found by QA)
+        raise InvalidField(f"too precise: {value!r}; a time is kept to the microsecond (6 decimal places)")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:

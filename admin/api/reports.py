@@ -31,9 +31,12 @@ def _time(value: str | None, param: str) -> datetime | None:
 
 
 def _range(since: str | None, until: str | None) -> tuple[datetime, datetime]:
+    sent_since = since is not None
     since, until = reports.default_range(_time(since, "since"), _time(until, "until"))
-    if since >= until:
-        raise bad_request("'since' must be before 'until'.", "since")
+    if since >= until:  # the bound the caller sent is the one at fault (found by QA: `until` alone, too early,
+        # was blamed on the `since` it had not sent)
+        raise bad_request(f"'since' ({since.isoformat()}) must be before 'until' ({until.isoformat()}).",
+                          "since" if sent_since else "until")
     return since, until
 
 

@@ -701,3 +701,45 @@ async def test_money_out_of_range_names_the_rule(client, auth, amount):
     resp = await client.put("/admin/v1/prices/m-money", headers={**auth(), "content-type": "application/json"},
                             content=f'{{"prompt_usd_per_1m": {amount}, "completion_usd_per_1m": 1}}')
     assert resp.status_code == 400 and "at most 10 digits before the point and 8 after it" in resp.json()["error"]["message"]
+
+
+async def test_an_unknown_query_parameter_is_refused_after_the_token(client, auth):
+    """Found by QA: ``?groupby=model`` (for ``group_by``) answered the report grouped by day, and
+    ``/summary?from=…&to=…`` the last 30 days, each with 200. A parameter the endpoint does not take
+    is a 400 naming it (after the token check: no token is still a 401); known ones still pass."""
+    tenant = unique("query")
+    await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())
+    for path, params in ((f"/admin/v1/tenants/{tenant}/report", {"groupby": "model"}),
+                         ("/admin/v1/summary", {"from": "2026-01-01", "to": "2026-01-02"}),
+                         ("/admin/v1/tenants", {"limit": "5", "offset": "5"}),
+                         (f"/admin/v1/tenants/{tenant}", {"verbose": "1"})):
+        resp = await client.get(path, params=params, headers=auth())
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] in params and err["param"] != "limit" and "not a query parameter" in err["message"]
+        assert (await client.get(path, params=params)).status_code == 401
+    resp = await client.get(f"/admin/v1/tenants/{tenant}/report", headers=auth(),
+                            params={"group_by": "model", "since": "2026-01-01", "until": "2026-01-02",
+                                    "format": "csv"})
+    assert resp.status_code == 200 and resp.text.startswith("model,"), resp.text
+    assert (await client.get("/admin/v1/tenants", params={"limit": "5"}, headers=auth())).status_code == 200
+
+
+async def test_a_backwards_range_names_the_bound_that_was_sent(client, auth):
+    """Found by QA: ``until`` alone, before the default ``since``, was blamed on ``since``."""
+    resp = await client.get("/admin/v1/summary", params={"until": "0001-01-01"}, headers=auth())
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "until", resp.text
+    resp = await client.get("/admin/v1/summary", params={"since": "2026-02-01", "until": "2026-01-01"},
+                            headers=auth())
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "since", resp.text
+    assert "2026-02-01" in resp.json()["error"]["message"]
+
+
+async def test_a_time_finer_than_a_microsecond_is_refused(client, auth):
+    """Found by QA: ``fromisoformat`` cut ``…00:00:00.0000001`` to ``…00:00:00``, so an ``until``
+    moved earlier and a row on the wrong side of a bound was counted. Trailing zeros are exact."""
+    resp = await client.get("/admin/v1/summary", params={"until": "2026-12-01T00:00:00.0000001Z"}, headers=auth())
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "until", resp.text
+    assert "microsecond" in resp.json()["error"]["message"]
+    resp = await client.get("/admin/v1/summary", params={"since": "2026-11-30T23:59:59.9999990Z"}, headers=auth())
+    assert resp.status_code == 200 and resp.json()["since"].startswith("2026-11-30T23:59:59.999999"), resp.text

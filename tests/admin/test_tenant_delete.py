@@ -122,8 +122,8 @@ async def test_a_deleted_tenants_history_stays_readable_but_not_changeable(clien
         name, 1, 0.000015)
     budget = (await client.get(f"/admin/v1/tenants/{name}/budget", headers=auth("admin:read"))).json()
     assert budget["deleted_at"] and budget["spent_tokens"] == 15 and budget["budget_usd"] == 3
-    for path in ("/admin/v1/keys", f"/admin/v1/tenants/{name}/keys"):
-        listed = (await client.get(path, params={"tenant": name}, headers=auth())).json()["data"]
+    for path, params in (("/admin/v1/keys", {"tenant": name}), (f"/admin/v1/tenants/{name}/keys", {})):
+        listed = (await client.get(path, params=params, headers=auth())).json()["data"]
         assert [(k["id"], k["revoked"]) for k in listed] == [(key["id"], True)], path
     alive = (await client.post("/admin/v1/tenants", json={"name": unique("alive")}, headers=auth())).json()
     assert (await client.get(f"/admin/v1/tenants/{alive['name']}/budget", headers=auth())).json()["deleted_at"] is None
