@@ -60,8 +60,10 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
                                    f"strings ({model} reads it with its own tokenizer). LangChain's OpenAIEmbeddings "
                                    "sends token ids unless given check_embedding_ctx_length=False.")
     texts = body.inputs()
-    if any(not t for t in texts):
-        raise invalid_request("Input must not contain empty strings.", param="input")
+    empty = next((i for i, t in enumerate(texts) if not t), None)
+    if empty is not None:  # the item named, as /v1/completions names prompt[i] (found by QA)
+        raise invalid_request("Input must not contain empty strings.",
+                              param="input" if isinstance(body.input, str) else f"input[{empty}]")
     embedder = await caller.state.get_embedder()
     if body.dimensions is not None and body.dimensions > embedder.dimensions:
         raise invalid_request(f"dimensions must be at most {embedder.dimensions} for {model}.",

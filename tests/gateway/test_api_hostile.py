@@ -261,6 +261,7 @@ def test_best_of_below_one_is_a_wrong_value_and_above_unsupported(api) -> None: 
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": []}, "input"),
     ({"input": ""}, "input"),
+    ({"input": ["a", ""]}, "input[1]"),  # found by QA: named "input", where completions name prompt[i]
     ({"input": [1, "a"]}, "input[1]"),
     ({"input": [[1, 2], []]}, "input[1]"),
     ({"input": [True]}, "input[0]"),
