@@ -289,6 +289,8 @@ def run(args: argparse.Namespace, settings: Settings | None = None) -> int:
     if getattr(args, "no_budget", False) and (args.budget_tokens is not None or args.budget_usd is not None):
         cmd.note("error: --no-budget removes both budgets: not with --budget-tokens or --budget-usd")
         return 2  # a usage error, before any database is opened
+    if getattr(args, "run", None) is cmd.keys_create and args.models:
+        args.unserved_models = unserved_models(settings, args.models)
     if getattr(args, "run", None) in (cmd.prices_set, cmd.prices_delete):
         args.served_models = served_models(settings)
         args.model = priced_model(settings, args.model)  # (an alias of the embedding model: its served id)
@@ -333,6 +335,15 @@ def served_models(settings: Settings) -> frozenset[str]:
     from engine.weights import served_name
 
     return frozenset({settings.served_model_name or served_name(settings.model), settings.embedding_model})
+
+
+def unserved_models(settings: Settings, models: list[str]) -> tuple[list[str], frozenset[str]]:
+    """Of a new key's ``--models``, those this configuration serves under no name (a chat model id
+    matches exactly, the embedding model also by its aliases in any case), and the served ids."""
+    from gateway.embedding_service import is_embedding_model
+
+    served = served_models(settings)
+    return [m for m in models if m not in served and not is_embedding_model(settings, m)], served
 
 
 async def _run_async(settings: Settings, args: argparse.Namespace) -> int:

@@ -230,6 +230,10 @@ async def keys_create(ops: Management, args: argparse.Namespace) -> int:
     row, new = await ops.create_key(tenant=args.tenant, name=args.name, allowed_models=args.models, rpm=args.rpm)
     note(f"created key {row.prefix}… (id {row.id}) for tenant {args.tenant}; it is shown only once:")
     print(new.key)
+    unserved, served = getattr(args, "unserved_models", ((), ()))
+    if unserved:  # a typo (found by QA: --models SMOLLM2-135M-INSTRUCT made a key refused on every model)
+        note(f"warning: this configuration serves no model named {', '.join(repr(m) for m in unserved)} (it serves "
+             f"{', '.join(repr(m) for m in sorted(served))}); the key is refused (403) on every model it does not list")
     return 0
 
 

@@ -739,3 +739,22 @@ def test_a_price_set_on_an_embedding_alias_is_kept_under_its_served_id(env, caps
     code, _, err = run(capsys, "prices", "set", "sentence-transformers/all-MiniLM-L6-v2", "--prompt", "0.02",
                        "--completion", "0")
     assert code == 0 and err.startswith("price of all-MiniLM-L6-v2") and "warning" not in err, err
+
+
+def test_a_key_for_a_model_not_served_is_made_with_a_warning(env, capsys):
+    """Found by QA: ``--models SMOLLM2-135M-INSTRUCT`` (the chat model's id matches exactly) made
+    a key refused on every model, without a word. The key is still made (a model may be served
+    later); the CLI warns, naming what this configuration serves. The embedding model's aliases,
+    in any case, are no typo."""
+    from admin.cli import served_models
+    from gateway.settings import Settings
+
+    chat = next(m for m in served_models(Settings()) if m != Settings().embedding_model)
+    name = unique("unserved")
+    run(capsys, "tenants", "create", name)
+    code, out, err = run(capsys, "keys", "create", "--tenant", name, "--models", f"{chat.upper()},{chat}")
+    assert code == 0 and looks_like_key(out.strip()), err
+    assert f"serves no model named {chat.upper()!r}" in err and repr(chat) in err.split("it serves", 1)[1], err
+    code, out, err = run(capsys, "keys", "create", "--tenant", name,
+                         "--models", f"{chat},ALL-MINILM-L6-V2,sentence-transformers/all-MiniLM-L6-v2")
+    assert code == 0 and looks_like_key(out.strip()) and "warning" not in err, err
