@@ -43,7 +43,9 @@ _REDIS_RETRIED = LogThrottle()  # jobs retried later (a warning: its own throttl
 _GIVEN_UP = LogThrottle()
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
-RETRY_FOR_S = 50 * 60.0  # the ledger refunds an unsettled reservation after an hour
+# a reservation whose lease lapsed stays as a marker for two hours (``lua/quota_reserve.lua``): a
+# settlement retried within that time still adds the request's real amounts
+RETRY_FOR_S = 50 * 60.0
 MAX_RETRYING = 20_000  # jobs waiting for a retry at most (a long outage under load): past it, given up
 # Redis cannot do it now but will: unreachable, timing out, loading its data after a restart
 # (BusyLoadingError is a ConnectionError), a replica after a failover, a cluster re-sharding

@@ -18,11 +18,15 @@ Keys (one hash tag per tenant, so the multi-key scripts work on Redis Cluster)::
 
     <prefix>{t:<id>}:q:<d20261129|m202611>   hash tok, usd, epoch   (period counter)
     <prefix>{t:<id>}:tpm:<minute>            int                     (TPM bucket)
-    <prefix>{t:<id>}:res                     hash id -> "tok:usd:tpm:epoch" (open reservations)
+    <prefix>{t:<id>}:res                     hash id -> "tok:usd:tpm:epoch" (open reservations;
+                                             "settled" / "stale:<epoch>": markers)
     <prefix>{t:<id>}:resdl                   zset id -> deadline
 
 A reservation its gateway never settles (the process was killed) is refunded in full by the next
-reservation of that tenant after ``reservation_ttl_s`` (1 hour): requests must not run longer.
+reservation of that tenant once its lease lapses: a live process renews its open reservations'
+leases (``lease_s``, 60 s) every quarter of it (``renew_leases``). A refunded entry stays as a
+``stale:`` marker, so a live process cut off from Redis past its lease is charged its real
+amounts when it settles.
 (Known gap: a process killed in the ~20 ms between a response and its settlement leaves a usage
 row, so that request's real amounts are refunded too and the counter stays short of them until its
 next rebuild. Dropping the counter on expiry instead was tried and reverted: the rebuild left out
@@ -38,6 +42,7 @@ while its counter cannot be rebuilt (the database is down too): there is nothing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -68,7 +73,11 @@ from gateway.redis_lane import ScriptLane
 
 log = logging.getLogger("pagegate.quota")
 
-RESERVATION_TTL_S = 3600  # an unsettled reservation (its gateway crashed) is refunded after this
+RESERVATION_TTL_S = 3600  # requests run no longer than this (this process forgets a reservation then)
+# an open reservation is refunded once its deadline passes: its process pushes the deadline this far
+# ahead every lease_s / 4 while the request runs (``_renew_leases``), so only a dead process's lapse
+# (found by QA: a SIGKILLed worker's reservations held a tenant's budget for an hour)
+RESERVATION_LEASE_S = 60
 REBUILD_RETRY_S = 1.0  # a counter's rebuild that failed (database down) is tried again after this
 # one process rebuilds a counter at a time (``lua/quota_rebuild_lock.lua``): its lock outlasts a
 # rebuild's slowest path (the journal's flush, the peers' answers and the sum, each on its timeout);
@@ -167,7 +176,7 @@ class QuotaLedger:
 
     def __init__(self, redis: Redis, sessionmaker: async_sessionmaker[AsyncSession], prices: PriceBook, *,
                  prefix: str, before_rebuild: Callable[[], Awaitable[int | None]] | None = None,
-                 reservation_ttl_s: int = RESERVATION_TTL_S) -> None:
+                 reservation_ttl_s: int = RESERVATION_TTL_S, lease_s: int = RESERVATION_LEASE_S) -> None:
         self._redis = redis
         self._sessionmaker = sessionmaker
         self._prices = prices
@@ -187,6 +196,9 @@ class QuotaLedger:
         # wait ``settle_delay_ms`` in the aftercare) and says whether there were any; None: none wait
         self.settle_pending: Callable[[], Awaitable[bool]] | None = None
         self.reservation_ttl_s = reservation_ttl_s
+        self.lease_s = lease_s
+        self._renewal: asyncio.Task | None = None
+        self._renew_log = LogThrottle(60.0)
         self._reserve = redis.register_script(_script("quota_reserve.lua"))
         self._settle = redis.register_script(_script("quota_settle.lua"))
         self._init = redis.register_script(_script("quota_init.lua"))
@@ -274,7 +286,7 @@ class QuotaLedger:
         args: list = [
             -1 if principal.budget_tokens is None else int(principal.budget_tokens),
             -1 if budget_usd is None else usd_to_units(budget_usd),
-            max(0, principal.tpm_limit), repr(frac), int(now), int(now) + self.reservation_ttl_s,
+            max(0, principal.tpm_limit), repr(frac), int(now), int(now) + self.lease_s,
             2 * self.reservation_ttl_s + 86400, 0,
         ]
         prices: dict[Price, tuple[str, str]] = {}
@@ -352,29 +364,67 @@ class QuotaLedger:
                 out[i] = result_i
         return out
 
-    async def _adopt(self, tenant_id: int, key: str, current: str | None = None) -> None:
+    async def _adopt(self, tenant_id: int, key: str, current: str | None = None, *, renewal: bool = False) -> None:
         """Charge this process's open reservations of counter ``key`` to it again where it was rebuilt
-        since they were made (``lua/quota_adopt.lua``). Best effort: a reservation left out is still
-        charged its real amounts when it settles, as before. ``current``: the counter's epoch, when
-        known (its reservations are in it already)."""
+        since they were made, and renew the leases of those in it (``lua/quota_adopt.lua``). Best
+        effort: a reservation left out is still charged its real amounts when it settles, as before.
+        ``current``: the counter's epoch, when known (its reservations are in it already).
+        ``renewal``: a Redis error is raised (the renewal logs it once for all its counters)."""
         now = time.time()
         mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current and r.id not in self._in_sum]
         if not mine:
             return
-        args: list = [int(now) + self.reservation_ttl_s, 2 * self.reservation_ttl_s + 86400]
+        args: list = [int(now) + self.lease_s, 2 * self.reservation_ttl_s + 86400]
         for r in mine:
             args += (r.id, r.prompt_tokens, r.max_tokens, *map(repr, r.price.units_per_token))
         tag = self._tag(tenant_id)
         try:
             reply = await self._lane.run(self._adopt_script, keys=[key, f"{tag}:res", f"{tag}:resdl"], args=args)
         except RedisError as exc:
-            log.warning("quota: open reservations not charged to the rebuilt counter %s: %r", key, exc)
-            return
+            if not renewal:
+                log.warning("quota: open reservations not charged to the rebuilt counter %s: %r", key, exc)
+                return
+            raise
         epoch = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
         if epoch:
             self._epochs[key] = epoch
             for r in mine:
                 r.epoch = epoch
+
+    def start(self) -> None:
+        """Start renewing this process's open reservations' leases (every ``lease_s / 4``)."""
+        if self._renewal is None:
+            self._renewal = asyncio.ensure_future(self._renew_leases())
+
+    async def aclose(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewal
+            self._renewal = None
+
+    async def _renew_leases(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 4)
+            await self.renew_leases()
+
+    async def renew_leases(self) -> None:
+        """Push the deadlines of this process's open reservations ``lease_s`` ahead: one script call
+        per tenant counter (``_adopt``, which also charges them again to a counter rebuilt without
+        them, or refunded when their lease lapsed while Redis was out of reach). A Redis error is
+        logged and the next round tries again."""
+        counters = {(r.tenant_id, r.counter_key) for r in list(self._open.values()) if r.counter_key}
+        for tenant_id, key in counters:
+            try:
+                await self._adopt(tenant_id, key, renewal=True)
+            except RedisError as exc:
+                self._renew_log.log(log, logging.WARNING, "quota: the leases of open reservations were not renewed "
+                                    "(Redis: %r); those left %d s without renewal are refunded, and charged again "
+                                    "at the next renewal", exc, self.lease_s)
+                return
+            except Exception:  # noqa: BLE001 - the loop must go on: a lapsed lease only refunds early
+                log.exception("quota: renewing the leases of open reservations failed")
+                return
 
     async def adopt_rebuilt(self, tenant_id: int, key: str) -> None:
         """Another process rebuilt counter ``key``: charge this process's open reservations of it
@@ -473,8 +523,10 @@ class QuotaLedger:
         return await self.settle(reservation, prompt_tokens=0, completion_tokens=0)
 
     async def open_reservations(self, tenant_id: int) -> int:
-        """How many reservations of the tenant are not settled yet."""
-        return int(await self._redis.hlen(f"{self._tag(tenant_id)}:res"))
+        """How many reservations of the tenant are not settled yet (not the markers of settled or
+        lapsed ones)."""
+        values = await self._redis.hvals(f"{self._tag(tenant_id)}:res")
+        return sum(1 for v in values if v[:1].isdigit() or v[:1] == b"-")
 
     async def usage(self, tenant_id: int, period: str = "month") -> tuple[int, Decimal] | None:
         """(tokens, usd) charged in the current period per Redis (incl. open reservations), or None

@@ -45,7 +45,7 @@ IN_FLIGHT_RETRY_S = 1.0
 _OR_MAX_TOKENS = {True: ", or send max_tokens", False: ""}
 _IN_FLIGHT_WHY = ("each holds its max_tokens until it finishes and gives back what it did not use; one sent "
                   "without max_tokens holds all the room its context leaves; one whose gateway process was "
-                  "killed is given back within an hour")
+                  "killed is given back within about a minute")
 
 
 def tpm_refusal(limit: int, used: int, prev: int, cur: int, frac: float, requested: int,

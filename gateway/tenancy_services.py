@@ -65,9 +65,11 @@ class TenancyServices:
                 # (a timed-out script may still have run once Redis woke: then it is settled after all,
                 # which the log cannot know; a QA run found every such counter exact)
                 log.error("%d quota settlements were not confirmed before the stop (Redis unreachable): any that "
-                          "did not run have their reservations refunded whole after an hour, and those requests' "
+                          "did not run have their reservations refunded whole within about a minute, and those requests' "
                           "tokens count against their budgets only from the counters' next rebuild",
                           self.aftercare.retrying)
+        with contextlib.suppress(Exception):
+            await self.quota.aclose()
         if self.peers is not None:
             with contextlib.suppress(Exception):
                 await self.peers.close()
@@ -165,6 +167,7 @@ async def build_tenancy(settings: Settings, *, redis_url: str, upgrade_schema: b
         await auth.start()
         await peers.start()
         prices.start()
+        quota.start()
     except BaseException:
         await services.close()
         raise

@@ -2,9 +2,11 @@
 -- rows (Redis flushed or restarted, or the counter dropped): the rows of running requests do not
 -- exist yet, so without this the rebuilt counter misses what they reserved until they settle, and
 -- requests admitted meanwhile overspend by that much (QA: 6% with 8 clients and one FLUSHDB).
--- A reservation already in this counter (its entry carries the counter's epoch) or already settled
--- is left alone; any other (its entry gone, or from an earlier epoch) is charged again, its entry
--- written with this epoch, so its settlement later applies the difference, once.
+-- A reservation already in this counter (its entry carries the counter's epoch) has its lease
+-- renewed (its deadline pushed to ARGV 1: the process runs this for its open reservations every
+-- lease_s / 4, so only a dead process's lapse); one already settled is left alone; any other (its
+-- entry gone, from an earlier epoch, or refunded as 'stale:' when its lease lapsed) is charged
+-- again, its entry written with this epoch, so its settlement later applies the difference, once.
 -- KEYS: 1 period counter   2 open reservations (hash)   3 reservation deadlines (zset)
 -- ARGV: 1 deadline (unix s)  2 ttl of keys 2, 3 (s), then per reservation 5 values: id, prompt
 --       tokens, allowed completion tokens, prompt price, completion price (units/token)
@@ -23,7 +25,9 @@ for base = 3, #ARGV, 5 do
       rtok, rusd, tpm, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
     end
   end
-  if ep ~= epoch then
+  if ep == epoch and v and v ~= 'settled' then  -- in the counter already: its lease renewed
+    redis.call('ZADD', KEYS[3], 'XX', 'GT', ARGV[1], id)
+  elseif ep ~= epoch then
     local prompt, allowed = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
     local tokens = prompt + allowed
     local usd = math.ceil(prompt * tonumber(ARGV[base + 3]) + allowed * tonumber(ARGV[base + 4]))

@@ -6,7 +6,8 @@
 --   3 reservation deadlines (zset: id -> unix time)   4 TPM bucket (this minute)   5 TPM bucket (previous)
 -- ARGV: 1 budget_tokens (-1: none)  2 budget_usd in 1e-8 USD units (-1: none)  3 tpm (0: none)
 --       4 elapsed fraction of this minute  5 now (unix s)
---       6 deadline (unix s) after which an unsettled reservation is refunded  7 ttl of keys 2, 3 (s)
+--       6 deadline (unix s) after which an unsettled reservation is refunded unless its process
+--         renews it (its lease)  7 ttl of keys 2, 3 (s)
 --       8 1: go on without the counter when it is missing (a tenant without a budget while the
 --         counter cannot be rebuilt: nothing to enforce, the spend is counted by the next rebuild)
 --       then per request, 6 values: prompt tokens, requested max completion tokens,
@@ -33,19 +34,28 @@ local tok_used = counted and tonumber(counter[1]) or 0
 local usd_used = counted and tonumber(counter[2]) or 0
 local epoch = counted and counter[3] or ''
 
--- refund reservations whose process never settled them (crashed / killed gateway)
+-- refund reservations whose process stopped renewing their lease (a crashed or killed gateway:
+-- a live one pushes its open reservations' deadlines on every lease_s / 4, quota_adopt.lua). The
+-- entry stays as a marker, 'stale:<epoch>', for two hours: should its process be alive after all
+-- (cut off from Redis for longer than the lease), its settlement adds the real amounts
+-- (quota_settle.lua), and its next renewal charges the reservation again. A marker past its own
+-- deadline, or a 'settled' one, is dropped.
 local stale = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[5], 'LIMIT', 0, 100)
 for _, id in ipairs(stale) do
   local v = redis.call('HGET', KEYS[2], id)  -- (below: 0 - x, since Lua's -0 is not an integer to Redis)
-  if v then
-    local tok, usd, _, ep = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(.*)$')
+  local tok, usd, ep = nil, nil, nil
+  if v then tok, usd, ep = string.match(v, '^(%-?%d+):(%-?%d+):%-?%d+:(.*)$') end
+  if tok then
     if counted and ep == epoch then
       tok_used = tonumber(redis.call('HINCRBY', KEYS[1], 'tok', 0 - tonumber(tok)))
       usd_used = tonumber(redis.call('HINCRBY', KEYS[1], 'usd', 0 - tonumber(usd)))
     end
-    redis.call('HDEL', KEYS[2], id)
+    redis.call('HSET', KEYS[2], id, 'stale:' .. ep)
+    redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + 7200, id)
+  else
+    if v then redis.call('HDEL', KEYS[2], id) end
+    redis.call('ZREM', KEYS[3], id)
   end
-  redis.call('ZREM', KEYS[3], id)
 end
 
 local btok, busd, tpm, frac = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -9,8 +9,9 @@
 -- reservation is not in it: add the real amounts instead of the difference. A reservation whose
 -- entry is gone while the counter's epoch changed was lost with Redis (flushed or restarted while
 -- the request ran): the rebuilt counter never saw it, so its real amounts are added too; with the
--- same epoch a missing entry means settled already (or refunded as stale): nothing is added.
--- Returns per reservation 1 when settled now, 0 when it had already been settled (or refunded as stale).
+-- same epoch a missing entry means settled already: nothing is added. A 'stale:<epoch>' entry was
+-- refunded when its lease lapsed: its real amounts are added.
+-- Returns per reservation 1 when settled now, 0 when it had already been settled.
 -- The batch's entries are read with one HMGET and removed with one HDEL and one ZREM: Redis's time
 -- per settlement is a third of one lookup and two removals per reservation (bench/settlement.py).
 local counter_epoch = redis.call('HGET', KEYS[3], 'epoch')
@@ -30,6 +31,15 @@ for j = 1, n do
   done[id] = true
   if v == 'settled' then  -- a lost reservation settled before (below): once only
     out[j] = 0
+  elseif v and string.sub(v, 1, 6) == 'stale:' then
+    -- refunded whole when its lease lapsed (quota_reserve.lua), its process alive after all: the
+    -- counter holds none of it, so the real amounts are added (a rebuilt counter: likewise, as a
+    -- lost reservation's below); kept as 'settled' so that a second settle adds nothing
+    if counter_epoch then
+      d_tok, d_usd = d_tok + tonumber(ARGV[i + 1]), d_usd + tonumber(ARGV[i + 2])
+    end
+    redis.call('HSET', KEYS[1], id, 'settled')
+    out[j] = 1
   elseif not v then
     local made_in = ARGV[i + 3]
     if counter_epoch and made_in ~= '' and made_in ~= counter_epoch then

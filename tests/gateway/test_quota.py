@@ -224,18 +224,60 @@ async def test_keys_share_the_tenant_hash_tag(tenancy, make_tenant):
     assert all(k.startswith(f"{tenancy.settings.redis_prefix}{{t:{p.tenant_id}}}:") for k in quota_keys)
 
 
-async def test_unsettled_reservation_of_a_crashed_gateway_is_refunded(tenancy, make_tenant):
-    p = await _principal(tenancy, make_tenant, budget_tokens=100, tpm=0)
-    crashed = QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices,
-                          prefix=tenancy.settings.redis_prefix, reservation_ttl_s=2)
-    await crashed.reserve(p, model="m", prompt_tokens=10, max_tokens=90)  # never settled
-    # (deadlines are whole seconds, int(now) + TTL: a TTL of 1 s could lapse at once)
-    with pytest.raises(ApiError):
-        await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+def _ledger(tenancy, **kw) -> QuotaLedger:
+    return QuotaLedger(tenancy.redis, tenancy.db.sessionmaker, tenancy.prices, prefix=tenancy.settings.redis_prefix,
+                       **kw)
+
+
+async def test_unsettled_reservation_of_a_crashed_gateway_is_refunded_when_its_lease_lapses(tenancy, make_tenant):
+    """A process that stops renewing (killed: here a ledger whose renewal never runs) has its
+    reservations refunded once their lease lapses (found by QA: a SIGKILLed worker's reservations
+    held the tenant's budget for an hour, the fixed TTL); a live process's, renewed every
+    ``lease_s / 4``, outlast the lease."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=150, tpm=0)
+    crashed = _ledger(tenancy, lease_s=2)
+    live = _ledger(tenancy, lease_s=2)
+    live.start()
+    try:
+        await crashed.reserve(p, model="m", prompt_tokens=10, max_tokens=90)  # never settled
+        running = await live.reserve(p, model="m", prompt_tokens=10, max_tokens=30)  # settled at the end
+        # (deadlines are whole seconds, int(now) + lease: a lease of 1 s could lapse at once)
+        with pytest.raises(ApiError):
+            await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+        await asyncio.sleep(3.6)  # past the lease: the crashed one's lapsed, the live one's renewed
+        r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=200)
+        assert r.max_tokens == 150 - 40 - 10  # the crashed reservation refunded, the running one held
+        assert await tenancy.quota.open_reservations(p.tenant_id) == 2
+        assert await live.settle(running, prompt_tokens=10, completion_tokens=5)
+        await tenancy.quota.settle(r, prompt_tokens=10, completion_tokens=0)
+        assert (await tenancy.quota.usage(p.tenant_id))[0] == 15 + 10
+    finally:
+        await live.aclose()
+
+
+async def test_a_live_process_whose_lease_lapsed_is_charged_its_real_amounts(tenancy, make_tenant):
+    """A process cut off from Redis past the lease: its reservation is refunded (its entry kept as a
+    ``stale:`` marker), its next renewal charges it again, and a settlement after the refund adds
+    the real amounts, once: the counter ends equal to what was used."""
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    cut_off = _ledger(tenancy, lease_s=2)  # no renewal while cut off
+    a = await cut_off.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
+    b = await cut_off.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
     await asyncio.sleep(3.1)
-    r = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=90)
-    assert r.max_tokens == 90  # the stale reservation was refunded
+    sweep = await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)  # the next one sweeps
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 2  # both refunded
     assert await tenancy.quota.open_reservations(p.tenant_id) == 1
+    # a settled after its refund: its real amounts are added, and only once
+    assert await cut_off.settle(a, prompt_tokens=10, completion_tokens=20)
+    assert not await cut_off.settle(a, prompt_tokens=10, completion_tokens=20)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 2 + 30
+    # b still running when Redis is reachable again: the renewal charges it again, then it settles
+    await cut_off.renew_leases()
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 2 + 30 + 100
+    assert await cut_off.settle(b, prompt_tokens=10, completion_tokens=40)
+    await tenancy.quota.settle(sweep, prompt_tokens=1, completion_tokens=1)
+    assert (await tenancy.quota.usage(p.tenant_id))[0] == 2 + 30 + 50
+    assert await tenancy.quota.open_reservations(p.tenant_id) == 0
 
 
 async def test_settlement_runs_after_the_response_and_is_drained(tenancy, make_tenant):
