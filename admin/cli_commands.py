@@ -232,7 +232,9 @@ async def keys_create(ops: Management, args: argparse.Namespace) -> int:
     print(new.key)
     unserved, served = getattr(args, "unserved_models", ((), ()))
     if unserved:  # a typo (found by QA: --models SMOLLM2-135M-INSTRUCT made a key refused on every model)
-        note(f"warning: this configuration serves no model named {', '.join(repr(m) for m in unserved)} (it serves "
+        named = (f"no model named {unserved[0]!r}" if len(unserved) == 1
+                 else f"none of the models {', '.join(repr(m) for m in unserved)}")
+        note(f"warning: this configuration serves {named} (it serves "
              f"{', '.join(repr(m) for m in sorted(served))}); the key is refused (403) on every model it does not list")
     return 0
 
@@ -325,8 +327,12 @@ def _instant(when: datetime) -> str:
 def _report_range(args: argparse.Namespace) -> tuple[datetime, datetime] | None:
     """``--since``/``--until`` with their defaults; None (after saying why) when backwards, as the API refuses."""
     since, until = reports.default_range(args.since, args.until)
-    if since >= until:
-        note(f"error: --since ({_instant(since)}) must be before --until ({_instant(until)}) UTC")
+    if since >= until:  # named by the bound that was sent, as the API's param (found by QA)
+        if args.since is None:
+            note(f"error: --until ({_instant(until)}) must be after --since ({_instant(since)}, its default) UTC")
+        else:
+            note(f"error: --since ({_instant(since)}) must be before --until ({_instant(until)}"
+                 f"{', its default: now' if args.until is None else ''}) UTC")
         return None
     return since, until
 

@@ -68,7 +68,14 @@ class Report:
                 "total": self.total.as_dict()}
 
 
-_FRACTION = re.compile(r"[.,](\d+)")  # a fraction of a second (dates and offsets hold no other)
+# the shapes read: a date, extended or basic, then optionally a time to the hour, minute or second
+# (a fraction only of the second) and an offset in hours and minutes. Python's ``fromisoformat``
+# takes more and reads it wrong (found by QA): a fraction of the hour or minute (``T17.75``, which
+# ISO reads as 17:45) as a fraction of a second, and an offset's seconds and fraction
+_ISO_BOUND = re.compile(
+    r"\d{4}(?:-\d{2}-\d{2}|\d{4})"
+    r"(?:[T ](?:\d{2}(?::\d{2}(?::\d{2}(?:[.,](?P<ext>\d+))?)?)?|\d{2}(?:\d{2}(?:\d{2}(?:[.,](?P<basic>\d+))?)?)?)"
+    r"(?:Z|[+-]\d{2}(?::?\d{2})?)?)?")
 _BARE_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
@@ -79,17 +86,24 @@ def parse_time(value: str) -> datetime:
     here, and the same digits must not mean 1970 to one surface and 2026 to another. A time with no
     UTC equivalent (``0001-01-01T00:00+05:00``) is refused here too, so both surfaces name the bound
     (the API's 400 its ``param``, the CLI's usage error its option)."""
-    fraction = _FRACTION.search(value)
-    if fraction and fraction.group(1)[6:].strip("0") and not _BARE_NUMBER.fullmatch(value.strip()):
+    bare = _BARE_NUMBER.fullmatch(value.strip()) is not None
+    not_seconds = InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
+                               "datetime (2026-03-01T12:00Z), not Unix seconds")
+    shape = _ISO_BOUND.fullmatch(value)
+    if shape is None:
+        if bare:
+            raise not_seconds
+        raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or 2026-03-01T12:00Z; a "
+                           "fraction only of the second, an offset in hours and minutes)")
+    if (shape["ext"] or shape["basic"] or "")[6:].strip("0"):
         # ``fromisoformat`` cuts a fraction down to microseconds: an ``until`` would move earlier, and
         # rows on the wrong side of either bound be counted (found by QA)
         raise InvalidField(f"too precise: {value!r}; a time is kept to the microsecond (6 decimal places)")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:
-        if _BARE_NUMBER.fullmatch(value.strip()):
-            raise InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
-                               "datetime (2026-03-01T12:00Z), not Unix seconds") from exc
+        if bare:  # digits that are no date (20261345)
+            raise not_seconds from exc
         raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or "
                            "2026-03-01T12:00Z)") from exc
     _utc(parsed)

@@ -678,7 +678,11 @@ def test_a_report_range_near_year_1_prints_four_digit_years(env, capsys):
     --until (1-01-01 00:00)": ``%Y`` writes year 1 as ``1``."""
     code, out, err = run(capsys, "summary", "--until", "0001-01-01")
     assert (code, out) == (2, "")
-    assert err == "error: --since (0001-01-01 00:00:00) must be before --until (0001-01-01 00:00:00) UTC\n"
+    # (named by the bound that was sent, as the API's param: found by a re-check QA)
+    assert err == "error: --until (0001-01-01 00:00:00) must be after --since (0001-01-01 00:00:00, its default) UTC\n"
+    code, out, err = run(capsys, "summary", "--since", "9999-12-31")
+    assert (code, out) == (2, "") and err.startswith("error: --since (9999-12-31 00:00:00) must be before --until (")
+    assert ", its default: now) UTC" in err
 
 
 @pytest.mark.parametrize("argv", [("tenants", "create", "x", "--budget-usd", "-0"),

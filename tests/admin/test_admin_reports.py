@@ -336,3 +336,21 @@ async def test_the_total_adds_up_while_usage_rows_are_written(client, app, auth)
     for field in ("requests", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd"):
         assert getattr(report.total, field) == sum(getattr(r, field) for r in report.rows), field
     assert report.total.requests == 2 and report.total.cost_usd == Decimal("0.00000246")
+
+
+def test_parse_time_refuses_what_fromisoformat_would_read_wrong():
+    """Found by QA: ``fromisoformat`` reads a fraction of the hour or minute (``T17.75``: 17:45 in
+    ISO) as a fraction of a second, cuts a fraction past microseconds (moving an ``until`` earlier),
+    and takes an offset's seconds and fraction; each is refused, naming the rule. Trailing zeros
+    past the microsecond are exact and pass."""
+    for value in ("2026-12-06T17.75Z", "2026-12-06T17:44.9Z", "2026-11-01T12:00:00.5+05:30:00.0000001",
+                  "2026-11-01T12:00:00,000000-00:00:00.9999999", "2026-11-01T12:00:00.Z", "2026-11-01.1234567"):
+        with pytest.raises(ValueError, match="a fraction only of the second"):
+            reports.parse_time(value)
+    for value in ("2026-11-30T23:59:59.9999999Z", "20261130T235959,0000001"):
+        with pytest.raises(ValueError, match="too precise"):
+            reports.parse_time(value)
+    assert reports.parse_time("2026-11-30T23:59:59.9999990Z") == datetime(2026, 11, 30, 23, 59, 59, 999999, tzinfo=UTC)
+    assert reports.parse_time("20261101T120000,123456Z") == datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    assert reports.parse_time("2026-11-01T12+05") == datetime(2026, 11, 1, 7, tzinfo=UTC)
+    assert reports.parse_time("2026-11-01 12:00-0530") == datetime(2026, 11, 1, 17, 30, tzinfo=UTC)
