@@ -370,11 +370,10 @@ class QuotaLedger:
         effort: a reservation left out is still charged its real amounts when it settles, as before.
         ``current``: the counter's epoch, when known (its reservations are in it already).
         ``renewal``: a Redis error is raised (the renewal logs it once for all its counters)."""
-        now = time.time()
         mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current and r.id not in self._in_sum]
         if not mine:
             return
-        args: list = [int(now) + self.lease_s, 2 * self.reservation_ttl_s + 86400]
+        args: list = [self.lease_s, 2 * self.reservation_ttl_s + 86400]
         for r in mine:
             args += (r.id, r.prompt_tokens, r.max_tokens, *map(repr, r.price.units_per_token))
         tag = self._tag(tenant_id)

@@ -1037,3 +1037,25 @@ async def test_a_rebuild_of_a_period_that_has_ended_sums_that_period(tenancy, ma
     key_now = tenancy.quota.counter_key(tenant.id, day_id)
     await tenancy.quota._rebuild_now(tenant.id, "day", key_now, tomorrow)
     assert int(await tenancy.redis.hget(key_now, "tok")) == 100
+
+
+async def test_a_renewal_run_late_still_writes_a_deadline_ahead(tenancy, make_tenant, monkeypatch):
+    """Found by a re-check QA: a renewal sent before an outage and run by Redis after it wrote the
+    deadline computed at send time, already past, so the running requests' reservations lapsed
+    again at once. The script takes Redis's own clock (here: the process's clock made 100 s late)."""
+    import time as time_module
+
+    p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=0)
+    ledger = _ledger(tenancy, lease_s=30)
+    r = await ledger.reserve(p, model="m", prompt_tokens=10, max_tokens=20)
+    tag = f"{tenancy.settings.redis_prefix}{{t:{p.tenant_id}}}"
+    await tenancy.redis.hset(f"{tag}:res", r.id, f"stale:{r.epoch}")  # as the sweep leaves a lapsed one
+    real = time_module.time
+    monkeypatch.setattr(time_module, "time", lambda: real() - 100)
+    await ledger.renew_leases()
+    monkeypatch.setattr(time_module, "time", real)
+    seconds, _ = await tenancy.redis.time()
+    deadline = await tenancy.redis.zscore(f"{tag}:resdl", r.id)
+    assert seconds + 28 <= deadline <= seconds + 31, (deadline, seconds)  # charged again, a lease ahead
+    assert await ledger.open_reservations(p.tenant_id) == 1
+    await ledger.settle(r, prompt_tokens=10, completion_tokens=0)
