@@ -199,7 +199,23 @@ def _refuse_vllm_extras(body: ChatCompletionRequest | CompletionRequest) -> None
     for field, neutral, message in fields:
         value = getattr(body, field)
         if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
+            _check_extra_type(field, value, neutral)
             raise unsupported(field, message)
+
+
+_KIND = {int: "a number", float: "a number", bool: "a boolean", list: "an array", dict: "an object"}
+
+
+def _check_extra_type(field: str, value: Any, neutral: tuple[Any, ...]) -> None:
+    """A refused extra of a type its neutral values do not have is a wrong type, not a feature
+    missing (found by QA: ``min_p: "x"`` was ``unsupported_parameter``); one whose neutral value
+    is only null has no type to check."""
+    kinds = {type(n) for n in neutral if n is not None}
+    if int in kinds:
+        kinds.add(float)
+    if kinds and type(value) not in kinds:
+        expected = " or ".join(sorted({_KIND.get(k, k.__name__) for k in kinds}))
+        raise invalid_request(f"Invalid type for '{field}': expected {expected}.", param=field, code="invalid_type")
 
 
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -238,6 +254,9 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
                                                             "send the conversation without them.")
     for field in ("tool_choice", "function_call"):  # a string that names no mode: a typo, not a feature (QA)
         value = getattr(body, field)
+        if value is not None and not isinstance(value, str | dict):  # (found by QA: 1 was "not supported")
+            raise invalid_request(f"Invalid type for '{field}': expected a string or an object.", param=field,
+                                  code="invalid_type")
         if isinstance(value, str) and value not in _TOOL_MODES[field]:
             modes = ", ".join(f"'{m}'" for m in _TOOL_MODES[field])
             raise invalid_request(f"Invalid value for '{field}': '{value}'. Supported values are: {modes}.",

@@ -126,6 +126,19 @@ def test_hostile_chat_fields(api, fields, status, param) -> None:  # noqa: ANN00
     assert_error(_post(api, "/v1/chat/completions", json=body), status, param=param)
 
 
+@pytest.mark.parametrize(("fields", "param", "code"), [
+    ({"min_p": "x"}, "min_p", "invalid_type"),  # found by QA: unsupported_parameter, as if a feature
+    ({"use_beam_search": "yes"}, "use_beam_search", "invalid_type"),
+    ({"bad_words": "x"}, "bad_words", "invalid_type"),
+    ({"tool_choice": 1}, "tool_choice", "invalid_type"),
+    ({"min_p": 0.5}, "min_p", "unsupported_parameter"),  # the right type, a value not honoured
+    ({"prompt_logprobs": "x"}, "prompt_logprobs", "unsupported_parameter"),  # (no neutral type to check)
+])
+def test_refused_extras_of_the_wrong_type_say_so(api, fields, param, code) -> None:  # noqa: ANN001
+    assert_error(_post(api, "/v1/chat/completions", json={"model": api.model, **BASE, **fields}), 400,
+                 param=param, code=code)
+
+
 @pytest.mark.parametrize("fields", [
     {"presence_penalty": 0, "frequency_penalty": 0.0},  # zero penalties are accepted (no-ops)
     {"presence_penalty": 0.5, "frequency_penalty": -1.0},  # and so are non-zero ones, within [-2, 2]
