@@ -424,6 +424,7 @@ class QuotaLedger:
             except Exception:  # noqa: BLE001 - the loop must go on: a lapsed lease only refunds early
                 log.exception("quota: renewing the leases of open reservations failed")
                 return
+        self._renew_log.reset()
 
     async def adopt_rebuilt(self, tenant_id: int, key: str) -> None:
         """Another process rebuilt counter ``key``: charge this process's open reservations of it

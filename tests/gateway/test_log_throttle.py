@@ -21,3 +21,26 @@ def test_one_line_per_interval_and_the_held_back_count(caplog, monkeypatch) -> N
     assert written[0] and not any(written[1:])
     assert [r.getMessage() for r in caplog.records] == [
         "redis down: 0", "redis down: again (and 499 more like it in the last 10 s)"]
+
+
+def test_a_log_throttle_reset_forgets_the_fault_it_held_back():
+    """Found by a re-check QA: the lease renewal's warning for a second Redis outage said "and 3
+    more like it", counting lines of the first one; a renewal that succeeds resets the throttle."""
+    import logging
+
+    from gateway.log_throttle import LogThrottle
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("pagegate.test.throttle")
+    logger.addHandler(Keep())
+    throttle = LogThrottle(60.0)
+    for _ in range(4):
+        throttle.log(logger, logging.WARNING, "down")
+    throttle.reset()
+    assert throttle.log(logger, logging.WARNING, "down again")
+    assert lines == ["down", "down again"]

@@ -1059,3 +1059,4 @@ async def test_a_renewal_run_late_still_writes_a_deadline_ahead(tenancy, make_te
     assert seconds + 28 <= deadline <= seconds + 31, (deadline, seconds)  # charged again, a lease ahead
     assert await ledger.open_reservations(p.tenant_id) == 1
     await ledger.settle(r, prompt_tokens=10, completion_tokens=0)
+
