@@ -26,10 +26,6 @@ def test_one_line_per_interval_and_the_held_back_count(caplog, monkeypatch) -> N
 def test_a_log_throttle_reset_forgets_the_fault_it_held_back():
     """Found by a re-check QA: the lease renewal's warning for a second Redis outage said "and 3
     more like it", counting lines of the first one; a renewal that succeeds resets the throttle."""
-    import logging
-
-    from gateway.log_throttle import LogThrottle
-
     lines: list[str] = []
 
     class Keep(logging.Handler):
