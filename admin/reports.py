@@ -87,12 +87,10 @@ def parse_time(value: str) -> datetime:
     UTC equivalent (``0001-01-01T00:00+05:00``) is refused here too, so both surfaces name the bound
     (the API's 400 its ``param``, the CLI's usage error its option)."""
     bare = _BARE_NUMBER.fullmatch(value.strip()) is not None
-    not_seconds = InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
-                               "datetime (2026-03-01T12:00Z), not Unix seconds")
     shape = _ISO_BOUND.fullmatch(value)
     if shape is None:
         if bare:
-            raise not_seconds
+            raise _not_seconds(value)
         raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or 2026-03-01T12:00Z; a "
                            "fraction only of the second, an offset in hours and minutes)")
     if (shape["ext"] or shape["basic"] or "")[6:].strip("0"):
@@ -103,11 +101,16 @@ def parse_time(value: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:
         if bare:  # digits that are no date (20261345)
-            raise not_seconds from exc
+            raise _not_seconds(value) from exc
         raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or "
                            "2026-03-01T12:00Z)") from exc
     _utc(parsed)
     return parsed
+
+
+def _not_seconds(value: str) -> InvalidField:
+    return InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
+                        "datetime (2026-03-01T12:00Z), not Unix seconds")
 
 
 def default_range(since: datetime | None, until: datetime | None, *, days: int = 30) -> tuple[datetime, datetime]:
