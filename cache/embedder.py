@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import hashlib
 import logging
 import os
 import string
@@ -267,6 +268,17 @@ class Embedder:
         m = self._load()
         get = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
         return int(get())
+
+    @property
+    def space(self) -> str:
+        """Which model's vectors these are, as a part of the semantic namespace, so that entries
+        embedded by another model (``PAGEGATE_EMBEDDING_MODEL`` changed, one Redis kept) are never
+        compared with this one's: "" for the bundled MiniLM (whose entries predate it), else a short
+        hash of the model's directory and dimension."""
+        bundled = os.path.realpath(resolve_model_path(_BUNDLED))
+        if os.path.realpath(self._path) == bundled:
+            return ""
+        return hashlib.blake2b(f"{os.path.realpath(self._path)}|{self.dim}".encode(), digest_size=4).hexdigest()
 
     def vocab(self) -> dict[str, int]:
         """The tokenizer's word-piece vocabulary (word -> id); used as a word-rarity proxy."""

@@ -28,9 +28,11 @@ async def has_query_engine(redis: Redis) -> bool:
 
 
 class QueryEngineIndex:
-    def __init__(self, redis: Redis, prefix: str, dim: int) -> None:
+    def __init__(self, redis: Redis, prefix: str, dim: int, space: str = "") -> None:
+        """``space``: the embedding model's (``Embedder.space``); another model gets an index of its
+        own (the index's DIM is fixed, and a query of another size is an error)."""
         self.redis = redis
-        self.name = f"{prefix}cache-idx"
+        self.name = f"{prefix}cache-idx" + (f"-{space}" if space else "")
         self.prefix = f"{prefix}cache:"
         self.dim = dim
         self._ready = False

@@ -122,6 +122,7 @@ class LocalIndex:
         self._tenants: OrderedDict[str, TenantIndex] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
         self.reloads = 0
+        self.foreign_vectors = 0  # entries left out: their vector is not this embedder's size
 
     def forget_all(self) -> None:
         """Drop every tenant (after a Redis error: what we hold may no longer match Redis)."""
@@ -146,9 +147,19 @@ class LocalIndex:
                     pipe.hmget(keys.entry(eid), "ns", "text", "vec")
                 rows = await pipe.execute()
             for eid, (ns, text, vec) in zip(chunk, rows, strict=True):
-                if ns is not None and vec:
-                    t.apply_add(eid, _s(ns), _s(text), np.frombuffer(vec, np.float32), self.dim)
+                if ns is not None and vec and (v := self._vector(vec)) is not None:
+                    t.apply_add(eid, _s(ns), _s(text), v, self.dim)
         return t
+
+    def _vector(self, raw: bytes) -> np.ndarray | None:
+        """An entry's vector, or None when it is not one of this embedder's (another size: stored
+        under an embedding model of another dimension, or written by hand). Such an entry is left
+        out of the index; found by QA: one of them made every load raise, which turned a tenant's
+        semantic tier off for good (each lookup a ``bypass`` that stores nothing)."""
+        if len(raw) != self.dim * 4:
+            self.foreign_vectors += 1
+            return None
+        return np.frombuffer(raw, np.float32)
 
     def log_read_args(self, keys: TenantKeys) -> tuple[str, str] | None:
         """(stream key, exclusive start) to read with XRANGE, or None if the tenant is not loaded."""
@@ -187,9 +198,11 @@ class LocalIndex:
             op = fields[b"op"]
             eid = _s(fields[b"id"])
             if op == b"add":
-                if fields[b"vec"]:
-                    vec = np.frombuffer(fields[b"vec"], np.float32)
+                vec = self._vector(fields[b"vec"]) if fields[b"vec"] else None
+                if vec is not None:
                     t.apply_add(eid, _s(fields[b"ns"]), _s(fields[b"text"]), vec, self.dim)
+                else:  # (stored again without a vector this index can hold: its old one is gone)
+                    t.apply_del(eid)
             else:
                 t.apply_del(eid)
             t.last_id, t.last_seq = sid, seq

@@ -73,6 +73,7 @@ class SemanticCache:
         self._timeout = op_timeout_s
         self._local: LocalIndex | None = None
         self._ft: QueryEngineIndex | None = None
+        self._space = ""  # the embedding model's part of the semantic namespace (``Embedder.space``)
         self._stats = CacheStats()
         self._last_log = 0.0
 
@@ -130,7 +131,7 @@ class SemanticCache:
         semantic = [bool(q.query) and await self._unsearchable(q.query) is None for q, _ in reqs]
         texts = [q.query for (q, _), s in zip(reqs, semantic, strict=True) if s]
         vecs = iter(await self.embedder.embed_many(texts)) if texts else iter(())
-        entries = [NewEntry(q.exact_key, keys.ns(q.context_key), q.query or "", next(vecs) if s else None, r)
+        entries = [NewEntry(q.exact_key, keys.ns(q.context_key, self._space), q.query or "", next(vecs) if s else None, r)
                    for (q, r), s in zip(reqs, semantic, strict=True)]
         for i in range(0, len(entries), 1000):
             res = await self.store_.put_many(keys, entries[i:i + 1000], ttl_s=policy.ttl_s,
@@ -191,7 +192,7 @@ class SemanticCache:
 
     async def _semantic(self, keys: TenantKeys, req: CanonicalRequest, events: list | None,
                         policy: CachePolicy) -> CacheLookup:
-        ns = keys.ns(req.context_key)
+        ns = keys.ns(req.context_key, self._space)
         if self._local is not None:
             tenant = await self._io(self._local.sync(keys, events), slow=True)  # a first load may be big
             if ns not in tenant.spaces:  # nothing to compare with: skip the embedding
@@ -262,7 +263,7 @@ class SemanticCache:
             except Exception as e:  # noqa: BLE001
                 self._embed_failed(e)
         keys = self.store_.keys(namespace)
-        entry = NewEntry(req.exact_key, keys.ns(req.context_key), req.query or "", vec, response)
+        entry = NewEntry(req.exact_key, keys.ns(req.context_key, self._space), req.query or "", vec, response)
         evicted, _ = await self._io(
             self.store_.put(keys, entry, ttl_s=policy.ttl_s, max_entries=policy.max_entries))
         self._stats.stores += 1
@@ -273,13 +274,14 @@ class SemanticCache:
             return
         await self.embedder.ready()
         dim = self.embedder.dim
+        self._space = getattr(self.embedder, "space", "")
         if not self.verifier.has_vocab:
             self.verifier.set_vocab(self.embedder.vocab())
         mode = self._index_mode
         if mode == "auto":
             mode = "ft" if await self._io(has_query_engine(self.redis)) else "local"
         if mode == "ft":
-            ft = QueryEngineIndex(self.redis, self.prefix, dim)
+            ft = QueryEngineIndex(self.redis, self.prefix, dim, self._space)
             await self._io(ft.ensure())
             self._ft = ft
             self.store_.with_log = False

@@ -9,7 +9,8 @@ so every multi-key step is one atomic script on one Redis Cluster slot.
     {prefix}cache:{T}:log             stream  s (sequence) · op add|del · id [· ns · text · vec]
     {prefix}cache:{T}:seq             string  last sequence number written to the log
 
-T = a hash of the tenant namespace. ns = T + the request's context key (the semantic namespace).
+T = a hash of the tenant namespace. ns = T + the embedding model's space ("" for the bundled one) +
+the request's context key (the semantic namespace).
 """
 
 from __future__ import annotations
@@ -122,8 +123,9 @@ class TenantKeys:
     def seq(self) -> str:
         return self.base + "seq"
 
-    def ns(self, context_key: str) -> str:
-        return self.tag + context_key
+    def ns(self, context_key: str, space: str = "") -> str:
+        """The semantic namespace; ``space``: the embedding model's (``Embedder.space``)."""
+        return self.tag + space + context_key
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cache.api import CacheLookup, CachePolicy
+from gateway.log_throttle import LogThrottle
 from gateway.schemas import ChatCompletionRequest
 
 log = logging.getLogger("pagegate.cache")
@@ -56,9 +57,12 @@ def cache_body(body: ChatCompletionRequest) -> dict:
 async def cache_lookup(cache: Any, namespace: str, body: dict, policy: CachePolicy) -> CacheLookup:
     try:
         return await cache.lookup(namespace, body, policy)
-    except Exception:
-        log.exception("cache lookup failed")
+    except Exception:  # (one traceback per 10 s: a fault that fails every lookup logged one each, found by QA)
+        _LOOKUP_FAILED.log(log, logging.ERROR, "cache lookup failed; the request bypasses the cache", exc_info=True)
         return CacheLookup(outcome="bypass", reason="cache-error")
+
+
+_LOOKUP_FAILED = LogThrottle()
 
 
 def cache_store(cache: Any, namespace: str, body: dict, policy: CachePolicy, *,

@@ -45,7 +45,7 @@ async def make_cache(embedder, prefix, redis_client):
 
     def make(**kw) -> SemanticCache:
         r = aioredis.Redis.from_url(kw.pop("url", REDIS_URL), **kw.pop("client_kw", {}))
-        c = SemanticCache(r, embedder, prefix=kw.pop("prefix", prefix), **kw)
+        c = SemanticCache(r, kw.pop("embedder", embedder), prefix=kw.pop("prefix", prefix), **kw)
         made.append((c, r))
         return c
 
