@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from decimal import Decimal
 
@@ -35,6 +36,20 @@ def cell_text(value: object) -> str:
     return str(value)
 
 
+def width(text: str) -> int:
+    """Columns a terminal gives ``text``: two for a wide or full-width character (CJK, most emoji),
+    none for a combining mark (found by QA: ``emoji 😀 é 中文`` shifted its row's columns by 3)."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in text)
+
+
+def _pad(text: str, columns: int, right: bool) -> str:
+    fill = " " * max(0, columns - width(text))
+    return fill + text if right else text + fill
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
 
@@ -51,10 +66,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
         for c, raw in zip(cells, rows, strict=True):
             if raw[i] is not None and places:  # (no decimals down the column: no bare point, "100.")
                 c[i] += ("" if "." in c[i] else ".") + "0" * (places - len(c[i].partition(".")[2]))
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    widths = [max([width(h), *(width(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True))
+        return "  ".join(_pad(v, w, num) for v, w, num in zip(values, widths, numeric, strict=True))
 
     out = [line(list(headers)), "  ".join("-" * w for w in widths)]
     out += [line(r) for r in cells]

@@ -173,6 +173,8 @@ def allowed_methods(request: Request) -> str:
         scope = {**request.scope, "method": method}
         if any(route.matches(scope)[0] is Match.FULL for route in routes):
             allowed.append(method)
+    if "GET" in allowed and "HEAD" not in allowed and request.url.path.startswith("/admin"):
+        allowed.insert(allowed.index("GET") + 1, "HEAD")  # answered as GET (``gateway.middleware``)
     return ", ".join(allowed)
 
 

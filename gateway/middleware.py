@@ -142,6 +142,16 @@ def _host_name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def _bodiless(send: Send) -> Send:
+    """``send`` for a HEAD answered as a GET: the body's bytes left out, its framing kept."""
+    async def send_head(message: Message) -> None:
+        if message["type"] == "http.response.body" and message.get("body"):
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_head
+
+
 class GatewayMiddleware:
     """``direct``: path → handler for POST requests the middleware serves itself; the handler
     raises ``ApiError`` (or a 413 ``HTTPException`` from reading the body) to refuse."""
@@ -201,6 +211,13 @@ class GatewayMiddleware:
                 await error_response(refusal)(scope, receive, send_with_context)
                 return
             receive = self._limited(receive)
+            if scope["method"] == "HEAD" and scope["path"].startswith("/admin"):
+                # the admin API's and dashboard's GETs answer HEAD too: the same status and headers
+                # without the body (RFC 9110 9.3.2; found by QA: 405, where /v1/models and /health
+                # answered). A copy: the server keeps its own scope, whose HEAD it honours too.
+                scope = {**scope, "method": "GET"}
+                await self.app(scope, receive, _bodiless(send_with_context))
+                return
             handler = self.direct.get(scope["path"]) if scope["method"] == "POST" else None
             if handler is None:
                 await self.app(scope, receive, send_with_context)

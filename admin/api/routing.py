@@ -64,8 +64,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return bad_request("The request body could not be parsed as JSON (nested too deeply, or not UTF-8).",
                            code="invalid_json")
     if isinstance(exc, HTTPException):  # raised by FastAPI/Starlette themselves (e.g. a bad form body)
+        # (and the body limit's 413 for a chunked body, found by QA with code null)
         return ApiError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
-                        else "server_error", headers=dict(exc.headers or {}))
+                        else "server_error", "request_too_large" if exc.status_code == 413 else None,
+                        headers=dict(exc.headers or {}))
     if isinstance(exc, RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         if first.get("type") == "json_invalid":
@@ -167,16 +169,19 @@ def admin_route_class(ctx: AdminContext, render: Callable[[Request, ApiError], R
 
 
 def _query_refusal(request: Request, known: frozenset[str]) -> ApiError | None:
-    """400 for a query parameter the route does not take, or one given twice (the last would win
-    unnoticed: found by QA, ``?action=key.create&action=key.revoke`` listed revocations only)."""
+    """400 for a query parameter the route does not take, one given twice (the last would win
+    unnoticed: found by QA, ``?action=key.create&action=key.revoke`` listed revocations only), or
+    one given empty."""
     seen: set[str] = set()
-    for name, _ in request.query_params.multi_items():
+    for name, value in request.query_params.multi_items():
         shown = name if len(name) <= 64 else name[:64] + "…"
         if name not in known:
             takes = ", ".join(sorted(known)) or "none"
             return bad_request(f"{shown!r} is not a query parameter of this endpoint (it takes: {takes}).", shown)
         if name in seen:
             return bad_request(f"{shown!r} is given more than once; give it once.", shown)
+        if not value:  # (found by QA: ``/keys?tenant=`` listed every tenant's keys)
+            return bad_request(f"{shown}: must not be empty (give it a value, or leave it out).", shown)
         seen.add(name)
     return None
 

@@ -40,10 +40,22 @@ ROOT = "/admin"
 HERE = Path(__file__).parent
 CSS = (HERE / "static" / "admin.css").read_text()
 DEFAULT_DAYS = 30
+# name=value of the sign-in cookie, at most: browsers keep 4,096 bytes of a cookie, its attributes
+# counted in some (RFC 6265 6.1 asks for no more), and drop a longer one
+MAX_COOKIE_BYTES = 3900
 
 
 def _money(value: float | Decimal | None) -> str:
     return usd(value or 0)
+
+
+def _field(value: Decimal | None) -> str:
+    """Money as a form field's value: plain digits, as the form takes them back (found by QA: a $0
+    budget read ``0E-8``, which the form's own save then refused)."""
+    if value is None:
+        return ""
+    text = format(value, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _limit(value: int | None) -> str:
@@ -67,14 +79,17 @@ def _budget_text(t: dict) -> str:
 
 
 _env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
-_env.globals.update(root=ROOT, money=_money, ms=_ms, budget_text=_budget_text, limit=_limit)
+_env.globals.update(root=ROOT, money=_money, field=_field, ms=_ms, budget_text=_budget_text, limit=_limit)
 
 
 # every page: never cached, never framed by another site (clickjacking; the SameSite cookie already
-# stays out of a cross-site frame, this says so to the browser too), its type not sniffed
-PAGE_HEADERS = {"cache-control": "no-store", "x-frame-options": "DENY",
-                "content-security-policy": "frame-ancestors 'none'", "x-content-type-options": "nosniff",
-                "referrer-policy": "same-origin"}
+# stays out of a cross-site frame, this says so to the browser too), its type not sniffed; and, as
+# the pages use no script and nothing from elsewhere, a policy that lets them load nothing else: a
+# slip in escaping could not run a script, load a resource or send a form elsewhere
+CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; base-uri 'none'; "
+       "frame-ancestors 'none'")
+PAGE_HEADERS = {"cache-control": "no-store", "x-frame-options": "DENY", "content-security-policy": CSP,
+                "x-content-type-options": "nosniff", "referrer-policy": "same-origin"}
 
 
 def page(name: str, *, status: int = 200, **values: object) -> HTMLResponse:
@@ -185,6 +200,12 @@ def add_routes(router: APIRouter) -> None:
                 raise ApiError(403, "This token has neither admin:read nor admin:write.", "permission_error")
         except ApiError as err:
             return page("login.html", status=err.status, viewer=None, message=err.message)
+        if len(COOKIE) + 1 + len(token) > MAX_COOKIE_BYTES:  # (a JWT is ASCII: characters are bytes)
+            # found by QA: a 5.4 KB token got its cookie, which the browser dropped without a word
+            return page("login.html", status=400, viewer=None, message=(
+                f"This token is {len(token):,} bytes; a browser keeps a sign-in cookie of at most about 4 KB, "
+                "so the dashboard cannot hold it. Sign in with a shorter token (fewer claims); the admin API "
+                "takes this one as it is."))
         resp = RedirectResponse(f"{ROOT}/tenants", status_code=303)
         # the cookie lives as long as the API takes the token (exp plus the clock-skew leeway: a token
         # just past exp signs in for those seconds), and never past the longest lifetime minted
@@ -280,7 +301,9 @@ def add_routes(router: APIRouter) -> None:
     async def create_key(name: str, viewer: EditorDep, ctx: ContextDep, session: SessionDep,
                          key_name: Annotated[str, Form()] = "", models: Annotated[str, Form()] = "") -> HTMLResponse:
         ops = _ops(ctx, session, viewer)
-        allowed = split_models(models) if models.strip() else None  # blank: all models
+        # blank (spaces at most): all models; any other character is a name's, refused if it is no
+        # name (found by QA: a lone no-break space made a key for every model, which the API refuses)
+        allowed = split_models(models) if models.strip(" \t\r\n") else None
         _, new = await ops.create_key(tenant=name, name=_blank(key_name), allowed_models=allowed)
         return await _tenant_page(ops, viewer, name, DEFAULT_DAYS, new_key=new.key)
 

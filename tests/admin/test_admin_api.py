@@ -730,6 +730,24 @@ async def test_an_unknown_query_parameter_is_refused_after_the_token(client, aut
     assert "more than once" in resp.json()["error"]["message"]
     resp = await client.get("/admin/v1/summary", params={"x" * 60_000: "1"}, headers=auth())
     assert resp.status_code == 400 and len(resp.text) < 1_000, len(resp.text)
+    # given empty: ``/keys?tenant=`` listed every tenant's keys (found by a dashboard QA)
+    for path, name in (("/admin/v1/keys", "tenant"), ("/admin/v1/keys", "prefix"), ("/admin/v1/audit", "action"),
+                       ("/admin/v1/summary", "since")):
+        resp = await client.get(path, params={name: ""}, headers=auth())
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == name, resp.text
+        assert resp.json()["error"]["message"].startswith(f"{name}: must not be empty")
+
+
+def test_the_body_limits_413_keeps_its_code_on_the_admin_api():
+    """The gateway's body limit raises a 413 while a chunked body arrives; the admin API answered it
+    with ``code: null`` (found by QA), where /v1 and a body with content-length say ``request_too_large``."""
+    from starlette.exceptions import HTTPException
+
+    from admin.api.routing import as_api_error
+
+    err = as_api_error(HTTPException(413, "too large"))
+    assert (err.status, err.code, err.type) == (413, "request_too_large", "invalid_request_error")
+    assert as_api_error(HTTPException(400, "Field exceeded maximum size")).code is None
 
 
 async def test_a_backwards_range_names_the_bound_that_was_sent(client, auth):

@@ -355,6 +355,13 @@ def test_tables_align_and_format_values():
     assert [ln.split()[1] for ln in report.splitlines()[2:]] == ["12.500", "3.125", "-", "40.000", "3.000"]
     whole = format_table(("group", "p50_latency_ms"), [["a", 100.0], ["b", 7]])  # no bare point: "100."
     assert [ln.split()[1] for ln in whole.splitlines()[2:]] == ["100", "7"]
+    # padded by the columns a terminal gives the text: two for CJK and emoji, none for a combining
+    # mark (found by QA: "emoji 😀 é 中文" pushed its row's later columns 3 to the right)
+    wide = format_table(("name", "rpm"), [["emoji 😀 e\u0301 中文", 1], ["plain", 22]])
+    assert wide.splitlines() == ["name             rpm",
+                                 "---------------  ---",
+                                 "emoji 😀 e\u0301 中文    1",
+                                 "plain             22"]
 
 
 @contextlib.contextmanager

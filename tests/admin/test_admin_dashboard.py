@@ -190,7 +190,7 @@ async def test_error_pages_say_what_went_wrong(browser_like, token):
     assert resp.status_code == 404 and "No tenant named" in resp.text and "[admin.test" not in resp.text
     # pages are never framed by another site, nor sniffed
     assert resp.headers["x-frame-options"] == "DENY"
-    assert resp.headers["content-security-policy"] == "frame-ancestors 'none'"
+    assert "frame-ancestors 'none'" in resp.headers["content-security-policy"]
     assert resp.headers["x-content-type-options"] == "nosniff"
     resp = await c.post("/admin/tenants", data={"csrf": csrf, "name": unique("big"), "rpm": str(2**31)},
                         headers={"referer": "http://admin.test/admin/tenants"})
@@ -317,3 +317,64 @@ async def test_clear_a_tenants_semantic_cache(browser_like, app, token):
         actions = (await s.scalars(select(AuditLog.action).where(AuditLog.target == f"tenant:{name}"))).all()
     assert "tenant.cache_clear" in actions
     assert (await c.post(f"/admin/tenants/{name}/clear-cache", data={})).status_code == 403  # no CSRF token
+
+
+async def test_a_budget_under_a_cent_reads_as_plain_digits_and_its_form_saves(browser_like, client, auth, token):
+    """Found by QA: a $0 budget filled the form with ``0E-8`` (a Decimal's str), which the form's own
+    Save then refused as an exponent; so did $0.00000001 (``1E-8``)."""
+    c = browser_like
+    await _sign_in(c, token())
+    for budget, shown in (("0", "0"), ("0.00000001", "0.00000001"), ("25", "25"), ("12.5", "12.5")):
+        name = unique("zero")
+        assert (await client.post("/admin/v1/tenants", json={"name": name, "budget_usd": budget},
+                                  headers=auth())).status_code == 201
+        html = (await c.get(f"/admin/tenants/{name}")).text
+        assert re.search(rf'name="budget_usd" [^>]*value="{re.escape(shown)}"', html), (budget, html)
+        resp = await c.post(f"/admin/tenants/{name}/limits", data={
+            "csrf": _csrf(html), "rpm": "7", "tpm": "", "budget_tokens": "", "budget_usd": shown, "period": "month",
+            "cache_enabled": "on"})
+        assert resp.status_code == 303, resp.text
+        got = (await client.get(f"/admin/v1/tenants/{name}", headers=auth())).json()
+        assert got["rpm"] == 7 and Decimal(str(got["budget_usd"])) == Decimal(budget)
+
+
+async def test_a_token_too_long_for_a_cookie_is_refused_at_sign_in(browser_like, settings):
+    """Found by QA: a 5.4 KB token (an identity provider's, with group claims) got a cookie that
+    browsers drop (over 4 KB), and the admin was back on the sign-in page without a word."""
+    from admin_testlib import SECRET, sign
+
+    claims = {"iss": settings.admin_jwt_issuer, "sub": "big", "scope": "admin:read",
+              "exp": int(datetime.now(UTC).timestamp()) + 600, "groups": ["g" * 36] * 120}
+    if settings.admin_jwt_audience:
+        claims["aud"] = settings.admin_jwt_audience
+    big = sign({"alg": "HS256"}, claims, SECRET.encode())
+    assert len(big) > 4096
+    resp = await browser_like.post("/admin/login", data={"token": big})
+    assert resp.status_code == 400 and "set-cookie" not in resp.headers
+    assert f"{len(big):,} bytes" in resp.text and "4 KB" in resp.text
+    assert (await browser_like.get("/admin/v1/whoami", headers={"authorization": f"Bearer {big}"})).status_code == 200
+
+
+async def test_pages_load_nothing_from_elsewhere(browser_like, token):
+    resp = await browser_like.get("/admin/login")
+    policy = dict(p.strip().split(" ", 1) for p in resp.headers["content-security-policy"].split(";"))
+    assert policy["default-src"] == "'none'" and policy["style-src"] == "'self'"
+    assert policy["form-action"] == "'self'" and policy["frame-ancestors"] == "'none'"
+
+
+async def test_a_models_field_of_a_no_break_space_is_no_blank(browser_like, client, auth, token):
+    """Found by QA: ``models=\u00a0`` made a key for every model (``str.strip`` takes a no-break
+    space for blank), where the API and the CLI refuse such a name."""
+    c = browser_like
+    name = unique("nbsp")
+    await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())
+    await _sign_in(c, token())
+    csrf = _csrf((await c.get(f"/admin/tenants/{name}")).text)
+    resp = await c.post(f"/admin/tenants/{name}/keys", data={"csrf": csrf, "key_name": "k", "models": "\u00a0"})
+    assert resp.status_code == 400 and "allowed_models" in resp.text
+    keys = (await client.get("/admin/v1/keys", params={"tenant": name}, headers=auth())).json()["data"]
+    assert keys == []
+    resp = await c.post(f"/admin/tenants/{name}/keys", data={"csrf": csrf, "key_name": "k", "models": "  "})
+    assert resp.status_code == 200  # spaces only: all models, as an empty field
+    keys = (await client.get("/admin/v1/keys", params={"tenant": name}, headers=auth())).json()["data"]
+    assert [k["allowed_models"] for k in keys] == [None]

@@ -199,12 +199,27 @@ def test_a_trailing_slash_on_models_is_an_unknown_url(api) -> None:  # noqa: ANN
     ("DELETE", "/v1/models/some-model", "GET, HEAD"),
     ("POST", "/health", "GET, HEAD"),
     ("GET", "/v1/chat/completions", "POST"),
-    ("DELETE", "/admin/v1/tenants", "GET, POST"),  # list and create: two routes, one path
+    ("DELETE", "/admin/v1/tenants", "GET, HEAD, POST"),  # list and create: two routes, one path
+    ("PUT", "/admin/login", "GET, HEAD, POST"),  # the admin surface's GETs answer HEAD as GET
 ])
 def test_405_names_every_method_the_path_answers(api, method, path, allow) -> None:  # noqa: ANN001
     resp = httpx.request(method, api.base_url + path, headers={"authorization": f"Bearer {api.key}"}, timeout=30)
     assert_error(resp, 405)
     assert resp.headers["allow"] == allow
+
+
+def test_the_admin_surface_answers_head_as_get_without_the_body(api) -> None:  # noqa: ANN001
+    """Found by QA: HEAD on the admin API and the dashboard was a 405, where /v1/models and /health
+    answered it (RFC 9110 9.3.2: the GET's status and headers, no body)."""
+    for path, status in (("/admin/login", 200), ("/admin/tenants", 303), ("/admin/v1/tenants", 401),
+                         ("/admin/v1/nope", 404)):
+        got = httpx.get(api.base_url + path, timeout=30, follow_redirects=False)
+        head = httpx.head(api.base_url + path, timeout=30, follow_redirects=False)
+        assert got.status_code == head.status_code == status, path
+        assert head.content == b"" and (got.content or status == 303), path
+        assert head.headers.get("content-type") == got.headers.get("content-type"), path
+        assert head.headers.get("location") == got.headers.get("location"), path
+    assert "content-security-policy" in httpx.head(api.base_url + "/admin/login", timeout=30).headers
 
 
 def test_null_means_the_default_where_openai_allows_null(api) -> None:  # noqa: ANN001
