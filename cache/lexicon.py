@@ -376,10 +376,18 @@ QUALIFYING_ADVERBS = frozenset("""daily alone hard early late direct still ever 
 # the quantity and degree words among the stopwords, which change the answer added anywhere too
 # ("Are (all) mushrooms poisonous?", "(a little) milk")
 QUANTITY_WORDS = frozenset("all some any every each both most many much few little lot least more less several".split())
-# words before which an added noun names what was there ("a SQL (query) to", "the capital (city) of")
+# words before which an added generic noun names what was there ("a SQL (query) to", "the capital (city) of")
 LINKING = frozenset("of in on at to for from with by about into onto over under until than between the a an that which".split())
 # what a question about the user's own setting ends with, without changing the answer
 SETTING_TAILS = ("at home", "online", "myself", "in general", "for me", "step by step", "in simple terms",
                  "in simple words", "in plain english")
+# a phrase added in the middle of a question that opens with one of these narrows what it asks:
+# "the life expectancy (of men) in Japan", "the GDP (per capita) of China" (found by QA)
+NARROWING_PREPOSITIONS = frozenset("of in on at for from with by about per among within during under over".split())
+# nouns that, added before a linking word, name what the word before them was, where another noun
+# names a different thing ("a SQL (query) to" / "the GDP (growth) of"; "days (left) until")
+GENERIC_HEADS = frozenset("""query queries statement command code script snippet program function expression
+syntax left remaining""".split()) | frozenset(  # and the verbs that say what a thing counts as:
+    "considered regarded classified counted called known defined deemed viewed seen".split())  # "Is Pluto (considered) a planet?"
 SETTING_POSSESSIVE = frozenset("on in at with from using".split())  # "on my laptop", "in my browser"
 YES_NO_STARTS = frozenset("is are was were do does did can could will would should shall has have had may might must".split())

@@ -68,6 +68,8 @@ class QualifierWords:
     classifiers: frozenset[str]
     adverbs: frozenset[str]  # QUALIFYING_ADVERBS and QUANTITY_WORDS: added, they always matter
     linking: frozenset[str]
+    prepositions: frozenset[str]  # a phrase added mid-question that opens with one restricts it
+    heads: frozenset[str]  # nouns that, added before a linking word, name what was there
     tails: tuple[tuple[str, ...], ...]
     possessive: frozenset[str]
     yes_no: frozenset[str]
@@ -82,8 +84,10 @@ def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], 
     the score, the added one turns the answer. Let pass, as they leave the answer as it was:
     light and filler words ("please", "exactly"), modifiers that restrict nothing ("the (current)
     CEO", "(main) symptoms", "delete it (permanently)"), a kind named before a name ("the (acronym)
-    FOMO"), a noun added before a preposition or an article, which names what was there ("a SQL
-    (query) to", "the capital (city) of"; not an adverb: "take it (daily) with"), the user's own
+    FOMO"), a generic noun added before a preposition or an article, which names what was there ("a
+    SQL (query) to", "days (left) until"; not another noun, "the GDP (growth) of", nor a phrase that
+    opens with a preposition, "the GDP (per capita) of", nor an adverb, "take it (daily) with",
+    found by QA), the user's own
     setting at the end ("(on my laptop)", "(at home)"), and words framing the question before its
     first shared word ("(Can you tell me) how ..."), unless they turn a yes/no question into another
     ("(Why) is Pluto a planet?")."""
@@ -119,9 +123,14 @@ def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer
         return False  # the user's own setting: "(on my laptop)", "(at home)"
     if any(w in words.adverbs or w.endswith("ly") for w in matters):
         return True
+    if end < len(longer) and added[0] in words.prepositions:
+        return True  # a phrase narrowing a noun: "life expectancy (of men) in", "the GDP (per capita) of"
     if end < len(longer) and all(w in words.classifiers for w in matters):
         return False  # "the (planet) Earth"
-    return end == len(longer) or longer[end] not in words.linking
+    # a noun before a linking word names what was there only when it is a generic head ("a SQL
+    # (query) to", "how many days (are left) until"); another is a different thing of it: "the GDP
+    # (growth) of", "an (outline of an) essay" (found by QA: the broader question's answer was served)
+    return end == len(longer) or longer[end] not in words.linking or not all(w in words.heads for w in matters)
 
 
 _QUESTION_WORDS = frozenset("how what which when where who whom whose why".split())

@@ -71,6 +71,7 @@ async def test_hard_negative_rejected_by_verifier(make_cache):
     ("How many ounces in a pound?", "How many pounds in an ounce?", "How many ounces are there in a pound?"),
     ("What is the time complexity of mergesort?", "What is the space complexity of mergesort?",
      "What is mergesort's time complexity?"),
+    ("What is the GDP of China?", "What is the GDP per capita of China?", "What's the GDP of China?"),
 ])
 async def test_qa_hard_negatives_miss_at_the_default_threshold(make_cache, stored, asked, paraphrase):
     """QA found these served as semantic hits at 0.90 on a fresh namespace; the paraphrase still hits."""
