@@ -33,10 +33,11 @@ class IncrementalDetokenizer:
         decode = self.tokenizer.decode
         prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
         full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
-        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        start = _new_from(prefix, full)
+        if len(full) <= start or full.endswith("\ufffd"):
             return False  # nothing new yet, or half a character
         before = len(self.text)
-        self.text += full[len(prefix) :]
+        self.text += full[start:]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         if self.stop and check_stop:
             # only a stop string that ends in the new text: one that ended before was checked then,
@@ -70,8 +71,9 @@ class IncrementalDetokenizer:
         decode = self.tokenizer.decode
         prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
         full = decode(self.ids[self.prefix_offset :], skip_special_tokens=True)
-        if len(full) > len(prefix):
-            self.text += full[len(prefix) :]
+        start = _new_from(prefix, full)
+        if len(full) > start:
+            self.text += full[start:]
         self.prefix_offset = self.read_offset = len(self.ids)
 
     def _held_back(self) -> int:
@@ -87,3 +89,14 @@ class IncrementalDetokenizer:
                     held = k
                     break
         return held
+
+
+def _new_from(prefix: str, full: str) -> int:
+    """Where the new text starts in ``full``: after ``prefix``, less the half character it may end
+    with (a prompt of token ids that ends partway through a character, which the output's first
+    token completes: found by QA, the character was in neither the prompt's text nor the answer,
+    though its bytes were in ``logprobs``). A U+FFFD that stays one in ``full`` is the prompt's own."""
+    start = len(prefix)
+    while start and prefix[start - 1] == "\ufffd" and full[start - 1 : start] != "\ufffd":
+        start -= 1
+    return start

@@ -38,6 +38,20 @@ def test_multibyte_utf8_never_split(byte_tokenizer):
     assert "🎉" in deltas
 
 
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_a_prompt_that_ends_partway_through_a_character_has_it_completed_in_the_output(byte_tokenizer, cut):
+    """Found by QA: a token-id prompt ending in the first bytes of an emoji, completed by the output's
+    first token: the emoji was in neither text (its bytes only in ``logprobs``)."""
+    ids = byte_tokenizer.encode("emoji: 🔥🐍🔥", add_special_tokens=False)
+    split = len(ids) - 8 + cut  # the prompt holds the first `cut` of the 🐍's four bytes
+    detok = IncrementalDetokenizer(byte_tokenizer, ids[:split], [])
+    deltas, _ = feed(detok, ids[split:])
+    assert "".join(deltas) == "🐍🔥"
+    # a U+FFFD that is the prompt's own text is not repeated in the answer
+    detok = IncrementalDetokenizer(byte_tokenizer, byte_tokenizer.encode("odd \ufffd", add_special_tokens=False), [])
+    assert "".join(feed(detok, byte_tokenizer.encode(" ok", add_special_tokens=False))[0]) == " ok"
+
+
 def test_stop_string_across_tokens_is_never_emitted(byte_tokenizer):
     ids = byte_tokenizer.encode("Hello STOP world", add_special_tokens=False)
     detok = IncrementalDetokenizer(byte_tokenizer, [], ["STOP"])
