@@ -38,11 +38,23 @@ def cell_text(value: object) -> str:
 
 def width(text: str) -> int:
     """Columns a terminal gives ``text``: two for a wide or full-width character (CJK, most emoji),
-    none for a combining mark (found by QA: ``emoji 😀 é 中文`` shifted its row's columns by 3)."""
+    none for a mark, a format character (zero-width space, joiner, soft hyphen) or a character
+    joined to the one before it by a zero-width joiner (an emoji sequence: 👨‍👩‍👧 is one emoji).
+    Found by QA: ``emoji 😀 é 中文`` shifted its row's columns by 3, Thai and Devanagari marks by 2."""
     if text.isascii():
         return len(text)
-    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
-               for c in text)
+    columns, joined = 0, False
+    for c in text:
+        if joined:
+            joined = False
+            continue
+        if c == "\u200d":
+            joined = True
+            continue
+        if unicodedata.category(c) in ("Mn", "Me", "Cf"):
+            continue
+        columns += 2 if unicodedata.east_asian_width(c) in "WF" else 1
+    return columns
 
 
 def _pad(text: str, columns: int, right: bool) -> str:

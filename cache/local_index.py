@@ -147,7 +147,8 @@ class LocalIndex:
                     pipe.hmget(keys.entry(eid), "ns", "text", "vec")
                 rows = await pipe.execute()
             for eid, (ns, text, vec) in zip(chunk, rows, strict=True):
-                if ns is not None and vec and (v := self._vector(vec)) is not None:
+                # (no text: nothing for the verifier to read, found by QA; the entry is left out too)
+                if ns is not None and text is not None and vec and (v := self._vector(vec)) is not None:
                     t.apply_add(eid, _s(ns), _s(text), v, self.dim)
         return t
 

@@ -74,6 +74,10 @@ class IncrementalDetokenizer:
         start = _new_from(prefix, full)
         if len(full) > start:
             self.text += full[start:]
+        elif decode(self.ids[self.read_offset :], skip_special_tokens=True):
+            # bytes of a character the prompt began and the answer left unfinished: a U+FFFD for
+            # them, as for a character begun in the answer (found by QA: the answer read "")
+            self.text += "\ufffd"
         self.prefix_offset = self.read_offset = len(self.ids)
 
     def _held_back(self) -> int:

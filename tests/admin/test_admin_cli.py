@@ -362,6 +362,8 @@ def test_tables_align_and_format_values():
                                  "---------------  ---",
                                  "emoji 😀 e\u0301 中文    1",
                                  "plain             22"]
+    from admin.tables import width  # marks, format characters and joined emoji take no column (a re-check)
+    assert [width(t) for t in ("ที่นี่", "a\u200bb", "👨\u200d👩\u200d👧", "1\u20e3", "中文")] == [2, 2, 2, 1, 4]
 
 
 @contextlib.contextmanager

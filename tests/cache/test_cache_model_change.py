@@ -77,6 +77,11 @@ async def test_a_vector_of_the_wrong_size_is_left_out_of_a_load(make_cache, poli
                if (await redis_client.hget(k, "text")) == ITALY.encode()]
     await redis_client.hset(entry, "vec", b"abcde")  # not a whole number of floats
 
+    await first.store("acme", chat("How deep is Lake Baikal?"), answer("1,642 m"), policy)
+    [textless] = [k async for k in redis_client.scan_iter(match=keys.base + "e:*")
+                  if (await redis_client.hget(k, "text")) == b"How deep is Lake Baikal?"]
+    await redis_client.hdel(textless, "text")  # nothing for the verifier to read (a re-check QA)
+
     later = make_cache()  # a process that loads the tenant now
     assert (await later.lookup("acme", chat(FRANCE_AGAIN), policy)).outcome == "semantic-hit"
     assert (await later.lookup("acme", chat(ITALY), policy)).outcome == "hit"
@@ -84,6 +89,10 @@ async def test_a_vector_of_the_wrong_size_is_left_out_of_a_load(make_cache, poli
     assert (await later.lookup("acme", chat("What is the height of the Eiffel Tower?"),
                                policy)).outcome == "semantic-hit"
     assert later._local.foreign_vectors == 1
+    got = await later.lookup("acme", chat("What is the depth of Lake Baikal?"), policy)
+    assert got.outcome == "miss"  # not a bypass: the entry is left out
+    await later.store("acme", chat("What is the depth of Lake Baikal?"), answer("1,642 m"), policy)
+    assert (await later.lookup("acme", chat("What is the depth of Lake Baikal?"), policy)).outcome == "hit"
 
 
 class Broken:
