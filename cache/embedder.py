@@ -110,6 +110,39 @@ def quiet_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+_SAMPLE = 1 << 20  # bytes read from each end of a large file by ``model_fingerprint``
+
+
+def model_fingerprint(path: str) -> str:
+    """A hash of a model directory's contents: each file's path inside it, its size, and its bytes
+    (those of a file over 2 MiB, its weights, from its first and last MiB: a different model or a
+    retrained one differs there, and a 1 GB model is fingerprinted in milliseconds). Hidden files and
+    the model card (``*.md``) are left out."""
+    h = hashlib.blake2b(digest_size=16)
+    root = os.path.realpath(path)
+    if not os.path.isdir(root):  # a hub name, read from the Hugging Face cache: the name it is
+        h.update(f"name\0{path}".encode())
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".") and not f.endswith(".md")):
+            full = os.path.join(folder, name)
+            size = os.path.getsize(full)
+            h.update(f"{os.path.relpath(full, root)}\0{size}\0".encode())
+            with open(full, "rb") as f:
+                if size <= 2 * _SAMPLE:
+                    h.update(f.read())
+                else:
+                    h.update(f.read(_SAMPLE))
+                    f.seek(size - _SAMPLE)
+                    h.update(f.read(_SAMPLE))
+    return h.hexdigest()
+
+
+@functools.cache
+def _bundled_fingerprint() -> str:
+    return model_fingerprint(resolve_model_path(_BUNDLED))
+
+
 class Embedder:
     """``await embed(text)`` -> L2-normalised float32 vector of size ``dim``."""
 
@@ -136,6 +169,7 @@ class Embedder:
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()  # repeated texts skip the model
         self._memo_size = memo_size
         self.batches = 0  # forward passes run (for tests and stats)
+        self._space: str | None = None  # ``space``, once asked
 
     # -- model, on the worker thread ------------------------------------------------------
     def _load(self):
@@ -274,11 +308,15 @@ class Embedder:
         """Which model's vectors these are, as a part of the semantic namespace, so that entries
         embedded by another model (``PAGEGATE_EMBEDDING_MODEL`` changed, one Redis kept) are never
         compared with this one's: "" for the bundled MiniLM (whose entries predate it), else a short
-        hash of the model's directory and dimension."""
-        bundled = os.path.realpath(resolve_model_path(_BUNDLED))
-        if os.path.realpath(self._path) == bundled:
-            return ""
-        return hashlib.blake2b(f"{os.path.realpath(self._path)}|{self.dim}".encode(), digest_size=4).hexdigest()
+        hash of the model's files (``model_fingerprint``) and dimension. By content, not path: one
+        model in two directories (two hosts, two containers) shares its entries, and a model changed
+        in place (retrained, another pooling) does not (found by QA on the first, path-keyed version)."""
+        if self._space is None:
+            own = model_fingerprint(self._path)
+            bundled = _bundled_fingerprint()
+            self._space = "" if own == bundled else hashlib.blake2b(
+                f"{own}|{self.dim}".encode(), digest_size=4).hexdigest()
+        return self._space
 
     def vocab(self) -> dict[str, int]:
         """The tokenizer's word-piece vocabulary (word -> id); used as a word-rarity proxy."""

@@ -5,7 +5,10 @@ lookup of its tenant (found by QA: one such entry turned a tenant's semantic tie
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+from pathlib import Path
 
 import numpy as np
 from cache_testlib import answer, chat
@@ -46,6 +49,25 @@ class WiderModel:
 def test_the_bundled_model_keeps_the_namespace_entries_were_stored_in():
     assert Embedder().space == ""
     assert Embedder(resolve_model_path("all-MiniLM-L6-v2")).space == ""
+
+
+def test_a_models_space_follows_its_files_not_its_path(tmp_path):
+    """A re-check QA: the first version hashed the directory's path, so one model in two places (two
+    hosts, two containers) split its entries, and a model changed in place kept its space."""
+    bundled = Path(resolve_model_path("all-MiniLM-L6-v2"))
+    copy = tmp_path / "minilm-elsewhere"
+    shutil.copytree(bundled, copy, symlinks=False,
+                    ignore=lambda _d, names: [n for n in names if n.endswith(".safetensors")])
+    (copy / "model.safetensors").symlink_to(bundled / "model.safetensors")  # (90 MB: not copied)
+    assert Embedder(str(copy)).space == ""  # the same files elsewhere: the bundled model's space
+    pooling = copy / "1_Pooling" / "config.json"
+    config = json.loads(pooling.read_text())
+    pooling.write_text(json.dumps({**config, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
+    changed = Embedder(str(copy))
+    try:
+        assert changed.space != "" and len(changed.space) == 8  # the same path, changed in place: its own
+    finally:
+        changed.close()
 
 
 async def test_two_models_on_one_redis_keep_their_vectors_apart(make_cache, policy, embedder):
