@@ -384,10 +384,21 @@ SETTING_TAILS = ("at home", "online", "myself", "in general", "for me", "step by
 # a phrase added in the middle of a question that opens with one of these narrows what it asks:
 # "the life expectancy (of men) in Japan", "the GDP (per capita) of China" (found by QA)
 NARROWING_PREPOSITIONS = frozenset("of in on at for from with by about per among within during under over".split())
-# nouns that, added before a linking word, name what the word before them was, where another noun
-# names a different thing ("a SQL (query) to" / "the GDP (growth) of"; "days (left) until")
-GENERIC_HEADS = frozenset("""query queries statement command code script snippet program function expression
-syntax left remaining""".split()) | frozenset(  # and the verbs that say what a thing counts as:
-    "considered regarded classified counted called known defined deemed viewed seen".split())  # "Is Pluto (considered) a planet?"
+# words that, added before one of the words listed with them, name what the word before them was,
+# where another noun names a different thing ("a SQL (query) to" / "the GDP (growth) of"). Only
+# before those words: "the color (code) of", "the cost (function) of" and "How many seats are (left)
+# on" name other things (found by a re-check QA); None: before any linking word
+_CODE_HEADS = "query queries statement command code script snippet program function expression syntax value"
+GENERIC_HEADS: dict[str, tuple[str, ...] | None] = {
+    **{w: ("to", "that", "which") for w in _CODE_HEADS.split()},  # "a SQL (query) to", "a string (value) to"
+    **{w: ("until",) for w in "left remaining".split()},  # "How many days (are left) until …?"
+    # the verbs that say what a thing counts as: "Is Pluto (considered) a planet?"
+    **{w: None for w in "considered regarded classified counted called known defined deemed viewed seen".split()},
+}
+# phrases that, added anywhere, leave the question as it was ("How long does it take (on average) to
+# …", "What is, (by definition), …"; found by a re-check QA)
+NEUTRAL_PHRASES = ("on average", "in short", "by definition", "in general", "in practice", "for example",
+                   "for instance", "in simple terms", "in simple words", "in total", "at all", "in brief",
+                   "in summary", "in essence", "in fact", "in plain english", "generally speaking")
 SETTING_POSSESSIVE = frozenset("on in at with from using".split())  # "on my laptop", "in my browser"
 YES_NO_STARTS = frozenset("is are was were do does did can could will would should shall has have had may might must".split())

@@ -69,7 +69,8 @@ class QualifierWords:
     adverbs: frozenset[str]  # QUALIFYING_ADVERBS and QUANTITY_WORDS: added, they always matter
     linking: frozenset[str]
     prepositions: frozenset[str]  # a phrase added mid-question that opens with one restricts it
-    heads: frozenset[str]  # nouns that, added before a linking word, name what was there
+    heads: dict[str, frozenset[str] | None]  # words that, added before these (None: any linking word), name what was there
+    neutral: frozenset[tuple[str, ...]]  # phrases that, added anywhere, leave the question as it was
     tails: tuple[tuple[str, ...], ...]
     possessive: frozenset[str]
     yes_no: frozenset[str]
@@ -111,11 +112,16 @@ def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], 
 
 def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer: list[str], shorter: list[str],
                words: QualifierWords) -> bool:
-    if start == 0:  # framing: only a question word put before a yes/no question turns it
-        return bool(shorter) and shorter[0] in words.yes_no and any(w in _QUESTION_WORDS for w in added)
+    if tuple(added) in words.neutral:
+        return False  # "(on average)", "(in short)", wherever it stands
     matters = [w for w, lt in zip(added, light, strict=True)
                if w in words.adverbs or (w.endswith("ly") and w not in words.nonrestrictive)
                or not (lt or w in words.filler or w in words.nonrestrictive or w in words.function)]
+    if start == 0:  # framing: a question word put before a yes/no question turns it, and a phrase
+        # put before the question that opens with a preposition narrows it: "(For women,) what is
+        # the life expectancy in Japan?" (found by a re-check QA); "(Can you tell me) how" does not
+        return bool(shorter) and ((shorter[0] in words.yes_no and any(w in _QUESTION_WORDS for w in added))
+                                  or (added[0] in words.prepositions and bool(matters)))
     if not matters:
         return False
     if end == len(longer) and (tuple(added) in words.tails or (
@@ -127,10 +133,13 @@ def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer
         return True  # a phrase narrowing a noun: "life expectancy (of men) in", "the GDP (per capita) of"
     if end < len(longer) and all(w in words.classifiers for w in matters):
         return False  # "the (planet) Earth"
-    # a noun before a linking word names what was there only when it is a generic head ("a SQL
-    # (query) to", "how many days (are left) until"); another is a different thing of it: "the GDP
-    # (growth) of", "an (outline of an) essay" (found by QA: the broader question's answer was served)
-    return end == len(longer) or longer[end] not in words.linking or not all(w in words.heads for w in matters)
+    # a noun before a linking word names what was there only when it is a generic head before a word
+    # it goes with ("a SQL (query) to", "how many days (are left) until"); another is a different
+    # thing of it: "the GDP (growth) of", "an (outline of an) essay", "the color (code) of" (found by
+    # QA: the broader question's answer was served)
+    if end == len(longer) or longer[end] not in words.linking:
+        return True
+    return not all(w in words.heads and (words.heads[w] is None or longer[end] in words.heads[w]) for w in matters)
 
 
 _QUESTION_WORDS = frozenset("how what which when where who whom whose why".split())

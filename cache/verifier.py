@@ -161,7 +161,9 @@ _QUALIFIER_WORDS = QualifierWords(
     adverbs=frozenset(stem(w) for w in lx.QUALIFYING_ADVERBS | lx.QUANTITY_WORDS),
     linking=frozenset(stem(w) for w in lx.LINKING),
     prepositions=frozenset(stem(w) for w in lx.NARROWING_PREPOSITIONS),
-    heads=frozenset(stem(w) for w in lx.GENERIC_HEADS),
+    heads={stem(w): None if after is None else frozenset(stem(a) for a in after)
+           for w, after in lx.GENERIC_HEADS.items()},
+    neutral=frozenset(tuple(stem(w) for w in p.split()) for p in lx.NEUTRAL_PHRASES),
     tails=tuple(tuple(stem(w) for w in t.split()) for t in lx.SETTING_TAILS),
     possessive=frozenset(stem(w) for w in lx.SETTING_POSSESSIVE),
     yes_no=frozenset(stem(w) for w in lx.YES_NO_STARTS),
