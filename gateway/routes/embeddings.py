@@ -2,7 +2,7 @@
 
 from fastapi import APIRouter
 
-from gateway.deps import CallerDep
+from gateway.deps import CallerDep, ReadableBodyDep
 from gateway.embedding_service import create_embeddings
 from gateway.schemas import EmbeddingList, EmbeddingRequest
 
@@ -10,5 +10,5 @@ router = APIRouter(tags=["embeddings"], strict_content_type=False)  # a body wit
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingList)
-async def embeddings(body: EmbeddingRequest, caller: CallerDep) -> EmbeddingList:
+async def embeddings(body: EmbeddingRequest, _readable: ReadableBodyDep, caller: CallerDep) -> EmbeddingList:
     return await create_embeddings(body, caller)

@@ -324,3 +324,29 @@ def test_the_openapi_document_is_served_and_no_cdn_pages(api) -> None:  # noqa: 
     assert spec.status_code == 200 and "/v1/chat/completions" in spec.json()["paths"]
     for page in ("/docs", "/redoc"):
         assert_error(httpx.get(api.base_url + page, timeout=30), 404, code="not_found")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+def test_a_body_that_cannot_be_read_takes_no_request_from_the_window(api, path) -> None:  # noqa: ANN001
+    """Found by QA: no body, or a JSON body sent as text/plain, was refused with 400 ``invalid_json``
+    after the rate limit had taken a request, so the same mistake soon read as a 429 (and used up
+    the window of the valid requests after it); malformed JSON already took none."""
+    _tenant, key = api.make_tenant(rpm=2)
+    h = {"authorization": f"Bearer {key}"}
+    good = ({"model": "all-MiniLM-L6-v2", "input": "Hi"} if path.endswith("embeddings") else
+            {"model": api.model, "prompt": "Hi", "max_tokens": 1} if path == "/v1/completions" else
+            {"model": api.model, **BASE})
+    import json
+
+    for _ in range(3):
+        assert_error(_client.post(api.base_url + path, content=json.dumps(good).encode(),
+                                  headers={**h, "content-type": "text/plain"}), 400, code="invalid_json")
+        assert_error(_client.post(api.base_url + path, headers=h), 400)
+        assert_error(_client.post(api.base_url + path, content=b'{"model":', headers={**h, "content-type":
+                                                                                    "application/json"}), 400)
+    # and without a key, the key's refusal first (401 before 400)
+    assert_error(_client.post(api.base_url + path, headers={"content-type": "text/plain"}, content=b"x"), 401)
+    for _ in range(2):
+        resp = _client.post(api.base_url + path, json=good, headers=h)
+        assert resp.status_code == 200, resp.text
+    assert_error(_client.post(api.base_url + path, json=good, headers=h), 429)
