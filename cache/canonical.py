@@ -91,6 +91,8 @@ def _params(body: dict) -> dict:
             v = float(v)
         if k == "temperature" and v < GREEDY_BELOW:
             v = 0.0  # greedy either way: one answer, one key
+        if k == "seed" and isinstance(v, int) and not isinstance(v, bool):
+            v %= 2**64  # -1 and 2**64 - 1 are one seed to the engine: one key (found by QA)
         if k in _DEFAULTS and any(type(v) is type(d) and v == d for d in _DEFAULTS[k]):
             continue
         p[k] = v

@@ -51,6 +51,9 @@ def test_every_explicit_default_counts_as_absent():
         assert keys(chat("Hi") | default) == base, default
     seeded = keys(chat("Hi", temperature=None, seed=7))
     assert keys(chat("Hi", temperature=1, seed=7)) == seeded  # the engine's temperature
+    # one seed to the engine (its 64 bits), one key (found by QA: -1 and 2**64 - 1 were two entries)
+    assert keys(chat("Hi", seed=-1, temperature=1)) == keys(chat("Hi", seed=2**64 - 1, temperature=1))
+    assert keys(chat("Hi", seed=-2, temperature=1)) != keys(chat("Hi", seed=-1, temperature=1))
     # a value that is not the default still counts, whatever its truthiness
     assert keys(chat("Hi", stop_token_ids=[0])) != base
     assert keys(chat("Hi", top_k=1)) != base
