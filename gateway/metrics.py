@@ -306,8 +306,10 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
         out.append(f"# HELP {name} {help_text}")
         out.append(f"# TYPE {name} {kind}")
 
-    family("pagegate_up", "1 while the engine steps (0: its loop stopped)", "gauge")
-    out.append(f"pagegate_up{_labels(('model',), (model or '',))} {1 if engine_up else 0}")
+    if model is not None:  # no engine in this process (PAGEGATE_LOAD_ENGINE=false): no series, rather
+        # than a 0 that an alert on ``pagegate_up == 0`` would fire on for a healthy process (found by QA)
+        family("pagegate_up", "1 while the engine steps (0: its loop stopped)", "gauge")
+        out.append(f"pagegate_up{_labels(('model',), (model,))} {1 if engine_up else 0}")
     family("pagegate_uptime_seconds", "Seconds since this process's app started", "gauge")
     out.append(f"pagegate_uptime_seconds {_num(uptime_s)}")
     if engine:

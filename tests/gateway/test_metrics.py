@@ -56,6 +56,17 @@ def _scrape(m: RequestMetrics) -> dict[str, float]:
                           requests=requests))
 
 
+def test_a_process_without_an_engine_has_no_up_series() -> None:
+    """Found by QA: a healthy gateway started with PAGEGATE_LOAD_ENGINE=false served
+    ``pagegate_up{model=""} 0``, which an alert on ``pagegate_up == 0`` fires on."""
+    m = RequestMetrics(None, None)
+    requests, processes = m.scrape(m.state())
+    text = render(uptime_s=1, engine=None, engine_up=False, model=None, processes=processes, requests=requests)
+    assert "pagegate_up{" not in text and "# TYPE pagegate_up " not in text and "pagegate_uptime_seconds 1" in text
+    dead = render(uptime_s=1, engine=None, engine_up=False, model="m", processes=processes, requests=requests)
+    assert 'pagegate_up{model="m"} 0' in dead  # an engine that stopped still reads 0
+
+
 def test_workers_sum_through_their_files_and_no_sum_goes_down(tmp_path) -> None:
     one, two = RequestMetrics(tmp_path, "1"), RequestMetrics(tmp_path, "2")
     one.process = lambda: {"loop": {"lag_ms_max_last_minute": 3.0, "stalls_total": 1}, "cache": {"hits": 2}}
