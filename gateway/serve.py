@@ -77,10 +77,39 @@ async def bootstrap_dev(settings: Settings) -> tuple[str, str] | None:
     try:
         async with db.sessionmaker() as session:
             made = await tenancy.bootstrap_dev_tenant(session)
+            if made is not None:
+                await _audit_bootstrap(session, *made)
             await session.commit()
             return made
     finally:
         await db.dispose()
+
+
+DEV_ACTOR = "pagegate serve --dev"
+
+
+async def _audit_bootstrap(session, tenant_name: str, key: str) -> None:  # noqa: ANN001 - an AsyncSession
+    """The audit rows of the dev tenant and key, as the admin surface writes them for its own changes,
+    committed with them (found by QA: "every change is written to the audit_log table" had two
+    exceptions). Without the admin package (an embedding without it), none."""
+    try:
+        from admin import audit
+        from admin.management import key_view, tenant_view
+    except ImportError:
+        return
+    from sqlalchemy import select
+
+    from gateway.db.models import ApiKey, Tenant
+    from gateway.keys import hash_key
+
+    tenant = (await session.execute(select(Tenant).where(Tenant.name == tenant_name))).scalar_one()
+    row = (await session.execute(select(ApiKey).where(ApiKey.key_hash == hash_key(key)))).scalar_one()
+    await session.refresh(tenant)
+    await session.refresh(row)
+    audit.record(session, actor=DEV_ACTOR, action="tenant.create", target=f"tenant:{tenant.name}",
+                 after=tenant_view(tenant), detail="development mode: the first tenant of an empty database")
+    audit.record(session, actor=DEV_ACTOR, action="key.create", target=f"key:{row.prefix}",
+                 after=key_view(row, tenant.name))
 
 
 def cli_name() -> str:

@@ -82,6 +82,13 @@ def test_serve_dev_bootstraps_an_empty_database(tmp_path) -> None:  # noqa: ANN0
     assert proc.returncode == 0, out  # a stop asked for (143 read as a failure to systemd)
     assert not KEY.findall(out)  # shown once
     assert (tmp_path / "dev.db").exists() and (tmp_path / "redis").is_dir()
+    # the tenant and key it made are in the audit log, as every other change is (found by QA)
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "dev.db") as conn:
+        rows = conn.execute("SELECT actor, action, target FROM audit_log ORDER BY id").fetchall()
+    assert rows == [("pagegate serve --dev", "tenant.create", "tenant:default"),
+                    ("pagegate serve --dev", "key.create", f"key:{keys[0][:10]}")]
 
 
 async def test_access_log_setting_reaches_uvicorn(tmp_path, capfd) -> None:  # noqa: ANN001
