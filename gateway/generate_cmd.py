@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 
-from gateway.settings import Settings, settings_errors
+from gateway.settings import Settings, miscased_refusal, settings_errors, unknown_settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.llm_engine import DeviceUnavailable
 
+    # the settings' names, as `serve` and the admin CLI read them (found by QA: generate read
+    # PAGEGATE_block_size and ignored PAGEGATE_BLOKC_SIZE in silence)
+    if (miscased := miscased_refusal()) is not None:
+        print(f"error: {miscased}", file=sys.stderr)
+        return 2
+    for name, meant in unknown_settings():
+        print(f"warning: {name} is not a pagegate setting: ignored" + (f" (did you mean {meant}?)" if meant else ""),
+              file=sys.stderr)
     try:
         prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
         for text in (prompt, args.system, *args.stop):

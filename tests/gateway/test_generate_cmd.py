@@ -144,6 +144,21 @@ def test_streams_the_greedy_completion() -> None:
     assert re.search(r"TTFT \d+ ms", res.stderr), res.stderr
 
 
+def test_setting_names_are_read_as_serve_reads_them(capsys, monkeypatch) -> None:
+    """Found by QA: generate used PAGEGATE_block_size (serve refuses a setting in another case) and
+    ignored PAGEGATE_BLOKC_SIZE without a word (serve warns)."""
+    args = build_parser().parse_args(["generate", "", "--raw"])  # refused before any model loads
+    monkeypatch.setenv("PAGEGATE_block_size", "7")
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: PAGEGATE_block_size: write it PAGEGATE_BLOCK_SIZE"), err
+    monkeypatch.delenv("PAGEGATE_block_size")
+    monkeypatch.setenv("PAGEGATE_BLOKC_SIZE", "7")
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "warning: PAGEGATE_BLOKC_SIZE is not a pagegate setting: ignored (did you mean PAGEGATE_BLOCK_SIZE?)" in err
+
+
 def test_an_empty_raw_prompt_is_refused_before_the_model_loads(capsys) -> None:
     """Found by QA: refused only after loading the model, in words about token ids."""
     args = build_parser().parse_args(["generate", "", "--raw"])
