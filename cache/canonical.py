@@ -96,6 +96,8 @@ def _params(body: dict) -> dict:
         if k in _DEFAULTS and any(type(v) is type(d) and v == d for d in _DEFAULTS[k]):
             continue
         p[k] = v
+    if p.get("temperature") == 0.0:
+        p.pop("seed", None)  # greedy: the seed changes nothing, one key (found by QA: four entries of one answer)
     return p
 
 

@@ -55,7 +55,7 @@ def substituted(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...]
     return False
 
 
-MAX_ADDED = 4  # words one text adds to the other, at most, for a pair to be a qualified question
+_ARTICLES = {"an": "a"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +77,9 @@ class QualifierWords:
 
 
 def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], words: QualifierWords) -> bool:
-    """Whether one text is the other with a qualifier added: the other's words, in order, with up to
-    ``MAX_ADDED`` more in one or more places, and no word of it dropped or replaced, where an added
+    """Whether one text is the other with a qualifier added: the other's words, in order, with more
+    in one or more places (any number: five or more were let pass, found by QA), and no word of it
+    dropped or replaced ("a" and "an" are one), where an added
     word changes what is asked. The embedder scores "Is Pluto a planet?" / "Is Pluto a dwarf
     planet?" at 0.91, "Is the water boiling?" / "... almost boiling?" at 0.94, "Are (all) mushrooms
     poisonous?" at 0.97, "Do I (still) need a visa?" at 0.97 (found by QA): the shared words carry
@@ -94,7 +95,8 @@ def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], 
     ("(Why) is Pluto a planet?")."""
     if min(len(a), len(b)) < MIN_WORDS:
         return False
-    sa, sb = [s for s, _ in a], [s for s, _ in b]
+    # "a" and "an" are one word here: "a car" / "an electric car" adds a word, it replaces none
+    sa, sb = [_ARTICLES.get(s, s) for s, _ in a], [_ARTICLES.get(s, s) for s, _ in b]
     diff = [op for op in difflib.SequenceMatcher(a=sa, b=sb, autojunk=False).get_opcodes() if op[0] != "equal"]
     if not diff:
         return False
@@ -103,8 +105,6 @@ def qualified(a: tuple[tuple[str, bool], ...], b: tuple[tuple[str, bool], ...], 
     elif all(op[0] == "delete" for op in diff):
         longer, shorter, spans = a, sb, [(i1, i2) for _, i1, i2, _, _ in diff]
     else:
-        return False
-    if sum(end - start for start, end in spans) > MAX_ADDED:
         return False
     return any(_qualifies([s for s, _ in longer[start:end]], [light for _, light in longer[start:end]],
                           start, end, [s for s, _ in longer], shorter, words) for start, end in spans)
@@ -117,11 +117,16 @@ def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer
     matters = [w for w, lt in zip(added, light, strict=True)
                if w in words.adverbs or (w.endswith("ly") and w not in words.nonrestrictive)
                or not (lt or w in words.filler or w in words.nonrestrictive or w in words.function)]
-    if start == 0:  # framing: a question word put before a yes/no question turns it, and a phrase
-        # put before the question that opens with a preposition narrows it: "(For women,) what is
-        # the life expectancy in Japan?" (found by a re-check QA); "(Can you tell me) how" does not
+    if start == 0:  # framing: a question word put before a yes/no question turns it, a phrase put
+        # before the question that opens with a preposition narrows it: "(For women,) what is the life
+        # expectancy in Japan?", and so does a word that matters put before a query of keywords:
+        # "(Senior) software engineer salary" (found by re-check QAs); "(Can you tell me) how", an
+        # adverb before an instruction ("(Briefly,) explain") do not
+        keywords = shorter[0] not in _QUESTION_WORDS and shorter[0] not in words.yes_no
         return bool(shorter) and ((shorter[0] in words.yes_no and any(w in _QUESTION_WORDS for w in added))
-                                  or (added[0] in words.prepositions and bool(matters)))
+                                  or (added[0] in words.prepositions and bool(matters))
+                                  or (keywords and any(not w.endswith("ly") and w not in words.adverbs
+                                                       for w in matters)))
     if not matters:
         return False
     if end == len(longer) and (tuple(added) in words.tails or (

@@ -322,6 +322,9 @@ class AsyncEngine:
     def _retire(self, request_id: str) -> None:
         """Stop a request whose consumer has gone; its id stays taken until the abort is applied."""
         self._retiring.add(request_id)
+        with self._cv:
+            if self._adds_sent:
+                self._unsend(request_id)
         self._send(_Abort(request_id))
 
     def _send(self, cmd: _Add | _Abort, notice: ArrivalNotice | None = None) -> None:
@@ -334,6 +337,23 @@ class AsyncEngine:
                     sent[cmd.priority_class] = sent.get(cmd.priority_class, 0) + 1
             if self._burst.arrived(add=isinstance(cmd, _Add), notice=notice):
                 self._cv.notify()
+
+    def _unsend(self, request_id: str) -> None:
+        """(``_cv`` held.) The add of a request whose consumer left before the step thread took it,
+        taken back: it no longer holds a place in the queue (found by QA: a refused batch's prompts
+        held theirs until the next step, and another tenant's request that fitted got a 503
+        meanwhile). The abort still follows, to free the request's id."""
+        for i, queued in enumerate(self._cmds):
+            if isinstance(queued, _Add) and queued.request_id == request_id:
+                del self._cmds[i]
+                self._adds_sent -= 1
+                if queued.priority_class is not None:
+                    left = self._sent_by_class[queued.priority_class] - 1
+                    if left:
+                        self._sent_by_class[queued.priority_class] = left
+                    else:
+                        del self._sent_by_class[queued.priority_class]
+                return
 
     def _run(self) -> None:
         engine = self.engine

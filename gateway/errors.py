@@ -86,5 +86,6 @@ def shutting_down(*, started: bool = True) -> ApiError:
 
 
 def overloaded(message: str = "The engine is overloaded; retry shortly.", retry_after_s: float = 1.0) -> ApiError:
+    # (retry-after-ms too, as the 429s carry it: found by QA, the SDKs read it first)
     return ApiError(503, message, "server_error", "overloaded", None,
-                    {"retry-after": str(max(1, int(retry_after_s)))})
+                    {"retry-after": str(max(1, int(retry_after_s))), "retry-after-ms": str(max(1, int(retry_after_s * 1000)))})

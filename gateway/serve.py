@@ -107,7 +107,7 @@ async def _audit_bootstrap(session, tenant_name: str, key: str) -> None:  # noqa
     await session.refresh(tenant)
     await session.refresh(row)
     audit.record(session, actor=DEV_ACTOR, action="tenant.create", target=f"tenant:{tenant.name}",
-                 after=tenant_view(tenant), detail="development mode: the first tenant of an empty database")
+                 after=tenant_view(tenant), detail="development mode: a database without live tenants")
     audit.record(session, actor=DEV_ACTOR, action="key.create", target=f"key:{row.prefix}",
                  after=key_view(row, tenant.name))
 

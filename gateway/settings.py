@@ -345,7 +345,7 @@ def unknown_settings(environ: dict[str, str] | None = None) -> list[tuple[str, s
         if not name.startswith("PAGEGATE_") or name in _OTHER_VARIABLES or name.startswith("PAGEGATE_TEST_"):
             continue
         if name not in known and name.upper() not in known:  # (a setting in another case: ``miscased_settings``)
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.8)  # (in any case: QA)
             out.append((name, close[0] if close else None))
     return out
 

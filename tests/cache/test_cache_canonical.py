@@ -22,12 +22,14 @@ def test_tenant_changes_both_keys():
 def test_every_answer_changing_parameter_changes_both_keys():
     base = keys(chat("Hi"))
     for change in [dict(temperature=0.5), dict(top_p=0.9), dict(max_tokens=7), dict(stop=["\n"]),
-                   dict(seed=3), dict(n=2), dict(top_k=5), dict(response_format={"type": "json_object"}),
+                   dict(n=2), dict(top_k=5), dict(response_format={"type": "json_object"}),
                    dict(presence_penalty=0.5), dict(frequency_penalty=-1.0), dict(repetition_penalty=1.2), dict(min_tokens=3),
                    dict(model="other-model")]:
         body = chat("Hi") | change
         ek, ck = keys(body)
         assert ek != base[0] and ck != base[1], change
+    sampled = keys(chat("Hi", temperature=0.5))  # a seed changes a sampled answer (not a greedy one: below)
+    assert keys(chat("Hi", temperature=0.5, seed=3))[0] != sampled[0]
 
 
 def test_transport_fields_and_defaults_do_not_change_keys():
@@ -54,6 +56,9 @@ def test_every_explicit_default_counts_as_absent():
     # one seed to the engine (its 64 bits), one key (found by QA: -1 and 2**64 - 1 were two entries)
     assert keys(chat("Hi", seed=-1, temperature=1)) == keys(chat("Hi", seed=2**64 - 1, temperature=1))
     assert keys(chat("Hi", seed=-2, temperature=1)) != keys(chat("Hi", seed=-1, temperature=1))
+    # greedy: the seed changes nothing (a re-check QA: four entries of one answer)
+    assert keys(chat("Hi", seed=1)) == keys(chat("Hi", seed=2)) == keys(chat("Hi")) == keys(chat("Hi", seed=-1,
+                                                                                           temperature=1e-7))
     # a value that is not the default still counts, whatever its truthiness
     assert keys(chat("Hi", stop_token_ids=[0])) != base
     assert keys(chat("Hi", top_k=1)) != base

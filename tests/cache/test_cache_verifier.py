@@ -601,6 +601,26 @@ def test_a_generic_head_counts_only_before_its_own_words_and_a_fronted_phrase_na
     assert verifier.check(b, a) == Verdict(False, "qualifier")
 
 
+@pytest.mark.parametrize(("a", "b"), [  # a third re-check's false hits (0.91-0.94)
+    ("Software engineer salary in Berlin", "Senior software engineer salary in Berlin"),  # before keywords
+    ("Beer calories per bottle", "Non-alcoholic beer calories per bottle"),
+    ("How much does a ticket to the Louvre cost?", "How much does a ticket to the Louvre cost in total for a family?"),
+    ("How long should I boil pasta?", "How long should I boil pasta if it is fresh and homemade?"),  # 5+ words
+    ("Explain how a car engine works.", "Explain how an electric car engine works."),  # "a" / "an"
+])
+def test_many_words_added_a_word_before_keywords_and_an_article_changed_are_read(verifier, a, b):
+    assert verifier.check(a, b) == Verdict(False, "qualifier")
+    assert verifier.check(b, a) == Verdict(False, "qualifier")
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("Explain recursion to me.", "Briefly, explain recursion to me."),  # an adverb before an instruction
+    ("How do I reset my password?", "Can you tell me how I reset my password?"),  # framing
+])
+def test_framing_before_a_question_or_an_instruction_passes(verifier, a, b):
+    assert verifier.check(a, b).ok and verifier.check(b, a).ok
+
+
 @pytest.mark.parametrize(("a", "b"), [  # the same re-check's paraphrases refused by that first version
     ("How do I convert a string to an integer in Java?", "How do I convert a string value to an integer in Java?"),
     ("How long does it take on average to boil an egg?", "How long does it take to boil an egg?"),

@@ -184,6 +184,38 @@ async def test_one_class_cannot_fill_the_waiting_queue(make_engine):
     assert len(tokens) == 2
 
 
+async def test_a_request_that_leaves_before_the_step_takes_it_frees_its_place_at_once(make_engine):
+    """Found by QA: a refused batch's prompts, already sent and then withdrawn, kept their places in
+    the queue until the step thread took the commands (the next step), and another tenant's request
+    that fitted got a 503 meanwhile."""
+    eng = await make_engine(max_waiting=3, max_num_seqs=1, max_waiting_per_class=64)
+    gate = hold_steps(eng)
+    params = SamplingParams(max_tokens=2, **GREEDY)
+    first = asyncio.ensure_future(collect(eng, [1, 2, 3], params, "r0"))
+    await asyncio.sleep(0.3)  # in the engine, its step held: what comes next stays in the command list
+    try:
+        sent = []
+        for i in range(10):  # fill the queue
+            task = asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"b{i}", priority_class="b"))
+            await asyncio.sleep(0.05)
+            if task.done():
+                assert isinstance(task.exception(), EngineOverloadedError)
+                break
+            sent.append(task)
+        assert sent and len(sent) < 10
+        for task in sent:  # their consumers leave (a batch refused after its first prompts were sent)
+            task.cancel()
+        await asyncio.gather(*sent, return_exceptions=True)
+        later = [asyncio.ensure_future(collect(eng, [1, 2, 3], params, f"c{i}", priority_class="c"))
+                 for i in range(len(sent))]
+        await asyncio.sleep(0.2)
+        refused = [t.exception() for t in later if t.done()]
+        assert not refused, refused  # the places are free again, before any step
+    finally:
+        gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *later), timeout=60)
+
+
 async def test_a_burst_into_free_running_slots_is_not_waiting(make_engine):
     """Found by QA: with the share at 10, a burst of 15 from one tenant into an idle engine with 64
     free running slots got 5 refusals: the requests the next step admits at once do not wait."""

@@ -268,6 +268,7 @@ def test_overloaded_engine_is_503_with_retry_after(api, api_engine) -> None:  # 
         api_engine.config.max_waiting, api_engine.config.max_num_seqs = saved
     assert err.value.status_code == 503 and err.value.code == "overloaded"
     assert int(err.value.response.headers["retry-after"]) >= 1
+    assert int(err.value.response.headers["retry-after-ms"]) >= 1000  # as the 429s (a QA find)
     rows = api.usage_rows(err.value.response.headers["x-request-id"])
     assert len(rows) == 1 and rows[0].status == "error" and rows[0].completion_tokens == 0
     # the engine never took it: nothing charged (it used to bill and count the prompt's tokens)
@@ -291,6 +292,7 @@ def test_a_tenant_whose_share_of_the_queue_is_full_gets_429(api, api_engine) -> 
     assert err.value.status_code == 429 and err.value.code == "rate_limit_exceeded"
     assert "waiting for the engine" in err.value.message
     assert int(err.value.response.headers["retry-after"]) >= 1
+    assert int(err.value.response.headers["retry-after-ms"]) >= 1000  # as the 429s (a QA find)
     rows = api.usage_rows(err.value.response.headers["x-request-id"])
     assert len(rows) == 1 and rows[0].status == "error" and rows[0].cost_usd == 0
 
