@@ -157,6 +157,10 @@ def test_setting_names_are_read_as_serve_reads_them(capsys, monkeypatch) -> None
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert "warning: PAGEGATE_BLOKC_SIZE is not a pagegate setting: ignored (did you mean PAGEGATE_BLOCK_SIZE?)" in err
+    monkeypatch.delenv("PAGEGATE_BLOKC_SIZE")
+    monkeypatch.setenv("PAGEGATE_blokc_size", "7")  # misspelt in another case: the same hint (a re-check)
+    assert args.func(args) == 2
+    assert "(did you mean PAGEGATE_BLOCK_SIZE?)" in capsys.readouterr().err
 
 
 def test_an_empty_raw_prompt_is_refused_before_the_model_loads(capsys) -> None:
