@@ -312,20 +312,29 @@ class Embedder:
         model in two directories (two hosts, two containers) shares its entries, and a model changed
         in place (retrained, another pooling) does not (found by QA on the first, path-keyed version)."""
         if self._space is None:
-            own = model_fingerprint(self._path)
-            bundled = _bundled_fingerprint()
-            self._space = "" if own == bundled else hashlib.blake2b(
-                f"{own}|{self.dim}".encode(), digest_size=4).hexdigest()
+            self._space = self._fingerprint()
         return self._space
+
+    def _fingerprint(self) -> str:
+        own = model_fingerprint(self._path)
+        if own == _bundled_fingerprint():
+            return ""
+        return hashlib.blake2b(f"{own}|{self.dim}".encode(), digest_size=4).hexdigest()
+
+    def _ready(self) -> None:
+        self._load()
+        if self._space is None:
+            self._space = self._fingerprint()
 
     def vocab(self) -> dict[str, int]:
         """The tokenizer's word-piece vocabulary (word -> id); used as a word-rarity proxy."""
         return dict(self._load().tokenizer.get_vocab())
 
     async def ready(self) -> None:
-        """Load the model (once, on the worker thread)."""
-        if self._model is None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        """Load the model and read its files' fingerprint (``space``), once, on the worker thread:
+        both read the disk, which the event loop must not wait on."""
+        if self._model is None or self._space is None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._ready)
 
     async def warmup(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, ["warm up"])

@@ -274,7 +274,7 @@ class SemanticCache:
             return
         await self.embedder.ready()
         dim = self.embedder.dim
-        self._space = getattr(self.embedder, "space", "")
+        self._space = getattr(self.embedder, "space", "")  # (read by ``ready`` on the embedder's thread)
         if not self.verifier.has_vocab:
             self.verifier.set_vocab(self.embedder.vocab())
         mode = self._index_mode

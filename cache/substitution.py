@@ -122,11 +122,13 @@ def _qualifies(added: list[str], light: list[bool], start: int, end: int, longer
         # expectancy in Japan?", and so does a word that matters put before a query of keywords:
         # "(Senior) software engineer salary" (found by re-check QAs); "(Can you tell me) how", an
         # adverb before an instruction ("(Briefly,) explain") do not
-        keywords = shorter[0] not in _QUESTION_WORDS and shorter[0] not in words.yes_no
-        return bool(shorter) and ((shorter[0] in words.yes_no and any(w in _QUESTION_WORDS for w in added))
-                                  or (added[0] in words.prepositions and bool(matters))
-                                  or (keywords and any(not w.endswith("ly") and w not in words.adverbs
-                                                       for w in matters)))
+        first = shorter[0]  # (``qualified`` reads texts of MIN_WORDS words and more)
+        narrows = added[0] in words.prepositions and bool(matters)
+        if first in words.yes_no:
+            return narrows or any(w in _QUESTION_WORDS for w in added)
+        if first in _QUESTION_WORDS:
+            return narrows
+        return narrows or any(not w.endswith("ly") and w not in words.adverbs for w in matters)  # keywords
     if not matters:
         return False
     if end == len(longer) and (tuple(added) in words.tails or (

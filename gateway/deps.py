@@ -157,7 +157,7 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
     except ClientDisconnect:  # gone mid-upload: FastAPI's answer, to nobody
         raise _not_json() from None
     parsed: M | None = None
-    value: Any = _NOT_JSON
+    value: Any = None  # JSON ``model_validate_json`` refused, read again (a body that is none is refused first)
     content_type = request.headers.get("content-type")
     if body and is_json_content_type(content_type):
         try:
@@ -178,9 +178,6 @@ async def read_and_admit(request: Request, model: type[M]) -> tuple[M, Caller]:
         return model.model_validate(value), caller
     except ValidationError as exc:
         raise validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-
-
-_NOT_JSON = object()
 
 
 def unread_body(body: bytes, content_type: str | None) -> ApiError | None:
