@@ -39,7 +39,7 @@ def _reply(status: int, reason: str, message: str, code: str) -> tuple[bytes, by
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": code}}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n")
+            f"content-length: {len(body)}\r\nx-content-type-options: nosniff\r\nconnection: close\r\n")
     return head.encode("latin-1"), body
 
 

@@ -266,6 +266,8 @@ _CACHE_COUNTERS = ("lookups", "hits", "semantic_hits", "misses", "bypasses", "ve
                    "evictions", "redis_errors", "embed_errors", "coalesced", "coalesce_fallbacks")
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TEXT_FORMATS = ("prometheus", "text", "openmetrics")
+FORMATS = TEXT_FORMATS + ("json",)
 
 
 def wants_prometheus(accept: str | None, fmt: str | None) -> bool:
@@ -273,8 +275,8 @@ def wants_prometheus(accept: str | None, fmt: str | None) -> bool:
     ``application/openmetrics-text``) to JSON by its q-values: what Prometheus's scraper sends. A
     tie, ``*/*``, a browser's and JSON keep the JSON answer (found by QA: axios's default
     ``application/json, text/plain, */*`` got the text)."""
-    if fmt is not None:
-        return fmt.strip().lower() in ("prometheus", "text", "openmetrics")
+    if fmt is not None:  # the route refuses any other value first (``FORMATS``)
+        return fmt.strip().lower() in TEXT_FORMATS
     text_q = json_q = 0.0
     for part in (accept or "").lower().split(","):
         media, *params = (p.strip() for p in part.split(";"))

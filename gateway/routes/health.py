@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.auth import bearer_token
 from gateway.deps import StateDep
-from gateway.errors import ApiError
-from gateway.metrics import PROMETHEUS_CONTENT_TYPE, RequestMetrics, render, wants_prometheus
+from gateway.errors import ApiError, invalid_request
+from gateway.metrics import FORMATS, PROMETHEUS_CONTENT_TYPE, RequestMetrics, render, wants_prometheus
 
 router = APIRouter(tags=["health"])
 
@@ -82,6 +82,9 @@ async def metrics(state: StateDep, request: Request) -> Response:
     refusal = _metrics_refusal(state, request)
     if refusal is not None:
         raise refusal
+    fmt = request.query_params.get("format")
+    if fmt is not None and fmt.strip().lower() not in FORMATS:  # a typo answered JSON without a word (found by QA)
+        raise invalid_request(f"format must be one of {', '.join(FORMATS)}; got {fmt[:40]!r}.", param="format")
     try:
         stats = _engine_stats(state)
         up = True
@@ -92,7 +95,7 @@ async def metrics(state: StateDep, request: Request) -> Response:
     cache = state.cache_stats()  # this process's counters
     deps = await _dependencies(state)
     counted = getattr(state.services, "metrics", None)  # with --workers, its `worker` is the series' label
-    if wants_prometheus(request.headers.get("accept"), request.query_params.get("format")):
+    if wants_prometheus(request.headers.get("accept"), fmt):
         counted = counted or RequestMetrics()
         own = counted.state()  # a copy, on the event loop; the files, the sums and the text off it
         model = state.engine.model_id if state.engine else None

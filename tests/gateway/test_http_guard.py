@@ -149,6 +149,7 @@ async def test_a_refusal_carries_a_request_id(serve) -> None:  # noqa: ANN001
     finally:
         writer.close()
     assert head.startswith(b"HTTP/1.1 431") and b"\r\nx-request-id: req_" in head, head
+    assert b"\r\nx-content-type-options: nosniff\r\n" in head, head  # as every other answer (found by QA)
 
 
 @pytest.mark.parametrize("request_bytes", [
@@ -171,6 +172,7 @@ async def test_bytes_that_are_not_http_get_an_error_object_with_a_request_id(ser
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"\r\nx-request-id: req_" in head, data
     assert b"content-type: application/json" in head
+    assert b"x-content-type-options: nosniff" in head
     error = json.loads(body)["error"]
     assert error["code"] == "invalid_http_request" and "not valid HTTP" in error["message"]
 

@@ -199,6 +199,29 @@ async def test_a_metrics_token_guards_the_scrape(tmp_path, sqlite_url, redis_pre
         assert (await client.get("/health")).status_code == 200  # load balancers' check stays open
 
 
+async def test_an_unknown_metrics_format_is_a_400(tmp_path, sqlite_url, redis_prefix) -> None:  # noqa: ANN001
+    """Found by QA: ``/metrics?format=bogus`` (a typo of ``prometheus``) answered JSON without a word,
+    so a scraper set up with it failed to parse and said nothing useful."""
+    from gateway.app import create_app
+    from gateway.settings import Settings
+    from tests.gateway.conftest import TENANCY_REDIS_URL
+
+    settings = Settings(database_url=sqlite_url, redis_url=TENANCY_REDIS_URL, redis_prefix=redis_prefix,
+                        data_dir=str(tmp_path / "data"), usage_spool_dir=str(tmp_path / "spool"),
+                        load_engine=False, cache_enabled=False)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        for bad in ("bogus", "promethues", ""):
+            resp = await client.get("/metrics", params={"format": bad})
+            assert resp.status_code == 400, (bad, resp.text)
+            assert resp.json()["error"]["param"] == "format"
+        assert (await client.get("/metrics", params={"format": "json"})).json()["pid"] > 0
+        for good in ("prometheus", "OpenMetrics", "text"):
+            resp = await client.get("/metrics", params={"format": good})
+            assert resp.headers["content-type"].startswith("text/plain") and "pagegate_uptime_seconds" in resp.text
+
+
 def test_a_short_metrics_token_is_refused() -> None:
     import pytest
     from pydantic import ValidationError
