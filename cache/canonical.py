@@ -23,9 +23,10 @@ _ROLE_ALIASES = {"developer": "system"}
 _IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier",
                       "parallel_tool_calls"})  # (no tools are ever called)
 # Values that mean the same as leaving the field out (the engine's or the service's defaults):
-# dropping them makes "absent" and "explicit default" one key. Tools are refused unless empty, so
-# an empty list and a "none" choice are absent; top_k 0 and -1 both turn top-k off; the engine's
-# temperature is 1 (that request is cached only with a seed).
+# dropping them makes "absent" and "explicit default" one key. Tools are refused unless empty or
+# their choice is "none", so an empty list and a "none" choice are absent (and tools beside it);
+# top_k 0 and -1 both turn top-k off; the engine's temperature is 1 (that request is cached only
+# with a seed).
 _DEFAULTS: dict[str, tuple[object, ...]] = {
     "n": (1,),
     "temperature": (1.0,),
@@ -80,8 +81,10 @@ def _message(m: dict) -> dict:
 
 def _params(body: dict) -> dict:
     p: dict[str, object] = {}
+    # tools whose choice is "none" never reach the model (the service accepts them only so): absent
+    unread = {k for k, choice in (("tools", "tool_choice"), ("functions", "function_call")) if body.get(choice) == "none"}
     for k, v in body.items():
-        if k in _IGNORED or k in ("messages", "model") or v is None:
+        if k in _IGNORED or k in unread or k in ("messages", "model") or v is None:
             continue
         if k == "max_completion_tokens":
             k = "max_tokens"  # same meaning, one name

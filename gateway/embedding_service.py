@@ -76,7 +76,7 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
         has = f"at least {counts[too_long]}" if isinstance(counts[too_long], AtLeast) else f"{counts[too_long]}"
         raise ApiError(400, f"This model's maximum context length is {limit} tokens. {which} has "
                             f"{has} tokens. Please shorten it.", "invalid_request_error",
-                       "context_length_exceeded", "input")
+                       "context_length_exceeded", "input" if isinstance(body.input, str) else f"input[{too_long}]")
     prompt_tokens = sum(counts)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=model, endpoint="embeddings", started=caller.started)

@@ -198,9 +198,18 @@ def _refuse_vllm_extras(body: ChatCompletionRequest | CompletionRequest) -> None
     fields = VLLM_UNHONOURED if isinstance(body, CompletionRequest) else VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED
     for field, neutral, message in fields:
         value = getattr(body, field)
-        if not any(value is n or (type(value) is type(n) and value == n) for n in neutral):
+        if not any(_same_value(value, n) for n in neutral):
             _check_extra_type(field, value, neutral)
             raise unsupported(field, message)
+
+
+def _same_value(value: Any, neutral: Any) -> bool:
+    """``value`` is the neutral value: of its type, or a number equal to a numeric one (``priority:
+    0.0`` is 0; found by QA), never a boolean for a number or the other way round."""
+    if value is neutral or (type(value) is type(neutral) and value == neutral):
+        return True
+    numbers = (int, float)
+    return (type(value) in numbers and type(neutral) in numbers and value == neutral)
 
 
 _KIND = {int: "a number", float: "a number", bool: "a boolean", list: "an array", dict: "an object"}
@@ -245,8 +254,12 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
             elif not isinstance(part, TextPart):
                 raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{part.type}' are "
                                                                       "not supported: this model reads text only.")
-    if body.tools or body.functions:
-        raise unsupported("tools" if body.tools else "functions", "Tools are not supported by this model.")
+    # tools with their choice "none" are a request not to call them, which is what this model does:
+    # agent frameworks send their tool list always and turn calling off that way (found by QA)
+    if body.tools and body.tool_choice != "none":
+        raise unsupported("tools", "Tools are not supported by this model (only with tool_choice 'none').")
+    if body.functions and body.function_call != "none":
+        raise unsupported("functions", "Tools are not supported by this model (only with function_call 'none').")
     for i, m in enumerate(body.messages):  # dropped, the conversation would read differently
         for field in ("tool_calls", "function_call"):
             if getattr(m, field):

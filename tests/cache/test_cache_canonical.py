@@ -51,6 +51,10 @@ def test_every_explicit_default_counts_as_absent():
                     dict(top_k=-1), dict(top_k=0), dict(stop=[]), dict(response_format={"type": "text"}),
                     dict(min_tokens=0), dict(ignore_eos=False), dict(repetition_penalty=1)]:
         assert keys(chat("Hi") | default) == base, default
+    # tools whose choice is "none" never reach the model: one key with and without them
+    tool = {"type": "function", "function": {"name": "f"}}
+    assert keys(chat("Hi", tools=[tool], tool_choice="none")) == base
+    assert keys(chat("Hi", functions=[{"name": "f"}], function_call="none")) == base
     seeded = keys(chat("Hi", temperature=None, seed=7))
     assert keys(chat("Hi", temperature=1, seed=7)) == seeded  # the engine's temperature
     # one seed to the engine (its 64 bits), one key (found by QA: -1 and 2**64 - 1 were two entries)

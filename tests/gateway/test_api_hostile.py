@@ -131,6 +131,7 @@ def test_hostile_chat_fields(api, fields, status, param) -> None:  # noqa: ANN00
     ({"use_beam_search": "yes"}, "use_beam_search", "invalid_type"),
     ({"bad_words": "x"}, "bad_words", "invalid_type"),
     ({"tool_choice": 1}, "tool_choice", "invalid_type"),
+    ({"priority": True}, "priority", "invalid_type"),  # a boolean is not the number 0
     ({"min_p": 0.5}, "min_p", "unsupported_parameter"),  # the right type, a value not honoured
     ({"prompt_logprobs": "x"}, "prompt_logprobs", "unsupported_parameter"),  # (no neutral type to check)
 ])
@@ -155,6 +156,12 @@ def test_refused_extras_of_the_wrong_type_say_so(api, fields, param, code) -> No
      "length_penalty": 1.0, "echo": False, "add_generation_prompt": True, "continue_final_message": False,
      "bad_words": [], "stream": False, "skip_special_tokens": True, "chat_template_kwargs": {}, "priority": 0,
      "detokenize": True, "return_token_ids": False},
+    # a number equal to the neutral one, of the other numeric type (found by QA: priority 0.0 was refused)
+    {"priority": 0.0, "min_p": 0.0, "length_penalty": 1},
+    # tools turned off by their choice, as agent frameworks send them (found by QA: it was a 400)
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+     "tool_choice": "none"},
+    {"functions": [{"name": "f", "parameters": {}}], "function_call": "none"},
 ])
 def test_odd_but_valid_chat_fields_are_served(api, fields) -> None:  # noqa: ANN001
     resp = _post(api, "/v1/chat/completions", json={"model": api.model, **BASE, **fields})

@@ -38,6 +38,9 @@ def test_a_lone_surrogate_is_a_400_not_a_500(api, path, body, param) -> None:  #
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ({"tool_choice": "required"}, "tool_choice"),
+    # tools are served only with their choice "none"
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "function_call": "none"}, "tools"),
+    ({"functions": [{"name": "f", "parameters": {}}], "tool_choice": "none"}, "functions"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
