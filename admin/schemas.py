@@ -59,6 +59,20 @@ def _unsigned_zero(value: Decimal) -> Decimal:
 # a JSON number or a string in plain decimal notation
 Money = Annotated[Decimal, BeforeValidator(_plain_money), Field(ge=0, max_digits=18, decimal_places=8),
                   AfterValidator(_unsigned_zero)]
+# A price per 1M tokens: $1 a token at most. The quota ledger counts money in 1e-8 USD units in
+# Redis's 64-bit integers; at the 10-digit maximum of Money a single reservation passed 1e17 units
+# and broke the reservation script (found by QA: a 503, and a counter charged without its entry).
+MAX_PRICE_PER_1M = Decimal(1_000_000)
+PRICE_RULE = "must be at most 1000000 (USD per 1M tokens, $1 a token)"
+
+
+def _price_bound(value: Decimal) -> Decimal:
+    if value > MAX_PRICE_PER_1M:
+        raise ValueError(PRICE_RULE)
+    return value
+
+
+PriceMoney = Annotated[Money, AfterValidator(_price_bound)]
 TENANT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # the whole name (re.fullmatch: "$" would pass "acme\n")
 
 
@@ -196,10 +210,10 @@ class KeyCreate(_Body):
 
 
 class PriceSet(_Body):
-    prompt_usd_per_1m: Money
-    completion_usd_per_1m: Money
+    prompt_usd_per_1m: PriceMoney
+    completion_usd_per_1m: PriceMoney
     # prompt tokens served from the prefix cache; null or left out: billed as other prompt tokens
-    cached_prompt_usd_per_1m: Money | None = None
+    cached_prompt_usd_per_1m: PriceMoney | None = None
 
 
 class PriceModel(_Body):

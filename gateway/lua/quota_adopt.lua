@@ -40,8 +40,8 @@ for base = 3, #ARGV, 5 do
   end
 end
 if adopted > 0 then
-  redis.call('HINCRBY', KEYS[1], 'tok', add_tok)
-  redis.call('HINCRBY', KEYS[1], 'usd', add_usd)
+  redis.call('HINCRBY', KEYS[1], 'tok', string.format('%d', add_tok))
+  redis.call('HINCRBY', KEYS[1], 'usd', string.format('%d', add_usd))
   redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
 end

@@ -47,8 +47,8 @@ for _, id in ipairs(stale) do
   if v then tok, usd, ep = string.match(v, '^(%-?%d+):(%-?%d+):%-?%d+:(.*)$') end
   if tok then
     if counted and ep == epoch then
-      tok_used = tonumber(redis.call('HINCRBY', KEYS[1], 'tok', 0 - tonumber(tok)))
-      usd_used = tonumber(redis.call('HINCRBY', KEYS[1], 'usd', 0 - tonumber(usd)))
+      tok_used = tonumber(redis.call('HINCRBY', KEYS[1], 'tok', string.format('%d', 0 - tonumber(tok))))
+      usd_used = tonumber(redis.call('HINCRBY', KEYS[1], 'usd', string.format('%d', 0 - tonumber(usd))))
     end
     redis.call('HSET', KEYS[2], id, 'stale:' .. ep)
     redis.call('ZADD', KEYS[3], tonumber(ARGV[5]) + 7200, id)
@@ -137,11 +137,11 @@ end
 
 if n_open > 0 then
   if counted then
-    redis.call('HINCRBY', KEYS[1], 'tok', add_tok)
-    redis.call('HINCRBY', KEYS[1], 'usd', add_usd)
+    redis.call('HINCRBY', KEYS[1], 'tok', string.format('%d', add_tok))
+    redis.call('HINCRBY', KEYS[1], 'usd', string.format('%d', add_usd))
   end
   if add_tpm > 0 then
-    redis.call('INCRBY', KEYS[4], add_tpm)
+    redis.call('INCRBY', KEYS[4], string.format('%d', add_tpm))
     redis.call('EXPIRE', KEYS[4], 180)
   end
   redis.call('HSET', KEYS[2], unpack(open))

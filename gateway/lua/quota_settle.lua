@@ -75,11 +75,11 @@ if n_gone > 0 then  -- the settled entries leave in one call each (not one per r
   redis.call('ZREM', KEYS[2], unpack(gone))
 end
 if counter_epoch and (d_tok ~= 0 or d_usd ~= 0) then
-  redis.call('HINCRBY', KEYS[3], 'tok', d_tok)
-  redis.call('HINCRBY', KEYS[3], 'usd', d_usd)
+  redis.call('HINCRBY', KEYS[3], 'tok', string.format('%d', d_tok))
+  redis.call('HINCRBY', KEYS[3], 'usd', string.format('%d', d_usd))
 end
 if any_tpm and d_tpm ~= 0 and redis.call('EXISTS', KEYS[4]) == 1 then
-  local left = tonumber(redis.call('INCRBY', KEYS[4], d_tpm))
+  local left = tonumber(redis.call('INCRBY', KEYS[4], string.format('%d', d_tpm)))
   if left < 0 then redis.call('SET', KEYS[4], 0, 'KEEPTTL') end
 end
 return out

@@ -463,18 +463,13 @@ async def test_the_csv_sum_line_name_is_reserved(client, auth):
 async def test_money_is_exact_in_replies_and_the_audit_log(client, app, auth, settings):
     """A JSON number with 18 digits is read as sent and written back digit for digit (a float
     held 1234567890.1234567); SQLite, which keeps NUMERIC as a double, refuses it instead of
-    rounding it."""
+    rounding it. Prices stop at 1000000 per 1M (14 digits, which a double gives back); a budget
+    may have 18."""
     model = unique("exact")
     headers = {**auth(), "content-type": "application/json"}
-    want = Decimal("1234567890.12345678")
-    raw = b'{"prompt_usd_per_1m": 1234567890.12345678, "completion_usd_per_1m": 0.00000001}'
+    want = Decimal("999999.12345678")
+    raw = b'{"prompt_usd_per_1m": 999999.12345678, "completion_usd_per_1m": 0.00000001}'
     resp = await client.put(f"/admin/v1/prices/{model}", content=raw, headers=headers)
-    if settings.database_url.startswith("sqlite"):
-        assert resp.status_code == 400, resp.text
-        assert resp.json()["error"]["param"] == "prompt_usd_per_1m" and "SQLite" in resp.json()["error"]["message"]
-        want = Decimal("12345678.12345678")  # 16 digits: a double gives these back
-        raw = raw.replace(b"1234567890.12345678", str(want).encode())
-        resp = await client.put(f"/admin/v1/prices/{model}", content=raw, headers=headers)
     assert resp.status_code == 200, resp.text
     assert f'"prompt_usd_per_1m":{want},"completion_usd_per_1m":0.00000001' in resp.text  # JSON numbers
     listed = json.loads((await client.get("/admin/v1/prices", headers=auth())).text, parse_float=Decimal)["data"]
@@ -484,6 +479,16 @@ async def test_money_is_exact_in_replies_and_the_audit_log(client, app, auth, se
     assert audit[0]["after"]["prompt_usd_per_1m"] == want
     (entry,) = await _audit(app, "price.set", f"model:{model}")
     assert entry.after["prompt_usd_per_1m"] == str(want)  # stored as the exact string
+
+    name = unique("exact")
+    assert (await client.post("/admin/v1/tenants", json={"name": name}, headers=auth())).status_code == 201
+    resp = await client.patch(f"/admin/v1/tenants/{name}", content=b'{"budget_usd": 1234567890.12345678}',
+                              headers=headers)
+    if settings.database_url.startswith("sqlite"):
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "budget_usd" and "SQLite" in resp.json()["error"]["message"]
+    else:
+        assert resp.status_code == 200 and '"budget_usd":1234567890.12345678' in resp.text, resp.text
 
     resp = await client.post("/admin/v1/tenants", json={"name": unique("m"), "budget_usd": "12.5"}, headers=auth())
     assert '"budget_usd":12.50000000' in resp.text  # money always shows its 8 decimals
@@ -701,6 +706,19 @@ async def test_money_out_of_range_names_the_rule(client, auth, amount):
     resp = await client.put("/admin/v1/prices/m-money", headers={**auth(), "content-type": "application/json"},
                             content=f'{{"prompt_usd_per_1m": {amount}, "completion_usd_per_1m": 1}}')
     assert resp.status_code == 400 and "at most 10 digits before the point and 8 after it" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field", ["prompt_usd_per_1m", "completion_usd_per_1m", "cached_prompt_usd_per_1m"])
+async def test_a_price_over_a_dollar_a_token_is_refused(client, auth, field):
+    """Found by QA: a price of 9999999999.99999999 per 1M was taken, and a reservation at it passed
+    what Redis's script could count (a 503, and a counter charged with no entry to give back)."""
+    body = {"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1, field: "1000000.00000001"}
+    resp = await client.put("/admin/v1/prices/m-dear", headers=auth(), json=body)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == field and "at most 1000000" in err["message"], err
+    body[field] = 1_000_000  # the bound itself passes
+    assert (await client.put("/admin/v1/prices/m-dear", headers=auth(), json=body)).status_code == 200
 
 
 async def test_an_unknown_query_parameter_is_refused_after_the_token(client, auth):

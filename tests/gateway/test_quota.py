@@ -215,6 +215,25 @@ async def test_no_budget_means_no_quota_but_still_counted(tenancy, make_tenant):
     assert (await tenancy.quota.usage(p.tenant_id))[0] == 13
 
 
+async def test_a_reservation_worth_over_1e17_units_is_counted(tenancy, make_tenant):
+    """Found by QA: at a price of $9,999,999,999.99999999 per 1M (taken before prices were capped at
+    $1 a token), a reservation of 130k tokens came to 1.3e17 units of 1e-8 USD, which Lua wrote as
+    ``1.3e+17``: Redis refused it after the token count was already charged (a 503, and tokens charged
+    with no entry to give back). Amounts are written as digits."""
+    async with tenancy.db.sessionmaker() as s:
+        await svc.set_price(s, model="dear", prompt_usd_per_1m=Decimal("9999999999.99999999"),
+                            completion_usd_per_1m=Decimal("9999999999.99999999"))
+        await s.commit()
+    tenancy.prices.invalidate()
+    p = await _principal(tenancy, make_tenant, tpm=0)
+    r = await tenancy.quota.reserve(p, model="dear", prompt_tokens=100, max_tokens=130_000)
+    tok, usd = await tenancy.quota.usage(p.tenant_id)
+    assert tok == 130_100 and usd > Decimal(10**9)
+    await tenancy.quota.settle(r, prompt_tokens=100, completion_tokens=5)
+    tok, usd = await tenancy.quota.usage(p.tenant_id)
+    assert tok == 105 and abs(usd - Decimal(105) * Decimal("9999.99999999999999")) < 1
+
+
 async def test_keys_share_the_tenant_hash_tag(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=1000)
     await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
