@@ -103,6 +103,14 @@ def period_bounds(period: str, now: datetime) -> tuple[str, datetime, datetime]:
     return f"m{start:%Y%m}", start, end
 
 
+def counter_span_us(key: str) -> tuple[int, int]:
+    """[start, end) in unix µs of the period whose counter is ``key`` (``counter_key``'s form)."""
+    period_id = key.rsplit(":q:", 1)[1]
+    start = datetime.strptime(period_id[1:], "%Y%m%d" if period_id[0] == "d" else "%Y%m").replace(tzinfo=UTC)
+    _, start, end = period_bounds("day" if period_id[0] == "d" else "month", start)
+    return int(start.timestamp()) * 1_000_000, int(end.timestamp()) * 1_000_000
+
+
 def counter_key(prefix: str, tenant_id: int, period_id: str) -> str:
     """The Redis key of a tenant's period counter (``period_id`` from ``period_bounds``)."""
     return f"{prefix}{{t:{tenant_id}}}:q:{period_id}"
@@ -357,20 +365,29 @@ class QuotaLedger:
         seen = self._epochs.get(keys[0])
         self._epochs[keys[0]] = epoch
         if seen is not None and epoch and seen != epoch:  # rebuilt by another process meanwhile
-            await self._adopt(principal.tenant_id, keys[0], current=epoch)
+            await self._adopt(principal.tenant_id, keys[0], current=epoch, move=True)
         if held and not settled and self.settle_pending is not None and await self.settle_pending():
             again = await self._reserve_batch(group, [asks[i] for i in held], settled=True)
             for i, result_i in zip(held, again, strict=True):
                 out[i] = result_i
         return out
 
-    async def _adopt(self, tenant_id: int, key: str, current: str | None = None, *, renewal: bool = False) -> None:
+    async def _adopt(self, tenant_id: int, key: str, current: str | None = None, *, renewal: bool = False,
+                     move: bool = False) -> None:
         """Charge this process's open reservations of counter ``key`` to it again where it was rebuilt
         since they were made, and renew the leases of those in it (``lua/quota_adopt.lua``). Best
         effort: a reservation left out is still charged its real amounts when it settles, as before.
         ``current``: the counter's epoch, when known (its reservations are in it already).
-        ``renewal``: a Redis error is raised (the renewal logs it once for all its counters)."""
+        ``renewal``: a Redis error is raised (the renewal logs it once for all its counters).
+        ``move``: ``key`` is the tenant's counter now, just rebuilt; the tenant's open reservations
+        of another counter made inside its period move to it, and settle there: the tenant's budget
+        period changed while they ran (found by QA: a stream running when a day budget became a month
+        one settled on the day's counter, and the month's, rebuilt from the rows, never counted it)."""
         mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current and r.id not in self._in_sum]
+        if move:
+            start, end = counter_span_us(key)
+            mine += [r for r in self._open.values() if r.tenant_id == tenant_id and r.counter_key
+                     and r.counter_key != key and start <= r.made_us < end and r.id not in self._in_sum]
         if not mine:
             return
         args: list = [self.lease_s, 2 * self.reservation_ttl_s + 86400]
@@ -388,7 +405,7 @@ class QuotaLedger:
         if epoch:
             self._epochs[key] = epoch
             for r in mine:
-                r.epoch = epoch
+                r.epoch, r.counter_key = epoch, key
 
     def start(self) -> None:
         """Start renewing this process's open reservations' leases (every ``lease_s / 4``)."""
@@ -428,8 +445,9 @@ class QuotaLedger:
 
     async def adopt_rebuilt(self, tenant_id: int, key: str) -> None:
         """Another process rebuilt counter ``key``: charge this process's open reservations of it
-        to it again (those already in it are left alone: ``lua/quota_adopt.lua``)."""
-        await self._adopt(tenant_id, key)
+        to it again (those already in it are left alone: ``lua/quota_adopt.lua``), and those of the
+        tenant's other counters made inside its period (``_adopt``'s ``move``)."""
+        await self._adopt(tenant_id, key, move=True)
 
     def _release_orphan(self, _group: tuple, _ask: _Ask, reservation: Reservation) -> None:
         """A caller cancelled while its reservation was being made: give it back now."""
@@ -612,7 +630,7 @@ class QuotaLedger:
         if written is not None and made:  # ended meanwhile with their rows in the sum: not charged again
             # (not made: another process's counter, from another sum; only if this one's lock expired)
             self._in_sum |= {rid for rid, seen in self._deferred.items() if seen is not None and seen <= written}
-        await self._adopt(tenant_id, key)  # before the batch that found it missing is retried
+        await self._adopt(tenant_id, key, move=True)  # before the batch that found it missing is retried
         if self.after_rebuild is not None:  # the other processes' open reservations too (QA: 2,370 of 1,500)
             await self.after_rebuild(tenant_id, key)
 

@@ -234,6 +234,43 @@ async def test_a_reservation_worth_over_1e17_units_is_counted(tenancy, make_tena
     assert tok == 105 and abs(usd - Decimal(105) * Decimal("9999.99999999999999")) < 1
 
 
+async def test_requests_running_when_the_budget_period_changes_count_in_the_new_counter(tenancy, make_tenant):
+    """Found by QA: a stream running when a tenant's day budget became a month one settled on the
+    day's counter, and the month's counter, rebuilt from the usage rows (theirs not written yet),
+    never counted it: the tenant could overspend its month by it. The rebuild moves this process's
+    open reservations of the tenant made inside the new period to the new counter, and another
+    process moves its own when told of the rebuild (``adopt_rebuilt``, as ``PeerFlush`` asks)."""
+    import dataclasses
+
+    p = await _principal(tenancy, make_tenant, budget_tokens=100_000, period="day", tpm=0)
+    other = _ledger(tenancy)  # another process
+    running = await tenancy.quota.reserve(p, model="m", prompt_tokens=10, max_tokens=300)
+    elsewhere = await other.reserve(p, model="m", prompt_tokens=10, max_tokens=100)
+    day_key = running.counter_key
+    assert (await tenancy.quota.usage(p.tenant_id, "day"))[0] == 420
+    # the admin changes the period: the month's counter is dropped (rebuilt at the next request)
+    await tenancy.quota.forget(p.tenant_id, "month")
+    monthly = dataclasses.replace(p, budget_period="month")
+    short = await tenancy.quota.reserve(monthly, model="m", prompt_tokens=1, max_tokens=1)
+    assert running.counter_key == short.counter_key != day_key and running.epoch == short.epoch
+    assert (await tenancy.quota.usage(p.tenant_id, "month"))[0] == 310 + 2  # the running one, moved
+    await other.adopt_rebuilt(p.tenant_id, short.counter_key)
+    assert elsewhere.counter_key == short.counter_key
+    assert (await tenancy.quota.usage(p.tenant_id, "month"))[0] == 310 + 2 + 110
+    # each settles on the month's counter: its real count replaces what it reserved there
+    await tenancy.quota.settle(running, prompt_tokens=10, completion_tokens=321 - 10)
+    await other.settle(elsewhere, prompt_tokens=10, completion_tokens=5)
+    await tenancy.quota.settle(short, prompt_tokens=1, completion_tokens=1)
+    assert (await tenancy.quota.usage(p.tenant_id, "month"))[0] == 321 + 15 + 2
+    # a reservation of a period that had ended before the new one began is not moved (a day rolled
+    # over): only those made inside the new counter's period
+    yesterday = await tenancy.quota.reserve(p, model="m", prompt_tokens=5, max_tokens=5)
+    yesterday.made_us -= 86_400 * 1_000_000 * 40
+    await tenancy.quota.forget(p.tenant_id, "month")
+    again = await tenancy.quota.reserve(monthly, model="m", prompt_tokens=1, max_tokens=1)
+    assert yesterday.counter_key == day_key and again.counter_key == short.counter_key
+
+
 async def test_keys_share_the_tenant_hash_tag(tenancy, make_tenant):
     p = await _principal(tenancy, make_tenant, budget_tokens=1000, tpm=1000)
     await tenancy.quota.reserve(p, model="m", prompt_tokens=1, max_tokens=1)
