@@ -364,7 +364,10 @@ class QuotaLedger:
             self._epochs.clear()
         seen = self._epochs.get(keys[0])
         self._epochs[keys[0]] = epoch
-        if seen is not None and epoch and seen != epoch:  # rebuilt by another process meanwhile
+        # rebuilt by another process meanwhile; or a counter this process meets for the first time,
+        # which its open reservations of the tenant made inside its period may need to move to (the
+        # budget period changed while this process could not hear of the rebuild): both rare
+        if epoch and seen != epoch:
             await self._adopt(principal.tenant_id, keys[0], current=epoch, move=True)
         if held and not settled and self.settle_pending is not None and await self.settle_pending():
             again = await self._reserve_batch(group, [asks[i] for i in held], settled=True)

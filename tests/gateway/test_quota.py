@@ -262,6 +262,13 @@ async def test_requests_running_when_the_budget_period_changes_count_in_the_new_
     await other.settle(elsewhere, prompt_tokens=10, completion_tokens=5)
     await tenancy.quota.settle(short, prompt_tokens=1, completion_tokens=1)
     assert (await tenancy.quota.usage(p.tenant_id, "month"))[0] == 321 + 15 + 2
+    # a process that did not hear of the rebuild moves its own at its next request of the tenant
+    await tenancy.quota.forget(p.tenant_id, "day")
+    deaf = _ledger(tenancy)
+    unheard = await deaf.reserve(p, model="m", prompt_tokens=10, max_tokens=10)
+    await deaf.reserve(monthly, model="m", prompt_tokens=1, max_tokens=1)
+    assert unheard.counter_key == short.counter_key
+    await deaf.settle(unheard, prompt_tokens=10, completion_tokens=10)
     # a reservation of a period that had ended before the new one began is not moved (a day rolled
     # over): only those made inside the new counter's period
     yesterday = await tenancy.quota.reserve(p, model="m", prompt_tokens=5, max_tokens=5)
