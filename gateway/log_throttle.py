@@ -24,8 +24,13 @@ class LogThrottle:
         if now < self._next:
             self._held += 1
             return False
-        if self._held:
-            msg = f"{msg} (and {self._held:,} more like it in the last {self.every_s:g} s)"
+        if self._held:  # held back in the ``every_s`` after the previous line, which was ``ago`` s before
+            ago = now - (self._next - self.every_s)
+            if ago <= 2 * self.every_s:
+                msg = f"{msg} (and {self._held:,} more like it in the last {self.every_s:g} s)"
+            else:  # an earlier fault's (found by QA: an outage's first line counted one 3.5 minutes before)
+                msg = (f"{msg} (and {self._held:,} more like it in the {self.every_s:g} s after the previous "
+                       f"line, {ago:.0f} s ago)")
         self._held, self._next = 0, now + self.every_s
         logger.log(level, msg, *args, exc_info=exc_info)
         return True

@@ -203,6 +203,9 @@ class UsageWriter:
         # by QA: a traceback every 0.5 s)
         self._spare_log = LogThrottle()
         self._writer_log = LogThrottle()
+        # a failed insert: the writer's own retries back off to 10 s, but flushes others ask for (each
+        # quota rebuild, once a second per tenant while the database is down) come on top (found by QA)
+        self._db_down_log = LogThrottle(5.0)
         self._jlock = threading.Lock()  # record() vs rotation, whatever thread calls record()
         self._spool_ready = False
         self._wake: asyncio.Event | None = None
@@ -478,10 +481,14 @@ class UsageWriter:
                 retry_s = self._backoff
                 self._db_failed(exc)
                 waiting = len(self.spooled_files())
-                log.warning("usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the oldest), %s",
-                            self._db_outage.error, waiting, "" if waiting == 1 else "s", "s" if waiting == 1 else "",
-                            len(rows), f"written at the next start (in {self._spool})" if self._stopping  # (QA: it
-                            else f"retry in {retry_s:.1f}s")  # said "retry in 8.0s" as the process exited)
+                if self._stopping:
+                    self._db_down_log.reset()  # the last word is always written
+                self._db_down_log.log(
+                    log, logging.WARNING, "usage: database unavailable (%s); %d spool file%s stay%s (%d rows in the "
+                    "oldest), %s", self._db_outage.error, waiting, "" if waiting == 1 else "s",
+                    "s" if waiting == 1 else "", len(rows),
+                    f"written at the next start (in {self._spool})" if self._stopping  # (QA: it said "retry in
+                    else f"next retry in {retry_s:.1f}s")  # 8.0s" as the process exited)
                 return False
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -490,6 +497,7 @@ class UsageWriter:
         self._spooled_rows = 0
         self._next_insert = time.monotonic() + self._db_interval
         self._db_reached()
+        self._db_down_log.reset()
         return True
 
     def _db_paused(self, force: bool, retry_db: bool) -> bool:

@@ -199,6 +199,29 @@ async def test_database_down_rows_spooled_then_written_once(pg_template, pg_tool
         await pg_tools.execute(f'DROP DATABASE IF EXISTS "{name}_tmp" WITH (FORCE)')
 
 
+async def test_flushes_asked_for_while_the_database_is_down_log_one_line(tmp_path, caplog):
+    """Found by QA: with the database down, each quota rebuild's flush (once a second per budget
+    tenant whose counter was missing) logged its own "database unavailable" warning, each saying
+    "retry in 10.0s". They share one line per 5 s, which counts the others."""
+    import logging
+
+    broken_dir = tmp_path / "missing-dir"
+    broken_dir.write_text("a file where a directory should be")  # an unusable database
+    broken = Database(f"sqlite+aiosqlite:///{broken_dir / 'x' / 'nope.db'}")
+    writer = UsageWriter(broken.url, tmp_path / "spool", flush_interval_s=60)
+    await writer.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.usage"):
+            for e in _events(1, 5):
+                writer.record(e)
+                assert await writer.flush() is False
+        lines = [r.getMessage() for r in caplog.records if "database unavailable" in r.getMessage()]
+        assert len(lines) == 1 and "next retry in" in lines[0], lines
+    finally:
+        await writer.close()
+        await broken.dispose()
+
+
 async def test_restart_replays_the_spool(sqlite_url, tmp_path):
     spool = tmp_path / "spool"
     broken = Database(f"sqlite+aiosqlite:///{tmp_path / 'missing-dir' / 'x' / 'nope.db'}")
