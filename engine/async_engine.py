@@ -201,7 +201,7 @@ class AsyncEngine:
         ``notice``: this request's ``announce()``, consumed as it reaches the step thread (closed
         if it is refused before)."""
         try:
-            ids, stream = self._register(prompt, params, request_id, priority_class=priority_class)
+            ids, stream = self._register(prompt, params, request_id, priority_class=priority_class, salt=salt)
         except BaseException:
             if notice is not None:  # refused: the step thread must not wait for it
                 notice.close()
@@ -229,7 +229,8 @@ class AsyncEngine:
         consumer calls ``release(request_id)``; ``release(request_id, abort=True)`` stops it early.
         Raises what ``generate`` raises before its first yield."""
         try:
-            ids, _stream = self._register(prompt, params, request_id, sink, priority_class=priority_class)
+            ids, _stream = self._register(prompt, params, request_id, sink, priority_class=priority_class,
+                                          salt=salt)
         except BaseException:
             if notice is not None:
                 notice.close()
@@ -242,7 +243,8 @@ class AsyncEngine:
             self._retire(request_id)
 
     def _register(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                  queue=None, *, priority_class: str | None = None) -> tuple[list[int], _Stream]:  # noqa: ANN001
+                  queue=None, *, priority_class: str | None = None,  # noqa: ANN001
+                  salt: str | None = None) -> tuple[list[int], _Stream]:
         """Check a new request and open its stream (raises what ``generate`` documents)."""
         engine = self._require()
         if self._dead is not None:
@@ -250,7 +252,7 @@ class AsyncEngine:
         if self._stopping:  # (found by QA: a request sent after shutdown() waited for ever)
             raise EngineDeadError("the engine has shut down")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        check_prompt(ids, params, engine.max_model_len, engine.model.arch.vocab_size)
+        check_prompt(ids, params, engine.max_model_len, engine.model.arch.vocab_size, salt)
         if request_id in self._streams or request_id in self._retiring:
             raise ValueError(f"request id {request_id!r} is already in use")
         stats = self._stats

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import numbers
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
 from engine.model_runner import ModelRunner, kv_bytes_per_block
-from engine.outputs import CompletionDelta, EngineStats, PromptTooLongError, RequestOutput
+from engine.outputs import CompletionDelta, EngineStats, PromptTooLongError, RequestOutput, check_salt
 from engine.request import Request, RequestId, Sequence
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -76,6 +77,20 @@ def check_kv_pool(pool_bytes: float, device: torch.device) -> None:
                          f"the {free / 2**30:,.1f} GiB of memory available on {device.type}; lower it")
 
 
+def check_backend(name: str, device: torch.device) -> None:
+    """The attention backend runs on ``device``: the Triton kernels need a GPU, or on a CPU Triton's
+    interpreter (``TRITON_INTERPRET=1``, tests). Refused here, before the weights load (found by
+    QA: it failed at the first step, for every request, with a traceback)."""
+    if kernels.resolve_backend(name, device) != "triton" or device.type == "cuda":
+        return
+    try:
+        from kernels import triton_attention
+
+        triton_attention.require_runnable(device, triton_attention._paged_attention_kernel)
+    except (ImportError, RuntimeError) as exc:
+        raise ValueError(f"attention_backend 'triton' cannot run on {device.type}: {exc}") from None
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -86,6 +101,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, model_dir: str | Path | None = None) -> None:
         self.config = config
         device = resolve_device(config.device)
+        check_backend(config.attention_backend, device)
         dtype = resolve_dtype(config.dtype, device)
         if config.num_threads and device.type == "cpu":
             torch.set_num_threads(config.num_threads)
@@ -152,6 +168,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise ValueError("the prompt must have at least one token")
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
+            raise ValueError("prompt token ids must be integers")  # (floats crashed the step: QA)
+        check_salt(salt)
         if len(prompt_token_ids) + 1 > self.max_model_len:
             raise PromptTooLongError(len(prompt_token_ids), self.max_model_len)
         vocab = self.model.arch.vocab_size

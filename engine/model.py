@@ -109,6 +109,34 @@ class DecoderLayer:
         return x + self.down(F.silu(gate) * up)
 
 
+def check_weights(arch: ModelArch, shapes: dict[str, tuple[int, ...]], where: object) -> None:
+    """The weights are the model ``config.json`` describes: every tensor a layer reads, of its
+    shape, and as many layers (found by QA: a config with 20 layers against 30 in the weights, or 9
+    KV heads against 3, loaded and answered nonsense or nothing, exit 0)."""
+    h, d = arch.hidden_size, arch.head_dim
+    want = {"model.embed_tokens.weight": (arch.vocab_size, h), "model.norm.weight": (h,)}
+    for i in range(arch.num_hidden_layers):
+        p = f"model.layers.{i}."
+        want |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                 p + "self_attn.q_proj.weight": (arch.num_attention_heads * d, h),
+                 p + "self_attn.k_proj.weight": (arch.num_key_value_heads * d, h),
+                 p + "self_attn.v_proj.weight": (arch.num_key_value_heads * d, h),
+                 p + "self_attn.o_proj.weight": (h, arch.num_attention_heads * d),
+                 p + "mlp.gate_proj.weight": (arch.intermediate_size, h),
+                 p + "mlp.up_proj.weight": (arch.intermediate_size, h),
+                 p + "mlp.down_proj.weight": (h, arch.intermediate_size)}
+    for name, shape in want.items():
+        if name not in shapes:
+            raise ValueError(f"the weights in {where} have no {name}, which its config.json needs")
+        if shapes[name] != shape:
+            raise ValueError(f"the weights in {where} do not fit its config.json: {name} is {list(shapes[name])}, "
+                             f"the config makes it {list(shape)}")
+    layers = {int(n.split(".")[2]) for n in shapes if n.startswith("model.layers.") and n.split(".")[2].isdigit()}
+    if layers and max(layers) + 1 != arch.num_hidden_layers:
+        raise ValueError(f"the weights in {where} have {max(layers) + 1} layers, its config.json "
+                         f"{arch.num_hidden_layers}")
+
+
 class LlamaModel:
     def __init__(self, arch: ModelArch, weights: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype, linear_backend: str = "auto") -> None:
@@ -152,6 +180,7 @@ class LlamaModel:
                     if "rotary_emb" in name:
                         continue
                     weights[name] = sf.get_tensor(name).to(device=device, dtype=dtype)
+        check_weights(arch, {name: tuple(t.shape) for name, t in weights.items()}, model_dir)
         return cls(arch, weights, device, dtype, linear_backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,

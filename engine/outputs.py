@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import numbers
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -93,10 +94,29 @@ class EngineStoppingError(EngineError):
     """The server is shutting down: the request was stopped before it finished (``interrupt_all``)."""
 
 
-def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab: int | None) -> None:
+def check_salt(salt: object) -> None:
+    """A prefix-cache salt is None or text that UTF-8 can hold (found by QA: ``salt=123`` or a lone
+    surrogate passed ``generate`` and crashed the step loop for every request)."""
+    if salt is None:
+        return
+    if not isinstance(salt, str):
+        raise ValueError("salt must be a string")
+    try:
+        salt.encode()
+    except UnicodeEncodeError:
+        raise ValueError("salt must be valid Unicode text (no lone surrogates)") from None
+
+
+def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab: int | None,
+                 salt: str | None = None) -> None:
     """Raise what an engine raises for a prompt it cannot take: ``PromptTooLongError`` when it
-    leaves no room for one token, ``ValueError`` for an empty prompt or ids outside the vocabulary
-    (the prompt's, ``stop_token_ids``, ``logit_bias``' keys; ``vocab`` None: not checked)."""
+    leaves no room for one token, ``ValueError`` for an empty prompt, token ids that are not
+    integers (found by QA: floats crashed the step loop) or outside the vocabulary (the prompt's,
+    ``stop_token_ids``, ``logit_bias``' keys; ``vocab`` None: not checked), or a bad ``salt``."""
+    if not all(type(t) is int for t in ids) and not all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
+        raise ValueError("prompt token ids must be integers")
+    check_salt(salt)
     if len(ids) + 1 > max_model_len:
         raise PromptTooLongError(len(ids), max_model_len)
     if vocab is not None and (not ids or min(ids) < 0 or max(ids) >= vocab

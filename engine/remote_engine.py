@@ -209,7 +209,7 @@ class RemoteEngine:
         try:
             conn = self._require()
             ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            check_prompt(ids, params, self.max_model_len, self.vocab_size)  # at once, no round trip
+            check_prompt(ids, params, self.max_model_len, self.vocab_size, salt)  # at once, no round trip
             if request_id in self._wire_of:
                 raise ValueError(f"request id {request_id!r} is already in use")
         except BaseException:

@@ -60,6 +60,21 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        # (found by QA: stop=[1] or stop=b"ab" passed, and crashed the step loop for every request)
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a string or a list of strings")
+        self.stop = list(self.stop)
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError("stop_token_ids must be a list of integers")
+        for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            if not _is_number(getattr(self, name)):  # (True was a temperature of 1)
+                raise ValueError(f"{name} must be a number")
+            setattr(self, name, float(getattr(self, name)))
+        if not isinstance(self.ignore_eos, bool):  # ("no" is truthy: it ignored EOS)
+            raise ValueError("ignore_eos must be a boolean")
+        if not _is_int(self.n):
+            raise ValueError("n must be an integer >= 1")
+        self.n = int(self.n)
         for name in ("top_k", "max_tokens", "min_tokens"):  # (found by QA: seed=1.5 crashed the step loop,
             if not _is_int(getattr(self, name)):           # for every request, where it reached the sampler)
                 raise ValueError(f"{name} must be an integer")
@@ -108,6 +123,10 @@ class SamplingParams:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _checked_bias(bias: object) -> dict[int, float] | None:

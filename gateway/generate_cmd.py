@@ -120,7 +120,13 @@ async def _generate(config, prompt: str, system: str | None, params, *, raw: boo
     note(f"loading {config.model} ...")
     t0 = time.perf_counter()
     engine = AsyncEngine(config)
-    await engine.start()
+    try:
+        await engine.start()
+    except ValueError:  # (DeviceUnavailable too): worded already
+        raise
+    except Exception as exc:  # (found by QA: a weights cache that cannot be made, a damaged GGUF, a
+        # config.json that does not fit: a traceback) one line, with what went wrong
+        raise ValueError(f"cannot load the model {config.model}: {type(exc).__name__}: {exc}") from exc
     note(f"loaded {engine.model_id} in {time.perf_counter() - t0:.1f}s")
     try:
         if raw:

@@ -145,6 +145,24 @@ async def test_errors_before_the_first_yield(make_engine):
         await eng.generate([1], SamplingParams(), request_id="busy").__anext__()
 
 
+async def test_a_request_of_the_wrong_kind_is_refused_and_the_engine_lives_on(make_engine):
+    """Found by QA: token ids as floats, a salt that is not text (or text UTF-8 cannot hold) passed
+    generate() and crashed the step loop: every stream, this one's neighbours too, got
+    EngineDeadError, and every later request."""
+    eng = await make_engine()
+    running = eng.generate([1, 2, 3], SamplingParams(max_tokens=8, temperature=0), request_id="alongside")
+    first = await running.__anext__()
+    for prompt, salt in (([1.0, 2.0], None), ([1, 2], 123), ([1, 2], "t\ud800"), ([1, True], None)):
+        with pytest.raises(ValueError):
+            await eng.generate(prompt, SamplingParams(max_tokens=2), request_id="bad", salt=salt).__anext__()
+    outs = [first] + [o async for o in running]
+    assert outs[-1].finished and not eng.is_dead
+    import numpy as np  # NumPy integers are integers
+    done = [o async for o in eng.generate(list(np.array([1, 2, 3])), SamplingParams(max_tokens=2),
+                                          request_id="np", salt="tenant-1")]
+    assert done[-1].finished
+
+
 def hold_steps(eng) -> threading.Event:  # noqa: ANN001 - an AsyncEngine
     """Hold every engine step until the returned event is set (requests stay waiting meanwhile)."""
     gate = threading.Event()

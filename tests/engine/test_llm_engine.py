@@ -154,8 +154,41 @@ def test_duplicate_and_invalid_requests(engine):
         engine.add_request("bad", [10_000], SamplingParams(max_tokens=1))
     with pytest.raises(ValueError):  # would index the logits out of range in the step thread
         engine.add_request("bad2", [1], SamplingParams(max_tokens=1, min_tokens=1, stop_token_ids=[10_000]))
+    for prompt, salt in (([1.5], None), ([1], 7), ([1], "\ud800")):  # (found by QA: the step crashed)
+        with pytest.raises(ValueError):
+            engine.add_request("bad3", prompt, SamplingParams(max_tokens=1), salt=salt)
     engine.abort_request("dup")
     engine.step()
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (dict(num_hidden_layers=1), "have 2 layers, its config.json 1"),
+    (dict(num_key_value_heads=4), "k_proj.weight is [32, 64], the config makes it [64, 64]"),
+    (dict(intermediate_size=100), "gate_proj.weight is [128, 64], the config makes it [100, 64]"),
+    (dict(num_hidden_layers=3), "have no model.layers.2."),
+])
+def test_weights_that_do_not_fit_the_config_are_refused(tiny_model_dir, engine_config, tmp_path, change, said):
+    """Found by QA: a config.json edited to 20 layers (of 30), 9 KV heads (of 3) or another MLP width
+    loaded without a word and answered nonsense, or nothing, with exit status 0."""
+    bent = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, bent)
+    config = json.loads((bent / "config.json").read_text())
+    (bent / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(ValueError) as err:
+        LLMEngine(engine_config(bent))
+    assert said in str(err.value)
+
+
+def test_the_triton_backend_without_a_gpu_or_its_interpreter_is_refused_before_loading(tiny_model_dir, engine_config,
+                                                                                       monkeypatch):
+    """Found by QA: attention_backend="triton" on a CPU, without TRITON_INTERPRET=1, built an
+    engine that failed at the first step, for every request, with a traceback."""
+    pytest.importorskip("triton")
+    from kernels import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_paged_attention_kernel", object())  # as compiled for a GPU
+    with pytest.raises(ValueError, match="attention_backend 'triton' cannot run on cpu"):
+        LLMEngine(engine_config(tiny_model_dir, attention_backend="triton"))
 
 
 def test_generate_returns_every_choice_when_n_is_above_one(engine):

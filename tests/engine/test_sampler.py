@@ -370,3 +370,22 @@ def test_sampling_params_take_numpy_integers_as_integers():
     params = SamplingParams(max_tokens=np.int64(5), top_k=np.int32(3), seed=np.uint64(7), stop_token_ids=[np.int16(2)])
     assert (params.max_tokens, params.top_k, params.seed, params.stop_token_ids) == (5, 3, 7, [2])
     assert all(type(v) is int for v in (params.max_tokens, params.top_k, params.seed, *params.stop_token_ids))
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(stop=[1]), dict(stop=b"ab"), dict(stop=["ok", None]), dict(stop=7), dict(stop_token_ids=5),
+    dict(temperature=True), dict(top_p=True), dict(temperature="1"), dict(repetition_penalty=None),
+    dict(presence_penalty="0"), dict(n=True), dict(n=2.0), dict(ignore_eos="no"), dict(ignore_eos=1),
+])
+def test_a_value_of_the_wrong_kind_is_refused_where_it_is_made(kwargs):
+    """Found by QA: stop=[1] or stop=b"ab" passed and crashed the step loop (every request got
+    EngineDeadError); True passed as a temperature, and ignore_eos="no" ignored EOS."""
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_numpy_numbers_are_numbers():
+    import numpy as np
+
+    p = SamplingParams(n=np.int64(2), temperature=np.float32(0.5), top_p=np.float64(0.9), stop=("x",))
+    assert (p.n, type(p.n), type(p.temperature), p.stop) == (2, int, float, ["x"])

@@ -49,6 +49,18 @@ def test_unknown_model_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
+def test_a_weights_cache_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    """Found by QA: a weights cache directory under a file (or anywhere it cannot be made) ended in a
+    traceback from the conversion; any failure to load the model is one error line."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    env = dict(_env(), PAGEGATE_WEIGHTS_CACHE_DIR=str(blocker / "weights"))
+    res = subprocess.run([sys.executable, "-m", "gateway.cli", "generate", "hi", "--max-tokens", "2"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "error: cannot load the model smollm2-135m-instruct: " in res.stderr and "Traceback" not in res.stderr
+
+
 def test_bad_sampling_flag_is_a_clear_error(capsys) -> None:
     args = build_parser().parse_args(["generate", "hi", "--top-p", "0"])
     assert args.func(args) == 2
