@@ -299,9 +299,10 @@ def check_engine(settings: Settings) -> None:
                              f"{MAX_MODEL_ID_CHARS} a usage row holds: " + (
                                  "shorten PAGEGATE_SERVED_MODEL_NAME" if settings.served_model_name else
                                  "set PAGEGATE_SERVED_MODEL_NAME to a shorter name"))
-        from engine.llm_engine import check_kv_pool, resolve_device
+        from engine.llm_engine import check_backend, check_kv_pool, resolve_device
 
         device = resolve_device(settings.device)  # (a CUDA device this torch cannot use: refused)
+        check_backend(settings.attention_backend, device)  # (triton without a GPU or its interpreter)
         if settings.num_blocks is None:  # the pool's size before the model is loaded: its budget
             check_kv_pool(settings.kv_cache_memory_gb * 2**30, device)
     except ValueError as exc:

@@ -55,7 +55,7 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
                                   "data-dir-under-a-file", "bad-setting", "empty-spool-dir", "miscased-setting", "worker-index",
                                   "unknown-model", "bad-engine-setting", "admission-wait",
                                   "max-model-len", "max-waiting", "bad-device", "kv-beyond-memory", "long-model-id",
-                                  pytest.param("no-cuda", marks=pytest.mark.skipif(
+                                  "triton-on-cpu", pytest.param("no-cuda", marks=pytest.mark.skipif(
                                       _cuda_available(), reason="this machine has a CUDA GPU"))])
 def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None:  # noqa: ANN001
     (tmp_path / "file").write_text("not a directory")
@@ -96,6 +96,10 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
         # (found by QA: a usage row holds 128 characters of it, and every row would have been refused)
         "long-model-id": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_SERVED_MODEL_NAME": "m" * 129},
                           "error: cannot use the engine's settings: the served model id 'mmmm"),
+        # (found by QA: an engine built, then failed at the first request, for every request)
+        "triton-on-cpu": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_ATTENTION_BACKEND": "triton", "PAGEGATE_DEVICE": "cpu",
+                           "TRITON_INTERPRET": "0"},
+                          "error: cannot use the engine's settings: PAGEGATE_ATTENTION_BACKEND 'triton' cannot run on cpu"),
         "no-cuda": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_DEVICE": "cuda"},
                     "error: cannot use the engine's settings: PAGEGATE_DEVICE 'cuda', but this torch sees no CUDA GPU"),
     }[case]
