@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     # the connection is closed (gateway/http_guard.py)
     max_header_bytes: int = Field(default=64 * 1024, ge=4096)
     header_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # open connections from one client address beyond which a new one gets 429 and is closed (0: no
+    # limit); the proxies of forwarded_allow_ips are not counted (gateway/http_guard.py)
+    max_connections_per_address: int = Field(default=256, ge=0)
     # proxies whose X-Forwarded-For names the client (comma-separated addresses or networks, "*"
     # for any); empty: the connection's own address, the client's for the per-address limit
     forwarded_allow_ips: str = ""

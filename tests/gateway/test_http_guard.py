@@ -267,3 +267,75 @@ async def test_a_stream_to_an_http_1_0_client_ends_with_the_connection_not_in_ch
     assert b"transfer-encoding: chunked" in data.lower() and data.endswith(b"0\r\n\r\n")
     status, _ = await _exchange(port, b"GET / HTTP/1.0\r\nhost: x\r\n\r\n")  # a length: as before
     assert status == 200
+
+
+async def _open_idle(port: int, n: int) -> list[asyncio.StreamWriter]:
+    writers = []
+    for _ in range(n):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writers.append(writer)
+    await asyncio.sleep(0.1)  # (accepted by the server)
+    return writers
+
+
+async def test_one_address_may_hold_only_so_many_connections(serve) -> None:  # noqa: ANN001
+    """Found by a security QA: 20,000 idle sockets from one client (no key needed) took every file
+    descriptor, and nothing was answered, /health included. One address past
+    PAGEGATE_MAX_CONNECTIONS_PER_ADDRESS gets 429 and its connection is closed; the others are
+    served; a closed one frees its place."""
+    port = await serve(max_connections_per_address=3)
+    held = await _open_idle(port, 3)
+    try:
+        status, body = await _exchange(port, _get())
+        assert status == 429 and json.loads(body)["error"]["code"] == "too_many_connections", body
+        held.pop().close()
+        await asyncio.sleep(0.1)
+        status, _ = await _exchange(port, _get())
+        assert status == 200
+    finally:
+        for writer in held:
+            writer.close()
+
+
+async def test_a_trusted_proxy_is_not_capped_per_address(serve) -> None:  # noqa: ANN001
+    port = await serve(max_connections_per_address=2, forwarded_allow_ips="127.0.0.1")
+    held = await _open_idle(port, 4)
+    try:
+        status, _ = await _exchange(port, _get())
+        assert status == 200
+    finally:
+        for writer in held:
+            writer.close()
+
+
+async def test_past_the_process_s_connection_budget_a_connection_gets_503(serve, monkeypatch) -> None:  # noqa: ANN001
+    import gateway.serve as serve_mod
+
+    monkeypatch.setattr(serve_mod, "connection_budget", lambda: 3)
+    port = await serve(max_connections_per_address=0)  # (0: no limit per address)
+    held = await _open_idle(port, 3)
+    try:
+        status, body = await _exchange(port, _get())
+        assert status == 503 and json.loads(body)["error"]["type"] == "server_error", body
+    finally:
+        for writer in held:
+            writer.close()
+    await asyncio.sleep(0.1)
+    assert (await _exchange(port, _get()))[0] == 200
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_408(serve) -> None:  # noqa: ANN001
+    """Found by a security QA: a key's holder sending its headers, then a byte every 5 s, held a
+    connection for ever (3,000 of them after a minute). A body gets the head's time limit plus a
+    second for each 16 KiB received; past it, 408 and the connection is closed."""
+    port = await serve(header_timeout_s=0.5)
+    started = time.monotonic()
+    status, body = await _exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n", b"x", b"y",
+                                   pause_s=0.4)
+    assert status == 408 and b"body did not arrive" in body, body
+    assert 0.4 < time.monotonic() - started < 5
+    # one that keeps coming faster than 16 KiB a second is served, however long it takes
+    pieces = [b"z" * 4000] * 5
+    status, body = await _exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 20000\r\n\r\n", *pieces,
+                                   pause_s=0.2)
+    assert status == 200 and json.loads(body)["size"] == 20000, body
