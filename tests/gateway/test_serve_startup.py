@@ -293,6 +293,16 @@ def test_api_keys_sent_in_a_url_stay_out_of_the_access_log() -> None:
                                ("127.0.0.1:5000", "GET", f"/v1/models?api_key={key}", "1.1", 401), None)
     assert RedactKeys().filter(record)
     assert key not in record.getMessage() and "api_key=pg-***" in record.getMessage()
+    # percent-encoded, in part or whole (found by a security QA: written in full)
+    from urllib.parse import quote
+
+    whole = "".join(f"%{b:02X}" for b in key.encode())
+    for sent in (key.replace("-", "%2D", 1), whole, quote(key, safe="")):
+        record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                                   ("127.0.0.1:5000", "GET", f"/v1/models?x=%20&api_key={sent}", "1.1", 401), None)
+        assert RedactKeys().filter(record)
+        message = record.getMessage()
+        assert sent not in message and key[3:] not in message and "pg-***" in message, message
     access = logging.getLogger("uvicorn.access")  # what `pagegate serve` and each worker install
     before = list(access.filters)
     try:
