@@ -131,3 +131,29 @@ def test_an_input_longer_than_the_model_reads_is_refused(server, request) -> Non
         client.embeddings.create(model="all-MiniLM-L6-v2", input="word " * 200_000)
     assert err.value.code == "context_length_exceeded" and "Your input has at least " in err.value.message
     assert err.value.param == "input"
+
+
+@pytest.mark.parametrize("server", ["api", "api_cached"])
+def test_a_client_that_leaves_stops_its_batch_and_pays_nothing(server, request) -> None:  # noqa: ANN001
+    """Found by a security QA: a client that left a 2,048-text batch had it embedded to the end (90 s
+    more of the one embedder thread, every tenant's embeddings and cache lookups slowed), and its
+    row said ok with every token billed. It is now stopped at the next part and recorded as
+    aborted, 0 tokens; the embedder then answers others at once."""
+    import time
+
+    api = request.getfixturevalue(server)
+    tenant_id, key = api.make_tenant()
+    texts = [f"request {i}: " + "the quick brown fox jumps over the lazy dog " * 20 for i in range(2048)]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(api.base_url + "/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts},
+                   headers={"authorization": f"Bearer {key}"}, timeout=1.5)
+    rows = []
+    for _ in range(200):  # the row is written when the handler ends, at the batch's next part
+        rows = [r for r in api.usage_rows() if r.tenant_id == tenant_id]
+        if rows:
+            break
+        time.sleep(0.1)
+    assert len(rows) == 1 and rows[0].status == "aborted" and rows[0].prompt_tokens == 0, rows
+    assert rows[0].latency_ms < 15_000  # stopped, not run to the end (a minute or more here)
+    small = api.openai().embeddings.create(model="all-MiniLM-L6-v2", input="still served")
+    assert len(small.data) == 1
