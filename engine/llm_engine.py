@@ -166,10 +166,12 @@ class LLMEngine:
         """Queue a request. Raises ``PromptTooLongError`` when ``prompt + 1 > max_model_len``."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_token_ids = list(prompt_token_ids)  # (a NumPy array too: found by a re-check)
         if not prompt_token_ids:
             raise ValueError("the prompt must have at least one token")
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
             raise ValueError("prompt token ids must be integers")  # (floats crashed the step: QA)
+        prompt_token_ids = [int(t) for t in prompt_token_ids]
         check_salt(salt)
         if len(prompt_token_ids) + 1 > self.max_model_len:
             raise PromptTooLongError(len(prompt_token_ids), self.max_model_len)
@@ -180,7 +182,7 @@ class LLMEngine:
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if params.logit_bias is not None and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
-        req = Request(RequestId(request_id), list(prompt_token_ids), params, salt=salt,
+        req = Request(RequestId(request_id), prompt_token_ids, params, salt=salt,
                       priority_class=priority_class)
         self._init_seq(req.sequences[0])
         self.requests[req.request_id] = req

@@ -110,9 +110,10 @@ class SamplingParams:
             raise ValueError("frequency_penalty must be in [-2, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}")
+        if self.logprobs is not None:
+            self.logprobs = int(self.logprobs)  # (a NumPy integer is one: found by a re-check)
         if self.logit_bias is not None:
             self.logit_bias = _checked_bias(self.logit_bias)
 

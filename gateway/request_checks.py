@@ -227,6 +227,29 @@ def _check_extra_type(field: str, value: Any, neutral: tuple[Any, ...]) -> None:
         raise invalid_request(f"Invalid type for '{field}': expected {expected}.", param=field, code="invalid_type")
 
 
+def _check_tools(tools: list, functions: list) -> None:
+    """Tools passed with their choice "none" are still OpenAI's shape, as OpenAI checks them (found by
+    a re-check: ``{"type": "x"}`` was served): a function tool with a named function."""
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise invalid_request(f"Invalid value: {str(tool.get('type'))[:40]!r}. Supported values are: 'function'.",
+                                  param=f"tools[{i}].type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise invalid_request(f"Missing required parameter: 'tools[{i}].function'.", param=f"tools[{i}].function",
+                                  code="missing_required_parameter")
+        _check_function_name(function, f"tools[{i}].function.name")
+    for i, function in enumerate(functions):
+        _check_function_name(function, f"functions[{i}].name")
+
+
+def _check_function_name(function: dict, param: str) -> None:
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_request(f"Missing required parameter: '{param}'.", param=param,
+                              code="missing_required_parameter")
+
+
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     """Known OpenAI fields (and vLLM extras) the engine cannot honour are refused, never silently
     dropped."""
@@ -260,6 +283,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise unsupported("tools", "Tools are not supported by this model (only with tool_choice 'none').")
     if body.functions and body.function_call != "none":
         raise unsupported("functions", "Tools are not supported by this model (only with function_call 'none').")
+    _check_tools(body.tools or [], body.functions or [])
     for i, m in enumerate(body.messages):  # dropped, the conversation would read differently
         for field in ("tool_calls", "function_call"):
             if getattr(m, field):

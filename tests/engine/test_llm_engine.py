@@ -157,6 +157,10 @@ def test_duplicate_and_invalid_requests(engine):
     for prompt, salt in (([1.5], None), ([1], 7), ([1], "\ud800")):  # (found by QA: the step crashed)
         with pytest.raises(ValueError):
             engine.add_request("bad3", prompt, SamplingParams(max_tokens=1), salt=salt)
+    import numpy as np  # a NumPy array of ids is a prompt (a re-check: "truth value ... ambiguous")
+
+    engine.add_request("np", np.array([1, 2, 3]), SamplingParams(max_tokens=1))
+    engine.abort_request("np")
     engine.abort_request("dup")
     engine.step()
 

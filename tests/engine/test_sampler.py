@@ -387,5 +387,6 @@ def test_a_value_of_the_wrong_kind_is_refused_where_it_is_made(kwargs):
 def test_numpy_numbers_are_numbers():
     import numpy as np
 
-    p = SamplingParams(n=np.int64(2), temperature=np.float32(0.5), top_p=np.float64(0.9), stop=("x",))
-    assert (p.n, type(p.n), type(p.temperature), p.stop) == (2, int, float, ["x"])
+    p = SamplingParams(n=np.int64(2), temperature=np.float32(0.5), top_p=np.float64(0.9), stop=("x",),
+                       logprobs=np.int64(2))
+    assert (p.n, type(p.n), type(p.temperature), p.stop, p.logprobs, type(p.logprobs)) == (2, int, float, ["x"], 2, int)

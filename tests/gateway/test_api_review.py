@@ -41,6 +41,25 @@ def test_a_lone_surrogate_is_a_400_not_a_500(api, path, body, param) -> None:  #
     # tools are served only with their choice "none"
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "function_call": "none"}, "tools"),
     ({"functions": [{"name": "f", "parameters": {}}], "tool_choice": "none"}, "functions"),
+])
+def test_tools_are_refused_unless_turned_off(api, fields, param) -> None:  # noqa: ANN001
+    assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
+                 code="unsupported_parameter")
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    # tools turned off are still checked for OpenAI's shape (found by a re-check: {"type": "x"} was served)
+    ({"tools": [{"type": "x"}], "tool_choice": "none"}, "tools[0].type"),
+    ({"tools": [{"type": "function"}], "tool_choice": "none"}, "tools[0].function"),
+    ({"tools": [{"type": "function", "function": {"description": "d"}}], "tool_choice": "none"},
+     "tools[0].function.name"),
+    ({"functions": [{"parameters": {}}], "function_call": "none"}, "functions[0].name"),
+])
+def test_tools_turned_off_must_still_be_tools(api, fields, param) -> None:  # noqa: ANN001
+    assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
