@@ -8,6 +8,12 @@ the event loop for 6 s (the parser joins the pieces of a value as they arrive), 
 each trickling a header line every 5 s were kept open for ever, until the process ran out of file
 descriptors.
 
+A request's body gets the same time plus a second for each 16 KiB received (408 past it), and the
+open connections are counted, per client address and for the process (429 / 503
+``too_many_connections`` past ``max_connections_per_address`` / ``max_connections``): found by a
+security QA, 20,000 idle sockets from one address took every file descriptor, and a key's holder
+trickling a body byte every 5 s held connections for ever.
+
 The head is counted by the bytes that arrive while it is incomplete, from the second read on (a
 read that begins a request may also end the previous one's body), so a head is refused once it
 passes the limit by at most one read of the socket (256 KiB). The body is not counted here: the
