@@ -4,11 +4,27 @@ build it; the engine reads nothing from the environment."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 MAX_THREADS = 1024  # torch intra-op threads at most (libgomp allocates per thread: 1e9 aborted)
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "model": (str,), "served_model_name": (str,), "weights_cache_dir": (str,), "device": (str,), "dtype": (str,),
+    "block_size": (numbers.Integral,), "kv_cache_memory_gb": (numbers.Real,), "num_blocks": (numbers.Integral,),
+    "max_model_len": (numbers.Integral,), "max_num_batched_tokens": (numbers.Integral,),
+    "max_num_seqs": (numbers.Integral,), "max_waiting": (numbers.Integral,),
+    "max_waiting_per_class": (numbers.Integral,), "admission_gap_ms": (numbers.Real,),
+    "admission_max_wait_ms": (numbers.Real,), "admission_notice_gap_ms": (numbers.Real,),
+    "enable_prefix_caching": (bool,), "attention_backend": (str,), "num_threads": (numbers.Integral,),
+    "linear_backend": (str,), "seed": (numbers.Integral,),
+}
+_OPTIONAL = frozenset({"served_model_name", "num_blocks", "max_model_len", "max_waiting_per_class", "num_threads",
+                       "seed"})
+_KIND_NAMES = {str: "text", numbers.Integral: "an integer", numbers.Real: "a number", bool: "true or false"}
 
 
 @dataclass(slots=True)
@@ -48,6 +64,19 @@ class EngineConfig:
         return self.max_waiting_per_class or max(1, self.max_waiting // 4)
 
     def __post_init__(self) -> None:
+        # each field of its kind (found by QA: max_num_seqs=1.5 and seed="x" were taken, and failed
+        # later with a bare TypeError; enable_prefix_caching="no" counted as on)
+        for name, kinds in _KINDS.items():
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
+            if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+                what = " or ".join(_KIND_NAMES[k] for k in kinds) + (" (or unset)" if name in _OPTIONAL else "")
+                raise ValueError(f"{name} must be {what}, not {value!r}")
+            if numbers.Real in kinds:
+                setattr(self, name, float(value))
+            elif numbers.Integral in kinds:
+                setattr(self, name, int(value))  # (a NumPy integer: as Python's)
         if self.block_size not in (8, 16, 32, 64):
             raise ValueError("block_size must be one of 8, 16, 32, 64")
         if not (math.isfinite(self.kv_cache_memory_gb) and self.kv_cache_memory_gb > 0):  # (NaN compares false)

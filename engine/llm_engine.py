@@ -343,11 +343,20 @@ class LLMEngine:
         prompt's list of choices, by choice index: ``out[prompt][choice] -> token ids``."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         reqs = []
-        for prompt, p in zip(prompts, params, strict=True):
-            rid = f"offline-{next(self._ids)}"
-            self.add_request(rid, prompt, p)
-            reqs.append(self.requests[RequestId(rid)])
+        try:
+            for prompt, p in zip(prompts, params, strict=True):
+                rid = f"offline-{next(self._ids)}"
+                self.add_request(rid, prompt, p)
+                reqs.append(self.requests[RequestId(rid)])
+        except Exception:  # (found by QA: those added before the refused one ran at the next call)
+            gone = {r.request_id for r in reqs}
+            for rid in gone:
+                self.abort_request(rid)
+            self._abort_outputs = [o for o in self._abort_outputs if o.request_id not in gone]  # (no one asked)
+            raise
         while any(not r.is_finished for r in reqs):
             self.step()
         if all(p.n == 1 for p in params):

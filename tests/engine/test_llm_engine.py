@@ -165,6 +165,20 @@ def test_duplicate_and_invalid_requests(engine):
     engine.step()
 
 
+def test_a_batch_refused_partway_leaves_nothing_behind(engine):
+    """Found by QA: when generate() refused its second prompt (too long), the first stayed in the
+    engine and ran, unasked, during the next call (and was counted)."""
+    with pytest.raises(PromptTooLongError):
+        engine.generate([[1, 2], list(range(5000))], SamplingParams(max_tokens=3))
+    with pytest.raises(ValueError):
+        engine.generate([[1, 2], [3]], [SamplingParams(max_tokens=3)])  # (fewer params than prompts)
+    assert not engine.requests and not engine.has_unfinished_requests()
+    generated = engine.stats().generated_tokens
+    once = SamplingParams(max_tokens=2, ignore_eos=True, temperature=0)
+    assert len(engine.generate([[5, 6]], once)[0]) == 2
+    assert engine.stats().generated_tokens == generated + 2  # its own tokens only
+
+
 @pytest.mark.parametrize(("change", "said"), [
     (dict(num_hidden_layers=1), "have 2 layers, its config.json 1"),
     (dict(num_key_value_heads=4), "k_proj.weight is [32, 64], the config makes it [64, 64]"),

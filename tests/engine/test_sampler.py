@@ -390,3 +390,25 @@ def test_numpy_numbers_are_numbers():
     p = SamplingParams(n=np.int64(2), temperature=np.float32(0.5), top_p=np.float64(0.9), stop=("x",),
                        logprobs=np.int64(2))
     assert (p.n, type(p.n), type(p.temperature), p.stop, p.logprobs, type(p.logprobs)) == (2, int, float, ["x"], 2, int)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(max_num_seqs=1.5), dict(seed=1.5), dict(seed="x"), dict(enable_prefix_caching="no"), dict(num_blocks=2.5),
+    dict(block_size=True), dict(kv_cache_memory_gb="1"), dict(model=None), dict(max_waiting=None),
+])
+def test_an_engine_config_of_the_wrong_kind_is_refused_where_it_is_made(kwargs):
+    """Found by QA: max_num_seqs=1.5 and seed="x" were taken and failed later with a bare TypeError
+    (num_blocks=2.5 at the engine's construction); enable_prefix_caching="no" counted as on."""
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError):
+        EngineConfig(**kwargs)
+
+
+def test_an_engine_config_takes_numpy_numbers():
+    import numpy as np
+
+    from engine.config import EngineConfig
+
+    c = EngineConfig(max_num_seqs=np.int64(8), kv_cache_memory_gb=np.float32(0.5), seed=None)
+    assert (c.max_num_seqs, type(c.max_num_seqs), c.kv_cache_memory_gb) == (8, int, 0.5)
