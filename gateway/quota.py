@@ -386,6 +386,8 @@ class QuotaLedger:
         of another counter made inside its period move to it, and settle there: the tenant's budget
         period changed while they ran (found by QA: a stream running when a day budget became a month
         one settled on the day's counter, and the month's, rebuilt from the rows, never counted it)."""
+        if not self._open:  # (the common case at a counter's first sight: nothing to charge or move)
+            return
         mine = [r for r in self._open.values() if r.counter_key == key and r.epoch != current and r.id not in self._in_sum]
         if move:
             start, end = counter_span_us(key)

@@ -445,6 +445,8 @@ def uvicorn_options(settings: Settings) -> dict:
     def is_proxy(address: str) -> bool:  # a proxy's connections carry many clients: not capped per address
         if "*" in trusted:
             return True
+        if not networks:
+            return False
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:

@@ -405,6 +405,17 @@ def test_an_engine_config_of_the_wrong_kind_is_refused_where_it_is_made(kwargs):
         EngineConfig(**kwargs)
 
 
+def test_every_engine_config_field_has_its_kind_checked():
+    """A field added without an entry in ``_KINDS`` would go unchecked: the two lists are one."""
+    import dataclasses
+
+    from engine.config import _KINDS, _OPTIONAL, EngineConfig
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(_KINDS) == fields and _OPTIONAL <= fields
+    assert {f.name for f in dataclasses.fields(EngineConfig) if f.default is None} == _OPTIONAL
+
+
 def test_an_engine_config_takes_numpy_numbers():
     import numpy as np
 
