@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import numbers
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
 from engine.model_runner import ModelRunner, kv_bytes_per_block
-from engine.outputs import CompletionDelta, EngineStats, PromptTooLongError, RequestOutput, check_salt
+from engine.outputs import CompletionDelta, EngineStats, RequestOutput, check_prompt
 from engine.request import Request, RequestId, Sequence
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -167,21 +166,9 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_token_ids = list(prompt_token_ids)  # (a NumPy array too: found by a re-check)
-        if not prompt_token_ids:
-            raise ValueError("the prompt must have at least one token")
-        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt_token_ids):
-            raise ValueError("prompt token ids must be integers")  # (floats crashed the step: QA)
+        # what every front checks (floats or a bad salt crashed the step: QA), then as Python's ints
+        check_prompt(prompt_token_ids, params, self.max_model_len, self.model.arch.vocab_size, salt)
         prompt_token_ids = [int(t) for t in prompt_token_ids]
-        check_salt(salt)
-        if len(prompt_token_ids) + 1 > self.max_model_len:
-            raise PromptTooLongError(len(prompt_token_ids), self.max_model_len)
-        vocab = self.model.arch.vocab_size
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if any(not 0 <= t < vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
-        if params.logit_bias is not None and max(params.logit_bias) >= vocab:
-            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
         req = Request(RequestId(request_id), prompt_token_ids, params, salt=salt,
                       priority_class=priority_class)
         self._init_seq(req.sequences[0])

@@ -119,10 +119,16 @@ def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, voc
     check_salt(salt)
     if len(ids) + 1 > max_model_len:
         raise PromptTooLongError(len(ids), max_model_len)
-    if vocab is not None and (not ids or min(ids) < 0 or max(ids) >= vocab
-                              or any(not 0 <= t < vocab for t in params.stop_token_ids)
-                              or (params.logit_bias is not None and max(params.logit_bias) >= vocab)):
-        raise ValueError(f"the prompt must be non-empty and token ids must be in [0, {vocab})")
+    if not ids:
+        raise ValueError("the prompt must have at least one token")
+    if vocab is None:
+        return
+    if min(ids) < 0 or max(ids) >= vocab:
+        raise ValueError(f"prompt token ids must be in [0, {vocab})")
+    if any(not 0 <= t < vocab for t in params.stop_token_ids):
+        raise ValueError(f"stop_token_ids must be in [0, {vocab})")
+    if params.logit_bias is not None and max(params.logit_bias) >= vocab:
+        raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
 
 
 async def stream_outputs(queue: asyncio.Queue, stop: Callable[[], None]) -> AsyncIterator[RequestOutput]:
