@@ -140,7 +140,7 @@ class _Sink:
                 conn._loop.call_soon(conn.expect_return)
         # the front reads no metrics; they would grow the frame with every token
         conn.send(("out", self.rid, deltas_fields(item.deltas), item.prompt_tokens, item.cached_prompt_tokens,
-                   item.finished))
+                   item.finished, item.prompt_logprobs))
 
 
 class _ServerConn(Framed):

@@ -209,7 +209,9 @@ class LLMEngine:
         if sched.is_empty:
             return outputs
         self._mark_scheduled(sched)
-        logits, sample_idx = self.runner.run(sched, self.kv)
+        logits, sample_idx, prompt_rows = self.runner.run(sched, self.kv)
+        if prompt_rows:
+            self._score_prompts(sched, prompt_rows)
         seqs, rows = self._advance(sched, sample_idx)
         logits = logits[rows] if len(rows) != len(sample_idx) else logits
         # logprobs: nothing at all while no request asks (the common case); then the sampler's
@@ -221,6 +223,19 @@ class LLMEngine:
         outputs += self._postprocess(seqs, tokens, logprobs)
         self.num_steps += 1
         return outputs
+
+    def _score_prompts(self, sched: SchedulerOutput, prompt_rows: list[tuple[int, int, torch.Tensor]]) -> None:
+        """Fill in the prompt logprobs of the positions this step computed (``prompt_logprobs``);
+        a prefill computed again after a preemption writes the same positions again."""
+        with torch.inference_mode():
+            for i, first, hidden in prompt_rows:
+                req = sched.seqs[i].request
+                if req.prompt_logprobs is None:
+                    req.prompt_logprobs = [None] * req.num_prompt_tokens
+                targets = req.prompt_token_ids[first + 1 : first + 1 + hidden.shape[0]]
+                entries = self.sampler.prompt_logprobs(self.model.compute_logits, hidden, targets,
+                                                       req.params.prompt_logprobs)
+                req.prompt_logprobs[first + 1 : first + 1 + len(entries)] = entries
 
     def _mark_scheduled(self, sched: SchedulerOutput) -> None:
         now = time.monotonic()
@@ -256,9 +271,17 @@ class LLMEngine:
         """``logprobs``: ``Sampler.logprobs``' per row (None: no row asked)."""
         now = time.monotonic()
         deltas: dict[RequestId, list[CompletionDelta]] = {}
+        generated = 0
         for row, (seq, tok) in enumerate(zip(seqs, tokens, strict=True)):
-            seq.token_ids.append(tok)
             req, m = seq.request, seq.request.metrics
+            if seq.params.max_tokens == 0:  # a prompt scored (``prompt_logprobs``): nothing to generate
+                seq.finish_reason = "length"
+                self.scheduler.finish(seq)
+                lp = None if seq.params.logprobs is None else []
+                deltas.setdefault(req.request_id, []).append(CompletionDelta(seq.index, "", [], "length", 0, lp))
+                continue
+            generated += 1
+            seq.token_ids.append(tok)
             if m.ttft is None:
                 m.ttft = now - m.arrival_time
             elif seq.index == 0 and seq.last_token_time is not None:
@@ -276,7 +299,7 @@ class LLMEngine:
             deltas.setdefault(req.request_id, []).append(
                 CompletionDelta(seq.index, text, [tok], reason, seq.num_output_tokens, lp)
             )
-        self.num_generated_tokens += len(tokens)
+        self.num_generated_tokens += generated
         outputs = []
         for rid, ds in deltas.items():
             req = self.requests[rid]
@@ -285,7 +308,11 @@ class LLMEngine:
                 del self.requests[rid]
                 if req.params.logprobs is not None:
                     self._with_logprobs -= 1
-            outputs.append(self._output(req, ds))
+            prompt_logprobs = None
+            if req.scores_prompt:  # its prompt is computed (a token was sampled): with its first output
+                prompt_logprobs = req.prompt_logprobs or [None] * req.num_prompt_tokens
+                req.prompt_logprobs, req.prompt_logprobs_sent = None, True
+            outputs.append(self._output(req, ds, prompt_logprobs))
         return outputs
 
     def _check_finish(self, seq: Sequence, tok: int) -> str | None:
@@ -300,10 +327,12 @@ class LLMEngine:
             return "length"
         return None
 
-    def _output(self, req: Request, deltas: list[CompletionDelta]) -> RequestOutput:
+    def _output(self, req: Request, deltas: list[CompletionDelta], prompt_logprobs: list | None = None,
+                ) -> RequestOutput:
         return RequestOutput(
             request_id=req.request_id, deltas=deltas, prompt_tokens=req.num_prompt_tokens,
             cached_prompt_tokens=req.cached_prompt_tokens, finished=req.is_finished, metrics=req.metrics,
+            prompt_logprobs=prompt_logprobs,
         )
 
     # ---- measurements and conveniences --------------------------------------------------

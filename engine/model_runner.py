@@ -1,5 +1,6 @@
 """Turns a ``SchedulerOutput`` into one forward over a flat varlen batch and returns the logits
-of the sequences that sample this step (those whose last scheduled token is their newest).
+of the sequences that sample this step (those whose last scheduled token is their newest), and
+the hidden states of the prompt positions whose logprobs are asked (``prompt_logprobs``).
 
 Owns the KV pool: per layer one K and one V tensor ``[num_blocks, block_size, num_kv_heads,
 head_dim]``, allocated once; ``num_blocks`` comes from ``kv_cache_memory_gb`` unless set.
@@ -51,9 +52,13 @@ class ModelRunner:
             v[dst] = v[src]
 
     @torch.inference_mode()
-    def run(self, sched: SchedulerOutput, kv: KVCacheManager) -> tuple[torch.Tensor, list[int]]:
+    def run(self, sched: SchedulerOutput, kv: KVCacheManager
+            ) -> tuple[torch.Tensor, list[int], list[tuple[int, int, torch.Tensor]]]:
         """One forward. Returns ``(logits [num_sampling, vocab] float32, indices into
-        sched.seqs of the sampling sequences)``."""
+        sched.seqs of the sampling sequences, prompt rows)``; the prompt rows, for each sequence
+        scoring its prompt (``Request.scores_prompt``): ``(index into sched.seqs, first position,
+        hidden states [m, hidden])`` of the positions this step computes that predict a prompt
+        token (position ``p`` predicts token ``p + 1``)."""
         self.copy_blocks(sched.block_copies)
         bs = self.block_size
         num_seqs = len(sched.seqs)
@@ -64,6 +69,7 @@ class ModelRunner:
         bt = np.zeros((num_seqs, max_blocks), dtype=np.int32)
         sample_rows: list[int] = []
         sample_seqs: list[int] = []
+        prompt_spans: list[tuple[int, int, int, int]] = []  # (seq index, first position, first row, rows)
         t = 0
         for i, (seq, n) in enumerate(zip(sched.seqs, sched.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
@@ -79,6 +85,8 @@ class ModelRunner:
                 self._ids[t : t + n] = seq.token_ids[start:end]
                 self._pos[t : t + n] = pos
                 self._slots[t : t + n] = bt[i, pos // bs].astype(np.int64) * bs + pos % bs
+            if seq.request.scores_prompt and seq.index == 0 and start < seq.num_prompt_tokens - 1:
+                prompt_spans.append((i, start, t, min(end, seq.num_prompt_tokens - 1) - start))
             t += n
             qsl[i + 1] = t
             seq_lens[i] = end
@@ -98,7 +106,8 @@ class ModelRunner:
         ids = torch.from_numpy(self._ids[:t]).to(dev)
         pos = torch.from_numpy(self._pos[:t]).to(dev)
         hidden = self.model.forward(ids, pos, self.kv_caches, meta)
+        prompt_rows = [(i, first, hidden[row : row + m]) for i, first, row, m in prompt_spans]
         if not sample_rows:
-            return hidden.new_empty((0, self.model.arch.vocab_size), dtype=torch.float32), []
+            return hidden.new_empty((0, self.model.arch.vocab_size), dtype=torch.float32), [], prompt_rows
         rows = torch.tensor(sample_rows, device=dev)
-        return self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs
+        return self.model.compute_logits(hidden.index_select(0, rows)), sample_seqs, prompt_rows

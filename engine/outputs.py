@@ -47,6 +47,9 @@ class RequestOutput:
     cached_prompt_tokens: int  # prompt tokens served from the prefix cache
     finished: bool
     metrics: RequestMetrics | None = None
+    # with ``SamplingParams.prompt_logprobs``, in the request's first output only: per prompt
+    # token its entry (``CompletionDelta.logprobs``' shape), None for the first token
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)

@@ -67,11 +67,11 @@ class _ClientConn(Framed):
         kind = message[0]
         owner = self.owner
         if kind == "out":
-            _, rid, deltas, prompt_tokens, cached, finished = message
+            _, rid, deltas, prompt_tokens, cached, finished, prompt_logprobs = message
             queue = owner._streams.get(rid)
             if queue is not None:
                 queue.put_nowait(RequestOutput(_request_id(rid), [CompletionDelta(*d) for d in deltas],
-                                               prompt_tokens, cached, finished))
+                                               prompt_tokens, cached, finished, prompt_logprobs=prompt_logprobs))
         elif kind == "error":
             queue = owner._streams.get(message[1])
             if queue is not None:

@@ -94,6 +94,10 @@ class Request:
     cached_prompt_tokens: int = 0
     forked: bool = False
     aborted: bool = False
+    # ``params.prompt_logprobs``: per prompt position, its token's entry (None for the first),
+    # filled as the prefill's chunks run; handed out once, with the request's first output
+    prompt_logprobs: list | None = None
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -106,6 +110,12 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its prompt's logprobs are still to compute (its prefill then skips the prefix
+        cache: a cached block's positions would get no logits)."""
+        return self.params.prompt_logprobs is not None and not self.prompt_logprobs_sent
 
     @property
     def is_finished(self) -> bool:

@@ -9,6 +9,7 @@ result therefore depends only on its logits and its generator, never on its batc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from itertools import chain
 
 import torch
@@ -17,6 +18,7 @@ from engine.request import Sequence
 from engine.sampling_params import MIN_REPETITION_PENALTY
 
 _MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+PROMPT_ROWS = 256  # prompt positions whose logits are made at once (256 x 49,152 x 4 bytes: 50 MB)
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -126,6 +128,27 @@ class Sampler:
             if seqs[i].params.greedy and top[0][0] != tok and chosen[j] >= top[0][1]:  # a tie: chosen first
                 top = ((tok, chosen[j]), *(t for t in top if t[0] != tok))[:n]
             out[i] = (chosen[j], top)
+        return out
+
+    @staticmethod
+    def prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                        targets: list[int], k: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+        """Each prompt position's entry (``CompletionDelta.logprobs``' shape): row ``j`` of
+        ``hidden`` predicts ``targets[j]``; its log probability and the ``k`` most likely tokens,
+        from the model's own distribution. The logits are made ``PROMPT_ROWS`` rows at a time (a
+        long prompt's whole ``[tokens, vocab]`` would be hundreds of megabytes)."""
+        out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+        for lo in range(0, len(targets), PROMPT_ROWS):
+            x = compute_logits(hidden[lo : lo + PROMPT_ROWS]).float()
+            lse = x.logsumexp(dim=-1, keepdim=True)
+            index = torch.tensor(targets[lo : lo + PROMPT_ROWS], device=x.device).unsqueeze(1)
+            chosen = (x.gather(1, index) - lse).squeeze(1).tolist()
+            if not k:
+                out += [(c, ()) for c in chosen]
+                continue
+            top_v, top_i = x.topk(k, dim=-1)
+            top_v, top_i = (top_v - lse).tolist(), top_i.tolist()
+            out += [(c, tuple(zip(ti, tv, strict=True))) for c, ti, tv in zip(chosen, top_i, top_v, strict=True)]
         return out
 
     @staticmethod

@@ -36,6 +36,13 @@ class SamplingParams:
     distribution (the logits before penalties, temperature, top-k and top-p; vLLM's default too).
     A choice that ends on EOS (or another special token) has no entry for it: its text has none.
 
+    ``prompt_logprobs`` (None: off; 0 to ``MAX_LOGPROBS``): the same for each token of the prompt
+    (vLLM's field; what OpenAI's ``echo`` with ``logprobs`` shows): the first has none (nothing
+    comes before it), each other its log probability after the tokens before it and that many most
+    likely tokens there. Such a prompt is computed whole (the prefix cache would skip the logits of
+    the positions it holds). With it ``max_tokens`` may be 0: the prompt is scored and nothing is
+    generated (finish reason "length").
+
     ``logit_bias`` (None: off): token id -> a value in [-100, 100] added to that token's logit before
     the penalties and sampling (vLLM's order), as OpenAI defines it; -100 in effect bans the token,
     100 in effect forces it. Logprobs stay the model's own (before the bias). An empty mapping is None.
@@ -55,6 +62,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
@@ -96,8 +104,9 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (or -1 to disable)")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
+            raise ValueError("max_tokens must be >= 1" if self.prompt_logprobs is None
+                             else "max_tokens must be >= 0")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise ValueError("min_tokens must be between 0 and max_tokens")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
@@ -110,10 +119,12 @@ class SamplingParams:
             raise ValueError("frequency_penalty must be in [-2, 2]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}")
-        if self.logprobs is not None:
-            self.logprobs = int(self.logprobs)  # (a NumPy integer is one: found by a re-check)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be between 0 and {MAX_LOGPROBS}")
+            if value is not None:
+                setattr(self, name, int(value))  # (a NumPy integer is one: found by a re-check)
         if self.logit_bias is not None:
             self.logit_bias = _checked_bias(self.logit_bias)
 

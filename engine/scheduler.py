@@ -211,7 +211,8 @@ class Scheduler:
             # ``max_num_seqs``, as it was forked, once its class is the only one running and waiting;
             # found by a re-check, an ``n=12`` request in 4 slots took 593 steps instead of 200 after
             # one short request of another tenant)
-            computed = self.kv.get_computed_blocks(seq)
+            # (a prompt whose logprobs are asked is computed whole: no logits for cached positions)
+            computed = [] if seq.request.scores_prompt else self.kv.get_computed_blocks(seq)
             num_cached = len(computed) * self.kv.block_size
             n = min(seq.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(seq, n, computed):

@@ -51,12 +51,13 @@ from gateway.request_checks import (
     resolve_engine,
     resolve_max_tokens,
     sampling_params,
+    scores_prompt,
     token_names_for,
     tokenize,
     vocab_size,
 )
 from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
-from gateway.sse import SSEResponse
+from gateway.sse import SSEResponse, encode_event
 
 log = logging.getLogger("pagegate.chat")
 
@@ -195,15 +196,13 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
         raise invalid_request(f"At most {limit} {noun} per request{why} (got {len(prompts_in)}).", param="prompt")
     if body.suffix:
         raise unsupported("suffix")
-    if body.logprobs is not None and body.echo:
-        raise unsupported("logprobs", "logprobs with echo are not supported: the prompt's tokens get none "
-                                      "(leave echo out, or prepend the prompt yourself).")
+    if body.max_tokens == 0 and not body.echo:  # (0 scores the prompt: only with echo, as OpenAI's legacy API)
+        raise invalid_request("max_tokens must be at least 1 (0 only with echo, to score the prompt).",
+                              param="max_tokens")
     if body.best_of is not None and body.best_of < 1:  # a wrong value, not a feature missing (QA)
         raise invalid_request(f"best_of must be at least 1 (got {body.best_of}).", param="best_of")
     if body.best_of not in (None, 1):
         raise unsupported("best_of", "best_of must be 1 (use n for several completions).")
-    if body.echo and not isinstance(prompts_in[0], str):
-        raise invalid_request("echo needs a text prompt.", param="echo")
     prompts = await completion_prompts(engine, prompts_in, body.batched)
     max_tokens = body.requested_max_tokens()
     for i, prompt in enumerate(prompts):
@@ -214,12 +213,24 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
             if err.param != "min_tokens":
                 err.param = _prompt_param(i, body.batched)
             raise
-    echo = tuple(str(p) for p in prompts_in for _ in range(body.n)) if body.echo else ()  # per choice
+    echo = tuple(_echo_text(engine, p) for p in prompts_in for _ in range(body.n)) if body.echo else ()  # per choice
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage, echo=echo,
-                           token_names=token_names_for(body, engine))
+                           token_names=token_names_for(body, engine), scored=scores_prompt(body))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="completions", started=caller.started)
     return await run_generation(engine, prompts, body, max_tokens, fmt, account, caller)
+
+
+def _echo_text(engine: EngineClient, prompt: str | list[int]) -> str:
+    """What ``echo`` shows of a prompt: its text, or the text of its token ids (their bytes as
+    UTF-8, a broken character as U+FFFD, as the model's own output is decoded)."""
+    if isinstance(prompt, str):
+        return prompt
+    try:
+        return b"".join(engine.token_bytes(list(prompt))).decode("utf-8", errors="replace")
+    except ValueError as err:  # a model without a tokenizer: its tokens have no text
+        raise invalid_request("echo needs a text prompt here: this model's tokens have no text.",
+                              param="echo") from err
 
 
 def _prompt_param(index: int, batched: bool) -> str:
@@ -275,7 +286,7 @@ async def run_generation(engine: EngineClient, prompts: list[list[int]],
     gen: Generation | None = None
     try:
         per_choice = min(max_tokens, reserved // n)
-        if per_choice < 1:
+        if per_choice < 1 and max_tokens > 0:  # (max_tokens 0: a prompt scored, nothing to clamp)
             raise insufficient_quota("Your quota leaves no room for a completion.", retry_after_s=60)
         if per_choice < max_tokens:
             store = None  # clamped by the quota: not the answer this request asked for
@@ -305,8 +316,12 @@ def _usage(gen: Generation):  # noqa: ANN202 - schemas.Usage
 
 def _whole(gen: Generation, fmt: Format) -> BaseModel:
     n = len(gen.choices)
+    logprobs = gen.logprobs() if fmt.token_names is not None else None
+    if logprobs is not None and getattr(fmt, "scored", False):  # echo with logprobs: the prompt's tokens first
+        per_prompt = n // len(gen.prompts)
+        logprobs = [(gen.prompt_entries(i // per_prompt) or []) + entries for i, entries in enumerate(logprobs)]
     return fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen),
-                        gen.logprobs() if fmt.token_names is not None else None)
+                        logprobs)
 
 
 async def _settle(gen: Generation, account: RequestAccount, status: str, *, delivered: bool = True) -> None:
@@ -349,13 +364,17 @@ async def _store(store: Store | None, response: BaseModel) -> None:
 
 
 async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n: int,
-                        store: Store | None) -> AsyncIterator[BaseModel]:
+                        store: Store | None) -> AsyncIterator[BaseModel | bytes]:
     status = "aborted"  # until the engine says finished: a client that leaves aborts
     try:
         for chunk in fmt.opening(n):
             yield chunk
+        echoing = set(range(n)) if getattr(fmt, "scored", False) else set()  # echo chunks still to send
         async for deltas in gen.deltas():
             for d in deltas:
+                if d.index in echoing:  # its prompt's logprobs came with its first output
+                    echoing.discard(d.index)
+                    yield await _echo_chunk(fmt, d.index, gen.prompt_entries(d.index // (n // len(gen.prompts))) or [])
                 if d.logprobs and fmt.token_names is not None:  # (a closing EOS's delta has none: [])
                     yield fmt.text_chunk(d.index, d.text, logprob_entries(d))  # its tokens, text or not yet
                 elif d.text:
@@ -372,6 +391,14 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
         raise
     finally:
         await _settle(gen, account, status)
+
+
+async def _echo_chunk(fmt: CompletionFormat, index: int, entries: list[tuple]) -> BaseModel | bytes:
+    """A scored stream's echo chunk; a long prompt's (thousands of entries with their alternatives:
+    ~60 ms per 1,000 tokens with 20) is built and encoded on a worker thread, as a whole answer's is."""
+    if sum(1 + len(e[2] or ()) for e in entries) <= LOGPROBS_ON_A_THREAD:
+        return fmt.echo_chunk(index, entries)
+    return await asyncio.to_thread(lambda: encode_event(fmt.echo_chunk(index, entries)))
 
 
 async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, receive: Receive,

@@ -36,8 +36,9 @@ from gateway.schemas import (
     Usage,
 )
 
-# one generated token's logprobs: (token id, its logprob, ((token id, logprob), ...) most likely first)
-Entry = tuple[int, float, Sequence[tuple[int, float]]]
+# one token's logprobs: (token id, its logprob, ((token id, logprob), ...) most likely first); a
+# prompt's first token (echo with logprobs) has (token id, None, None): nothing comes before it
+Entry = tuple[int, float | None, Sequence[tuple[int, float]] | None]
 LOWEST_LOGPROB = -9999.0  # OpenAI's stand-in for "very unlikely" (JSON has no -Infinity)
 
 
@@ -81,9 +82,9 @@ class TokenNames:
 
 def _named(entries: list[Entry], names: TokenNames) -> tuple[list, list[list]]:
     """The names of each entry's token and of its top tokens (one lookup)."""
-    found = names.of([e[0] for e in entries] + [t for e in entries for t, _ in e[2]])
+    found = names.of([e[0] for e in entries] + [t for e in entries for t, _ in e[2] or ()])
     chosen, rest = found[:len(entries)], iter(found[len(entries):])
-    return chosen, [[next(rest) for _ in e[2]] for e in entries]
+    return chosen, [[next(rest) for _ in e[2] or ()] for e in entries]
 
 
 def chat_logprobs(entries: list[Entry], names: TokenNames) -> dict:
@@ -121,13 +122,16 @@ def completion_logprobs(entries: list[Entry], names: TokenNames, offsets: TextOf
     for (_, lp, top_entries), name, top in zip(entries, chosen, tops, strict=True):
         tokens.append(name[0])
         at.append(offsets.advance(name[2]))
+        if lp is None:  # an echoed prompt's first token: null, as OpenAI shows it
+            top_maps.append(None)
+            continue
         top_map: dict[str, float] = {}
         for t_name, (_, t_lp) in zip(top, top_entries, strict=True):
             top_map.setdefault(t_name[0], _lp(t_lp))  # most likely first: the first of a text wins
         top_map[name[0]] = max(top_map.get(name[0], LOWEST_LOGPROB), _lp(lp))
         top_maps.append(top_map)
-    return {"tokens": tokens, "token_logprobs": [_lp(e[1]) for e in entries], "top_logprobs": top_maps,
-            "text_offset": at}
+    return {"tokens": tokens, "token_logprobs": [None if e[1] is None else _lp(e[1]) for e in entries],
+            "top_logprobs": top_maps, "text_offset": at}
 
 
 def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
@@ -189,6 +193,9 @@ class CompletionFormat:
     include_usage: bool = False
     echo: tuple[str, ...] = ()  # echo=True: per choice, its prompt's text, shown before the choice's text
     token_names: TokenNames | None = None  # set: the request asked for logprobs
+    # echo with logprobs: the echoed prompt's tokens come first in each choice's logprobs (their
+    # text offsets from 0); a stream's echo chunk waits for them (``echo_chunk``), none opens it
+    scored: bool = False
     id: str = field(default_factory=lambda: "cmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: dict[int, TextOffsets] = field(default_factory=dict)  # a streamed choice's, so far
@@ -197,18 +204,30 @@ class CompletionFormat:
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     def opening(self, n: int) -> list[BaseModel]:
+        if self.scored:
+            return []
         return [self._chunk([CompletionChoice(index=i, text=text, finish_reason=None)])
                 for i, text in enumerate(self.echo) if text]
 
+    def echo_chunk(self, index: int, entries: list[Entry]) -> BaseModel:
+        """A scored stream's echo of choice ``index``: its prompt's text and the prompt tokens'
+        logprobs, once the engine has computed them (before the choice's first text)."""
+        offsets = self.offsets[index] = TextOffsets(0)
+        shown = completion_logprobs(entries, self.token_names, offsets) if self.token_names is not None else None
+        return self._chunk([CompletionChoice(index=index, text=self.echo[index], finish_reason=None, logprobs=shown)])
+
     def _echoed(self, index: int) -> str:
         return self.echo[index] if self.echo else ""
+
+    def _offset_start(self, index: int) -> int:
+        return 0 if self.scored else len(self._echoed(index))  # scored: the prompt's tokens come first
 
     def text_chunk(self, index: int, text: str, logprobs: list[Entry] | None = None) -> BaseModel:
         shown = None
         if logprobs is not None and self.token_names is not None:
             offsets = self.offsets.get(index)
             if offsets is None:
-                offsets = self.offsets[index] = TextOffsets(len(self._echoed(index)))
+                offsets = self.offsets[index] = TextOffsets(self._offset_start(index))
             shown = completion_logprobs(logprobs, self.token_names, offsets)
         return self._chunk([CompletionChoice(index=index, text=text, finish_reason=None, logprobs=shown)])
 
@@ -222,7 +241,7 @@ class CompletionFormat:
                  logprobs: list[list[Entry]] | None = None) -> Completion:
         shown: list[dict | None] = [None] * len(texts)
         if logprobs is not None and self.token_names is not None:
-            shown = [completion_logprobs(entries, self.token_names, TextOffsets(len(self._echoed(i))))
+            shown = [completion_logprobs(entries, self.token_names, TextOffsets(self._offset_start(i)))
                      for i, entries in enumerate(logprobs)]
         return self._chunk([CompletionChoice(index=i, text=self._echoed(i) + t, finish_reason=f, logprobs=lp)
                             for i, (t, f, lp) in enumerate(zip(texts, finish_reasons, shown, strict=True))], usage)

@@ -128,6 +128,7 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
 
     tasks = [asyncio.create_task(pump(p, agen), name=f"{request_id}.{p}") for p, agen in enumerate(agens)]
     prompt_tokens, cached = [0] * count, [0] * count
+    scored: dict[int, list] = {}  # prompt logprobs come in (``prompt_logprobs``), by prompt
     done = [False] * count  # finished (or its stream ended)
     opened = False  # an output went out
     try:
@@ -145,6 +146,8 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
                     done[p] = True
                     continue
                 prompt_tokens[p], cached[p] = item.prompt_tokens, item.cached_prompt_tokens
+                if item.prompt_logprobs is not None:
+                    scored[p] = item.prompt_logprobs
                 for d in item.deltas:
                     d.index += p * n
                 deltas.extend(item.deltas)
@@ -155,7 +158,10 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
                 raise error  # (before the first output: a refusal, which no output may precede)
             if deltas or all(done):
                 opened = True
-                yield RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), all(done))
+                # (the prompt logprobs as {prompt: entries}: ``Generation`` reads either shape)
+                yield RequestOutput(request_id, deltas, sum(prompt_tokens), sum(cached), all(done),
+                                   prompt_logprobs=scored or None)
+                scored = {}
     finally:
         for task in tasks:
             task.cancel()
@@ -164,8 +170,10 @@ async def merged_outputs(agens: list[AsyncIterator[RequestOutput]], n: int, requ
 
 class Generation:
     def __init__(self, agen: AsyncIterator[RequestOutput], *, n: int, prompt_tokens: int,
-                 started: float) -> None:
+                 started: float, prompts: list[list[int]] | None = None) -> None:
         self._agen = agen
+        self.prompts = prompts or []
+        self.prompt_logprobs: dict[int, list] = {}  # by prompt: the engine's entries (``prompt_logprobs``)
         self._pending: RequestOutput | None = None
         self.choices = [ChoiceState() for _ in range(n)]
         self.prompt_tokens = prompt_tokens
@@ -194,7 +202,8 @@ class Generation:
         except EngineError as err:
             raise engine_error(err) from err
         agen = agens[0] if len(agens) == 1 else merged_outputs(agens, params.n, request_id)
-        return cls(agen, n=params.n * len(prompts), prompt_tokens=sum(len(p) for p in prompts), started=started)
+        return cls(agen, n=params.n * len(prompts), prompt_tokens=sum(len(p) for p in prompts), started=started,
+                   prompts=prompts)
 
     async def start(self) -> None:
         """Wait for the first output (after prefill); engine refusals surface here."""
@@ -233,6 +242,9 @@ class Generation:
         self.taken = True
         self.prompt_tokens = out.prompt_tokens
         self.cached_tokens = out.cached_prompt_tokens
+        if out.prompt_logprobs is not None:  # one engine request's list, or a batch's {prompt: list}
+            got = out.prompt_logprobs
+            self.prompt_logprobs.update(got if isinstance(got, dict) else {0: got})
         for d in out.deltas:
             choice = self.choices[d.index]
             if d.text:
@@ -273,11 +285,22 @@ class Generation:
 
     def logprob_values(self) -> int:
         """How many logprobs the kept entries hold (each token's and its alternatives')."""
-        return sum(1 + len(e[2]) for c in self.choices for e in c.logprobs)
+        n = len(self.choices) // max(1, len(self.prompts))  # choices per prompt (each shows its prompt's)
+        scored = sum(1 + len(e[1]) for got in self.prompt_logprobs.values() for e in got if e is not None)
+        return sum(1 + len(e[2]) for c in self.choices for e in c.logprobs) + n * scored
 
     def logprobs(self) -> list[list[tuple]]:
         """Each choice's tokens with their logprobs (empty lists when none were asked)."""
         return [c.logprobs for c in self.choices]
+
+    def prompt_entries(self, prompt: int) -> list[tuple] | None:
+        """The prompt's tokens with their logprobs, as ``logprob_entries`` (the first token's
+        logprob and alternatives None: nothing comes before it); None until the engine sent them."""
+        got = self.prompt_logprobs.get(prompt)
+        if got is None:
+            return None
+        return [(t, None, None) if e is None else (t, e[0], e[1])
+                for t, e in zip(self.prompts[prompt], got, strict=True)]
 
     async def aclose(self) -> None:
         aclose = getattr(self._agen, "aclose", None)

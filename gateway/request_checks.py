@@ -103,6 +103,12 @@ def refuse_unsupported(body: ChatCompletionRequest | CompletionRequest, engine: 
                                   param="logit_bias")
 
 
+def scores_prompt(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """A text completion with ``echo`` and ``logprobs``: the echoed prompt's tokens get logprobs too
+    (the engine's ``prompt_logprobs``), as OpenAI's legacy API and vLLM give them."""
+    return isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None
+
+
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
@@ -120,6 +126,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             presence_penalty=float(body.presence_penalty or 0.0),
             frequency_penalty=float(body.frequency_penalty or 0.0),
             logprobs=logprobs_asked(body),
+            prompt_logprobs=body.logprobs if scores_prompt(body) else None,
             logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
         )
     except ValueError as err:

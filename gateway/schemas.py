@@ -284,6 +284,7 @@ class CompletionRequest(_Sampling):
         | Annotated[list[Text], Tag("prompt(texts)")] | Annotated[list[list[StrictInt]], Tag("prompt(id lists)")],
         Discriminator(_prompt_kind)]
     echo: Annotated[StrictBool, _null_is(False)] = False
+    max_tokens: Annotated[StrictInt | None, Field(ge=0)] = None  # 0: only with echo (the prompt scored)
     suffix: Text | None = None  # not supported: refused by the service
     logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # OpenAI's go to 5
     best_of: StrictInt | None = None  # only 1 (or unset) is supported

@@ -29,8 +29,11 @@ DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def encode_event(event: BaseModel | Mapping[str, Any]) -> bytes:
-    """One ``data:`` line. Pydantic models keep their ``null`` fields, as OpenAI's chunks do."""
+def encode_event(event: BaseModel | Mapping[str, Any] | bytes) -> bytes:
+    """One ``data:`` line. Pydantic models keep their ``null`` fields, as OpenAI's chunks do.
+    Bytes are an event this made already (a big one, encoded on a worker thread)."""
+    if isinstance(event, bytes):
+        return event
     if isinstance(event, BaseModel):
         payload = event.model_dump_json().encode()
     else:

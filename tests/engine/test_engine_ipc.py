@@ -275,18 +275,23 @@ async def test_every_sampling_field_crosses_the_socket(served):
     client = await connect(server)
     params = SamplingParams(n=2, temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=8, min_tokens=2,
                             stop=["zz"], stop_token_ids=[3], repetition_penalty=1.2, presence_penalty=0.5,
-                            frequency_penalty=0.3, ignore_eos=True, logprobs=3, logit_bias={9: 4.0, 11: -100})
+                            frequency_penalty=0.3, ignore_eos=True, logprobs=3, logit_bias={9: 4.0, 11: -100},
+                            prompt_logprobs=2)
 
     async def texts(engine, rid):  # noqa: ANN001, ANN202
-        by_choice: dict = {}
+        by_choice: dict = {"prompt": []}
         async for out in engine.generate([5, 6, 7, 8], params, request_id=rid):
+            by_choice["prompt"].append(out.prompt_logprobs)
             for d in out.deltas:
                 by_choice.setdefault(d.index, []).extend(zip(d.token_ids, d.logprobs, strict=False))
         return by_choice
 
     remote, local = await texts(client, "r"), await texts(eng, "l")
-    assert set(remote) == {0, 1} and remote == local  # the logprobs cross too
-    assert all(len(top) == 3 for choice in remote.values() for _, (_, top) in choice)
+    assert set(remote) == {"prompt", 0, 1} and remote == local  # the logprobs cross too, the prompt's
+    assert all(len(top) == 3 for i in (0, 1) for _, (_, top) in remote[i])
+    scored, *later = remote["prompt"]
+    assert len(scored) == 4 and scored[0] is None and all(len(e[1]) == 2 for e in scored[1:])
+    assert later and all(p is None for p in later)
 
 
 @pytest.mark.parametrize("where", ["front", "in-process"])

@@ -142,3 +142,87 @@ def test_logit_bias_steers_the_output_but_not_the_logprobs(engine_config, tiny_m
     vocab = engine.model.arch.vocab_size
     with pytest.raises(ValueError, match="logit_bias"):
         engine.add_request("bad", prompt, SamplingParams(logit_bias={vocab: 1.0}))
+
+
+def _first_outputs(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]) -> dict:
+    """request id -> (every output in order); runs all to the end."""
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"s{i}", p, sp)
+    outs: dict[str, list] = {f"s{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id].append(out)
+    return outs
+
+
+def test_prompt_logprobs_match_transformers_over_a_chunked_prefill(engine_config, tiny_model_dir) -> None:
+    """A 150-token prompt in chunks of 64 (``max_num_batched_tokens``), beside a plain request:
+    each prompt token's logprob and its 4 most likely are transformers' log-softmax at the position
+    before it; the first token has none; they come once, with the first output."""
+    rng = random.Random(8)
+    prompt = [rng.randrange(256) for _ in range(150)]
+    other = [rng.randrange(256) for _ in range(40)]
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    scoring = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=4)
+    plain = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    outs = _first_outputs(engine, [other, prompt], [plain, scoring])
+    assert all(o.prompt_logprobs is None for o in outs["s0"])
+    first, *rest = outs["s1"]
+    assert all(o.prompt_logprobs is None for o in rest)
+    got = first.prompt_logprobs
+    assert len(got) == len(prompt) and got[0] is None
+    ref = _hf_logprobs(tiny_model_dir, prompt[:1], prompt[1:])  # row j - 1: the distribution of token j
+    for j in range(1, len(prompt)):
+        lp, top = got[j]
+        assert lp == pytest.approx(ref[j - 1, prompt[j]].item(), abs=2e-4)
+        want = torch.topk(ref[j - 1], 4)
+        assert [t for t, _ in top] == want.indices.tolist()
+        assert [v for _, v in top] == pytest.approx(want.values.tolist(), abs=2e-4)
+    # the generated tokens are those of the same prompt without scoring
+    alone = _first_outputs(LLMEngine(engine_config(tiny_model_dir)), [prompt], [plain])["s0"]
+    assert [t for o in outs["s1"] for d in o.deltas for t in d.token_ids] == \
+        [t for o in alone for d in o.deltas for t in d.token_ids]
+
+
+def test_a_scored_prompt_skips_the_prefix_cache_and_fills_it(engine_config, tiny_model_dir) -> None:
+    """The prefix cache holds no logits: a prompt to score is computed whole even when its blocks
+    are cached (cached tokens 0, every position scored), and leaves its blocks for later requests."""
+    rng = random.Random(9)
+    prompt = [rng.randrange(256) for _ in range(70)]
+    engine = LLMEngine(engine_config(tiny_model_dir, block_size=16))
+    plain = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    scoring = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=0)
+    assert _first_outputs(engine, [prompt], [plain])["s0"][0].cached_prompt_tokens == 0
+    scored = _first_outputs(engine, [prompt], [scoring])["s0"][0]
+    assert scored.cached_prompt_tokens == 0
+    assert scored.prompt_logprobs[0] is None and all(e is not None and e[1] == () for e in scored.prompt_logprobs[1:])
+    again = _first_outputs(engine, [prompt], [plain])["s0"][0]
+    assert again.cached_prompt_tokens == 64 and again.prompt_logprobs is None
+
+
+def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(engine_config, tiny_model_dir) -> None:
+    rng = random.Random(10)
+    prompt = [rng.randrange(256) for _ in range(30)]
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    params = SamplingParams(temperature=0.0, max_tokens=0, n=2, prompt_logprobs=1, logprobs=1)
+    outs = _first_outputs(engine, [prompt], [params])["s0"]
+    assert len(outs) == 1 and outs[0].finished
+    assert sorted((d.index, d.token_ids, d.finish_reason, d.num_tokens, d.logprobs) for d in outs[0].deltas) == \
+        [(0, [], "length", 0, []), (1, [], "length", 0, [])]
+    assert len(outs[0].prompt_logprobs) == 30
+    ref = _hf_logprobs(tiny_model_dir, prompt[:1], prompt[1:])
+    assert outs[0].prompt_logprobs[5][0] == pytest.approx(ref[4, prompt[5]].item(), abs=2e-4)
+    stats = engine.stats()
+    assert (stats.running, stats.waiting, stats.generated_tokens) == (0, 0, 0)
+    assert engine.kv.num_used_blocks == 0
+
+
+def test_prompt_logprobs_and_max_tokens_zero_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens must be >= 0"):
+        SamplingParams(max_tokens=-1, prompt_logprobs=0)
+    for bad in (MAX_LOGPROBS + 1, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="prompt_logprobs must be between"):
+            SamplingParams(prompt_logprobs=bad)
+    assert SamplingParams(max_tokens=0, prompt_logprobs=MAX_LOGPROBS).prompt_logprobs == MAX_LOGPROBS

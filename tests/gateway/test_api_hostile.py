@@ -251,13 +251,13 @@ def test_two_authorization_headers_are_refused(api, path) -> None:  # noqa: ANN0
     ({"prompt": [[]]}, "prompt[0]"),  # a batch of one: its prompt named
     ({"prompt": 5}, "prompt"),
     ({"prompt": None}, "prompt"),
-    ({"prompt": [1, 2], "echo": True}, "echo"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "best_of": 0}, "best_of"),
     ({"prompt": "x", "best_of": -3}, "best_of"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": -1}, "logprobs"),
-    ({"prompt": "x", "logprobs": 1, "echo": True}, "logprobs"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),  # 0 only with echo (the prompt scored)
+    ({"prompt": "x", "max_tokens": -1, "echo": True}, "max_tokens"),
     ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "max_tokens": 10**9}, "prompt"),
     ({"prompt": "x", "presence_penalty": 2.01}, "presence_penalty"),

@@ -1,0 +1,135 @@
+"""Scoring a prompt through ``/v1/completions``: ``echo`` with ``logprobs`` gives the echoed
+prompt's tokens their logprobs too (the first none), and ``max_tokens: 0`` scores without
+generating, as OpenAI's legacy API and vLLM do (what lm-evaluation-harness' loglikelihood tasks
+send). Over HTTP with the official client, on the real model."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.gateway.test_api_validation import assert_error
+
+pytestmark = pytest.mark.slow
+
+TEXT = "The quick brown fox jumps over the lazy dog because it was"
+
+
+def _score(client, model: str, prompt, **kw):  # noqa: ANN001, ANN202
+    return client.completions.create(model=model, prompt=prompt, echo=True, logprobs=kw.pop("logprobs", 3),
+                                     temperature=0, **{"max_tokens": 0, **kw})
+
+
+def test_max_tokens_zero_scores_the_prompt(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    raw = client.completions.with_raw_response.create(model=api.model, prompt=TEXT, echo=True, logprobs=3,
+                                                      max_tokens=0, temperature=0)
+    resp = raw.parse()
+    choice = resp.choices[0]
+    lp = choice.logprobs
+    assert choice.text == TEXT and choice.finish_reason == "length"
+    assert "".join(lp.tokens) == TEXT
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == resp.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+    for j in range(1, len(lp.tokens)):
+        top = lp.top_logprobs[j]
+        assert 3 <= len(top) <= 4 and top[lp.tokens[j]] == pytest.approx(lp.token_logprobs[j])
+    assert resp.usage.completion_tokens == 0 and resp.usage.prompt_tokens_details.cached_tokens == 0
+    rows = api.usage_rows(raw.headers["x-request-id"])
+    assert len(rows) == 1 and (rows[0].status, rows[0].prompt_tokens, rows[0].completion_tokens) == \
+        ("ok", resp.usage.prompt_tokens, 0)
+    chunks = [c for chunk in _score(client, api.model, TEXT, stream=True) for c in chunk.choices]
+    assert [(c.text, c.finish_reason) for c in chunks] == [(TEXT, None), ("", "length")]
+    assert chunks[0].logprobs.tokens == lp.tokens
+    assert chunks[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-6)
+
+
+def test_a_prompt_tokens_logprob_is_the_models_next_token_logprob_there(api) -> None:  # noqa: ANN001
+    """Token ``j``'s scored logprob and alternatives are what generating one token after the first
+    ``j`` tokens reports (the same distribution, computed in another batch shape)."""
+    client = api.openai()
+    ids = api.app.state.pagegate.engine.encode(TEXT)
+    scored = _score(client, api.model, ids, logprobs=5).choices[0].logprobs
+    for j in (1, 4, len(ids) - 1):
+        nxt = client.completions.create(model=api.model, prompt=ids[:j], max_tokens=1, temperature=0,
+                                        logprobs=5).choices[0].logprobs
+        want = nxt.top_logprobs[0]
+        got = scored.top_logprobs[j]
+        assert set(got) - {scored.tokens[j]} <= set(want) | {scored.tokens[j]}
+        for token, value in want.items():
+            assert got[token] == pytest.approx(value, abs=2e-3), (j, token)
+
+
+def test_echo_with_logprobs_then_generates_as_without_echo(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    plain = client.completions.create(model=api.model, prompt=TEXT, max_tokens=4, temperature=0, logprobs=2)
+    echoed = _score(client, api.model, TEXT, max_tokens=4, logprobs=2)
+    p = echoed.usage.prompt_tokens
+    c, g = echoed.choices[0], plain.choices[0]
+    assert c.text == TEXT + g.text and c.finish_reason == g.finish_reason
+    assert c.logprobs.tokens[p:] == g.logprobs.tokens and "".join(c.logprobs.tokens[:p]) == TEXT
+    assert c.logprobs.token_logprobs[p:] == pytest.approx(g.logprobs.token_logprobs, abs=1e-4)
+    assert c.logprobs.text_offset[p:] == [len(TEXT) + o for o in g.logprobs.text_offset]
+    assert echoed.usage.completion_tokens == plain.usage.completion_tokens
+
+
+@pytest.mark.parametrize("off_the_loop", [False, True])
+def test_a_streamed_scored_batch_matches_the_whole_one(api, monkeypatch, off_the_loop) -> None:  # noqa: ANN001
+    """Two prompts, two choices each: every choice opens with its own prompt's echo and logprobs;
+    the stream's pieces add up to the whole answer. Past ``LOGPROBS_ON_A_THREAD`` values the
+    echo chunks and the whole answer are built on a worker thread: the same."""
+    if off_the_loop:
+        monkeypatch.setattr("gateway.chat_service.LOGPROBS_ON_A_THREAD", 10)
+    client = api.openai()
+    prompts = [TEXT, "One, two, three, four,"]
+    kw = dict(max_tokens=3, n=2, logprobs=1)
+    whole = _score(client, api.model, prompts, **kw)
+    texts, tokens, values, offsets, first = {}, {}, {}, {}, {}
+    for chunk in _score(client, api.model, prompts, stream=True, **kw):
+        for c in chunk.choices:
+            first.setdefault(c.index, c.text)
+            texts[c.index] = texts.get(c.index, "") + c.text
+            if c.logprobs is not None:
+                tokens.setdefault(c.index, []).extend(c.logprobs.tokens)
+                values.setdefault(c.index, []).extend(c.logprobs.token_logprobs)
+                offsets.setdefault(c.index, []).extend(c.logprobs.text_offset)
+    assert first == {i: prompts[i // 2] for i in range(4)}
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert tokens == {c.index: c.logprobs.tokens for c in whole.choices}
+    assert offsets == {c.index: c.logprobs.text_offset for c in whole.choices}
+    for c in whole.choices:
+        assert values[c.index][0] is None and c.logprobs.token_logprobs[0] is None
+        assert values[c.index][1:] == pytest.approx(c.logprobs.token_logprobs[1:], abs=1e-6)
+        assert c.text.startswith(prompts[c.index // 2])
+
+
+def test_a_scored_prompt_is_computed_whole_even_when_cached(api) -> None:  # noqa: ANN001
+    """The prefix cache holds no logits: a scored prompt reports no cached tokens and the same
+    logprobs the second time."""
+    client = api.openai()
+    prompt = "System: you are a careful assistant. " * 6 + "User: hello"
+    client.completions.create(model=api.model, prompt=prompt, max_tokens=1, temperature=0)
+    hit = client.completions.create(model=api.model, prompt=prompt, max_tokens=1, temperature=0)
+    assert hit.usage.prompt_tokens_details.cached_tokens > 0  # the blocks are cached
+    a, b = (_score(client, api.model, prompt) for _ in range(2))
+    assert a.usage.prompt_tokens_details.cached_tokens == b.usage.prompt_tokens_details.cached_tokens == 0
+    assert b.choices[0].logprobs.token_logprobs[1:] == pytest.approx(a.choices[0].logprobs.token_logprobs[1:],
+                                                                        abs=1e-5)
+
+
+def test_echo_of_token_ids_shows_their_text(api) -> None:  # noqa: ANN001
+    client = api.openai()
+    ids = api.app.state.pagegate.engine.encode(TEXT)
+    by_ids = _score(client, api.model, ids)
+    by_text = _score(client, api.model, TEXT)
+    assert by_ids.choices[0].text == TEXT
+    assert by_ids.choices[0].logprobs.tokens == by_text.choices[0].logprobs.tokens
+
+
+def test_max_tokens_zero_needs_echo(api) -> None:  # noqa: ANN001
+    resp = httpx.post(api.base_url + "/v1/completions", headers={"authorization": f"Bearer {api.key}"},
+                      json={"model": api.model, "prompt": TEXT, "max_tokens": 0}, timeout=60)
+    assert_error(resp, 400, param="max_tokens")
+    assert "echo" in resp.json()["error"]["message"]
