@@ -226,3 +226,25 @@ def test_prompt_logprobs_and_max_tokens_zero_are_checked() -> None:
         with pytest.raises(ValueError, match="prompt_logprobs must be between"):
             SamplingParams(prompt_logprobs=bad)
     assert SamplingParams(max_tokens=0, prompt_logprobs=MAX_LOGPROBS).prompt_logprobs == MAX_LOGPROBS
+
+
+def test_prompt_logprobs_survive_preemption(engine_config, tiny_model_dir) -> None:
+    """In a pool too small for the batch, requests are preempted and computed again (a scored
+    prompt mid-prefill too): every scored prompt's logprobs are still the roomy engine's."""
+    rng = random.Random(11)
+    prompts = [[rng.randrange(256) for _ in range(rng.randrange(40, 120))] for _ in range(6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                             prompt_logprobs=2 if i % 2 else None) for i in range(6)]
+    roomy = _first_outputs(LLMEngine(engine_config(tiny_model_dir, num_blocks=128, max_num_batched_tokens=256)),
+                           prompts, params)
+    tight_engine = LLMEngine(engine_config(tiny_model_dir, num_blocks=12, max_num_batched_tokens=32))
+    tight = _first_outputs(tight_engine, prompts, params)
+    assert tight_engine.stats().preemptions > 0
+    for rid in roomy:
+        want = [o.prompt_logprobs for o in roomy[rid] if o.prompt_logprobs is not None]
+        got = [o.prompt_logprobs for o in tight[rid] if o.prompt_logprobs is not None]
+        assert len(got) == len(want) == (1 if int(rid[1:]) % 2 else 0)
+        for a, b in zip(got, want, strict=True):
+            assert a[0] is None and b[0] is None and len(a) == len(b)
+            assert [e[0] for e in a[1:]] == pytest.approx([e[0] for e in b[1:]], abs=1e-4)
+            assert [[t for t, _ in e[1]] for e in a[1:]] == [[t for t, _ in e[1]] for e in b[1:]]
