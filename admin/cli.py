@@ -175,7 +175,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     admin = subparsers.add_parser("admin", help="manage tenants, keys, prices; cost reports; admin tokens")
     sub = admin.add_subparsers(dest="admin_cmd", required=True, metavar="COMMAND")
 
-    tenants = sub.add_parser("tenants", help="create, list, show, update, disable, enable, delete tenants")
+    tenants = sub.add_parser("tenants", help="create, list, show, update, disable, enable, delete tenants; clear-cache")
     tsub = tenants.add_subparsers(dest="tenants_cmd", required=True, metavar="COMMAND")
     p = tsub.add_parser("create", help="add a tenant")
     p.add_argument("name")

@@ -4,7 +4,7 @@ limits, resolved against the settings' defaults).
 Principals are cached in process for ``settings.key_cache_ttl_s``. A revoked key or a disabled
 tenant must be refused by every gateway process within a second, so the cache is invalidated
 through Redis: ``publish_invalidation`` bumps ``<prefix>auth:version`` and publishes on
-``<prefix>auth:invalidate``. Each process listens on the channel (immediate) and, as a fallback
+``<prefix>auth:invalidate:db<N>`` (N: the Redis database number). Each process listens on the channel (immediate) and, as a fallback
 when a message is lost, re-reads the version at most every ``version_poll_s`` (200 ms); a changed
 version drops the whole cache. Loads that raced an invalidation are not cached.
 
@@ -293,7 +293,7 @@ class Authenticator:
             self._log_redis_trouble("invalidation listener lost Redis; retrying", exc)
             self._drop("all")  # we may have missed messages
 
-        await listen_forever(self._redis, invalidation_channel(self._prefix),
+        await listen_forever(self._redis, invalidation_channel(self._prefix, self._redis),
                              lambda data: self._drop(data.decode() if isinstance(data, bytes) else str(data)),
                              on_subscribed=ready.set, on_lost=lost)
 

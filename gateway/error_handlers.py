@@ -11,6 +11,7 @@ The catch-all 500 lives in ``gateway.middleware`` so that it also carries ``x-re
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -20,15 +21,26 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from gateway.errors import ApiError
+from gateway.errors import ApiError, quoted_name
 
 # Pydantic puts the union member it tried into ``loc``; those are not field names.
 _TYPE_TAGS = {"str", "int", "float", "bool", "function-after", "function-before", "function-wrap",
               "tagged-union"}
 
 
+class ErrorJSONResponse(JSONResponse):
+    """An error's JSON; text UTF-8 cannot hold (a lone surrogate quoted from the request) is
+    written as JSON's ``\\ud800`` escape instead of failing the answer (a 500: found by QA)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
 def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
+    return ErrorJSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
 
 
 def param_from_loc(loc: tuple[Any, ...]) -> str | None:
@@ -60,6 +72,8 @@ def validation_error(errors: list[dict[str, Any]]) -> ApiError:
     if kind == "json_invalid" or (kind == "model_attributes_type" and isinstance(first.get("input"), bytes)):
         return ApiError(400, _INVALID_JSON, code="invalid_json")
     param = param_from_loc(tuple(first.get("loc", ())))
+    if param is not None:  # (a key the client made up is part of it: cut, as a quoted name is; QA)
+        param = quoted_name(param)
     if param is None and kind == "missing":  # no body at all: no JSON to read (a QA find: invalid_type)
         return ApiError(400, "The request body is empty; it must be a JSON object.", code="invalid_json")
     if param is None:  # the body is not an object

@@ -44,8 +44,14 @@ QUOTED_CHARS = 256  # a name quoted back in an error, at most (found by a securi
 
 
 def quoted_name(name: str) -> str:
-    """``name`` as an error message quotes it: cut to ``QUOTED_CHARS`` characters."""
-    return name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}… ({len(name)} characters)"
+    """``name`` as an error message quotes it: cut to ``QUOTED_CHARS`` characters, a lone surrogate
+    written as its escape (``\\ud800``: found by QA, one quoted whole made the JSON answer a 500)."""
+    shown = name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}… ({len(name)} characters)"
+    try:
+        shown.encode()
+    except UnicodeEncodeError:
+        shown = shown.encode("utf-8", "backslashreplace").decode()
+    return shown
 
 
 def model_not_found(model: str, served_by: str | None = None) -> ApiError:

@@ -265,7 +265,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
                               param="stream_options")
     _refuse_vllm_extras(body)
     if body.response_format is not None and body.response_format.type != "text":
-        raise unsupported("response_format", f"response_format of type '{body.response_format.type}' is not "
+        raise unsupported("response_format", f"response_format of type '{quoted_name(body.response_format.type)}' is not "
                                              "supported by this model (only 'text').")
     if isinstance(body, CompletionRequest):
         return
@@ -282,7 +282,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
                     raise invalid_request(f"Content parts of type 'refusal' are only allowed in assistant "
                                           f"messages ('{m.role}' message).", param=f"messages[{i}].content[{j}].type")
             elif not isinstance(part, TextPart):
-                raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{part.type}' are "
+                raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{quoted_name(part.type)}' are "
                                                                       "not supported: this model reads text only.")
     # tools with their choice "none" are a request not to call them, which is what this model does:
     # agent frameworks send their tool list always and turn calling off that way (found by QA)
@@ -303,7 +303,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
                                   code="invalid_type")
         if isinstance(value, str) and value not in _TOOL_MODES[field]:
             modes = ", ".join(f"'{m}'" for m in _TOOL_MODES[field])
-            raise invalid_request(f"Invalid value for '{field}': '{value}'. Supported values are: {modes}.",
+            raise invalid_request(f"Invalid value for '{field}': '{quoted_name(value)}'. Supported values are: {modes}.",
                                   param=field)
     if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
         raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",

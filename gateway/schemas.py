@@ -93,7 +93,7 @@ Part = Annotated[Annotated[TextPart, Tag("part(text)")] | Annotated[RefusalPart,
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # the last two: refused
-    content: Annotated[Text | Annotated[list[Part], Field(min_length=1)] | None,
+    content: Annotated[Text | Annotated[list[Part], Field(min_length=1, fail_fast=True)] | None,
                        Field(validate_default=True)] = None
     name: Text | None = None
     refusal: Text | None = None  # an assistant turn's refusal (OpenAI's answers carry it): its text when no content
@@ -180,7 +180,7 @@ class _Sampling(_Request):
     temperature: Annotated[Float | None, Field(ge=0, le=2)] = None
     top_p: Annotated[Float | None, Field(gt=0, le=1)] = None
     max_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
-    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=16, fail_fast=True)] | None = None
     seed: Annotated[StrictInt | None, Field(ge=-(2**63), le=2**64 - 1)] = None
     n: Annotated[StrictInt, _null_is(1), Field(ge=1, le=16)] = 1
     stream: Annotated[StrictBool, _null_is(False)] = False
@@ -193,7 +193,7 @@ class _Sampling(_Request):
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[Float | None, Field(gt=0, le=10)] = None
-    stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256)] = None
+    stop_token_ids: Annotated[list[StrictInt] | None, Field(max_length=256, fail_fast=True)] = None
     logit_bias: Annotated[dict[StrictStr, Float] | None, AfterValidator(_logit_bias)] = None  # token id -> bias
     # vLLM extras this engine does not honour: read only so that the service refuses them when set
     # (``gateway.request_checks.VLLM_UNHONOURED``) instead of ignoring them as unknown fields
@@ -231,16 +231,16 @@ class _Sampling(_Request):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, fail_fast=True)]
     max_completion_tokens: Annotated[StrictInt | None, Field(ge=1)] = None
     response_format: ResponseFormat | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # needs logprobs: true
-    tools: list[dict] | None = None  # not supported: a non-empty list is refused by the service
+    tools: Annotated[list[dict] | None, Field(fail_fast=True)] = None  # not supported: a non-empty list is refused by the service
     tool_choice: Any = None  # only "none" (or unset) without tools
-    functions: list[dict] | None = None  # the deprecated tools: refused like them
+    functions: Annotated[list[dict] | None, Field(fail_fast=True)] = None  # the deprecated tools: refused like them
     function_call: Any = None
-    modalities: list[StrictStr] | None = None  # only ["text"]
+    modalities: Annotated[list[StrictStr] | None, Field(fail_fast=True)] = None  # only ["text"]
     audio: dict[str, Any] | None = None  # refused
     reasoning_effort: Any = None  # refused: this model does not reason (OpenAI refuses it for such models)
     prediction: Any = None  # predicted outputs: refused
@@ -280,8 +280,10 @@ class CompletionRequest(_Sampling):
     # (more than MAX_PROMPTS is refused by the service: a length error here would read as a type error;
     # the shape is told by the first item, so an error names the item that breaks it)
     prompt: Annotated[
-        Annotated[Text, Tag("prompt(text)")] | Annotated[list[StrictInt], Tag("prompt(ids)")]
-        | Annotated[list[Text], Tag("prompt(texts)")] | Annotated[list[list[StrictInt]], Tag("prompt(id lists)")],
+        Annotated[Text, Tag("prompt(text)")] | Annotated[list[StrictInt], Field(fail_fast=True), Tag("prompt(ids)")]
+        | Annotated[list[Text], Field(fail_fast=True), Tag("prompt(texts)")]
+        | Annotated[list[Annotated[list[StrictInt], Field(fail_fast=True)]], Field(fail_fast=True),
+                    Tag("prompt(id lists)")],
         Discriminator(_prompt_kind)]
     echo: Annotated[StrictBool, _null_is(False)] = False
     max_tokens: Annotated[StrictInt | None, Field(ge=0)] = None  # 0: only with echo (the prompt scored)
@@ -307,7 +309,7 @@ class CompletionRequest(_Sampling):
         return self.max_tokens if self.max_tokens is not None else 16  # OpenAI's default
 
 
-TokenIds = Annotated[list[StrictInt], Field(min_length=1)]
+TokenIds = Annotated[list[StrictInt], Field(min_length=1, fail_fast=True)]
 
 
 def _input_kind(value: Any) -> str:
@@ -323,9 +325,9 @@ class EmbeddingRequest(_Request):
     model: Text
     # token ids (OpenAI's two other input shapes) are parsed so the service can refuse them by name
     input: Annotated[
-        Annotated[Text | Annotated[list[Text], Field(min_length=1, max_length=2048)], Tag("input(text)")]
+        Annotated[Text | Annotated[list[Text], Field(min_length=1, max_length=2048, fail_fast=True)], Tag("input(text)")]
         | Annotated[TokenIds, Tag("input(ids)")]
-        | Annotated[list[TokenIds], Field(min_length=1, max_length=2048), Tag("input(id lists)")],
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=2048, fail_fast=True), Tag("input(id lists)")],
         Discriminator(_input_kind)]
     encoding_format: Literal["float", "base64"] | None = None  # None (the SDK's encoding_format=None): float
     dimensions: Annotated[StrictInt | None, Field(ge=1)] = None

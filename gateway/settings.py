@@ -149,7 +149,7 @@ class Settings(BaseSettings):
     # semantic cache
     cache_enabled: bool = True
     # the ranges the admin API takes for a tenant's own values (admin/schemas.py)
-    cache_threshold: float = Field(default=0.90, gt=0, le=1)
+    cache_threshold: float = Field(default=0.90, gt=0, le=1, allow_inf_nan=False)  # (nan: "<= 1", QA)
     cache_ttl_s: int = Field(default=86_400, ge=1)
     cache_max_entries: int = Field(default=10_000, ge=1)
     # the verifier's qualifier guard ("Is Pluto a (dwarf) planet?"): off serves more paraphrases that

@@ -37,7 +37,10 @@ def encode_event(event: BaseModel | Mapping[str, Any] | bytes) -> bytes:
     if isinstance(event, BaseModel):
         payload = event.model_dump_json().encode()
     else:
-        payload = json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            payload = json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # a lone surrogate quoted in an error: JSON's escape for it
+            payload = json.dumps(event, separators=(",", ":")).encode()
     return b"data: " + payload + b"\n\n"
 
 

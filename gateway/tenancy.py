@@ -230,8 +230,13 @@ async def bootstrap_dev_tenant(session: AsyncSession, *, name: str = "default") 
     return free, new.key
 
 
-def invalidation_channel(prefix: str) -> str:
-    return f"{prefix}auth:invalidate"
+def invalidation_channel(prefix: str, redis: object) -> str:
+    """The channel of ``redis``' database number: Redis delivers a message to every subscriber of
+    the server whatever database it selected, so a deployment on another database of the same
+    server (with the same prefix) would drop its cache entries and count as a gateway that heard
+    (found by QA: the CLI's "no gateway heard it" warning was fooled by another deployment)."""
+    db = redis.connection_pool.connection_kwargs.get("db", 0)  # type: ignore[attr-defined]
+    return f"{prefix}auth:invalidate:db{db}"
 
 
 def invalidation_version_key(prefix: str) -> str:
@@ -251,7 +256,7 @@ async def publish_invalidation(redis: Redis, prefix: str, *, key_hash: str | Non
     else:
         message = "all"
     await redis.incr(invalidation_version_key(prefix))
-    return int(await redis.publish(invalidation_channel(prefix), message))
+    return int(await redis.publish(invalidation_channel(prefix, redis), message))
 
 
 def cache_namespace(tenant: Tenant) -> str:

@@ -23,7 +23,7 @@ from admin.auth import SCOPE_READ, SCOPE_WRITE, bearer_token, require
 from admin.context import AdminContext
 from admin.management import Conflict, NotFound
 from admin.schemas import InvalidField, error_message
-from gateway.error_handlers import too_many_digits
+from gateway.error_handlers import ErrorJSONResponse, too_many_digits
 from gateway.errors import ApiError
 from gateway.tenancy import TenancyError
 
@@ -32,7 +32,7 @@ log = logging.getLogger("pagegate.admin")
 
 
 def error_response(err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    return ErrorJSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> ApiError:
@@ -76,6 +76,11 @@ def as_api_error(exc: Exception) -> ApiError | None:
             # FastAPI reads a body without a JSON content type as bytes: it was never parsed
             return bad_request("The request body must be a JSON object sent with content-type: application/json "
                                "(or application/<type>+json, or none).", code="invalid_json")
+        if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "string_unicode":
+            # a key of the body's object that is not Unicode text: pydantic names no field (found
+            # by QA: it read "must be a JSON object, not a string")
+            return bad_request("The request body holds a key that is not valid Unicode text (a lone surrogate such "
+                               "as \\ud800).", code="invalid_value")
         if tuple(first.get("loc", ())) == ("body",) and not isinstance(first.get("input"), dict | None):
             kind = type(first.get("input")).__name__  # parsed JSON, not an object (found by QA: a string was
             kind = {"str": "a string", "list": "an array", "int": "a number", "float": "a number",  # told to

@@ -142,7 +142,7 @@ async def test_keys_create_list_revoke_rotate(client, app, auth, settings):
 
     redis = Redis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
-    await pubsub.subscribe(invalidation_channel(settings.redis_prefix))
+    await pubsub.subscribe(invalidation_channel(settings.redis_prefix, redis))
     await pubsub.get_message(timeout=1.0)  # subscribe confirmation
 
     resp = await client.post(f"/admin/v1/keys/{created['id']}/rotate", headers=auth(sub="dave"))
@@ -184,7 +184,7 @@ async def test_disable_publishes_tenant_invalidation(client, app, auth, settings
     tid = (await client.post("/admin/v1/tenants", json={"name": tenant}, headers=auth())).json()["id"]
     redis = Redis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
-    await pubsub.subscribe(invalidation_channel(settings.redis_prefix))
+    await pubsub.subscribe(invalidation_channel(settings.redis_prefix, redis))
     await pubsub.get_message(timeout=1.0)
     await client.post(f"/admin/v1/tenants/{tenant}/disable", headers=auth())
     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
@@ -786,3 +786,15 @@ async def test_a_time_finer_than_a_microsecond_is_refused(client, auth):
     assert "microsecond" in resp.json()["error"]["message"]
     resp = await client.get("/admin/v1/summary", params={"since": "2026-11-30T23:59:59.9999990Z"}, headers=auth())
     assert resp.status_code == 200 and resp.json()["since"].startswith("2026-11-30T23:59:59.999999"), resp.text
+
+
+async def test_a_body_key_that_is_not_unicode_and_a_model_name_with_a_line_break(client, auth):
+    """Found by a fuzzing QA: a body key holding a lone surrogate read "must be a JSON object, not
+    a string"; a price for a model name with a line break was a 404 for an unknown URL."""
+    resp = await client.post("/admin/v1/tenants", content=b'{"name":"sx5","x\\ud800":1}',
+                             headers={**auth(), "content-type": "application/json"})
+    assert resp.status_code == 400 and "not valid Unicode" in resp.json()["error"]["message"], resp.text
+    for name in ("a%0Ab", "a%0D%0Ab", "%0A"):
+        resp = await client.put(f"/admin/v1/prices/{name}", json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1},
+                                headers=auth())
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "model", resp.text

@@ -126,7 +126,7 @@ def test_key_commands_print_key_alone_and_invalidate(env, capsys):
 
     client = redis_sync.Redis.from_url(env.redis_url)
     pubsub = client.pubsub()
-    pubsub.subscribe(invalidation_channel(env.redis_prefix))
+    pubsub.subscribe(invalidation_channel(env.redis_prefix, client))
     pubsub.get_message(timeout=1.0)
 
     code, out, err = run(capsys, "keys", "rotate", row.prefix)
@@ -370,7 +370,7 @@ def _a_gateway_listening(env):  # noqa: ANN001, ANN202 - a context manager
     changes are heard (without one it warns that no gateway heard them)."""
     client = redis_sync.Redis.from_url(env.redis_url)
     pubsub = client.pubsub()
-    pubsub.subscribe(invalidation_channel(env.redis_prefix))
+    pubsub.subscribe(invalidation_channel(env.redis_prefix, client))
     pubsub.get_message(timeout=2.0)  # the subscription's confirmation
     try:
         yield
@@ -665,7 +665,7 @@ def test_the_cli_publishes_through_the_embedded_redis_of_make_run(env, capsys, m
     pubsub = client.pubsub()
     try:
         assert running_embedded_url(tmp_path) == url
-        pubsub.subscribe(invalidation_channel(env.redis_prefix))
+        pubsub.subscribe(invalidation_channel(env.redis_prefix, client))
         pubsub.get_message(timeout=2)  # the subscription's confirmation
         name = unique("emb")
         assert run(capsys, "tenants", "create", name)[0] == 0
@@ -769,3 +769,19 @@ def test_a_key_for_a_model_not_served_is_made_with_a_warning(env, capsys):
     code, out, err = run(capsys, "keys", "create", "--tenant", name,
                          "--models", f"{chat},ALL-MINILM-L6-V2,sentence-transformers/all-MiniLM-L6-v2")
     assert code == 0 and looks_like_key(out.strip()) and "warning" not in err, err
+
+
+def test_the_admin_help_names_every_tenants_and_keys_command():
+    """Found by QA: ``pagegate admin --help`` listed the tenants commands without ``clear-cache``."""
+    import argparse
+
+    from admin.cli import register
+
+    top = argparse.ArgumentParser()
+    register(top.add_subparsers())
+    admin = next(a for a in top._subparsers._group_actions if "admin" in a.choices).choices["admin"]
+    groups = next(a for a in admin._subparsers._group_actions)
+    helps = {c.dest: c.help for c in groups._choices_actions}
+    for group in ("tenants", "keys"):
+        commands = next(a for a in groups.choices[group]._subparsers._group_actions).choices
+        assert all(name in helps[group] for name in commands), (group, helps[group], list(commands))

@@ -33,7 +33,7 @@ async def test_delete_revokes_keys_hides_the_tenant_and_keeps_its_history(client
         await s.commit()
     redis = Redis.from_url(settings.redis_url)
     pubsub = redis.pubsub()
-    await pubsub.subscribe(invalidation_channel(settings.redis_prefix))
+    await pubsub.subscribe(invalidation_channel(settings.redis_prefix, redis))
     await pubsub.get_message(timeout=1.0)
 
     assert (await client.delete(f"/admin/v1/tenants/{name}", headers=auth("admin:read"))).status_code == 403

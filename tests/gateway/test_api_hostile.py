@@ -357,3 +357,56 @@ def test_a_body_that_cannot_be_read_takes_no_request_from_the_window(api, path) 
         resp = _client.post(api.base_url + path, json=good, headers=h)
         assert resp.status_code == 200, resp.text
     assert_error(_client.post(api.base_url + path, json=good, headers=h), 429)
+
+
+_SURROGATE = '"\\ud800"'  # JSON's escape of a lone surrogate (httpx would refuse to encode the str)
+
+
+@pytest.mark.parametrize(("path", "template", "param"), [
+    ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":[{"type":S}]}]}', "messages[0].content[0].type"),
+    ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":"hi"}],"tool_choice":S}', "tool_choice"),
+    ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":"hi"}],"function_call":S}', "function_call"),
+    ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":"hi"}],"response_format":{"type":S}}',
+     "response_format"),
+    ("/v1/completions", '{"model":"M","prompt":"a","response_format":{"type":S}}', "response_format"),
+])
+def test_a_quoted_value_is_cut_and_a_lone_surrogate_escaped(api, path, template, param) -> None:  # noqa: ANN001
+    """Found by a fuzzing QA: these errors quoted the value whole: a lone surrogate made the JSON
+    answer a 500, and a 1 MB value came back whole. It is cut to 256 characters, the surrogate
+    written as its escape."""
+    body = template.replace('"M"', f'"{api.model}"')
+    resp = _post(api, path, content=body.replace("S", _SURROGATE).encode(), headers={"content-type": "application/json"})
+    err = assert_error(resp, 400, param=param)
+    assert "\\ud800" in err["message"]
+    resp = _post(api, path, content=body.replace("S", '"' + "A" * 1_000_000 + '"').encode(),
+                 headers={"content-type": "application/json"})
+    assert_error(resp, 400, param=param)
+    assert len(resp.content) < 2_000 and "(1000000 characters)" in resp.json()["error"]["message"]
+
+
+def test_a_made_up_key_is_cut_in_param_and_message(api) -> None:  # noqa: ANN001
+    """Found by QA: a 1 MB ``metadata`` key came back twice (``message`` and ``param``): 2 MB."""
+    body = {"model": api.model, **BASE, "metadata": {"A" * 1_000_000: "v"}}
+    resp = _post(api, "/v1/chat/completions", json=body)
+    assert resp.status_code == 400 and len(resp.content) < 2_000, resp.content[:300]
+    assert resp.json()["error"]["param"].startswith("metadata.AAAA")
+
+
+def test_a_chat_of_too_many_json_objects_is_refused_before_validation(api) -> None:  # noqa: ANN001
+    """Found by QA: 250,000 content parts (7.8 MB) held the event loop 1.2 s in validation alone.
+    Past 16,384 objects a chat is refused by a parse that stops there; braces inside text count
+    for nothing."""
+    parts = [{"type": "text", "text": "a"}] * 20_000
+    body = {"model": api.model, "max_tokens": 1, "messages": [{"role": "user", "content": parts}]}
+    err = assert_error(_post(api, "/v1/chat/completions", json=body), 400, param="messages")
+    assert "16,384 JSON objects" in err["message"]
+    many = [{"role": "user", "content": "a"}] * 17_000
+    assert_error(_post(api, "/v1/chat/completions", json={"model": api.model, "messages": many}), 400,
+                 param="messages")
+    text = '{"k": {"v": 1}} ' * 5_000  # 10,000 braces of text, in a prompt of ~60,000 characters
+    resp = _post(api, "/v1/chat/completions", json={"model": api.model, "max_tokens": 1,
+                                                     "messages": [{"role": "user", "content": text}]})
+    assert resp.status_code == 400 and "JSON objects" not in resp.text  # too long for the context, not that
+    assert _post(api, "/v1/chat/completions", json={"model": api.model, **BASE}, auth=False).status_code == 401
+    resp = _post(api, "/v1/chat/completions", json=body, auth=False)  # the key is checked first: 401
+    assert resp.status_code == 401

@@ -103,6 +103,28 @@ async def test_revocation_reaches_another_instance_within_1s(tenancy, make_tenan
         await other.close()
 
 
+async def test_an_invalidation_reaches_only_the_gateways_of_its_redis_database(tenancy):
+    """Redis delivers a message to every subscriber of the server whatever database it selected:
+    found by QA, a deployment on another database with the same prefix dropped its cache entries
+    and was counted as a gateway that heard, so the CLI's "no gateway heard it" warning stayed
+    silent. The channel carries the database number."""
+    from redis.asyncio import Redis
+
+    prefix = tenancy.settings.redis_prefix
+    here = tenancy.redis
+    db = here.connection_pool.connection_kwargs.get("db", 0)
+    elsewhere = Redis.from_url(tenancy.settings.redis_url.rsplit("/", 1)[0] + f"/{15 if db != 15 else 14}")
+    listener = Authenticator(tenancy.db.sessionmaker, elsewhere, tenancy.settings)
+    await listener.start()
+    try:
+        assert await svc.publish_invalidation(here, prefix, tenant_id=1) == 1  # this process's own listener
+        assert await svc.publish_invalidation(elsewhere, prefix, tenant_id=1) == 1  # the other database's
+    finally:
+        await listener.close()
+        await elsewhere.delete(svc.invalidation_version_key(prefix))
+        await elsewhere.aclose()
+
+
 async def test_version_poll_catches_a_lost_message(tenancy, make_tenant):
     """No listener (as if the pub/sub message was lost): the version counter still invalidates."""
     other = Authenticator(tenancy.db.sessionmaker, tenancy.redis, tenancy.settings)  # not started

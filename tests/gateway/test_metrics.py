@@ -166,7 +166,11 @@ def test_a_scrape_counts_the_requests_served(api) -> None:  # noqa: ANN001
 def test_routes_are_labelled_by_the_api_route_never_the_raw_path() -> None:
     assert route_of("/v1/chat/completions") == "/v1/chat/completions"
     assert route_of("/v1/models/org/some-model") == "/v1/models"
-    assert route_of("/admin/v1/tenants/acme") == "/admin"
+    assert route_of("/admin/v1/tenants/acme") == "/admin" and route_of("/admin/v1") == "/admin"
+    # the dashboard's pages (found by QA: counted as /admin, /dashboard never came)
+    assert route_of("/admin/login") == "/dashboard" and route_of("/admin/") == "/dashboard"
+    assert route_of("/admin") == "/dashboard" and route_of("/admin/v1x") == "/dashboard"
+    assert route_of("/administrator") == "other"
     assert route_of("/v1/chat/completionsX") == "other" and route_of("/" + "x" * 500) == "other"
 
 
