@@ -211,3 +211,12 @@ def test_a_misspelt_setting_is_named_with_the_one_it_meant() -> None:
            "PAGEGATE_KERNEL_CACHE": "/tmp/k", "PAGEGATE_TEST_PG_DSN": "x", "OTHER_PAGEGATE_X": "1"}
     assert unknown_settings(env) == [("PAGEGATE_SETTLE_DELAY_M", "PAGEGATE_SETTLE_DELAY_MS"),
                                      ("PAGEGATE_WHATEVER", None)]
+
+
+def test_a_nan_cache_threshold_is_called_not_finite(monkeypatch) -> None:  # noqa: ANN001
+    """Found by QA: ``PAGEGATE_CACHE_THRESHOLD=nan`` was refused as "less than or equal to 1"."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("PAGEGATE_CACHE_THRESHOLD", "nan")
+    with pytest.raises(ValidationError, match="finite number"):
+        Settings()
