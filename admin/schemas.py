@@ -192,6 +192,8 @@ def _printable(name: str) -> str:
 
 def _model_name(name: str) -> str:
     _printable(name)
+    if "\ufffd" in name:  # what bytes that are not UTF-8 become in a URL's path (found by QA: stored as such)
+        raise ValueError("must be valid UTF-8 text (it holds U+FFFD, the replacement for bytes that are not)")
     if name.strip() and name != name.strip():  # (a blank one: the list's own rule says what is wrong)
         raise ValueError("must not start or end with spaces")
     return name

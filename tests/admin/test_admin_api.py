@@ -794,7 +794,7 @@ async def test_a_body_key_that_is_not_unicode_and_a_model_name_with_a_line_break
     resp = await client.post("/admin/v1/tenants", content=b'{"name":"sx5","x\\ud800":1}',
                              headers={**auth(), "content-type": "application/json"})
     assert resp.status_code == 400 and "not valid Unicode" in resp.json()["error"]["message"], resp.text
-    for name in ("a%0Ab", "a%0D%0Ab", "%0A"):
+    for name in ("a%0Ab", "a%0D%0Ab", "%0A", "%ED%A0%80", "a%FFb"):  # (the last two: not UTF-8, read as U+FFFD)
         resp = await client.put(f"/admin/v1/prices/{name}", json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1},
                                 headers=auth())
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "model", resp.text
