@@ -48,6 +48,7 @@ _COUNTERS = {  # name: (help, label names)
 }
 _BY_TENANT = ("pagegate_prompt_tokens_total", "pagegate_cached_prompt_tokens_total", "pagegate_completion_tokens_total",
               "pagegate_cost_usd_total", "pagegate_saved_usd_total")  # a row's sums after its request count
+_MONEY = frozenset({"pagegate_cost_usd_total", "pagegate_saved_usd_total"})
 _HISTOGRAMS = {  # name: (help, label names, buckets)
     "pagegate_request_latency_seconds": ("Time from the request's arrival to its end", ("endpoint",),
                                          LATENCY_BUCKETS),
@@ -352,6 +353,8 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
     for name, (help_text, label_names) in _COUNTERS.items():
         family(name, help_text, "counter")
         for labels, value in sorted(counters[name].items()):
+            if name in _MONEY:  # rows bill to 1e-8 USD: a float sum's last bits are not money (QA)
+                value = round(value, 10)
             out.append(f"{name}{_labels(label_names, labels)} {_num(value)}")
     for name, (help_text, label_names, buckets) in _HISTOGRAMS.items():
         family(name, help_text, "histogram")

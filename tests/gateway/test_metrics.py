@@ -246,3 +246,14 @@ def test_sums_print_without_binary_noise() -> None:
     cost = [line for line in text.splitlines() if line.startswith("pagegate_cost_usd_total")]
     assert cost == ['pagegate_cost_usd_total{model="m",tenant="7"} 0.3'], cost
     assert series['pagegate_saved_usd_total{model="m",tenant="7"}'] == 0.000113
+
+
+def test_a_long_sum_of_small_costs_prints_the_money_not_the_float_noise() -> None:
+    """Found by a soak QA: ``0.000966220000000005`` for a sum whose rows add up to 0.00096622 (each
+    row is billed to 1e-8 USD); ``.15g`` alone keeps the noise of many additions."""
+    m = RequestMetrics()
+    for cost in [0.00000002, 0.00000098, 0.00000034] * 800 + [0.00000022]:
+        _observe(m, cost_usd=cost, saved_usd=0.0)
+    text = render(uptime_s=1.5, engine=None, engine_up=True, model="m", processes=[], requests=m)
+    cost = [line.split()[-1] for line in text.splitlines() if line.startswith("pagegate_cost_usd_total")]
+    assert cost == ["0.00107222"], cost
