@@ -86,7 +86,7 @@ async def test_bootstrap_dev_tenant_only_on_an_empty_database(tenancy):
 async def test_publish_invalidation_bumps_version_and_publishes(tenancy):
     prefix = tenancy.settings.redis_prefix
     pubsub = tenancy.redis.pubsub(ignore_subscribe_messages=True)
-    await pubsub.subscribe(svc.invalidation_channel(prefix))
+    await pubsub.subscribe(svc.invalidation_channel(prefix, tenancy.redis))
     try:
         await svc.publish_invalidation(tenancy.redis, prefix, tenant_id=42)
         msg = None
