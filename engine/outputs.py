@@ -113,14 +113,14 @@ def check_salt(salt: object) -> None:
 def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab: int | None,
                  salt: str | None = None) -> None:
     """Raise what an engine raises for a prompt it cannot take: ``PromptTooLongError`` when it
-    leaves no room for one token, ``ValueError`` for an empty prompt, token ids that are not
+    leaves no room for one token (with ``max_tokens`` 0: when it is longer than the context), ``ValueError`` for an empty prompt, token ids that are not
     integers (found by QA: floats crashed the step loop) or outside the vocabulary (the prompt's,
     ``stop_token_ids``, ``logit_bias``' keys; ``vocab`` None: not checked), or a bad ``salt``."""
     if not all(type(t) is int for t in ids) and not all(
             isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
         raise ValueError("prompt token ids must be integers")
     check_salt(salt)
-    if len(ids) + 1 > max_model_len:
+    if len(ids) + (1 if params.max_tokens > 0 else 0) > max_model_len:  # (max_tokens 0: the prompt alone)
         raise PromptTooLongError(len(ids), max_model_len)
     if not ids:
         raise ValueError("the prompt must have at least one token")

@@ -40,8 +40,10 @@ class SamplingParams:
     (vLLM's field; what OpenAI's ``echo`` with ``logprobs`` shows): the first has none (nothing
     comes before it), each other its log probability after the tokens before it and that many most
     likely tokens there. Such a prompt is computed whole (the prefix cache would skip the logits of
-    the positions it holds). With it ``max_tokens`` may be 0: the prompt is scored and nothing is
-    generated (finish reason "length").
+    the positions it holds).
+
+    ``max_tokens`` 0: the prompt is computed (scored with ``prompt_logprobs``; its blocks cached)
+    and nothing is generated (finish reason "length"); such a prompt may fill the whole context.
 
     ``logit_bias`` (None: off): token id -> a value in [-100, 100] added to that token's logit before
     the penalties and sampling (vLLM's order), as OpenAI defines it; -100 in effect bans the token,
@@ -104,9 +106,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (or -1 to disable)")
-        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
-            raise ValueError("max_tokens must be >= 1" if self.prompt_logprobs is None
-                             else "max_tokens must be >= 0")
+        if self.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
         if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
             raise ValueError("min_tokens must be between 0 and max_tokens")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):

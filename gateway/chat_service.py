@@ -15,6 +15,7 @@ cannot honour) are in ``gateway/request_checks.py``.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,7 +38,7 @@ from gateway.errors import (
     unsupported,
 )
 from gateway.flights import Flights
-from gateway.formats import ChatFormat, CompletionFormat, make_usage, natural_pieces
+from gateway.formats import ChatFormat, CompletionFormat, encode_in_pieces, make_usage, natural_pieces
 from gateway.generation import (
     Generation,
     logprob_entries,
@@ -213,7 +214,8 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
             if err.param != "min_tokens":
                 err.param = _prompt_param(i, body.batched)
             raise
-    echo = tuple(_echo_text(engine, p) for p in prompts_in for _ in range(body.n)) if body.echo else ()  # per choice
+    texts = [_echo_text(engine, p, held_back=max_tokens > 0) for p in prompts_in] if body.echo else []
+    echo = tuple(t for t in texts for _ in range(body.n))  # per choice
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage, echo=echo,
                            token_names=token_names_for(body, engine), scored=scores_prompt(body))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
@@ -221,13 +223,19 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     return await run_generation(engine, prompts, body, max_tokens, fmt, account, caller)
 
 
-def _echo_text(engine: EngineClient, prompt: str | list[int]) -> str:
+def _echo_text(engine: EngineClient, prompt: str | list[int], *, held_back: bool) -> str:
     """What ``echo`` shows of a prompt: its text, or the text of its token ids (their bytes as
-    UTF-8, a broken character as U+FFFD, as the model's own output is decoded)."""
+    UTF-8, a broken character as U+FFFD, as the model's own output is decoded). ``held_back``: the
+    answer goes on after it, so a character its last tokens leave unfinished is left to the
+    answer, which shows it whole once a token completes it (found by QA: shown twice, as U+FFFD
+    at the end of the echo and whole in the answer)."""
     if isinstance(prompt, str):
         return prompt
     try:
-        return b"".join(engine.token_bytes(list(prompt))).decode("utf-8", errors="replace")
+        raw = b"".join(engine.token_bytes(list(prompt)))
+        if held_back:
+            return codecs.getincrementaldecoder("utf-8")(errors="replace").decode(raw, final=False)
+        return raw.decode("utf-8", errors="replace")
     except ValueError as err:  # a model without a tokenizer: its tokens have no text
         raise invalid_request("echo needs a text prompt here: this model's tokens have no text.",
                               param="echo") from err
@@ -415,7 +423,7 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
             # thousands of logprobs (~60 ms per 1,000 tokens with 20 alternatives), or megabytes of
             # echoed prompts: built and encoded on a worker thread, which gives the event loop the
             # GIL back every switch interval, rather than one stall of every other request
-            body = await asyncio.to_thread(lambda: _whole(gen, fmt).model_dump_json())
+            body = await asyncio.to_thread(lambda: encode_in_pieces(_whole(gen, fmt)))
             return Response(body, media_type="application/json")
         response = _whole(gen, fmt)
         await _store(store, response)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
+from pydantic_core import to_json
 
 from gateway.ids import new_hex_id
 from gateway.schemas import (
@@ -132,6 +133,44 @@ def completion_logprobs(entries: list[Entry], names: TokenNames, offsets: TextOf
         top_maps.append(top_map)
     return {"tokens": tokens, "token_logprobs": [None if e[1] is None else _lp(e[1]) for e in entries],
             "top_logprobs": top_maps, "text_offset": at}
+
+
+PIECE_ITEMS = 256  # list items encoded by one call in ``encode_in_pieces`` (~0.3 ms with 20 alternatives)
+
+
+def _json_pieces(value: object) -> Iterator[bytes]:
+    """``value`` as pydantic's JSON, long lists in pieces of ``PIECE_ITEMS`` (each a call of its own)."""
+    if isinstance(value, dict):
+        yield b"{"
+        for i, (key, item) in enumerate(value.items()):
+            yield (b"," if i else b"") + to_json(key) + b":"
+            yield from _json_pieces(item)
+        yield b"}"
+    elif isinstance(value, list) and len(value) > PIECE_ITEMS:
+        yield b"["
+        for i in range(0, len(value), PIECE_ITEMS):
+            yield (b"," if i else b"") + to_json(value[i:i + PIECE_ITEMS])[1:-1]
+        yield b"]"
+    else:
+        yield to_json(value)
+
+
+def encode_in_pieces(answer: ChatCompletion | Completion) -> bytes:
+    """``answer.model_dump_json()`` for a whole answer whose choices carry many logprobs, made in
+    pieces between which another thread gets the GIL: one pydantic call holds it to its end, so a
+    35 MB answer built "off the event loop" still stalled it 0.3 s (found by QA). The answer
+    without its logprobs is dumped by pydantic; each choice's logprobs, plain dicts and lists, go
+    in where its ``"logprobs":null`` is (a key: inside a string its quotes would be escaped)."""
+    bare = answer.model_copy(update={"choices": [c.model_copy(update={"logprobs": None}) for c in answer.choices]})
+    parts = bare.model_dump_json().encode().split(b'"logprobs":null')
+    if len(parts) != len(answer.choices) + 1:  # (cannot be: one such key per choice) the plain way
+        return answer.model_dump_json().encode()
+    out = [parts[0]]
+    for choice, rest in zip(answer.choices, parts[1:], strict=True):
+        out.append(b'"logprobs":')
+        out.extend(_json_pieces(choice.logprobs))
+        out.append(rest)
+    return b"".join(out)
 
 
 def make_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:

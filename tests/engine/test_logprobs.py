@@ -218,8 +218,7 @@ def test_max_tokens_zero_scores_the_prompt_and_generates_nothing(engine_config, 
 
 
 def test_prompt_logprobs_and_max_tokens_zero_are_checked() -> None:
-    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
-        SamplingParams(max_tokens=0)
+    assert SamplingParams(max_tokens=0).max_tokens == 0  # the prompt computed (and cached), nothing generated
     with pytest.raises(ValueError, match="max_tokens must be >= 0"):
         SamplingParams(max_tokens=-1, prompt_logprobs=0)
     for bad in (MAX_LOGPROBS + 1, -1, 1.5, True, "2"):
@@ -248,3 +247,23 @@ def test_prompt_logprobs_survive_preemption(engine_config, tiny_model_dir) -> No
             assert a[0] is None and b[0] is None and len(a) == len(b)
             assert [e[0] for e in a[1:]] == pytest.approx([e[0] for e in b[1:]], abs=1e-4)
             assert [[t for t, _ in e[1]] for e in a[1:]] == [[t for t, _ in e[1]] for e in b[1:]]
+
+
+def test_a_prompt_of_the_whole_context_is_scored_with_max_tokens_zero(engine_config, tiny_model_dir) -> None:
+    """Found by QA: a prompt of exactly ``max_model_len`` tokens could not be scored (prompt + 1 was
+    checked); with ``max_tokens`` 0 nothing follows it. One token more is still too long."""
+    from engine.outputs import PromptTooLongError
+
+    engine = LLMEngine(engine_config(tiny_model_dir, max_model_len=96))
+    rng = random.Random(12)
+    prompt = [rng.randrange(256) for _ in range(96)]
+    out = _first_outputs(engine, [prompt], [SamplingParams(max_tokens=0, prompt_logprobs=0)])["s0"]
+    assert len(out[0].prompt_logprobs) == 96 and out[0].finished
+    with pytest.raises(PromptTooLongError):
+        engine.add_request("long", prompt, SamplingParams(max_tokens=1))
+    with pytest.raises(PromptTooLongError):
+        engine.add_request("longer", prompt + [1], SamplingParams(max_tokens=0))
+    plain = _first_outputs(engine, [prompt[:50]], [SamplingParams(max_tokens=0)])["s0"]  # no scoring: cached
+    assert [(d.token_ids, d.finish_reason) for d in plain[0].deltas] == [([], "length")]
+    again = _first_outputs(engine, [prompt[:50] + [7]], [SamplingParams(max_tokens=1)])["s0"]
+    assert again[0].cached_prompt_tokens == 48  # the three full blocks the unscored prompt left

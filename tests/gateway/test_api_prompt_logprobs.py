@@ -133,3 +133,61 @@ def test_max_tokens_zero_needs_echo(api) -> None:  # noqa: ANN001
                       json={"model": api.model, "prompt": TEXT, "max_tokens": 0}, timeout=60)
     assert_error(resp, 400, param="max_tokens")
     assert "echo" in resp.json()["error"]["message"]
+
+
+def test_echo_with_max_tokens_zero_and_no_logprobs_answers_the_prompt(api) -> None:  # noqa: ANN001
+    """Found by QA: the engine's "max_tokens must be >= 1" came back, where the gateway had just
+    said 0 goes with echo. OpenAI's legacy API answers the prompt alone."""
+    client = api.openai()
+    resp = client.completions.create(model=api.model, prompt=TEXT, echo=True, max_tokens=0)
+    choice = resp.choices[0]
+    assert (choice.text, choice.finish_reason, choice.logprobs) == (TEXT, "length", None)
+    assert resp.usage.completion_tokens == 0 and resp.usage.prompt_tokens > 0
+    chunks = [c for chunk in client.completions.create(model=api.model, prompt=TEXT, echo=True, max_tokens=0,
+                                                       stream=True) for c in chunk.choices]
+    assert "".join(c.text for c in chunks) == TEXT and chunks[-1].finish_reason == "length"
+
+
+def test_a_prompt_may_fill_the_context_when_nothing_follows_it() -> None:
+    """Found by QA: a prompt of exactly the context's length could not be scored (``max_tokens``
+    0), and the refusal said "you requested 8192 tokens" of a context of 8192."""
+    from gateway.errors import ApiError
+    from gateway.request_checks import resolve_max_tokens
+
+    assert resolve_max_tokens(0, 8192, 8192) == 0
+    for requested, prompt in ((1, 8192), (0, 8193), (None, 8192)):
+        with pytest.raises(ApiError):
+            resolve_max_tokens(requested, prompt, 8192)
+
+
+def test_echoed_ids_that_end_inside_a_character_leave_it_to_the_answer(api) -> None:  # noqa: ANN001
+    """Found by QA: ids ending with an emoji's first bytes were echoed with U+FFFD for them, and the
+    answer then showed the emoji whole: its bytes twice, and ``text_offset`` off by one. The echo
+    now leaves the unfinished character to the answer (nothing follows: U+FFFD, as before)."""
+    client = api.openai()
+    engine = api.app.state.pagegate.engine
+    ids = engine.encode("a 😊")
+    cut = next(i for i in range(1, len(ids)) if not _whole_utf8(b"".join(engine.token_bytes(ids[:i]))))
+    prompt = ids[:cut]  # ends inside the emoji
+    resp = client.completions.create(model=api.model, prompt=prompt, echo=True, logprobs=1, max_tokens=3,
+                                     temperature=0)
+    lp = resp.choices[0].logprobs
+    every_byte = b"".join(_name_bytes(name) for name in lp.tokens)  # the prompt's tokens and the answer's
+    assert resp.choices[0].text == every_byte.decode("utf-8", "replace")
+    scored = client.completions.create(model=api.model, prompt=prompt, echo=True, max_tokens=0)
+    assert scored.choices[0].text.endswith("\ufffd")
+
+
+def _whole_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _name_bytes(name: str) -> bytes:
+    """A logprobs token's bytes: its text, or the ``bytes:\\xf0\\x9f`` it is shown as."""
+    if name.startswith("bytes:"):
+        return bytes(int(h, 16) for h in name[len("bytes:"):].split("\\x")[1:])
+    return name.encode()
