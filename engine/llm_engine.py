@@ -274,7 +274,7 @@ class LLMEngine:
         generated = 0
         for row, (seq, tok) in enumerate(zip(seqs, tokens, strict=True)):
             req, m = seq.request, seq.request.metrics
-            if seq.params.max_tokens == 0:  # a prompt scored (``prompt_logprobs``): nothing to generate
+            if seq.params.max_tokens == 0:  # the prompt computed (scored, or only cached): nothing generated
                 seq.finish_reason = "length"
                 self.scheduler.finish(seq)
                 lp = None if seq.params.logprobs is None else []
