@@ -48,8 +48,9 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     # with ``SamplingParams.prompt_logprobs``, in the request's first output only: per prompt
-    # token its entry (``CompletionDelta.logprobs``' shape), None for the first token
-    prompt_logprobs: list[TokenLogprob | None] | None = None
+    # token its entry (``CompletionDelta.logprobs``' shape, then the token's rank: 1 for the most
+    # likely), None for the first token
+    prompt_logprobs: list[tuple[float, tuple[tuple[int, float], ...], int] | None] | None = None
 
 
 @dataclass(slots=True)

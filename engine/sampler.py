@@ -132,23 +132,27 @@ class Sampler:
 
     @staticmethod
     def prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                        targets: list[int], k: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
-        """Each prompt position's entry (``CompletionDelta.logprobs``' shape): row ``j`` of
-        ``hidden`` predicts ``targets[j]``; its log probability and the ``k`` most likely tokens,
-        from the model's own distribution. The logits are made ``PROMPT_ROWS`` rows at a time (a
-        long prompt's whole ``[tokens, vocab]`` would be hundreds of megabytes)."""
-        out: list[tuple[float, tuple[tuple[int, float], ...]]] = []
+                        targets: list[int], k: int) -> list[tuple[float, tuple[tuple[int, float], ...], int]]:
+        """Each prompt position's entry (``CompletionDelta.logprobs``' shape, and the token's rank):
+        row ``j`` of ``hidden`` predicts ``targets[j]``; its log probability, the ``k`` most likely
+        tokens, from the model's own distribution, and its rank there (1: the most likely; vLLM
+        shows it). The logits are made ``PROMPT_ROWS`` rows at a time (a long prompt's whole
+        ``[tokens, vocab]`` would be hundreds of megabytes)."""
+        out: list[tuple[float, tuple[tuple[int, float], ...], int]] = []
         for lo in range(0, len(targets), PROMPT_ROWS):
             x = compute_logits(hidden[lo : lo + PROMPT_ROWS]).float()
             lse = x.logsumexp(dim=-1, keepdim=True)
             index = torch.tensor(targets[lo : lo + PROMPT_ROWS], device=x.device).unsqueeze(1)
-            chosen = (x.gather(1, index) - lse).squeeze(1).tolist()
+            target = x.gather(1, index)
+            chosen = (target - lse).squeeze(1).tolist()
+            ranks = ((x > target).sum(dim=-1) + 1).tolist()
             if not k:
-                out += [(c, ()) for c in chosen]
+                out += [(c, (), r) for c, r in zip(chosen, ranks, strict=True)]
                 continue
             top_v, top_i = x.topk(k, dim=-1)
             top_v, top_i = (top_v - lse).tolist(), top_i.tolist()
-            out += [(c, tuple(zip(ti, tv, strict=True))) for c, ti, tv in zip(chosen, top_i, top_v, strict=True)]
+            out += [(c, tuple(zip(ti, tv, strict=True)), r)
+                    for c, ti, tv, r in zip(chosen, top_i, top_v, ranks, strict=True)]
         return out
 
     @staticmethod

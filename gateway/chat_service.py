@@ -38,7 +38,16 @@ from gateway.errors import (
     unsupported,
 )
 from gateway.flights import Flights
-from gateway.formats import ChatFormat, CompletionFormat, encode_in_pieces, make_usage, natural_pieces
+from gateway.formats import (
+    ChatFormat,
+    CompletionFormat,
+    TokenNames,
+    encode_in_pieces,
+    make_usage,
+    natural_pieces,
+    vllm_prompt_logprobs,
+    with_prompt_logprobs,
+)
 from gateway.generation import (
     Generation,
     logprob_entries,
@@ -83,7 +92,7 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     refuse_unsupported(body, engine)
     messages = chat_messages(body)
     fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
-                     token_names=token_names_for(body, engine))
+                     token_names=token_names_for(body, engine), prompt_logprobs=_vllm_prompt(body, engine))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
     size = sum(len(m["content"]) for m in messages)
@@ -91,7 +100,8 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     store: Store | None = None
     land: Callable[[dict | None], None] | None = None  # a leader's (gateway.flights)
     cache = caller.state.cache
-    if cache is not None and fmt.token_names is not None:  # a stored answer has no logprobs to show
+    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None):  # a stored
+        # answer has no logprobs to show
         account.cache = caller.response_headers["x-cache"] = "bypass"
         cache = None
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
@@ -217,7 +227,8 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     texts = [_echo_text(engine, p, held_back=max_tokens > 0) for p in prompts_in] if body.echo else []
     echo = tuple(t for t in texts for _ in range(body.n))  # per choice
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage, echo=echo,
-                           token_names=token_names_for(body, engine), scored=scores_prompt(body))
+                           token_names=token_names_for(body, engine), scored=scores_prompt(body),
+                           prompt_logprobs=_vllm_prompt(body, engine))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="completions", started=caller.started)
     return await run_generation(engine, prompts, body, max_tokens, fmt, account, caller)
@@ -239,6 +250,12 @@ def _echo_text(engine: EngineClient, prompt: str | list[int], *, held_back: bool
     except ValueError as err:  # a model without a tokenizer: its tokens have no text
         raise invalid_request("echo needs a text prompt here: this model's tokens have no text.",
                               param="echo") from err
+
+
+def _vllm_prompt(body: ChatCompletionRequest | CompletionRequest, engine: EngineClient
+                 ) -> tuple[int, TokenNames] | None:
+    """vLLM's ``prompt_logprobs`` as the formats take it: (k, the engine's token names), or None."""
+    return None if body.prompt_logprobs is None else (body.prompt_logprobs, TokenNames.for_engine(engine))
 
 
 def _prompt_param(index: int, batched: bool) -> str:
@@ -328,8 +345,13 @@ def _whole(gen: Generation, fmt: Format) -> BaseModel:
     if logprobs is not None and getattr(fmt, "scored", False):  # echo with logprobs: the prompt's tokens first
         per_prompt = n // len(gen.prompts)
         logprobs = [(gen.prompt_entries(i // per_prompt) or []) + entries for i, entries in enumerate(logprobs)]
-    return fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen),
-                        logprobs)
+    answer = fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen),
+                          logprobs)
+    if fmt.prompt_logprobs is not None:  # vLLM's field (never streamed)
+        k, names = fmt.prompt_logprobs
+        answer = with_prompt_logprobs(answer, [vllm_prompt_logprobs(ids, gen.prompt_logprobs.get(p), names, k)
+                                               for p, ids in enumerate(gen.prompts)])
+    return answer
 
 
 async def _settle(gen: Generation, account: RequestAccount, status: str, *, delivered: bool = True) -> None:

@@ -33,7 +33,11 @@ from gateway.schemas import (
     ChunkDelta,
     Completion,
     CompletionChoice,
+    PromptLogprobs,
     PromptTokensDetails,
+    ScoredChatCompletion,
+    ScoredCompletion,
+    ScoredCompletionChoice,
     Usage,
 )
 
@@ -135,6 +139,41 @@ def completion_logprobs(entries: list[Entry], names: TokenNames, offsets: TextOf
             "top_logprobs": top_maps, "text_offset": at}
 
 
+def vllm_prompt_logprobs(ids: list[int], scored: list | None, names: TokenNames, k: int) -> PromptLogprobs:
+    """vLLM's ``prompt_logprobs`` of one prompt from the engine's entries ((logprob, top, rank)
+    per token, None for the first): per token ``{token id: {"logprob", "rank", "decoded_token"}}``,
+    the prompt's own token first (its rank in the model's distribution), then the ``k`` most
+    likely (ranks 1 to k); a token among both is listed once."""
+    if scored is None:
+        return [None] * len(ids)
+    wanted = [t for t, e in zip(ids, scored, strict=True) if e is not None]
+    wanted += [t for e in scored if e is not None for t, _ in e[1][:k]]
+    named = dict(zip(wanted, names.of(wanted), strict=True))
+    out: PromptLogprobs = []
+    for token, entry in zip(ids, scored, strict=True):
+        if entry is None:
+            out.append(None)
+            continue
+        lp, top, rank = entry
+        position = {str(token): {"logprob": _lp(lp), "rank": rank, "decoded_token": named[token][0]}}
+        for i, (t, t_lp) in enumerate(top[:k]):
+            position.setdefault(str(t), {"logprob": _lp(t_lp), "rank": i + 1, "decoded_token": named[t][0]})
+        out.append(position)
+    return out
+
+
+def with_prompt_logprobs(answer: ChatCompletion | Completion, lists: list[PromptLogprobs]
+                         ) -> ScoredChatCompletion | ScoredCompletion:
+    """The answer with vLLM's ``prompt_logprobs``: a chat's at its top (one prompt), a text
+    completion's on each choice (choice ``i`` of ``lists[i // (choices / prompts)]``)."""
+    if isinstance(answer, ChatCompletion):
+        return ScoredChatCompletion(**dict(answer), prompt_logprobs=lists[0])
+    per_prompt = len(answer.choices) // len(lists)
+    choices = [ScoredCompletionChoice(**dict(c), prompt_logprobs=lists[i // per_prompt])
+               for i, c in enumerate(answer.choices)]
+    return ScoredCompletion(**{**dict(answer), "choices": choices})
+
+
 PIECE_ITEMS = 256  # list items encoded by one call in ``encode_in_pieces`` (~0.3 ms with 20 alternatives)
 
 
@@ -193,6 +232,7 @@ class ChatFormat:
     model: str
     include_usage: bool = False
     token_names: TokenNames | None = None  # set: the request asked for logprobs
+    prompt_logprobs: tuple[int, TokenNames] | None = None  # vLLM's prompt_logprobs asked: (k, the names)
     id: str = field(default_factory=lambda: "chatcmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -235,6 +275,7 @@ class CompletionFormat:
     # echo with logprobs: the echoed prompt's tokens come first in each choice's logprobs (their
     # text offsets from 0); a stream's echo chunk waits for them (``echo_chunk``), none opens it
     scored: bool = False
+    prompt_logprobs: tuple[int, TokenNames] | None = None  # vLLM's prompt_logprobs asked: (k, the names)
     id: str = field(default_factory=lambda: "cmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: dict[int, TextOffsets] = field(default_factory=dict)  # a streamed choice's, so far

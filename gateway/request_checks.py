@@ -110,6 +110,13 @@ def scores_prompt(body: ChatCompletionRequest | CompletionRequest) -> bool:
     return isinstance(body, CompletionRequest) and body.echo and body.logprobs is not None
 
 
+def prompt_logprobs_asked(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """The most likely tokens the engine reports per prompt position: for ``echo`` with
+    ``logprobs``, for vLLM's ``prompt_logprobs``, or for both (the more of the two); None: none."""
+    asked = [k for k in (body.logprobs if scores_prompt(body) else None, body.prompt_logprobs) if k is not None]
+    return max(asked) if asked else None
+
+
 def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
@@ -127,7 +134,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             presence_penalty=float(body.presence_penalty or 0.0),
             frequency_penalty=float(body.frequency_penalty or 0.0),
             logprobs=logprobs_asked(body),
-            prompt_logprobs=body.logprobs if scores_prompt(body) else None,
+            prompt_logprobs=prompt_logprobs_asked(body),
             logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
         )
     except ValueError as err:
@@ -170,7 +177,6 @@ VLLM_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("length_penalty", (None, 1, 1.0), "length_penalty applies to beam search, which this engine does not do."),
     ("include_stop_str_in_output", (None, False), "include_stop_str_in_output is not supported: the stop "
                                                   "string is never part of the answer."),
-    ("prompt_logprobs", (None,), "Prompt logprobs are not supported by this engine."),
     ("truncate_prompt_tokens", (None,), "truncate_prompt_tokens is not supported: send a shorter prompt."),
     ("bad_words", (None, []), "bad_words is not supported (logit_bias can ban single tokens)."),
     ("allowed_token_ids", (None,), "allowed_token_ids is not supported (logit_bias can ban or favour tokens)."),
@@ -264,6 +270,8 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               param="stream_options")
+    if body.prompt_logprobs is not None and body.stream:  # as vLLM answers it
+        raise invalid_request("'prompt_logprobs' are not available when 'stream' is true.", param="prompt_logprobs")
     _refuse_vllm_extras(body)
     if body.response_format is not None and body.response_format.type != "text":
         raise unsupported("response_format", f"response_format of type '{quoted_name(body.response_format.type)}' is not "

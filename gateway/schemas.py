@@ -208,7 +208,7 @@ class _Sampling(_Request):
     use_beam_search: Any = None
     length_penalty: Any = None
     include_stop_str_in_output: Any = None
-    prompt_logprobs: Any = None
+    prompt_logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # vLLM's; not streamed
     truncate_prompt_tokens: Any = None
     bad_words: Any = None
     allowed_token_ids: Any = None
@@ -451,6 +451,23 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+
+
+# vLLM's ``prompt_logprobs`` (when asked): per prompt token, None for the first, else
+# {token id: {"logprob", "rank", "decoded_token"}}, the prompt's own token first
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
+class ScoredChatCompletion(ChatCompletion):
+    prompt_logprobs: PromptLogprobs
+
+
+class ScoredCompletionChoice(CompletionChoice):
+    prompt_logprobs: PromptLogprobs
+
+
+class ScoredCompletion(Completion):
+    choices: list[ScoredCompletionChoice]
 
 
 class ModelCard(BaseModel):

@@ -84,7 +84,8 @@ CHAT_CASES = [
     ({"min_p": 0.99}, 400, "min_p"),
     ({"use_beam_search": True}, 400, "use_beam_search"),
     ({"include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
-    ({"prompt_logprobs": 1}, 400, "prompt_logprobs"),
+    ({"prompt_logprobs": 21}, 400, "prompt_logprobs"),  # vLLM's field: 0 to 20
+    ({"prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs"),  # not streamed, as vLLM answers
     ({"echo": True}, 400, "echo"),
     ({"continue_final_message": True}, 400, "continue_final_message"),
     ({"add_generation_prompt": False}, 400, "add_generation_prompt"),
@@ -133,7 +134,7 @@ def test_hostile_chat_fields(api, fields, status, param) -> None:  # noqa: ANN00
     ({"tool_choice": 1}, "tool_choice", "invalid_type"),
     ({"priority": True}, "priority", "invalid_type"),  # a boolean is not the number 0
     ({"min_p": 0.5}, "min_p", "unsupported_parameter"),  # the right type, a value not honoured
-    ({"prompt_logprobs": "x"}, "prompt_logprobs", "unsupported_parameter"),  # (no neutral type to check)
+    ({"prompt_logprobs": "x"}, "prompt_logprobs", "invalid_type"),  # (served now: an integer field)
 ])
 def test_refused_extras_of_the_wrong_type_say_so(api, fields, param, code) -> None:  # noqa: ANN001
     assert_error(_post(api, "/v1/chat/completions", json={"model": api.model, **BASE, **fields}), 400,

@@ -191,3 +191,54 @@ def _name_bytes(name: str) -> bytes:
     if name.startswith("bytes:"):
         return bytes(int(h, 16) for h in name[len("bytes:"):].split("\\x")[1:])
     return name.encode()
+
+
+def test_vllms_prompt_logprobs_field(api) -> None:  # noqa: ANN001
+    """vLLM's own shape for the same scores: ``prompt_logprobs: k`` on /v1/completions puts on each
+    choice, and on chat at the top, per prompt token {token id: {logprob, rank, decoded_token}}, the
+    prompt's token first; the values are the echo's."""
+    h = {"authorization": f"Bearer {api.key}"}
+    url = api.base_url + "/v1"
+    body = {"model": api.model, "prompt": TEXT, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    got = httpx.post(f"{url}/completions", json=body, headers=h, timeout=60).json()
+    echoed = _score(api.openai(), api.model, TEXT, logprobs=2).choices[0].logprobs
+    ids = api.app.state.pagegate.engine.encode(TEXT)
+    scored = got["choices"][0]["prompt_logprobs"]
+    assert len(scored) == len(ids) and scored[0] is None
+    for j in range(1, len(ids)):
+        own = scored[j][str(ids[j])]
+        assert list(scored[j])[0] == str(ids[j]) and 2 <= len(scored[j]) <= 3
+        assert own["logprob"] == pytest.approx(echoed.token_logprobs[j], abs=1e-5)
+        assert own["decoded_token"] == echoed.tokens[j]
+        ranks = sorted(v["rank"] for k, v in scored[j].items() if k != str(ids[j]))
+        assert ranks in ([1, 2], [1], [2]) and (own["rank"] == 1) == (max(echoed.top_logprobs[j].values())
+                                                                       == pytest.approx(own["logprob"]))
+    assert "prompt_logprobs" not in httpx.post(f"{url}/completions", json={**body, "prompt_logprobs": None},
+                                               headers=h, timeout=60).json()["choices"][0]
+    chat = {"model": api.model, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 1,
+            "prompt_logprobs": 0}
+    raw = httpx.post(f"{url}/chat/completions", json=chat, headers=h, timeout=60)
+    answer = raw.json()
+    assert answer["prompt_logprobs"][0] is None and all(len(p) == 1 for p in answer["prompt_logprobs"][1:])
+    assert len(answer["prompt_logprobs"]) == answer["usage"]["prompt_tokens"]
+    assert "prompt_logprobs" not in httpx.post(f"{url}/chat/completions", json={**chat, "prompt_logprobs": None},
+                                               headers=h, timeout=60).json()
+    for route, b in (("completions", body), ("chat/completions", chat)):  # not streamed, as vLLM answers
+        assert_error(httpx.post(f"{url}/{route}", json={**b, "stream": True}, headers=h, timeout=60), 400,
+                     param="prompt_logprobs")
+    assert_error(httpx.post(f"{url}/completions", json={**body, "prompt_logprobs": 21}, headers=h, timeout=60),
+                 400, param="prompt_logprobs")
+
+
+def test_prompt_logprobs_bypass_the_semantic_cache(api_cached) -> None:  # noqa: ANN001
+    api = api_cached
+    _tid, key = api.make_tenant()
+    cache = api.app.state.pagegate.cache
+    namespace = api.loop.run(api.services.auth.authenticate(f"Bearer {key}")).cache_namespace
+    chat = {"model": api.model, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 2,
+            "temperature": 0, "prompt_logprobs": 1}
+    for _ in range(2):
+        raw = httpx.post(api.base_url + "/v1/chat/completions", json=chat,
+                         headers={"authorization": f"Bearer {key}"}, timeout=60)
+        assert raw.headers["x-cache"] == "bypass" and raw.json()["prompt_logprobs"][0] is None
+    assert api.loop.run(cache.store_.count(cache.store_.keys(namespace))) == 0  # a stored answer has none to show
