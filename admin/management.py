@@ -31,7 +31,7 @@ from admin.schemas import (
 )
 from gateway import tenancy
 from gateway.db.models import ApiKey, AuditLog, ModelPrice, Tenant
-from gateway.errors import ApiError
+from gateway.errors import ApiError, cut_name
 from gateway.keys import NewKey
 from gateway.quota import forget_counter, period_bounds, period_usage
 from gateway.settings import Settings
@@ -134,7 +134,7 @@ class Management:
         read-only views of its history (report, budget, keys) still find it; changes never do."""
         tenant = await tenancy.get_tenant(self.session, name=name)
         if tenant is None or (tenant.deleted_at is not None and not include_deleted):
-            raise NotFound(f"No tenant named {name!r}.")
+            raise NotFound(f"No tenant named {cut_name(name)!r}.")
         return tenant
 
     async def tenants(self) -> list[Tenant]:
@@ -161,7 +161,7 @@ class Management:
             .values(deleted_at=now, enabled=False).execution_options(synchronize_session=False))
         if marked.rowcount != 1:  # deleted by someone else since we read it
             await self.session.rollback()
-            raise NotFound(f"No tenant named {name!r}.")
+            raise NotFound(f"No tenant named {cut_name(name)!r}.")
         revoked = await self.session.execute(
             update(ApiKey).where(ApiKey.tenant_id == tenant.id, ApiKey.revoked.is_(False))
             .values(revoked=True, revoked_at=now).execution_options(synchronize_session=False))
@@ -199,7 +199,7 @@ class Management:
                 raise Conflict(f"Prefix {ref!r} matches {len(rows)} keys; use the key id.")
             row = rows[0] if rows else None
         if row is None:
-            raise NotFound(f"No API key {ref!r}.")
+            raise NotFound(f"No API key {cut_name(str(ref))!r}.")
         return row
 
     async def key_page(self, *, tenant: Tenant | None = None, prefix: str | None = None,
@@ -315,7 +315,7 @@ class Management:
             .execution_options(populate_existing=True))
         if locked is None or locked.deleted_at is not None:  # deleted meanwhile
             await self.session.rollback()
-            raise NotFound(f"No tenant named {name!r}.")
+            raise NotFound(f"No tenant named {cut_name(name)!r}.")
         return locked
 
     async def clear_cache(self, name: str) -> tuple[Tenant, int, int]:
@@ -468,7 +468,7 @@ class Management:
         row = await self.session.get(ModelPrice, model, populate_existing=True)
         if row is None:
             await self.session.rollback()
-            raise NotFound(f"No price for model {model!r}.")
+            raise NotFound(f"No price for model {cut_name(model)!r}.")
         before = price_view(row)
         await self.session.delete(row)
         audit.record(self.session, actor=self.actor, action="price.delete", target=f"model:{model}", before=before)
@@ -501,7 +501,7 @@ class Management:
             select(Tenant.deleted_at).where(Tenant.id == tenant_id).with_for_update(read=True))
         if deleted is not None:
             await self.session.rollback()
-            raise NotFound(f"No tenant named {name!r}.")
+            raise NotFound(f"No tenant named {cut_name(name)!r}.")
 
     async def _forget_counter(self, tenant_id: int, period: str) -> None:
         """A new budget period: its counter in Redis, if one is left from an earlier time in that

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from admin.audit import money
 from admin.schemas import InvalidField
 from gateway.db.models import ApiKey, Tenant, UsageRecord
+from gateway.errors import cut_name
 from gateway.pricing import summed_usd, usd_sum
 from gateway.tenancy import RESERVED_NAME
 
@@ -91,25 +92,25 @@ def parse_time(value: str) -> datetime:
     if shape is None:
         if bare:
             raise _not_seconds(value)
-        raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or 2026-03-01T12:00Z; a "
+        raise InvalidField(f"not an ISO date or datetime: {cut_name(value)!r} (e.g. 2026-03-01 or 2026-03-01T12:00Z; a "
                            "fraction only of the second, an offset in hours and minutes)")
     if (shape["ext"] or shape["basic"] or "")[6:].strip("0"):
         # ``fromisoformat`` cuts a fraction down to microseconds: an ``until`` would move earlier, and
         # rows on the wrong side of either bound be counted (found by QA)
-        raise InvalidField(f"too precise: {value!r}; a time is kept to the microsecond (6 decimal places)")
+        raise InvalidField(f"too precise: {cut_name(value)!r}; a time is kept to the microsecond (6 decimal places)")
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError as exc:
         if bare:  # digits that are no date (20261345)
             raise _not_seconds(value) from exc
-        raise InvalidField(f"not an ISO date or datetime: {value!r} (e.g. 2026-03-01 or "
+        raise InvalidField(f"not an ISO date or datetime: {cut_name(value)!r} (e.g. 2026-03-01 or "
                            "2026-03-01T12:00Z)") from exc
     _utc(parsed)
     return parsed
 
 
 def _not_seconds(value: str) -> InvalidField:
-    return InvalidField(f"not a date: {value!r}; use a date (2026-03-01 or 20260301) or an ISO "
+    return InvalidField(f"not a date: {cut_name(value)!r}; use a date (2026-03-01 or 20260301) or an ISO "
                         "datetime (2026-03-01T12:00Z), not Unix seconds")
 
 

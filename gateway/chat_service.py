@@ -228,6 +228,7 @@ async def create_completion(body: CompletionRequest, caller: Caller) -> Response
     echo = tuple(t for t in texts for _ in range(body.n))  # per choice
     fmt = CompletionFormat(model=engine.model_id, include_usage=body.include_usage, echo=echo,
                            token_names=token_names_for(body, engine), scored=scores_prompt(body),
+                           echo_top=body.logprobs or 0,
                            prompt_logprobs=_vllm_prompt(body, engine))
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="completions", started=caller.started)
@@ -344,7 +345,8 @@ def _whole(gen: Generation, fmt: Format) -> BaseModel:
     logprobs = gen.logprobs() if fmt.token_names is not None else None
     if logprobs is not None and getattr(fmt, "scored", False):  # echo with logprobs: the prompt's tokens first
         per_prompt = n // len(gen.prompts)
-        logprobs = [(gen.prompt_entries(i // per_prompt) or []) + entries for i, entries in enumerate(logprobs)]
+        logprobs = [(gen.prompt_entries(i // per_prompt, fmt.echo_top) or []) + entries
+                    for i, entries in enumerate(logprobs)]
     answer = fmt.response([gen.text(i) for i in range(n)], [c.finish_reason for c in gen.choices], _usage(gen),
                           logprobs)
     if fmt.prompt_logprobs is not None:  # vLLM's field (never streamed)
@@ -404,7 +406,8 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
             for d in deltas:
                 if d.index in echoing:  # its prompt's logprobs came with its first output
                     echoing.discard(d.index)
-                    yield await _echo_chunk(fmt, d.index, gen.prompt_entries(d.index // (n // len(gen.prompts))) or [])
+                    entries = gen.prompt_entries(d.index // (n // len(gen.prompts)), fmt.echo_top)
+                    yield await _echo_chunk(fmt, d.index, entries or [])
                 if d.logprobs and fmt.token_names is not None:  # (a closing EOS's delta has none: [])
                     yield fmt.text_chunk(d.index, d.text, logprob_entries(d))  # its tokens, text or not yet
                 elif d.text:

@@ -43,10 +43,15 @@ def permission_denied(message: str, *, code: str = "permission_denied") -> ApiEr
 QUOTED_CHARS = 256  # a name quoted back in an error, at most (found by a security QA: a 4 MB model name came back whole)
 
 
+def cut_name(name: str) -> str:
+    """``name`` cut to ``QUOTED_CHARS`` characters, for a message that quotes it with ``!r``."""
+    return name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}… ({len(name)} characters)"
+
+
 def quoted_name(name: str) -> str:
     """``name`` as an error message quotes it: cut to ``QUOTED_CHARS`` characters, a lone surrogate
     written as its escape (``\\ud800``: found by QA, one quoted whole made the JSON answer a 500)."""
-    shown = name if len(name) <= QUOTED_CHARS else f"{name[:QUOTED_CHARS]}… ({len(name)} characters)"
+    shown = cut_name(name)
     try:
         shown.encode()
     except UnicodeEncodeError:

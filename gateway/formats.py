@@ -275,6 +275,7 @@ class CompletionFormat:
     # echo with logprobs: the echoed prompt's tokens come first in each choice's logprobs (their
     # text offsets from 0); a stream's echo chunk waits for them (``echo_chunk``), none opens it
     scored: bool = False
+    echo_top: int = 0  # scored: the alternatives each echoed token shows (the request's ``logprobs``)
     prompt_logprobs: tuple[int, TokenNames] | None = None  # vLLM's prompt_logprobs asked: (k, the names)
     id: str = field(default_factory=lambda: "cmpl-" + new_hex_id())
     created: int = field(default_factory=lambda: int(time.time()))

@@ -293,13 +293,15 @@ class Generation:
         """Each choice's tokens with their logprobs (empty lists when none were asked)."""
         return [c.logprobs for c in self.choices]
 
-    def prompt_entries(self, prompt: int) -> list[tuple] | None:
-        """The prompt's tokens with their logprobs, as ``logprob_entries`` (the first token's
-        logprob and alternatives None: nothing comes before it); None until the engine sent them."""
+    def prompt_entries(self, prompt: int, top: int) -> list[tuple] | None:
+        """The prompt's tokens with their logprobs and ``top`` alternatives at most, as
+        ``logprob_entries`` (the first token's logprob and alternatives None: nothing comes before
+        it); None until the engine sent them. (The engine may have made more alternatives, for
+        vLLM's ``prompt_logprobs``: found by a re-check, echo with ``logprobs: 1`` showed 5.)"""
         got = self.prompt_logprobs.get(prompt)
         if got is None:
             return None
-        return [(t, None, None) if e is None else (t, e[0], e[1])
+        return [(t, None, None) if e is None else (t, e[0], e[1][:top])
                 for t, e in zip(self.prompts[prompt], got, strict=True)]
 
     async def aclose(self) -> None:

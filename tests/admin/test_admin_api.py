@@ -798,3 +798,14 @@ async def test_a_body_key_that_is_not_unicode_and_a_model_name_with_a_line_break
         resp = await client.put(f"/admin/v1/prices/{name}", json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1},
                                 headers=auth())
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "model", resp.text
+
+
+async def test_a_long_name_is_cut_in_the_admin_apis_errors(client, auth):
+    """Found by a re-check: a 5,000-character model name came back whole in the 404 (the /v1 API
+    cuts such a name to 256 characters)."""
+    for method, path in (("DELETE", "/admin/v1/prices/" + "z" * 5000), ("GET", "/admin/v1/tenants/" + "t" * 3000),
+                         ("GET", "/admin/v1/keys/" + "9" * 3000)):
+        resp = await client.request(method, path, headers=auth())
+        assert resp.status_code in (400, 404) and len(resp.content) < 700, (path[:30], resp.status_code, len(resp.content))
+    resp = await client.get("/admin/v1/summary", params={"since": "s" * 3000}, headers=auth())
+    assert resp.status_code == 400 and len(resp.content) < 900 and "3000 characters" in resp.text

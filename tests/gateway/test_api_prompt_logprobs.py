@@ -242,3 +242,15 @@ def test_prompt_logprobs_bypass_the_semantic_cache(api_cached) -> None:  # noqa:
                          headers={"authorization": f"Bearer {key}"}, timeout=60)
         assert raw.headers["x-cache"] == "bypass" and raw.json()["prompt_logprobs"][0] is None
     assert api.loop.run(cache.store_.count(cache.store_.keys(namespace))) == 0  # a stored answer has none to show
+
+
+def test_echo_shows_its_own_number_of_alternatives_beside_prompt_logprobs(api) -> None:  # noqa: ANN001
+    """Found by a re-check: with ``logprobs: 1`` and ``prompt_logprobs: 5`` the echoed prompt's
+    positions showed 5 alternatives (the engine makes the larger number for both)."""
+    h = {"authorization": f"Bearer {api.key}"}
+    body = {"model": api.model, "prompt": TEXT, "echo": True, "logprobs": 1, "prompt_logprobs": 5, "max_tokens": 2,
+            "temperature": 0}
+    choice = httpx.post(api.base_url + "/v1/completions", json=body, headers=h, timeout=60).json()["choices"][0]
+    sizes = [None if t is None else len(t) for t in choice["logprobs"]["top_logprobs"]]
+    assert sizes[0] is None and all(1 <= n <= 2 for n in sizes[1:]), sizes
+    assert all(len(p) >= 5 for p in choice["prompt_logprobs"][1:])
