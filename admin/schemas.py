@@ -199,6 +199,15 @@ def _model_name(name: str) -> str:
     return name
 
 
+def model_name_refusal(name: str) -> str | None:
+    """Why a model name cannot be priced (``_model_name``'s words), None when it can."""
+    try:
+        _model_name(name)
+    except ValueError as exc:
+        return str(exc)
+    return None if name.strip() else "must not be blank"
+
+
 def _key_name(name: str) -> str | None:
     # a blank name is no name: null, as the dashboard's empty field gives (found by QA: the API and
     # the CLI stored "", shown apart from the dashboard's null)

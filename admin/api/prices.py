@@ -7,7 +7,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 
 from admin.api.deps import ContextDep, ReadDep, WriteBareDep, WriteDep
 from admin.management import price_view, priced_model
-from admin.schemas import PriceSet
+from admin.schemas import InvalidField, PriceSet, model_name_refusal
 
 
 class AnyPathConvertor(PathConvertor):
@@ -35,5 +35,7 @@ def add_routes(router: APIRouter) -> None:
     @router.delete("/prices/{model:anypath}")
     async def delete_price(model: str, ops: WriteBareDep, ctx: ContextDep) -> dict:
         """The model then costs 0 (as a model without a price does); rows already billed keep their cost."""
+        if (why := model_name_refusal(model)) is not None:  # as PUT answers it (a re-check: "no price", a 404)
+            raise InvalidField(f"model: {why}", "model")
         row = await ops.delete_price(priced_model(ctx.settings, model))
         return {**price_view(row), "deleted": True}

@@ -798,6 +798,8 @@ async def test_a_body_key_that_is_not_unicode_and_a_model_name_with_a_line_break
         resp = await client.put(f"/admin/v1/prices/{name}", json={"prompt_usd_per_1m": 1, "completion_usd_per_1m": 1},
                                 headers=auth())
         assert resp.status_code == 400 and resp.json()["error"]["param"] == "model", resp.text
+        resp = await client.delete(f"/admin/v1/prices/{name}", headers=auth())  # as PUT answers it (a re-check)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "model", resp.text
 
 
 async def test_a_long_name_is_cut_in_the_admin_apis_errors(client, auth):
