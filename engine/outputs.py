@@ -114,9 +114,10 @@ def check_salt(salt: object) -> None:
 def check_prompt(ids: list[int], params: SamplingParams, max_model_len: int, vocab: int | None,
                  salt: str | None = None) -> None:
     """Raise what an engine raises for a prompt it cannot take: ``PromptTooLongError`` when it
-    leaves no room for one token (with ``max_tokens`` 0: when it is longer than the context), ``ValueError`` for an empty prompt, token ids that are not
-    integers (found by QA: floats crashed the step loop) or outside the vocabulary (the prompt's,
-    ``stop_token_ids``, ``logit_bias``' keys; ``vocab`` None: not checked), or a bad ``salt``."""
+    leaves no room for one token (with ``max_tokens`` 0: when it is longer than the context),
+    ``ValueError`` for an empty prompt, token ids that are not integers (found by QA: floats
+    crashed the step loop) or outside the vocabulary (the prompt's, ``stop_token_ids``,
+    ``logit_bias``' keys; ``vocab`` None: not checked), or a bad ``salt``."""
     if not all(type(t) is int for t in ids) and not all(
             isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids):
         raise ValueError("prompt token ids must be integers")

@@ -4,9 +4,10 @@ limits, resolved against the settings' defaults).
 Principals are cached in process for ``settings.key_cache_ttl_s``. A revoked key or a disabled
 tenant must be refused by every gateway process within a second, so the cache is invalidated
 through Redis: ``publish_invalidation`` bumps ``<prefix>auth:version`` and publishes on
-``<prefix>auth:invalidate:db<N>`` (N: the Redis database number). Each process listens on the channel (immediate) and, as a fallback
-when a message is lost, re-reads the version at most every ``version_poll_s`` (200 ms); a changed
-version drops the whole cache. Loads that raced an invalidation are not cached.
+``<prefix>auth:invalidate:db<N>`` (N: the Redis database number). Each process listens on the
+channel (immediate) and, as a fallback when a message is lost, re-reads the version at most every
+``version_poll_s`` (200 ms); a changed version drops the whole cache. Loads that raced an
+invalidation are not cached.
 
 No request waits for a periodic refresh: the version is re-read in the background (the request
 that finds it due starts the read and goes on), and a principal past its TTL is served while one

@@ -100,8 +100,8 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     store: Store | None = None
     land: Callable[[dict | None], None] | None = None  # a leader's (gateway.flights)
     cache = caller.state.cache
-    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None):  # a stored
-        # answer has no logprobs to show
+    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None):
+        # a stored answer has no logprobs to show
         account.cache = caller.response_headers["x-cache"] = "bypass"
         cache = None
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine

@@ -67,9 +67,10 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
     not be more than that (vLLM refuses it too). ``defaulted``: ``requested`` is the route's default
     (text completions' 16), not the client's."""
     room = max_model_len - prompt_tokens
-    # (max_tokens 0, a prompt scored with echo, may fill the whole context: found by QA)
-    if room < (0 if requested == 0 else 1) or (requested is not None and requested > room):  # a requested completion is named in the
-        raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)  # message (found by QA)
+    # max_tokens 0 (a prompt scored with echo) may fill the whole context (found by QA); a requested
+    # completion is named in the message (found by QA)
+    if room < (0 if requested == 0 else 1) or (requested is not None and requested > room):
+        raise context_length_exceeded(prompt_tokens, max_model_len, requested, what=what)
     max_tokens = room if requested is None else requested
     if min_tokens > max_tokens:
         if requested is None:  # (found by QA: "more than max_tokens (110)" to a request that sent none)

@@ -54,9 +54,9 @@ def test_a_body_with_few_braces_is_not_parsed_for_its_objects(monkeypatch) -> No
     monkeypatch.setattr(deps.json, "loads", lambda *a, **kw: parsed.append(1) or real(*a, **kw))
     numbers = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                           "zz": [[1.5] * 5] * 20_000}).encode()
-    assert not deps.holds_too_many_objects(numbers, deps.MAX_CHAT_OBJECTS) and parsed == []
+    assert not deps.holds_too_many_objects(numbers, ChatCompletionRequest.max_json_objects) and parsed == []
     braces = json.dumps({"model": "m", "messages": [{"role": "user", "content": "{}" * 20_000}]}).encode()
-    assert not deps.holds_too_many_objects(braces, deps.MAX_CHAT_OBJECTS) and parsed == [1]
+    assert not deps.holds_too_many_objects(braces, ChatCompletionRequest.max_json_objects) and parsed == [1]
     objects = json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]
                                                       * 20_000}]}).encode()
-    assert deps.holds_too_many_objects(objects, deps.MAX_CHAT_OBJECTS)
+    assert deps.holds_too_many_objects(objects, ChatCompletionRequest.max_json_objects)
