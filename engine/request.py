@@ -53,6 +53,7 @@ class Sequence:
     generator: torch.Generator | None = None
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # params.logit_bias as (token ids, values), once
     detok: IncrementalDetokenizer | None = None
+    json_state: tuple | None = None  # params.json_object: engine.json_grammar's state after its output
     finish_reason: str | None = None
     num_preemptions: int = 0
     last_token_time: float | None = None

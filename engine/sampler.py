@@ -1,7 +1,7 @@
 """Next-token sampling for a batch of sequences, vectorized over the batch.
 
-Per row: ``logit_bias``, repetition, presence and frequency penalties and ``min_tokens`` masking
-(only the rows that need them, batched over those rows), then greedy argmax, or temperature ->
+Per row: ``logit_bias``, repetition, presence and frequency penalties, ``min_tokens`` masking and
+JSON mode's mask (only the rows that need them, batched over those rows), then greedy argmax, or temperature ->
 top-k -> top-p -> inverse-CDF draw with one uniform number from the sequence's own ``torch.Generator``. A row's
 result therefore depends only on its logits and its generator, never on its batch mates.
 """
@@ -14,6 +14,7 @@ from itertools import chain
 
 import torch
 
+from engine.json_grammar import JsonVocabulary
 from engine.request import Sequence
 from engine.sampling_params import MIN_REPETITION_PENALTY
 
@@ -42,6 +43,7 @@ class Sampler:
     def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None) -> None:
         self.eos_token_ids = list(eos_token_ids or [])
         self._seed_source = make_generator(int.from_bytes(os.urandom(8), "little") if seed is None else seed)
+        self.json_vocab: JsonVocabulary | None = None  # set by the engine with its first JSON-mode request
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         """A sequence's generator: from ``params.seed`` (and its choice index) when given."""
@@ -171,7 +173,7 @@ class Sampler:
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence], *, scratch: bool = False) -> torch.Tensor:
         """``logit_bias``, then the repetition penalty, then presence/frequency penalties, then
-        ``min_tokens`` masking.
+        ``min_tokens`` masking, then JSON mode's mask (the tokens that would break the object).
 
         Each applies only to the rows that ask for it, as one batched tensor operation over those
         rows. Returns ``logits`` itself when no row needs any (the common case: one cheap Python
@@ -182,6 +184,7 @@ class Sampler:
         rep: list[int] = []
         occ: list[int] = []
         block: list[int] = []
+        json_rows: list[int] = []
         for i, seq in enumerate(seqs):
             p = seq.params
             if p.logit_bias is not None:
@@ -192,7 +195,9 @@ class Sampler:
                 occ.append(i)
             if seq.num_output_tokens < p.min_tokens:
                 block.append(i)
-        if not (bias or rep or occ or block):
+            if seq.json_state is not None:
+                json_rows.append(i)
+        if not (bias or rep or occ or block or json_rows):
             return logits
         if not (scratch and logits.is_contiguous()):
             logits = logits.clone(memory_format=torch.contiguous_format)
@@ -220,6 +225,8 @@ class Sampler:
             stop_ids = [*p.stop_token_ids, *([] if p.ignore_eos else self.eos_token_ids)]
             if stop_ids:
                 logits[i, stop_ids] = float("-inf")
+        for i in json_rows:  # (a mask as wide as the logits: JsonVocabulary.width is the model's vocabulary)
+            logits[i].masked_fill_(self.json_vocab.banned(seqs[i].json_state), float("-inf"))
         return logits
 
 

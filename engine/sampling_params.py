@@ -48,6 +48,11 @@ class SamplingParams:
     ``logit_bias`` (None: off): token id -> a value in [-100, 100] added to that token's logit before
     the penalties and sampling (vLLM's order), as OpenAI defines it; -100 in effect bans the token,
     100 in effect forces it. Logprobs stay the model's own (before the bias). An empty mapping is None.
+
+    ``json_object`` (OpenAI's ``response_format: {"type": "json_object"}``): each choice is decoded
+    as one JSON object (``engine.json_grammar``) and ends, finish reason "stop", once it closes
+    (``min_tokens``, ``ignore_eos`` and the stop tokens do not hold it open: the object is the
+    answer); cut by ``max_tokens`` it is a prefix of one ("length"). Logprobs stay the model's own.
     """
 
     n: int = 1
@@ -66,6 +71,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    json_object: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -80,8 +86,9 @@ class SamplingParams:
             if not _is_number(getattr(self, name)):  # (True was a temperature of 1)
                 raise ValueError(f"{name} must be a number")
             setattr(self, name, float(getattr(self, name)))
-        if not isinstance(self.ignore_eos, bool):  # ("no" is truthy: it ignored EOS)
-            raise ValueError("ignore_eos must be a boolean")
+        for name in ("ignore_eos", "json_object"):  # ("no" is truthy: it ignored EOS)
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean")
         if not _is_int(self.n):
             raise ValueError("n must be an integer >= 1")
         self.n = int(self.n)

@@ -32,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="makes sampling reproducible")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")
+    p.add_argument("--json", action="store_true", dest="json_object",
+                   help="JSON mode: the answer is one JSON object (say so in the prompt)")
     p.add_argument("--model", help="model id or local HF directory (default: PAGEGATE_MODEL)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights dtype")
     p.add_argument("--device", help='"auto", "cpu", "cuda" or "cuda:N"')
@@ -55,6 +57,7 @@ def sampling_params_from_args(args: argparse.Namespace):
     return SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_tokens=args.max_tokens, stop=list(args.stop), ignore_eos=args.ignore_eos,
+        json_object=args.json_object,
     )
 
 

@@ -137,6 +137,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             logprobs=logprobs_asked(body),
             prompt_logprobs=prompt_logprobs_asked(body),
             logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
+            json_object=body.response_format is not None and body.response_format.json_object,
         )
     except ValueError as err:
         message = str(err)
@@ -265,6 +266,24 @@ def _check_function_name(function: dict, param: str) -> None:
                               code="missing_required_parameter")
 
 
+def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """"text" and "json_object" (JSON mode) are served; a chat in JSON mode must mention JSON, as
+    OpenAI requires: told nothing of it, a model may fill its answer with whitespace until the
+    token limit (OpenAI's reason; the object itself is guaranteed either way)."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return
+    if fmt.type == "json_schema":
+        raise unsupported("response_format", "response_format of type 'json_schema' is not supported: use "
+                                             "'json_object' (any JSON object) and describe the fields in the prompt.")
+    if not fmt.json_object:
+        raise invalid_request(f"Invalid value: '{quoted_name(fmt.type)}'. Supported values are: 'text', 'json_object' "
+                              "and 'json_schema'.", param="response_format.type")
+    if isinstance(body, ChatCompletionRequest) and not any("json" in m.text().lower() for m in body.messages):
+        raise invalid_request("'messages' must contain the word 'json' in some form, to use 'response_format' of "
+                              "type 'json_object'.", param="messages")
+
+
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     """Known OpenAI fields (and vLLM extras) the engine cannot honour are refused, never silently
     dropped."""
@@ -274,9 +293,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     if body.prompt_logprobs is not None and body.stream:  # as vLLM answers it
         raise invalid_request("'prompt_logprobs' are not available when 'stream' is true.", param="prompt_logprobs")
     _refuse_vllm_extras(body)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise unsupported("response_format", f"response_format of type '{quoted_name(body.response_format.type)}' is not "
-                                             "supported by this model (only 'text').")
+    _check_response_format(body)
     if isinstance(body, CompletionRequest):
         return
     for i, m in enumerate(body.messages):

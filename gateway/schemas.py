@@ -136,7 +136,11 @@ class StreamOptions(_Request):
 
 
 class ResponseFormat(_Request):
-    type: StrictStr  # only "text": json_object / json_schema need constrained decoding (refused by the service)
+    type: StrictStr  # "text" or "json_object" (JSON mode); "json_schema" is refused by the service
+
+    @property
+    def json_object(self) -> bool:
+        return self.type == "json_object"
 
 
 def _non_empty(value: str) -> str:
@@ -294,7 +298,7 @@ class CompletionRequest(_Sampling):
     suffix: Text | None = None  # not supported: refused by the service
     logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # OpenAI's go to 5
     best_of: StrictInt | None = None  # only 1 (or unset) is supported
-    response_format: ResponseFormat | None = None  # vLLM's completions take it too: only "text" (found by QA)
+    response_format: ResponseFormat | None = None  # vLLM's completions take it too (found by QA)
 
     @property
     def batched(self) -> bool:

@@ -10,7 +10,7 @@ import pickle
 
 import pytest
 
-from engine import ipc
+from engine import ipc, json_grammar
 from engine.async_engine import AsyncEngine
 from engine.ipc import EngineServer
 from engine.ipc_wire import frame, loads
@@ -268,15 +268,15 @@ async def test_abort_by_id_ends_the_stream_with_abort(served):
 
 
 async def test_every_sampling_field_crosses_the_socket(served):
-    """Parameters travel as a tuple of their fields: n, seed, stop strings, penalties and the rest
-    give what the same request gives in-process."""
+    """Parameters travel as a tuple of their fields: n, seed, stop strings, penalties, JSON mode and
+    the rest give what the same request gives in-process."""
     make, connect = served
     eng, server = await make()
     client = await connect(server)
     params = SamplingParams(n=2, temperature=0.9, top_p=0.95, top_k=50, seed=7, max_tokens=8, min_tokens=2,
                             stop=["zz"], stop_token_ids=[3], repetition_penalty=1.2, presence_penalty=0.5,
                             frequency_penalty=0.3, ignore_eos=True, logprobs=3, logit_bias={9: 4.0, 11: -100},
-                            prompt_logprobs=2)
+                            prompt_logprobs=2, json_object=True)
 
     async def texts(engine, rid):  # noqa: ANN001, ANN202
         by_choice: dict = {"prompt": []}
@@ -289,6 +289,10 @@ async def test_every_sampling_field_crosses_the_socket(served):
     remote, local = await texts(client, "r"), await texts(eng, "l")
     assert set(remote) == {"prompt", 0, 1} and remote == local  # the logprobs cross too, the prompt's
     assert all(len(top) == 3 for i in (0, 1) for _, (_, top) in remote[i])
+    for i in (0, 1):  # JSON mode crossed too: each choice a JSON prefix, and not what it is without
+        assert json_grammar.accepts(bytes(t for t, _ in remote[i])) is not None
+    params = dataclasses.replace(params, json_object=False)
+    assert await texts(eng, "plain") != local
     scored, *later = remote["prompt"]
     assert len(scored) == 4 and scored[0] is None and all(len(e[1]) == 2 for e in scored[1:])
     assert later and all(p is None for p in later)

@@ -67,7 +67,8 @@ CHAT_CASES = [
     ({"stream": 1}, 400, "stream"),
     ({"stream": True, "n": 0}, 400, "n"),
     ({"stream_options": "usage"}, 400, "stream_options"),
-    ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"response_format": {"type": "json_object"}}, 400, "messages"),  # JSON mode, but no message says JSON
+    ({"response_format": {"type": "json_schema"}}, 400, "response_format"),
     ({"response_format": {"type": 3}}, 400, "response_format.type"),
     ({"stop": ["ok", ""]}, 400, "stop[1]"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI
@@ -368,8 +369,8 @@ _SURROGATE = '"\\ud800"'  # JSON's escape of a lone surrogate (httpx would refus
     ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":"hi"}],"tool_choice":S}', "tool_choice"),
     ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":"hi"}],"function_call":S}', "function_call"),
     ("/v1/chat/completions", '{"model":"M","messages":[{"role":"user","content":"hi"}],"response_format":{"type":S}}',
-     "response_format"),
-    ("/v1/completions", '{"model":"M","prompt":"a","response_format":{"type":S}}', "response_format"),
+     "response_format.type"),
+    ("/v1/completions", '{"model":"M","prompt":"a","response_format":{"type":S}}', "response_format.type"),
 ])
 def test_a_quoted_value_is_cut_and_a_lone_surrogate_escaped(api, path, template, param) -> None:  # noqa: ANN001
     """Found by a fuzzing QA: these errors quoted the value whole: a lone surrogate made the JSON

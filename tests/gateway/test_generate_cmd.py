@@ -38,6 +38,8 @@ def test_flags_override_settings() -> None:
     assert (cfg.model, cfg.dtype, cfg.device, cfg.block_size) == ("/models/x", "bfloat16", "cpu", 32)
     params = sampling_params_from_args(args)
     assert (params.max_tokens, params.greedy, params.top_p, params.seed, params.stop) == (7, True, 0.5, 3, ["\n"])
+    assert not params.json_object
+    assert sampling_params_from_args(build_parser().parse_args(["generate", "hi", "--json"])).json_object
     unchanged = engine_config_from_args(build_parser().parse_args(["generate", "hi"]), Settings(dtype="float32"))
     assert unchanged.dtype == "float32" and unchanged.model == "smollm2-135m-instruct"
 

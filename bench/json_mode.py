@@ -1,0 +1,110 @@
+"""What JSON mode (``response_format: json_object``) costs in the engine, against plain decoding of
+the same requests in the same process, rounds alternated.
+
+Each round runs ``--batch`` chat prompts that ask for a JSON object through ``LLMEngine.step``
+twice: in JSON mode (greedy), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
+so both decode the same number of tokens). It prints the time per generated token of each and
+their ratio, the time spent getting the masks (computed, or taken from their cache) and how many
+were computed, how many JSON answers parse and how many ``max_tokens`` cut (a cut answer is a
+prefix of an object). The one-time cost of a process's first JSON-mode request (the vocabulary's
+bytes and trie) is printed first.
+
+    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+ASKS = ["Describe a cat as JSON with the keys name, age and color.",
+        "Give three fruits and their colors as a JSON object.",
+        "Return a JSON object with a city's name, country and population.",
+        "Describe a book as JSON: title, author, year.",
+        "Write a JSON object for a user profile with name, email and age.",
+        "List two planets and their moons as JSON.",
+        "Describe a car as a JSON object: make, model, year, color.",
+        "Give the weather for today as JSON with temperature and conditions."]
+
+
+def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
+         ) -> tuple[float, list[str], int, int]:
+    """Seconds, each request's text, tokens generated, choices cut by ``max_tokens``."""
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        engine.add_request(f"{time.perf_counter_ns()}-{i}", p, sp)
+    texts: dict[str, str] = {}
+    order: list[str] = []
+    tokens = cut = 0
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id not in texts:
+                order.append(out.request_id)
+                texts[out.request_id] = ""
+            for d in out.deltas:
+                texts[out.request_id] += d.text
+                tokens += len(d.token_ids)
+                cut += d.finish_reason == "length"
+    return time.perf_counter() - t0, [texts[r] for r in sorted(order)], tokens, cut
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    engine = LLMEngine(EngineConfig())
+    tok = engine.tokenizer
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": ASKS[i % len(ASKS)]}],
+                                            add_generation_prompt=True, tokenize=True, return_dict=False))
+               for i in range(args.batch)]
+    t0 = time.perf_counter()
+    engine._json = engine._json_vocabulary()
+    print(f"first JSON-mode request's one-time set-up (vocabulary bytes and trie): "
+          f"{(time.perf_counter() - t0) * 1000:.0f} ms")
+
+    vocab = engine._json
+    masks_time = [0.0]
+    banned = vocab.banned
+
+    def timed_banned(state):  # noqa: ANN001, ANN202
+        t = time.perf_counter()
+        try:
+            return banned(state)
+        finally:
+            masks_time[0] += time.perf_counter() - t
+
+    vocab.banned = timed_banned
+    rows = []
+    for r in range(args.rounds):
+        walked0, masks_time[0] = vocab.walked, 0.0
+        json_params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, json_object=True)] * args.batch
+        t_json, texts, n_json, cut = _run(engine, prompts, json_params)
+        mask_s = masks_time[0]
+        lengths = [len(tok.encode(t, add_special_tokens=False)) for t in texts]
+        plain_params = [SamplingParams(temperature=0.0, max_tokens=max(1, n), ignore_eos=True) for n in lengths]
+        t_plain, _, n_plain, _ = _run(engine, prompts, plain_params)
+        parsed = 0
+        for t in texts:
+            try:
+                parsed += isinstance(json.loads(t), dict)
+            except ValueError:
+                pass
+        rows.append((t_json / n_json * 1000, t_plain / n_plain * 1000))
+        print(f"round {r + 1}: JSON {t_json / n_json * 1000:.2f} ms/token ({n_json} tokens), plain "
+              f"{t_plain / n_plain * 1000:.2f} ms/token ({n_plain} tokens), ratio {t_json / n_json / (t_plain / n_plain):.3f}; "
+              f"masks {mask_s * 1000:.1f} ms ({mask_s / t_json:.1%} of the JSON run), computed "
+              f"{vocab.walked - walked0}; {parsed}/{len(texts)} answers parse as objects, {cut} cut by max_tokens")
+    ratio = statistics.median(j / p for j, p in rows)
+    print(f"median ratio JSON / plain per token: {ratio:.3f} over {args.rounds} rounds (batch {args.batch})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""JSON mode: decoding constrained to one JSON object (OpenAI's ``response_format: json_object``).
+
+A byte-level pushdown recognizer of RFC 8259 JSON whose top level is an object, and the masks it
+gives over a tokenizer's vocabulary: at each step a JSON-mode sequence may only sample a token
+whose bytes keep its output a prefix of such an object; once the object closes the sequence ends
+(finish reason "stop"; EOS is never allowed before that).
+
+    state = (mode, stack, aux, ws)     stack: "o" / "a" per open object / array, innermost last
+    step(state, byte) -> state | None  None: the byte cannot come next
+
+Strings are checked as UTF-8 (a lead byte, then its continuation bytes) and escapes as JSON's
+(``\\uXXXX`` with four hex digits). Whitespace between tokens is allowed in runs of at most
+``MAX_WHITESPACE`` bytes and nesting to ``MAX_DEPTH`` levels, so a model cannot spin forever on
+blank lines (a known failure of unconstrained whitespace in JSON-mode decoding).
+
+Masks are computed by walking a byte trie of the vocabulary from a state, pruned at the first
+byte the state refuses, and kept per state key: a token can close at most ``max_closers`` levels,
+so only that many innermost stack entries (and whether the stack is deeper) decide a mask. Inside
+a string, the tokens that are plain string text (no quote, backslash, control byte or partial
+UTF-8 character: most of a vocabulary) are allowed wholesale and only the rest are walked.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+MAX_WHITESPACE = 32  # bytes of whitespace in a row between a JSON document's tokens
+MAX_DEPTH = 64  # objects and arrays open at once
+MASK_CACHE = 4096  # masks kept per vocabulary (49,152 bools each: ~200 MB at most)
+
+State = tuple  # (mode, stack, aux, ws)
+
+# modes
+START, OBJ_FIRST, OBJ_KEY, COLON, VALUE, ARR_FIRST, AFTER, DONE = "S", "{", "k", ":", "v", "[", "a", "D"
+KEY_STR, VAL_STR = "K", "V"  # aux: (escape, utf8): escape 0, -1 after "\", 1..4 hex digits due
+NUMBER, LITERAL = "N", "L"  # aux: the number's part / the literal's bytes still due
+
+_WS = frozenset(b" \t\n\r")
+_DIGITS = frozenset(b"0123456789")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_ESCAPES = frozenset(b'"\\/bfnrt')
+_LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
+# number parts: which bytes continue it (to which part); a part in _NUM_END may end the number
+_NUM = {
+    "-": ((_DIGITS - {ord("0")}, "int"), ({ord("0")}, "zero")),
+    "zero": (({ord(".")}, "dot"), (frozenset(b"eE"), "e")),
+    "int": ((_DIGITS, "int"), ({ord(".")}, "dot"), (frozenset(b"eE"), "e")),
+    "dot": ((_DIGITS, "frac"),),
+    "frac": ((_DIGITS, "frac"), (frozenset(b"eE"), "e")),
+    "e": ((frozenset(b"+-"), "sign"), (_DIGITS, "exp")),
+    "sign": ((_DIGITS, "exp"),),
+    "exp": ((_DIGITS, "exp"),),
+}
+_NUM_END = frozenset(("zero", "int", "frac", "exp"))
+
+INITIAL: State = (START, (), None, 0)
+
+
+def _closed(stack: tuple) -> State:
+    """The state after a value ends with ``stack`` open around it."""
+    return (AFTER, stack, None, 0) if stack else (DONE, (), None, 0)
+
+
+def _value(stack: tuple, b: int) -> State | None:
+    """The state after byte ``b`` starts a value inside ``stack``."""
+    if b == 0x22:  # "
+        return (VAL_STR, stack, (0, 0), 0)
+    if b == 0x7B or b == 0x5B:  # { [
+        if len(stack) >= MAX_DEPTH:
+            return None
+        return ((OBJ_FIRST, stack + ("o",), None, 0) if b == 0x7B else (ARR_FIRST, stack + ("a",), None, 0))
+    if b == 0x2D:  # -
+        return (NUMBER, stack, "-", 0)
+    if b == 0x30:
+        return (NUMBER, stack, "zero", 0)
+    if b in _DIGITS:
+        return (NUMBER, stack, "int", 0)
+    rest = _LITERALS.get(b)
+    return None if rest is None else (LITERAL, stack, rest, 0)
+
+
+def _string(state: State, b: int) -> State | None:
+    mode, stack, (esc, utf8), _ = state
+    if utf8:
+        return (mode, stack, (0, utf8 - 1), 0) if 0x80 <= b <= 0xBF else None
+    if esc == -1:
+        if b in _ESCAPES:
+            return (mode, stack, (0, 0), 0)
+        return (mode, stack, (4, 0), 0) if b == 0x75 else None  # \u
+    if esc:
+        return (mode, stack, (esc - 1, 0), 0) if b in _HEX else None
+    if b == 0x22:  # the closing quote
+        return (COLON, stack, None, 0) if mode == KEY_STR else _closed(stack)
+    if b == 0x5C:
+        return (mode, stack, (-1, 0), 0)
+    if b < 0x20:  # control characters must be escaped
+        return None
+    if b < 0x80:
+        return state
+    if 0xC2 <= b <= 0xDF:
+        return (mode, stack, (0, 1), 0)
+    if 0xE0 <= b <= 0xEF:
+        return (mode, stack, (0, 2), 0)
+    if 0xF0 <= b <= 0xF4:
+        return (mode, stack, (0, 3), 0)
+    return None
+
+
+def step(state: State, b: int) -> State | None:
+    """The recognizer's state after byte ``b``, or None when ``b`` cannot come next."""
+    mode, stack, aux, ws = state
+    if mode == KEY_STR or mode == VAL_STR:
+        return _string(state, b)
+    if mode == NUMBER:
+        for chars, part in _NUM[aux]:
+            if b in chars:
+                return (NUMBER, stack, part, 0)
+        if aux not in _NUM_END:
+            return None
+        return step(_closed(stack), b)  # the byte after a number is read after the value
+    if mode == LITERAL:
+        if b != aux[0]:
+            return None
+        return (LITERAL, stack, aux[1:], 0) if len(aux) > 1 else _closed(stack)
+    if b in _WS:
+        return (mode, stack, aux, ws + 1) if ws < MAX_WHITESPACE else None
+    if mode == START:
+        return (OBJ_FIRST, ("o",), None, 0) if b == 0x7B else None
+    if mode == OBJ_FIRST or mode == OBJ_KEY:
+        if b == 0x22:
+            return (KEY_STR, stack, (0, 0), 0)
+        return _closed(stack[:-1]) if b == 0x7D and mode == OBJ_FIRST else None
+    if mode == COLON:
+        return (VALUE, stack, None, 0) if b == 0x3A else None
+    if mode == VALUE:
+        return _value(stack, b)
+    if mode == ARR_FIRST:
+        return _closed(stack[:-1]) if b == 0x5D else _value(stack, b)
+    if mode == AFTER:
+        top = stack[-1]
+        if b == 0x2C:  # ,
+            return (OBJ_KEY, stack, None, 0) if top == "o" else (VALUE, stack, None, 0)
+        if (b == 0x7D and top == "o") or (b == 0x5D and top == "a"):
+            return _closed(stack[:-1])
+        return None
+    return None  # DONE: only whitespace
+
+
+def accepts(data: bytes, state: State = INITIAL) -> State | None:
+    """The state after all of ``data``, or None when some byte of it cannot come next."""
+    for b in data:
+        state = step(state, b)
+        if state is None:
+            return None
+    return state
+
+
+def is_complete(state: State) -> bool:
+    return state[0] == DONE
+
+
+def _in_plain_string(state: State) -> bool:
+    return (state[0] == KEY_STR or state[0] == VAL_STR) and state[2] == (0, 0)
+
+
+def _plain_text(data: bytes) -> bool:
+    """Bytes a string may hold that leave it as it was: no quote, backslash or control byte, and
+    whole UTF-8 characters."""
+    if not data or b'"' in data or b"\\" in data or any(c < 0x20 for c in data):
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class JsonVocabulary:
+    """A vocabulary's byte trie and the JSON-mode masks over it (one per engine, built on the first
+    JSON-mode request; the engine's step thread is its only user).
+
+    ``token_bytes[i]`` is token ``i``'s bytes (empty: never allowed, e.g. a special token);
+    ``width`` the logits' width (ids past the vocabulary are never allowed); ``eos_token_ids`` what
+    a state no token may follow allows instead (it cannot arise with a byte-level vocabulary,
+    which has every single byte; the answer then ends there); masks are kept on ``device``."""
+
+    def __init__(self, token_bytes: list[bytes], width: int, eos_token_ids: list[int] = (),
+                 device: torch.device | str = "cpu") -> None:
+        self.width = width
+        self.eos_token_ids = list(eos_token_ids)
+        self.device = torch.device(device)
+        self._trie: dict = {}
+        self._odd: dict = {}  # the trie of the tokens that are not plain string text
+        plain = torch.zeros(width, dtype=torch.bool)
+        closers = 0
+        for token_id, data in enumerate(token_bytes[:width]):
+            if not data:
+                continue
+            if _plain_text(data):
+                plain[token_id] = True
+            else:
+                _insert(self._odd, data, token_id)
+            _insert(self._trie, data, token_id)
+            closers = max(closers, data.count(b"}") + data.count(b"]"))
+        self._plain = plain
+        self.max_closers = closers
+        self._masks: OrderedDict = OrderedDict()
+        self._tokens = token_bytes
+        self.walked = 0  # masks computed (not taken from the cache): for tests and figures
+
+    def advance(self, state: State, token_id: int) -> State | None:
+        """The state after token ``token_id``, None when the token cannot come next."""
+        if not 0 <= token_id < min(self.width, len(self._tokens)) or not self._tokens[token_id]:
+            return None
+        return accepts(self._tokens[token_id], state)
+
+    def banned(self, state: State) -> torch.Tensor:
+        """A bool mask over ``width``: True for the tokens that cannot come next in ``state``
+        (EOS among them: a JSON-mode sequence ends when its object closes)."""
+        key = self._key(state)
+        mask = self._masks.get(key)
+        if mask is not None:
+            self._masks.move_to_end(key)
+            return mask
+        self.walked += 1
+        allowed = self._plain.clone() if _in_plain_string(state) else torch.zeros(self.width, dtype=torch.bool)
+        ids: list[int] = []
+        _walk(self._odd if _in_plain_string(state) else self._trie, state, ids, {})
+        if ids:
+            allowed[torch.tensor(ids)] = True
+        else:
+            allowed[self.eos_token_ids] = True
+        mask = (~allowed).to(self.device)
+        self._masks[key] = mask
+        if len(self._masks) > MASK_CACHE:
+            self._masks.popitem(last=False)
+        return mask
+
+    def _key(self, state: State) -> State:
+        """``state`` with its stack cut to what any one token can reach (see the module's docstring)."""
+        mode, stack, aux, ws = state
+        keep = self.max_closers + 1
+        if len(stack) > keep:
+            stack = ("deeper", *stack[-keep:])
+        return (mode, stack, aux, ws)
+
+
+def _insert(trie: dict, data: bytes, token_id: int) -> None:
+    node = trie
+    for b in data:
+        node = node.setdefault(b, {})
+    node.setdefault(None, []).append(token_id)  # key None: the tokens that end here
+
+
+def _walk(node: dict, state: State, ids: list[int], memo: dict) -> None:
+    """Collect into ``ids`` the tokens under ``node`` whose bytes ``state`` accepts."""
+    for b, child in node.items():
+        if b is None:
+            ids.extend(child)
+            continue
+        key = (state, b)
+        nxt = memo.get(key, memo)
+        if nxt is memo:
+            nxt = memo[key] = step(state, b)
+        if nxt is not None:
+            _walk(child, nxt, ids, memo)
