@@ -22,6 +22,7 @@ UTF-8 character: most of a vocabulary) are allowed wholesale and only the rest a
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import torch
@@ -165,11 +166,16 @@ def _in_plain_string(state: State) -> bool:
     return (state[0] == KEY_STR or state[0] == VAL_STR) and state[2] == (0, 0)
 
 
+_NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')
+
+
 def _plain_text(data: bytes) -> bool:
     """Bytes a string may hold that leave it as it was: no quote, backslash or control byte, and
     whole UTF-8 characters."""
-    if not data or b'"' in data or b"\\" in data or any(c < 0x20 for c in data):
+    if not data or _NOT_PLAIN.search(data) is not None:
         return False
+    if data.isascii():
+        return True
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
@@ -193,18 +199,19 @@ class JsonVocabulary:
         self.device = torch.device(device)
         self._trie: dict = {}
         self._odd: dict = {}  # the trie of the tokens that are not plain string text
-        plain = torch.zeros(width, dtype=torch.bool)
+        plain_ids = []
         closers = 0
         for token_id, data in enumerate(token_bytes[:width]):
             if not data:
                 continue
             if _plain_text(data):
-                plain[token_id] = True
+                plain_ids.append(token_id)
             else:
                 _insert(self._odd, data, token_id)
             _insert(self._trie, data, token_id)
             closers = max(closers, data.count(b"}") + data.count(b"]"))
-        self._plain = plain
+        self._plain = torch.zeros(width, dtype=torch.bool)
+        self._plain[plain_ids] = True
         self.max_closers = closers
         self._masks: OrderedDict = OrderedDict()
         self._tokens = token_bytes
