@@ -1,15 +1,16 @@
-"""What JSON mode (``response_format: json_object``) costs in the engine, against plain decoding of
-the same requests in the same process, rounds alternated.
+"""What JSON mode (``response_format: json_object``) and structured outputs (``json_schema``) cost
+in the engine, against plain decoding of the same requests in the same process, rounds alternated.
 
 Each round runs ``--batch`` chat prompts that ask for a JSON object through ``LLMEngine.step``
-twice: in JSON mode (greedy), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
+twice: in JSON mode (greedy; with ``--schema``, constrained to a schema of six properties, an
+enum, an integer, an array of strings and an optional nested object), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
 so both decode the same number of tokens). It prints the time per generated token of each and
 their ratio, the time spent getting the masks (computed, or taken from their cache) and how many
 were computed, how many JSON answers parse and how many ``max_tokens`` cut (a cut answer is a
 prefix of an object). The one-time cost of a process's first JSON-mode request (the vocabulary's
 bytes and trie) is printed first.
 
-    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3]
+    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema]
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ ASKS = ["Describe a cat as JSON with the keys name, age and color.",
         "List two planets and their moons as JSON.",
         "Describe a car as a JSON object: make, model, year, color.",
         "Give the weather for today as JSON with temperature and conditions."]
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string"}, "kind": {"enum": ["animal", "thing", "place", "person", "other"]},
+    "count": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+    "details": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+        "color": {"type": "string"}, "size": {"type": "number"}}, "required": ["color", "size"]}]},
+    "ok": {"type": "boolean"}}, "required": ["name", "kind", "count", "tags", "details", "ok"]}
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
@@ -59,6 +66,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--schema", action="store_true", help="structured outputs instead of JSON mode")
     args = ap.parse_args()
     engine = LLMEngine(EngineConfig())
     tok = engine.tokenizer
@@ -74,10 +82,10 @@ def main() -> None:
     masks_time = [0.0]
     banned = vocab.banned
 
-    def timed_banned(state):  # noqa: ANN001, ANN202
+    def timed_banned(state, grammar):  # noqa: ANN001, ANN202
         t = time.perf_counter()
         try:
-            return banned(state)
+            return banned(state, grammar)
         finally:
             masks_time[0] += time.perf_counter() - t
 
@@ -85,7 +93,8 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         walked0, masks_time[0] = vocab.walked, 0.0
-        json_params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, json_object=True)] * args.batch
+        constraint = {"json_schema": json.dumps(SCHEMA)} if args.schema else {"json_object": True}
+        json_params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, **constraint)] * args.batch
         t_json, texts, n_json, cut = _run(engine, prompts, json_params)
         mask_s = masks_time[0]
         lengths = [len(tok.encode(t, add_special_tokens=False)) for t in texts]
@@ -94,9 +103,10 @@ def main() -> None:
         parsed = 0
         for t in texts:
             try:
-                parsed += isinstance(json.loads(t), dict)
+                value = json.loads(t)
             except ValueError:
-                pass
+                continue
+            parsed += isinstance(value, dict) and (not args.schema or list(value) == list(SCHEMA["properties"]))
         rows.append((t_json / n_json * 1000, t_plain / n_plain * 1000))
         print(f"round {r + 1}: JSON {t_json / n_json * 1000:.2f} ms/token ({n_json} tokens), plain "
               f"{t_plain / n_plain * 1000:.2f} ms/token ({n_plain} tokens), ratio {t_json / n_json / (t_plain / n_plain):.3f}; "

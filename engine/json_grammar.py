@@ -14,8 +14,9 @@ Strings are checked as UTF-8 (a lead byte, then its continuation bytes) and esca
 blank lines (a known failure of unconstrained whitespace in JSON-mode decoding).
 
 Masks are computed by walking a byte trie of the vocabulary from a state, pruned at the first
-byte the state refuses, and kept per state key: a token can close at most ``max_closers`` levels,
-so only that many innermost stack entries (and whether the stack is deeper) decide a mask. Inside
+byte the state refuses, and kept per state key: a token can close at most ``max_closers`` levels
+and open at most ``max_openers``, so only that many innermost stack entries (and whether the stack
+is deeper) and how many levels are left to open, up to that many, decide a mask. Inside
 a string, the tokens that are plain string text (no quote, backslash, control byte or partial
 UTF-8 character: most of a vocabulary) are allowed wholesale and only the rest are walked.
 """
@@ -57,6 +58,9 @@ _NUM = {
 _NUM_END = frozenset(("zero", "int", "frac", "exp"))
 
 INITIAL: State = (START, (), None, 0)
+# lead bytes whose first continuation byte has a narrower range than 80..BF (RFC 3629's table):
+# (continuation bytes due, lowest, highest first one)
+_UTF8_LEADS = {0xE0: (2, 0xA0, 0xBF), 0xED: (2, 0x80, 0x9F), 0xF0: (3, 0x90, 0xBF), 0xF4: (3, 0x80, 0x8F)}
 
 
 def _closed(stack: tuple) -> State:
@@ -85,6 +89,9 @@ def _value(stack: tuple, b: int) -> State | None:
 def _string(state: State, b: int) -> State | None:
     mode, stack, (esc, utf8), _ = state
     if utf8:
+        if isinstance(utf8, tuple):  # the first continuation byte of a lead with a narrower range
+            left, low, high = utf8
+            return (mode, stack, (0, left - 1), 0) if low <= b <= high else None
         return (mode, stack, (0, utf8 - 1), 0) if 0x80 <= b <= 0xBF else None
     if esc == -1:
         if b in _ESCAPES:
@@ -102,10 +109,8 @@ def _string(state: State, b: int) -> State | None:
         return state
     if 0xC2 <= b <= 0xDF:
         return (mode, stack, (0, 1), 0)
-    if 0xE0 <= b <= 0xEF:
-        return (mode, stack, (0, 2), 0)
-    if 0xF0 <= b <= 0xF4:
-        return (mode, stack, (0, 3), 0)
+    if 0xE0 <= b <= 0xF4:  # no overlong forms, UTF-16 surrogates or code points past U+10FFFF
+        return (mode, stack, (0, _UTF8_LEADS.get(b, 2 if b <= 0xEF else 3)), 0)
     return None
 
 
@@ -183,6 +188,21 @@ def _plain_text(data: bytes) -> bool:
     return True
 
 
+class ObjectGrammar:
+    """Any JSON object: JSON mode's grammar. A grammar gives the recognizer's ``initial`` state,
+    ``step``, ``is_complete``, ``plain_string`` (the state is inside a free string: plain text
+    leaves it as it was) and ``name`` (its masks' cache key; ``engine.json_schema`` makes others)."""
+
+    name = "json_object"
+    initial = INITIAL
+    step = staticmethod(step)
+    is_complete = staticmethod(is_complete)
+    plain_string = staticmethod(_in_plain_string)
+
+
+OBJECT = ObjectGrammar()
+
+
 class JsonVocabulary:
     """A vocabulary's byte trie and the JSON-mode masks over it (one per engine, built on the first
     JSON-mode request; the engine's step thread is its only user).
@@ -200,7 +220,7 @@ class JsonVocabulary:
         self._trie: dict = {}
         self._odd: dict = {}  # the trie of the tokens that are not plain string text
         plain_ids = []
-        closers = 0
+        closers = openers = 0
         for token_id, data in enumerate(token_bytes[:width]):
             if not data:
                 continue
@@ -210,31 +230,38 @@ class JsonVocabulary:
                 _insert(self._odd, data, token_id)
             _insert(self._trie, data, token_id)
             closers = max(closers, data.count(b"}") + data.count(b"]"))
+            openers = max(openers, data.count(b"{") + data.count(b"["))
         self._plain = torch.zeros(width, dtype=torch.bool)
         self._plain[plain_ids] = True
         self.max_closers = closers
+        self.max_openers = openers
         self._masks: OrderedDict = OrderedDict()
         self._tokens = token_bytes
         self.walked = 0  # masks computed (not taken from the cache): for tests and figures
 
-    def advance(self, state: State, token_id: int) -> State | None:
+    def advance(self, state: State, token_id: int, grammar: ObjectGrammar = OBJECT) -> State | None:
         """The state after token ``token_id``, None when the token cannot come next."""
         if not 0 <= token_id < min(self.width, len(self._tokens)) or not self._tokens[token_id]:
             return None
-        return accepts(self._tokens[token_id], state)
+        for b in self._tokens[token_id]:
+            state = grammar.step(state, b)
+            if state is None:
+                return None
+        return state
 
-    def banned(self, state: State) -> torch.Tensor:
+    def banned(self, state: State, grammar: ObjectGrammar = OBJECT) -> torch.Tensor:
         """A bool mask over ``width``: True for the tokens that cannot come next in ``state``
         (EOS among them: a JSON-mode sequence ends when its object closes)."""
-        key = self._key(state)
+        key = (grammar.name, self._key(state))
         mask = self._masks.get(key)
         if mask is not None:
             self._masks.move_to_end(key)
             return mask
         self.walked += 1
-        allowed = self._plain.clone() if _in_plain_string(state) else torch.zeros(self.width, dtype=torch.bool)
+        in_string = grammar.plain_string(state)
+        allowed = self._plain.clone() if in_string else torch.zeros(self.width, dtype=torch.bool)
         ids: list[int] = []
-        _walk(self._odd if _in_plain_string(state) else self._trie, state, ids, {})
+        _walk(self._odd if in_string else self._trie, state, ids, {}, grammar.step)
         if ids:
             allowed[torch.tensor(ids)] = True
         else:
@@ -245,13 +272,16 @@ class JsonVocabulary:
             self._masks.popitem(last=False)
         return mask
 
-    def _key(self, state: State) -> State:
-        """``state`` with its stack cut to what any one token can reach (see the module's docstring)."""
+    def _key(self, state: State) -> tuple:
+        """``state`` with its stack cut to what any one token can reach (see the module's docstring),
+        and the levels still free to open, as far as one token could use them (near ``MAX_DEPTH``
+        fewer openers pass: found by QA, a mask of a shallow state allowed a 65th level)."""
         mode, stack, aux, ws = state
         keep = self.max_closers + 1
+        room = min(MAX_DEPTH - len(stack), self.max_openers + 1)
         if len(stack) > keep:
             stack = ("deeper", *stack[-keep:])
-        return (mode, stack, aux, ws)
+        return (mode, stack, aux, ws, room)
 
 
 def _insert(trie: dict, data: bytes, token_id: int) -> None:
@@ -261,7 +291,7 @@ def _insert(trie: dict, data: bytes, token_id: int) -> None:
     node.setdefault(None, []).append(token_id)  # key None: the tokens that end here
 
 
-def _walk(node: dict, state: State, ids: list[int], memo: dict) -> None:
+def _walk(node: dict, state: State, ids: list[int], memo: dict, step) -> None:  # noqa: ANN001 - a grammar's step
     """Collect into ``ids`` the tokens under ``node`` whose bytes ``state`` accepts."""
     for b, child in node.items():
         if b is None:
@@ -272,4 +302,4 @@ def _walk(node: dict, state: State, ids: list[int], memo: dict) -> None:
         if nxt is memo:
             nxt = memo[key] = step(state, b)
         if nxt is not None:
-            _walk(child, nxt, ids, memo)
+            _walk(child, nxt, ids, memo, step)

@@ -19,6 +19,7 @@ from engine import json_grammar
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.json_grammar import JsonVocabulary
+from engine.json_schema import compile_schema
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
 from engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -172,7 +173,7 @@ class LLMEngine:
         # what every front checks (floats or a bad salt crashed the step: QA), then as Python's ints
         check_prompt(prompt_token_ids, params, self.max_model_len, self.model.arch.vocab_size, salt)
         prompt_token_ids = [int(t) for t in prompt_token_ids]
-        if params.json_object and self._json is None:
+        if (params.json_object or params.json_schema is not None) and self._json is None:
             self._json = self._json_vocabulary()
         req = Request(RequestId(request_id), prompt_token_ids, params, salt=salt,
                       priority_class=priority_class)
@@ -184,14 +185,19 @@ class LLMEngine:
 
     def _init_seq(self, seq: Sequence) -> None:
         seq.detok = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids, seq.params.stop)
-        if seq.params.json_object:
-            seq.json_state = json_grammar.INITIAL
+        p = seq.params
+        if p.json_schema is not None:
+            seq.json_grammar = compile_schema(p.json_schema)
+        elif p.json_object:
+            seq.json_grammar = json_grammar.OBJECT
+        if seq.json_grammar is not None:
+            seq.json_state = seq.json_grammar.initial
 
     def _json_vocabulary(self) -> JsonVocabulary:
         """The vocabulary's bytes for JSON mode; special and added tokens have none there (they are
         not text: ``<|im_end|>`` inside a string would end the answer or vanish from it)."""
         if self.tokenizer is None:
-            raise ValueError("json_object needs the model's tokenizer (this model directory has none)")
+            raise ValueError("JSON mode needs the model's tokenizer (this model directory has none)")
         width = self.model.arch.vocab_size
         ids = list(range(min(width, len(self.tokenizer))))
         token_bytes = TokenBytes(self.tokenizer).of(ids)
@@ -342,7 +348,7 @@ class LLMEngine:
         can_stop = seq.num_output_tokens >= p.min_tokens
         hit_stop_string = seq.detok.add_token(tok, check_stop=can_stop)
         if seq.json_state is not None:
-            seq.json_state = self._json.advance(seq.json_state, tok)
+            seq.json_state = self._json.advance(seq.json_state, tok, seq.json_grammar)
             # the object closed; None only if a token the mask bans was sampled (every one banned)
             if seq.json_state is None or json_grammar.is_complete(seq.json_state):
                 return "stop"

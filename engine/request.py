@@ -53,7 +53,8 @@ class Sequence:
     generator: torch.Generator | None = None
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # params.logit_bias as (token ids, values), once
     detok: IncrementalDetokenizer | None = None
-    json_state: tuple | None = None  # params.json_object: engine.json_grammar's state after its output
+    json_state: tuple | None = None  # JSON mode: its grammar's state after its output (engine.json_grammar)
+    json_grammar: object | None = None  # that grammar: json_grammar.OBJECT or a compiled json_schema
     finish_reason: str | None = None
     num_preemptions: int = 0
     last_token_time: float | None = None

@@ -193,10 +193,10 @@ class Sampler:
                 rep.append(i)
             if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
                 occ.append(i)
-            if seq.num_output_tokens < p.min_tokens:
+            if seq.json_state is not None:  # the grammar alone decides (EOS is banned until the object closes):
+                json_rows.append(i)           # blocking stop tokens could leave it nothing (found by QA)
+            elif seq.num_output_tokens < p.min_tokens:
                 block.append(i)
-            if seq.json_state is not None:
-                json_rows.append(i)
         if not (bias or rep or occ or block or json_rows):
             return logits
         if not (scratch and logits.is_contiguous()):
@@ -226,7 +226,7 @@ class Sampler:
             if stop_ids:
                 logits[i, stop_ids] = float("-inf")
         for i in json_rows:  # (a mask as wide as the logits: JsonVocabulary.width is the model's vocabulary)
-            logits[i].masked_fill_(self.json_vocab.banned(seqs[i].json_state), float("-inf"))
+            logits[i].masked_fill_(self.json_vocab.banned(seqs[i].json_state, seqs[i].json_grammar), float("-inf"))
         return logits
 
 

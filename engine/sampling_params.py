@@ -53,6 +53,10 @@ class SamplingParams:
     as one JSON object (``engine.json_grammar``) and ends, finish reason "stop", once it closes
     (``min_tokens``, ``ignore_eos`` and the stop tokens do not hold it open: the object is the
     answer); cut by ``max_tokens`` it is a prefix of one ("length"). Logprobs stay the model's own.
+
+    ``json_schema`` (a JSON Schema as JSON text; OpenAI's ``response_format`` of type
+    ``json_schema``): as ``json_object``, the object being one the schema describes
+    (``engine.json_schema``: what a schema may use; a schema it cannot honour is a ValueError).
     """
 
     n: int = 1
@@ -72,6 +76,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     json_object: bool = False
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -135,6 +140,15 @@ class SamplingParams:
                 setattr(self, name, int(value))  # (a NumPy integer is one: found by a re-check)
         if self.logit_bias is not None:
             self.logit_bias = _checked_bias(self.logit_bias)
+        if self.json_schema is not None:
+            from engine.json_schema import SchemaError, compile_schema
+
+            if not isinstance(self.json_schema, str):
+                raise ValueError("json_schema must be a JSON Schema as JSON text")
+            try:
+                compile_schema(self.json_schema)
+            except SchemaError as err:
+                raise ValueError(f"json_schema: {err}") from err
 
     @property
     def greedy(self) -> bool:

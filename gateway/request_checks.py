@@ -6,9 +6,11 @@ dropped). The pipeline that calls these is ``gateway/chat_service.py``."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
+from engine.json_schema import SchemaError, compile_schema
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.deps import Caller
@@ -138,6 +140,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             prompt_logprobs=prompt_logprobs_asked(body),
             logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
             json_object=body.response_format is not None and body.response_format.json_object,
+            json_schema=None if body.response_format is None else body.response_format.schema_text(),
         )
     except ValueError as err:
         message = str(err)
@@ -266,20 +269,39 @@ def _check_function_name(function: dict, param: str) -> None:
                               code="missing_required_parameter")
 
 
+_FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> None:
-    """"text" and "json_object" (JSON mode) are served; a chat in JSON mode must mention JSON, as
-    OpenAI requires: told nothing of it, a model may fill its answer with whitespace until the
-    token limit (OpenAI's reason; the object itself is guaranteed either way)."""
+    """"text", "json_object" (JSON mode) and "json_schema" (structured outputs) are served. A chat
+    in JSON mode must mention JSON, as OpenAI requires: told nothing of it, a model may fill its
+    answer with whitespace until the token limit (OpenAI's reason; the object itself is guaranteed
+    either way). A schema the engine cannot decode to is a 400 saying what and where."""
     fmt = body.response_format
     if fmt is None or fmt.type == "text":
         return
     if fmt.type == "json_schema":
-        raise unsupported("response_format", "response_format of type 'json_schema' is not supported: use "
-                                             "'json_object' (any JSON object) and describe the fields in the prompt.")
+        spec = fmt.json_schema
+        if spec is None:
+            raise invalid_request("Missing required parameter: 'response_format.json_schema'.",
+                                  param="response_format.json_schema", code="missing_required_parameter")
+        if not _FORMAT_NAME.fullmatch(spec.name):
+            raise invalid_request(f"Invalid 'response_format.json_schema.name': '{quoted_name(spec.name)}'. It must be "
+                                  "1 to 64 letters, digits, underscores or dashes.",
+                                  param="response_format.json_schema.name")
+        try:
+            compile_schema(fmt.schema_text())
+        except SchemaError as err:
+            message = f"Invalid schema for response_format '{spec.name}': {quoted_name(str(err))}."
+            if err.unsupported:
+                raise unsupported("response_format.json_schema.schema", message) from err
+            raise invalid_request(message, param="response_format.json_schema.schema") from err
+        return
     if not fmt.json_object:
         raise invalid_request(f"Invalid value: '{quoted_name(fmt.type)}'. Supported values are: 'text', 'json_object' "
                               "and 'json_schema'.", param="response_format.type")
-    if isinstance(body, ChatCompletionRequest) and not any("json" in m.text().lower() for m in body.messages):
+    if isinstance(body, ChatCompletionRequest) and not any("json" in f"{m.text()} {m.refusal or ''}".lower()
+                                                           for m in body.messages):
         raise invalid_request("'messages' must contain the word 'json' in some form, to use 'response_format' of "
                               "type 'json_object'.", param="messages")
 

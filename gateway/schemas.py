@@ -8,6 +8,7 @@ where a float belongs is fine. Responses mirror the OpenAI objects the official 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -135,12 +136,31 @@ class StreamOptions(_Request):
     continuous_usage_stats: Any = None  # vLLM's usage in every chunk: refused when true
 
 
+class JsonSchemaFormat(_Request):
+    """``response_format.json_schema``: OpenAI's structured outputs (``strict`` is taken: the
+    answer always follows the schema here)."""
+
+    name: StrictStr
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
 class ResponseFormat(_Request):
-    type: StrictStr  # "text" or "json_object" (JSON mode); "json_schema" is refused by the service
+    type: StrictStr  # "text", "json_object" (JSON mode) or "json_schema" (checked by the service)
+    json_schema: JsonSchemaFormat | None = None
 
     @property
     def json_object(self) -> bool:
         return self.type == "json_object"
+
+    def schema_text(self) -> str | None:
+        """The schema of a ``json_schema`` format as the engine takes it (compact JSON, its keys in
+        their order: properties are written in it); one with no schema takes any object."""
+        if self.type != "json_schema" or self.json_schema is None:
+            return None
+        schema = self.json_schema.schema_
+        return json.dumps({"type": "object"} if schema is None else schema, ensure_ascii=False, separators=(",", ":"))
 
 
 def _non_empty(value: str) -> str:

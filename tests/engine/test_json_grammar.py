@@ -106,6 +106,27 @@ def test_utf8_inside_strings_is_checked() -> None:
     assert g.accepts('{"日本":1}'.encode()) is not None  # keys too
 
 
+def test_strings_hold_exactly_the_bytes_utf8_allows() -> None:
+    """Random bytes inside a string (most of them past ASCII): complete exactly when they are UTF-8
+    (Python's decoder: no overlong forms, surrogates or code points past U+10FFFF; found by QA:
+    E0 80 80, ED A0 80 and F4 90 80 80 passed) with no quote, backslash or control character."""
+    rng = random.Random(4)
+    leads = [0xC2, 0xDF, 0xE0, 0xE1, 0xED, 0xEE, 0xF0, 0xF3, 0xF4, 0xF5, 0xC0, 0xFF]
+    seen = [0, 0]
+    for _ in range(20_000):
+        data = bytes(rng.choice([rng.randrange(0x20, 0x7F), rng.choice(leads), rng.randrange(0x80, 0xC0)])
+                     for _ in range(rng.randint(1, 6)))
+        state = g.accepts(b'{"a":"' + data + b'"}')
+        try:
+            text = data.decode("utf-8")
+            ok = not any(c in text for c in '"\\')
+        except UnicodeDecodeError:
+            ok = False
+        assert (state is not None and g.is_complete(state)) == ok, data
+        seen[ok] += 1
+    assert min(seen) > 1_000, seen
+
+
 def test_whitespace_runs_and_depth_are_bounded() -> None:
     assert g.accepts(b"{" + b" " * g.MAX_WHITESPACE) is not None
     assert g.accepts(b"{" + b" " * (g.MAX_WHITESPACE + 1)) is None
@@ -156,6 +177,19 @@ def test_masks_ban_exactly_the_tokens_the_state_refuses() -> None:
         assert torch.equal(vocab.banned(state), expected)
     assert vocab.walked < len(states)  # the cache answered some
     assert bool(vocab.banned(g.INITIAL)[len(tokens):].all()) and bool(vocab.banned(g.INITIAL)[256])
+
+
+def test_masks_near_the_depth_limit_allow_no_level_past_it() -> None:
+    """Found by QA: the masks' cache key cut the stack, so a mask computed a few levels deep served
+    the 64th, where it still allowed "[" (which the recognizer then refused, ending the answer)."""
+    tokens = [b"[", b"[[", b"{", b'{"', b"]", b"1", b"]]", b" ", b"[[[", b""]
+    vocab = g.JsonVocabulary(tokens, len(tokens), eos_token_ids=[9])
+    for depth in [*range(1, 6), *range(g.MAX_DEPTH - 5, g.MAX_DEPTH + 1)]:
+        state = g.accepts(b'{"a":' + b"[" * (depth - 1))
+        assert state is not None and len(state[1]) == depth
+        assert torch.equal(vocab.banned(state), _brute_force(tokens, state, len(tokens))), depth
+    deepest = g.accepts(b'{"a":' + b"[" * (g.MAX_DEPTH - 1))
+    assert vocab.banned(deepest)[:4].tolist() == [True] * 4 and not vocab.banned(deepest)[5]
 
 
 def test_a_state_no_token_may_follow_allows_eos() -> None:

@@ -84,3 +84,16 @@ def test_preempted_json_choices_continue_where_they_were(engine_config, tiny_mod
     together = _run(engine, prompts, params)
     assert engine.scheduler.num_preemptions > 0
     assert together == alone
+
+
+def test_min_tokens_never_blocks_what_the_object_needs(engine_config, tiny_model_dir) -> None:
+    """Found by QA: spaces forced up to the whitespace limit, where only "{" may follow, and "{" a
+    stop token that ``min_tokens`` blocked: every allowed token was at -inf and a banned one was
+    drawn ("stop", the text no JSON). In JSON mode the grammar alone decides; a stop token drawn
+    before ``min_tokens`` does not stop the choice."""
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    params = SamplingParams(temperature=0.0, max_tokens=45, min_tokens=40, json_object=True,
+                            logit_bias={ord(" "): 100}, stop_token_ids=[ord("{")])
+    (text, tokens, reason), = _run(engine, [list(b"x")], [params])["r0"].values()
+    assert text.startswith(" " * json_grammar.MAX_WHITESPACE + "{")
+    assert json_grammar.accepts(text.encode()) is not None and reason == "length", (text, reason)

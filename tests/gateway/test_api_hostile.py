@@ -68,7 +68,9 @@ CHAT_CASES = [
     ({"stream": True, "n": 0}, 400, "n"),
     ({"stream_options": "usage"}, 400, "stream_options"),
     ({"response_format": {"type": "json_object"}}, 400, "messages"),  # JSON mode, but no message says JSON
-    ({"response_format": {"type": "json_schema"}}, 400, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, 400, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}}, 400,
+     "response_format.json_schema.schema"),
     ({"response_format": {"type": 3}}, 400, "response_format.type"),
     ({"stop": ["ok", ""]}, 400, "stop[1]"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI

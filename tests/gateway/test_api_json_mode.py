@@ -1,13 +1,17 @@
-"""JSON mode over HTTP with the official ``openai`` client (``response_format: {"type":
-"json_object"}``) on SmolLM2: each choice's content is one JSON object, streamed or not, sampled or
-greedy, in chat and text completions; a chat that never mentions JSON is refused as OpenAI refuses
-it; ``json_schema`` is refused as not supported; the cache keeps JSON-mode answers apart."""
+"""JSON mode and structured outputs over HTTP with the official ``openai`` client on SmolLM2:
+``response_format: {"type": "json_object"}`` makes each choice's content one JSON object, streamed
+or not, sampled or greedy, in chat and text completions, and a chat that never mentions JSON is
+refused as OpenAI refuses it; ``json_schema`` makes it an object of the schema (the SDK's
+``parse`` with a pydantic model reads it back), and a schema the engine cannot honour is a 400
+that says what and where."""
 
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import openai
+import pydantic
 import pytest
 
 from engine import json_grammar
@@ -77,14 +81,87 @@ def test_a_chat_that_never_says_json_is_refused_as_openai_refuses_it(api) -> Non
         messages=[{"role": "system", "content": [{"type": "text", "text": "Reply in Json."}]},
                   {"role": "user", "content": "Describe a cat."}])
     assert ok.choices[0].message.content.lstrip().startswith("{")
+    refused_turn = [{"role": "user", "content": "Describe a cat."},  # an assistant turn's refusal counts too (QA)
+                    {"role": "assistant", "content": None, "refusal": "Not as JSON."},
+                    {"role": "user", "content": "Please do."}]
+    ok = client.chat.completions.create(model=api.model, max_tokens=5, temperature=0, response_format=JSON_FORMAT,
+                                        messages=refused_turn)
+    assert ok.choices[0].message.content.lstrip().startswith("{")
 
 
-def test_json_schema_and_unknown_types_are_refused(api) -> None:  # noqa: ANN001
-    body = {"model": api.model, "messages": CAT,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "schema": {"type": "object"}}}}
-    err = assert_error(post(api, "/v1/chat/completions", body), 400, param="response_format",
-                       code="unsupported_parameter")
-    assert "json_object" in err["message"]
-    body["response_format"] = {"type": "xml"}
-    err = assert_error(post(api, "/v1/chat/completions", body), 400, param="response_format.type")
-    assert "'xml'" in err["message"] and "'json_object'" in err["message"]
+class Cat(pydantic.BaseModel):
+    name: str
+    age: int
+    color: Literal["black", "white", "brown", "grey"]
+    indoor: bool
+
+
+class Shop(pydantic.BaseModel):
+    name: str
+    city: str
+    cats: list[Cat]
+    rating: float | None
+
+
+def test_structured_outputs_parse_into_the_pydantic_model(api) -> None:  # noqa: ANN001
+    """The SDK's ``parse`` sends the model's strict schema and reads the answer back into it."""
+    client = api.openai()
+    tom = client.chat.completions.parse(model=api.model, response_format=Cat, max_tokens=100, temperature=0, messages=[
+        {"role": "user", "content": "Tell me about a cat called Tom, 4 years old, grey, lives indoors."}])
+    assert tom.choices[0].finish_reason == "stop"
+    assert tom.choices[0].message.parsed == Cat(name="Tom", age=4, color="grey", indoor=True)
+    shop = client.chat.completions.parse(model=api.model, response_format=Shop, max_tokens=250, temperature=0,
+                                         messages=[{"role": "user", "content": "Describe a pet shop with two cats."}])
+    assert isinstance(shop.choices[0].message.parsed, Shop) and shop.choices[0].message.parsed.cats
+    sampled = client.chat.completions.create(  # sampled and streamed: each finished choice follows the schema
+        model=api.model, n=3, seed=5, temperature=1.0, max_tokens=120, stream=True,
+        messages=[{"role": "user", "content": "Describe a cat."}],
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "cat", "strict": True, "schema": Cat.model_json_schema()}})
+    texts, reasons = ["", "", ""], {}
+    for chunk in sampled:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+    for i, text in enumerate(texts):
+        if reasons[i] == "stop":
+            Cat.model_validate_json(text)
+        else:
+            assert reasons[i] == "length"
+    assert "stop" in reasons.values()
+
+
+def test_json_schema_without_a_schema_is_any_object_and_needs_no_json_word(api) -> None:  # noqa: ANN001
+    body = {"model": api.model, "max_tokens": 80, "temperature": 0,
+            "messages": [{"role": "user", "content": "Describe a cat: name, age and color."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "anything"}}}
+    resp = post(api, "/v1/chat/completions", body)
+    assert resp.status_code == 200, resp.text
+    assert isinstance(json.loads(resp.json()["choices"][0]["message"]["content"]), dict)
+
+
+@pytest.mark.parametrize(("fmt", "param", "code", "words"), [
+    ({"type": "json_schema"}, "response_format.json_schema", "missing_required_parameter", "json_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}, "response_format.json_schema.name",
+     "missing_required_parameter", "name"),
+    ({"type": "json_schema", "json_schema": {"name": "a b", "schema": {"type": "object"}}},
+     "response_format.json_schema.name", "invalid_value", "letters, digits"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}},
+     "response_format.json_schema.schema", "unsupported_parameter", "root must be an object"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}}}},
+     "response_format.json_schema.schema", "unsupported_parameter", "'format' is not supported"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "strin"}}}}},
+     "response_format.json_schema.schema", "invalid_value", "'strin' is not a JSON Schema type"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}}}},
+     "response_format.json_schema.schema", "invalid_value", "names no definition"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}, "response_format.json_schema.schema",
+     "invalid_type", "JSON object"),
+    ({"type": "xml"}, "response_format.type", "invalid_value", "'json_object'"),
+])
+def test_bad_formats_are_400s_that_say_what(api, fmt, param, code, words) -> None:  # noqa: ANN001
+    body = {"model": api.model, "messages": CAT, "response_format": fmt}
+    err = assert_error(post(api, "/v1/chat/completions", body), 400, param=param, code=code)
+    assert words in err["message"], err

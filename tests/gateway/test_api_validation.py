@@ -96,7 +96,9 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
                  400, param="tools")
     assert_error(post(api, "/v1/chat/completions", chat(api, top_logprobs=2)), 400, param="top_logprobs")
     unsupported = [  # known OpenAI features this model cannot serve: one code an app can branch on
-        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), "response_format"),
+        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}}}),
+         "response_format.json_schema.schema"),
         (dict(messages=[{"role": "user", "content": "Hi"}, {"role": "tool", "content": "r", "tool_call_id": "1"}]),
          "messages[1].role"),
         (dict(messages=[{"role": "function", "name": "f", "content": "r"}]), "messages[0].role"),
@@ -117,8 +119,9 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/completions", body), 400, param="suffix", code="unsupported_parameter")
     # vLLM's completions take response_format too (found by QA: it was ignored, free text came back)
     body = {"model": api.model, "prompt": "hello", "max_tokens": 1,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}
-    assert_error(post(api, "/v1/completions", body), 400, param="response_format", code="unsupported_parameter")
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array"}}}}
+    assert_error(post(api, "/v1/completions", body), 400, param="response_format.json_schema.schema",
+                 code="unsupported_parameter")
     body = {"model": api.model, "prompt": "hello", "max_tokens": 1, "response_format": {"type": "text"}}
     assert post(api, "/v1/completions", body).status_code == 200
     assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": [-1, 5]}), 400, param="prompt")

@@ -1,0 +1,352 @@
+"""Structured outputs: decoding constrained to a JSON Schema (OpenAI's ``response_format`` of type
+``json_schema``), on ``engine.json_grammar``'s recognizer and vocabulary masks.
+
+    compile_schema(text) -> SchemaGrammar      raises SchemaError for what it cannot honour
+
+What a schema may use, and what the answer then is:
+
+    type            one type or a list of them ("string", "number", "integer", "boolean", "null",
+                    "object", "array")
+    properties      written in the schema's order; the ``required`` ones always, the others may be
+                    left out; no other property is ever written (so ``additionalProperties`` holds
+                    whatever its value); an object schema without properties takes any object
+    items, minItems, maxItems
+    enum, const     any JSON values, written compactly (``json.dumps`` with no spaces)
+    anyOf, oneOf    alternatives that start differently (a string or null; an object or an
+                    array ...): the first byte of the value picks one
+    $ref            into ``$defs`` or ``definitions`` (not recursive)
+    annotations     title, description, default, examples, ... are read past
+
+The keywords that constrain values in other ways (``pattern``, ``format``, ``minimum``,
+``minLength``, ``allOf``, ``not`` ...) are refused (SchemaError names the keyword and where it is),
+never silently dropped. The root must be an object, as OpenAI requires.
+
+States are ``json_grammar``'s (mode, stack, aux, ws); the stack also holds schema frames:
+``("O", node, next property)`` for an object and ``("A", node, values begun)`` for an array, beside
+the any-JSON frames ``"o"`` and ``"a"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+
+from engine import json_grammar as g
+
+MAX_NODES = 2048  # compiled schema nodes (a larger schema is refused)
+MAX_ENUM = 512  # values of one enum
+
+ENUM, KEY_MATCH = "E", "M"  # aux: (node, bytes matched so far) / the key's bytes so far
+_VALUE_START = frozenset(b'"{[-0123456789tfn')
+_REFUSED = ("pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+            "exclusiveMaximum", "multipleOf", "patternProperties", "propertyNames", "minProperties",
+            "maxProperties", "uniqueItems", "contains", "minContains", "maxContains", "prefixItems",
+            "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+            "unevaluatedProperties", "unevaluatedItems", "contentEncoding", "contentMediaType",
+            "$dynamicRef", "$recursiveRef")
+_TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
+
+
+class SchemaError(ValueError):
+    """A schema this engine cannot decode to (the message says what and where); ``unsupported``:
+    valid JSON Schema that uses what is not honoured here (else the schema is wrong)."""
+
+    def __init__(self, message: str, *, unsupported: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported = unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class Prop:
+    key: bytes  # the name as JSON writes it inside its quotes
+    node: int
+    required: bool
+
+
+def _first_bytes(nodes: list[tuple], node: int) -> frozenset[int]:
+    kind = nodes[node][0]
+    if kind == "any":
+        return _VALUE_START
+    if kind == "enum":
+        return frozenset(c[0] for c in nodes[node][1])
+    if kind == "union":
+        return frozenset(nodes[node][1])
+    return {"any_object": frozenset(b"{"), "object": frozenset(b"{"), "string": frozenset(b'"'),
+            "number": frozenset(b"-0123456789"), "boolean": frozenset(b"tf"), "null": frozenset(b"n"),
+            "array": frozenset(b"[")}[kind]
+
+
+class _Compiler:
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.nodes: list[tuple] = []
+        self.refs: dict[str, int] = {}
+        self.open_refs: set[str] = set()
+
+    def add(self, node: tuple) -> int:
+        if len(self.nodes) >= MAX_NODES:
+            raise SchemaError(f"the schema is too large (more than {MAX_NODES} parts)", unsupported=True)
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def compile(self, schema: object, path: str) -> int:
+        if schema is True or schema == {}:
+            return self.add(("any",))
+        if not isinstance(schema, dict):
+            raise SchemaError(f"{path} must be a schema (an object)")
+        for word in _REFUSED:
+            if word in schema:
+                raise SchemaError(f"'{word}' is not supported (at {path})", unsupported=True)
+        if "$ref" in schema:
+            return self.ref(schema["$ref"], path)
+        if "const" in schema:
+            return self.enum([schema["const"]], path)
+        if "enum" in schema:
+            return self.enum(schema["enum"], path)
+        for word in ("anyOf", "oneOf"):
+            if word in schema:
+                alts = schema[word]
+                if not isinstance(alts, list) or not alts:
+                    raise SchemaError(f"{path}.{word} must be a non-empty array of schemas")
+                return self.union([self.compile(a, f"{path}.{word}[{i}]") for i, a in enumerate(alts)],
+                                  f"{path}.{word}")
+        kind = schema.get("type")
+        if kind is None:  # an object's or an array's keywords without a type say which it is
+            kind = "object" if "properties" in schema else "array" if "items" in schema else None
+        if kind is None:
+            return self.add(("any",))
+        if isinstance(kind, list):
+            if not kind:
+                raise SchemaError(f"{path}.type must not be empty")
+            return self.union([self.typed(schema, k, path) for k in kind], f"{path}.type")
+        return self.typed(schema, kind, path)
+
+    def typed(self, schema: dict, kind: object, path: str) -> int:
+        if kind not in _TYPES:
+            raise SchemaError(f"{path}.type: {str(kind)[:40]!r} is not a JSON Schema type")
+        if kind in ("number", "integer"):
+            return self.add(("number", kind == "integer"))
+        if kind == "object":
+            return self.object(schema, path)
+        if kind == "array":
+            return self.array(schema, path)
+        return self.add((kind,))
+
+    def object(self, schema: dict, path: str) -> int:
+        props = schema.get("properties") or {}
+        required = schema.get("required") or []
+        if not isinstance(props, dict) or not isinstance(required, list):
+            raise SchemaError(f"{path}: properties must be an object and required an array")
+        missing = [r for r in required if r not in props]
+        if missing:
+            raise SchemaError(f"{path}.required names {str(missing[0])[:40]!r}, which is not among its properties")
+        if not props:
+            return self.add(("any_object",))
+        index = self.add(("object", ()))  # (its place first: a child's $ref may come back to it)
+        compiled = tuple(Prop(json.dumps(name, ensure_ascii=False)[1:-1].encode(),
+                              self.compile(sub, f"{path}.properties.{name}"), name in required)
+                         for name, sub in props.items())
+        self.nodes[index] = ("object", compiled)
+        return index
+
+    def array(self, schema: dict, path: str) -> int:
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        if not isinstance(low, int) or low < 0 or (high is not None and (not isinstance(high, int) or high < low)):
+            raise SchemaError(f"{path}: minItems and maxItems must be integers with 0 <= minItems <= maxItems")
+        items = self.compile(schema.get("items", True), f"{path}.items")
+        return self.add(("array", items, low, high))
+
+    def enum(self, values: object, path: str) -> int:
+        if not isinstance(values, list) or not values:
+            raise SchemaError(f"{path}.enum must be a non-empty array")
+        if len(values) > MAX_ENUM:
+            raise SchemaError(f"{path}.enum has more than {MAX_ENUM} values", unsupported=True)
+        texts = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode() for v in values))
+        return self.add(("enum", texts))
+
+    def union(self, alts: list[int], path: str) -> int:
+        table: dict[int, int] = {}
+        for alt in alts:
+            if self.nodes[alt][0] == "any":
+                return alt  # anything at all: the other alternatives add nothing
+            for b in _first_bytes(self.nodes, alt):
+                if b in table and table[b] != alt:
+                    raise SchemaError(f"{path}: two alternatives can start with {chr(b)!r}; they must start "
+                                      "differently (a string or null, an object or an array, ...)", unsupported=True)
+                table[b] = alt
+        return self.add(("union", table))
+
+    def ref(self, ref: object, path: str) -> int:
+        if not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")):
+            raise SchemaError(f"{path}.$ref must point into #/$defs or #/definitions", unsupported=True)
+        if ref in self.refs:
+            return self.refs[ref]
+        if ref in self.open_refs:
+            raise SchemaError(f"{path}.$ref {ref[:60]!r} is recursive, which is not supported", unsupported=True)
+        section, name = ref[2:].split("/", 1)
+        target = (self.root.get(section) or {}).get(name) if isinstance(self.root.get(section), dict) else None
+        if target is None:
+            raise SchemaError(f"{path}.$ref {ref[:60]!r} names no definition")
+        self.open_refs.add(ref)
+        self.refs[ref] = self.compile(target, ref)
+        self.open_refs.discard(ref)
+        return self.refs[ref]
+
+
+class SchemaGrammar:
+    """A compiled schema: ``json_grammar``'s grammar interface (``initial``, ``step``,
+    ``is_complete``, ``plain_string``, ``name``) over its nodes."""
+
+    is_complete = staticmethod(g.is_complete)
+    plain_string = staticmethod(g._in_plain_string)
+
+    def __init__(self, text: str) -> None:
+        try:
+            text.encode()
+        except UnicodeEncodeError as err:  # (a lone surrogate: no byte of the answer could match it)
+            raise SchemaError("the schema holds text that is not Unicode (a lone surrogate)") from err
+        try:
+            schema = json.loads(text)
+        except ValueError as err:
+            raise SchemaError("the schema is not JSON") from err
+        compiler = _Compiler(schema if isinstance(schema, dict) else {})
+        root = compiler.compile(schema, "schema")
+        self.nodes = compiler.nodes
+        if self.nodes[root][0] not in ("object", "any_object"):
+            raise SchemaError("the schema's root must be an object (\"type\": \"object\")", unsupported=True)
+        self.name = "schema:" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+        self.initial: g.State = (g.VALUE, (), root, 0)
+
+    # ---- the recognizer ----------------------------------------------------------------------
+    def step(self, state: g.State, b: int) -> g.State | None:  # noqa: C901, PLR0911, PLR0912 - one byte's cases
+        mode, stack, aux, ws = state
+        if mode == g.KEY_STR or mode == g.VAL_STR:
+            return g._string(state, b)  # strings close into COLON (aux None: any value) or after the value
+        if mode == g.NUMBER:
+            part, integer = aux
+            for chars, nxt in g._NUM[part]:
+                if b in chars:
+                    return None if integer and nxt in ("dot", "e") else (g.NUMBER, stack, (nxt, integer), 0)
+            return self.step(g._closed(stack), b) if part in g._NUM_END else None
+        if mode == g.LITERAL:
+            if b != aux[0]:
+                return None
+            return (g.LITERAL, stack, aux[1:], 0) if len(aux) > 1 else g._closed(stack)
+        if mode == ENUM:
+            return self._enum(stack, aux[0], aux[1], b)
+        if mode == KEY_MATCH:
+            return self._key(stack, aux, b)
+        if b in g._WS:
+            return (mode, stack, aux, ws + 1) if ws < g.MAX_WHITESPACE else None
+        if mode == g.VALUE:
+            return self._value(stack, aux, b)
+        if mode == g.COLON:
+            return (g.VALUE, stack, aux, 0) if b == 0x3A else None
+        top = stack[-1] if stack else None
+        if mode == g.ARR_FIRST:
+            if top == "a":
+                return g._closed(stack[:-1]) if b == 0x5D else self._value(stack, None, b)
+            _, node, _ = top
+            _, items, low, high = self.nodes[node]
+            if b == 0x5D:
+                return g._closed(stack[:-1]) if low == 0 else None
+            return None if high == 0 else self._value(stack[:-1] + (("A", node, 1),), items, b)
+        if mode == g.OBJ_FIRST or mode == g.OBJ_KEY:
+            if b == 0x7D and mode == g.OBJ_FIRST:
+                return g._closed(stack[:-1]) if top == "o" or self._may_close(top) else None
+            if b != 0x22:
+                return None
+            if top == "o":
+                return (g.KEY_STR, stack, (0, 0), 0)
+            return (KEY_MATCH, stack, b"", 0) if self._candidates(top) else None
+        if mode == g.AFTER:
+            if top == "o" or top == "a":
+                if b == 0x2C:
+                    return (g.OBJ_KEY, stack, None, 0) if top == "o" else (g.VALUE, stack, None, 0)
+                return g._closed(stack[:-1]) if b == (0x7D if top == "o" else 0x5D) else None
+            kind, node, count = top
+            if kind == "O":
+                if b == 0x2C:
+                    return (g.OBJ_KEY, stack, None, 0) if self._candidates(top) else None
+                return g._closed(stack[:-1]) if b == 0x7D and self._may_close(top) else None
+            _, items, low, high = self.nodes[node]
+            if b == 0x2C:
+                return (g.VALUE, stack[:-1] + (("A", node, count + 1),), items, 0) if high is None or count < high else None
+            return g._closed(stack[:-1]) if b == 0x5D and count >= low else None
+        return None  # DONE: only whitespace
+
+    def _value(self, stack: tuple, node: int | None, b: int) -> g.State | None:
+        """The state after ``b`` starts a value of ``node`` (None: any JSON value) inside ``stack``."""
+        spec = ("any",) if node is None else self.nodes[node]
+        kind = spec[0]
+        if kind == "union":
+            alt = spec[1].get(b)
+            return None if alt is None else self._value(stack, alt, b)
+        if kind == "enum":
+            return self._enum(stack, node, b"", b)
+        if b in (0x7B, 0x5B) and len(stack) >= g.MAX_DEPTH:
+            return None
+        if kind == "any":
+            state = g._value(stack, b)
+            if state is not None and state[0] == g.NUMBER:
+                return (g.NUMBER, stack, (state[2], False), 0)
+            return state
+        if kind == "any_object":
+            return (g.OBJ_FIRST, stack + ("o",), None, 0) if b == 0x7B else None
+        if kind == "object":
+            return (g.OBJ_FIRST, stack + (("O", node, 0),), None, 0) if b == 0x7B else None
+        if kind == "array":
+            return (g.ARR_FIRST, stack + (("A", node, 0),), None, 0) if b == 0x5B else None
+        if kind == "string":
+            return (g.VAL_STR, stack, (0, 0), 0) if b == 0x22 else None
+        if kind == "number":
+            start = g._value(stack, b) if b == 0x2D or b in g._DIGITS else None
+            return None if start is None else (g.NUMBER, stack, (start[2], spec[1]), 0)
+        if kind == "boolean":
+            return (g.LITERAL, stack, g._LITERALS[b], 0) if b in (0x74, 0x66) else None
+        return (g.LITERAL, stack, b"ull", 0) if b == 0x6E else None  # null
+
+    def _enum(self, stack: tuple, node: int, matched: bytes, b: int) -> g.State | None:
+        texts = self.nodes[node][1]
+        seen = matched + bytes((b,))
+        if any(t.startswith(seen) for t in texts):
+            if seen in texts and not any(len(t) > len(seen) and t.startswith(seen) for t in texts):
+                return g._closed(stack)  # nothing longer can follow: the value is whole
+            return (ENUM, stack, (node, seen), 0)
+        if matched in texts:  # a whole value (a number another value extends) ended before this byte
+            return self.step(g._closed(stack), b)
+        return None
+
+    def _candidates(self, frame: tuple) -> list[int]:
+        """The properties that may come next: from the next one up to the first required one."""
+        props = self.nodes[frame[1]][1]
+        out = []
+        for j in range(frame[2], len(props)):
+            out.append(j)
+            if props[j].required:
+                break
+        return out
+
+    def _may_close(self, frame: tuple) -> bool:
+        return not any(p.required for p in self.nodes[frame[1]][1][frame[2]:])
+
+    def _key(self, stack: tuple, matched: bytes, b: int) -> g.State | None:
+        frame = stack[-1]
+        props = self.nodes[frame[1]][1]
+        seen = matched + bytes((b,))
+        candidates = self._candidates(frame)
+        if any(props[j].key.startswith(seen) for j in candidates):  # (a quote inside a key is escaped)
+            return (KEY_MATCH, stack, seen, 0)
+        if b == 0x22:
+            for j in candidates:
+                if props[j].key == matched:
+                    return (g.COLON, stack[:-1] + (("O", frame[1], j + 1),), props[j].node, 0)
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def compile_schema(text: str) -> SchemaGrammar:
+    """The grammar of the schema in ``text`` (JSON), compiled once per text."""
+    return SchemaGrammar(text)

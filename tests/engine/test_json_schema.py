@@ -1,0 +1,341 @@
+"""Structured outputs' grammar (``engine.json_schema``), checked against a small independent
+validator of the same JSON Schema subset: random schemas with random instances written in their
+properties' order are accepted whole (and complete only at their end); any text the grammar finds
+complete, after random edits too, parses and validates; masks equal a brute-force check; what a
+schema may not use is refused with its keyword and place; and on the tiny model each finished
+choice validates."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from engine import json_grammar as g
+from engine.json_schema import SchemaError, compile_schema
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+# ---- an oracle: the subset's meaning, written without the grammar --------------------------------
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    while isinstance(schema, dict) and "$ref" in schema:
+        section, name = schema["$ref"][2:].split("/", 1)
+        schema = root[section][name]
+    return schema
+
+
+def valid(value: object, schema: object, root: dict) -> bool:  # noqa: C901, PLR0911 - one case a keyword
+    if schema is True or schema == {}:
+        return True
+    schema = _resolve(schema, root)
+    if "const" in schema:
+        return json.dumps(value) == json.dumps(schema["const"])
+    if "enum" in schema:
+        return any(json.dumps(value) == json.dumps(e) for e in schema["enum"])
+    for word in ("anyOf", "oneOf"):
+        if word in schema:
+            return sum(valid(value, s, root) for s in schema[word]) >= 1
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return any(valid(value, {**schema, "type": k}, root) for k in kind)
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else None
+    if kind is None:
+        return True
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "null":
+        return value is None
+    if kind == "array":
+        if not isinstance(value, list) or len(value) < schema.get("minItems", 0):
+            return False
+        if schema.get("maxItems") is not None and len(value) > schema["maxItems"]:
+            return False
+        return all(valid(v, schema.get("items", True), root) for v in value)
+    if not isinstance(value, dict):
+        return False
+    props = schema.get("properties") or {}
+    if not props:
+        return True
+    order = list(props)
+    if any(k not in props for k in value) or [k for k in order if k in value] != list(value):
+        return False  # (the grammar writes only the named properties, in the schema's order)
+    return all(r in value for r in schema.get("required", [])) and all(
+        valid(v, props[k], root) for k, v in value.items())
+
+
+# ---- random schemas and instances ----------------------------------------------------------------
+
+_NAMES = ["a", "name", "b_c", "x-y", "é", "日本", 'q"t', "back\\slash", "n1", "n12"]
+
+
+def _random_schema(rng: random.Random, depth: int = 0) -> dict:
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "optional", "any"]
+    if depth < 3:
+        kinds += ["object", "object", "array", "free_object"]
+    kind = rng.choice(kinds)
+    if kind == "enum":
+        return {"enum": rng.sample(["cat", "dog", "caterpillar", 1, 12, 1.5, True, None, [1, "a"], {"k": "v"}],
+                                   rng.randint(1, 4))}
+    if kind == "optional":  # (Optional[X] in pydantic: X or null)
+        while True:
+            alt = _random_schema(rng, depth + 1)
+            if alt.get("type") in ("string", "integer", "number", "boolean", "array", "object"):
+                return {"anyOf": [alt, {"type": "null"}]}
+    if kind == "any":
+        return {}
+    if kind == "free_object":
+        return {"type": "object", "additionalProperties": True}
+    if kind == "object":
+        names = rng.sample(_NAMES, rng.randint(1, 4))
+        props = {n: _random_schema(rng, depth + 1) for n in names}
+        return {"type": "object", "properties": props, "required": [n for n in names if rng.random() < 0.6],
+                "additionalProperties": False}
+    if kind == "array":
+        low = rng.randint(0, 2)
+        return {"type": "array", "items": _random_schema(rng, depth + 1), "minItems": low,
+                "maxItems": rng.choice([None, low, low + 2])}
+    return {"type": kind, "title": "ignored", "description": "read past"}
+
+
+def _instance(rng: random.Random, schema: dict, root: dict) -> object:  # noqa: PLR0911
+    schema = _resolve(schema, root)
+    if schema == {}:
+        return rng.choice([1, "free", None, [True, {"z": -0.5}], {"k": [1, 2]}])
+    if "enum" in schema:
+        return rng.choice(schema["enum"])
+    if "anyOf" in schema:
+        return _instance(rng, rng.choice(schema["anyOf"]), root)
+    kind = schema["type"]
+    if kind == "string":
+        return rng.choice(["", "text", 'with "quotes"', "tab\there", "é 🙂"])
+    if kind == "integer":
+        return rng.choice([0, -7, 123456])
+    if kind == "number":
+        return rng.choice([0, -7, 1.5, -2.5e-8, 1e21])
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "array":
+        high = schema.get("maxItems")
+        n = rng.randint(schema["minItems"], schema["minItems"] + 2 if high is None else high)
+        return [_instance(rng, schema["items"], root) for _ in range(n)]
+    if "properties" not in schema:
+        return {"free": [1, {"x": None}]}
+    return {k: _instance(rng, s, root) for k, s in schema["properties"].items()
+            if k in schema["required"] or rng.random() < 0.5}
+
+
+def _root_schema(rng: random.Random) -> dict:
+    names = rng.sample(_NAMES, rng.randint(1, 4))
+    schema = {"type": "object", "properties": {n: _random_schema(rng) for n in names},
+              "required": [n for n in names if rng.random() < 0.7]}
+    if rng.random() < 0.3:  # a definition used by reference
+        schema["$defs"] = {"Thing": _random_schema(rng, 1)}
+        schema["properties"]["ref"] = {"$ref": "#/$defs/Thing"}
+    return schema
+
+
+def _compound_enum(schema: object) -> bool:
+    if isinstance(schema, dict):
+        if any(isinstance(v, list | dict) for v in schema.get("enum", ())):
+            return True
+        return any(_compound_enum(v) for v in schema.values())
+    return isinstance(schema, list) and any(_compound_enum(v) for v in schema)
+
+
+def _written(rng: random.Random, value: object, schema: dict) -> str:
+    if _compound_enum(schema):  # an array or object among an enum's values is written compactly
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False, indent=rng.choice([None, None, 2]),
+                      separators=rng.choice([None, (",", ":")]))
+
+
+def _accepts(grammar, text: bytes):  # noqa: ANN001, ANN202
+    state = grammar.initial
+    for b in text:
+        state = grammar.step(state, b)
+        if state is None:
+            return None
+    return state
+
+
+def test_instances_in_schema_order_are_accepted_and_complete_only_at_their_end() -> None:
+    rng = random.Random(0)
+    for _ in range(400):
+        schema = _root_schema(rng)
+        grammar = compile_schema(json.dumps(schema))
+        value = _instance(rng, schema, schema)
+        assert valid(value, schema, schema), (schema, value)
+        data = _written(rng, value, schema).encode()
+        state = grammar.initial
+        for i, b in enumerate(data):
+            state = grammar.step(state, b)
+            assert state is not None, (schema, data, i)
+            assert not g.is_complete(state) or not data[i + 1:].strip(), (schema, data, i)
+        assert g.is_complete(state), (schema, data)
+
+
+def test_whatever_the_grammar_completes_validates_also_after_random_edits() -> None:
+    rng = random.Random(1)
+    pieces = ['"', "}", "]", ",", ":", "1", ".5", "null", "true", '"cat"', '"dog"', '"x": 1', "[", "{", " ", "e3"]
+    counts = [0, 0]
+    for _ in range(3_000):
+        schema = _root_schema(rng)
+        grammar = compile_schema(json.dumps(schema))
+        text = _written(rng, _instance(rng, schema, schema), schema)
+        for _ in range(rng.randint(1, 2)):
+            at = rng.randrange(len(text) + 1)
+            edit = rng.randrange(3)
+            if edit == 0:
+                text = text[:at] + text[at + 1:]
+            else:
+                text = text[:at] + rng.choice(pieces) + text[at + (edit == 2):]
+        state = _accepts(grammar, text.encode())
+        complete = state is not None and g.is_complete(state)
+        counts[complete] += 1
+        if complete:
+            assert valid(json.loads(text), schema, schema), (schema, text)
+    assert min(counts) > 200, counts
+
+
+def _mutated(rng: random.Random, value: object) -> object:
+    """``value`` with one change somewhere inside: a key dropped, added or moved, an array item
+    added or dropped, or a value replaced by one of another kind."""
+    if isinstance(value, dict) and value and rng.random() < 0.5:
+        keys = list(value)
+        change = rng.randrange(4)
+        if change == 0:
+            return {k: v for k, v in value.items() if k != rng.choice(keys)}
+        if change == 1:
+            return {**value, rng.choice(["zz", *_NAMES]): 1}
+        if change == 2:
+            return dict(reversed(value.items()))
+        key = rng.choice(keys)
+        return {**value, key: _mutated(rng, value[key])}
+    if isinstance(value, list) and value and rng.random() < 0.5:
+        change = rng.randrange(3)
+        if change == 0:
+            return value[:-1]
+        if change == 1:
+            return [*value, value[0]]
+        i = rng.randrange(len(value))
+        return value[:i] + [_mutated(rng, value[i])] + value[i + 1:]
+    return rng.choice([0, 2.5, "s", "cat", True, None, [], {}, [1], {"a": 1}, 12])
+
+
+def test_changed_instances_are_complete_exactly_when_they_validate() -> None:
+    """Instances changed as values (then written out): the grammar completes one exactly when the
+    oracle finds it valid (properties in the schema's order, no others, the required ones there)."""
+    rng = random.Random(3)
+    counts = [0, 0]
+    for _ in range(3_000):
+        schema = _root_schema(rng)
+        grammar = compile_schema(json.dumps(schema))
+        value = _mutated(rng, _instance(rng, schema, schema))
+        state = _accepts(grammar, _written(rng, value, schema).encode())
+        ok = valid(value, schema, schema)
+        assert (state is not None and g.is_complete(state)) == ok, (schema, value)
+        counts[ok] += 1
+    assert min(counts) > 300, counts
+
+
+@pytest.mark.parametrize(("schema", "words", "unsupported"), [
+    ({"type": "string"}, "root must be an object", True),
+    ({"type": "array", "items": {}}, "root must be an object", True),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}}, "'pattern' is not supported (at "
+     "schema.properties.a)", True),
+    ({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}, "'format'", True),
+    ({"type": "object", "properties": {"a": {"allOf": [{}]}}}, "'allOf'", True),
+    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}},
+     "two alternatives can start with", True),
+    ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"},
+     "recursive", True),
+    ({"type": "object", "properties": {"a": {"$ref": "http://example.com/s.json"}}}, "must point into", True),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}, "names no definition", False),
+    ({"type": "object", "properties": {"a": {"type": "strng"}}}, "'strng' is not a JSON Schema type", False),
+    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "names 'b'", False),
+    ({"type": "object", "properties": {"a": {"enum": []}}}, "non-empty array", False),
+    ({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}}, "minItems", False),
+    ({"type": "object", "properties": {"a": 5}}, "must be a schema", False),
+    ({"type": "object", "properties": {"a": {"enum": list(range(600))}}}, "more than 512 values", True),
+])
+def test_what_a_schema_may_not_use_is_refused_with_its_place(schema, words, unsupported) -> None:  # noqa: ANN001
+    with pytest.raises(SchemaError) as err:
+        compile_schema(json.dumps(schema))
+    assert words in str(err.value) and err.value.unsupported is unsupported
+    with pytest.raises(ValueError, match="json_schema"):
+        SamplingParams(json_schema=json.dumps(schema))
+
+
+def test_a_lone_surrogate_in_a_schema_is_refused() -> None:
+    with pytest.raises(SchemaError, match="not Unicode"):
+        compile_schema(json.dumps({"type": "object", "properties": {"\ud800": {}}}, ensure_ascii=False))
+
+
+def test_masks_ban_exactly_what_the_schema_refuses() -> None:
+    rng = random.Random(2)
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"', b'":', b'": "', b'",', b'"}', b"}}", b"]]}", b'"cat"', b'"ca', b"ter", b"pillar", b"12", b"null",
+        b"true", b"e+", b"\\u", b'\\"', b"\n  ", b'"name": "', b"},{", "日".encode()[:2], "日本".encode()]
+    width = len(tokens) + 2
+    vocab = g.JsonVocabulary(tokens, width, eos_token_ids=[256])
+    checked = 0
+    for _ in range(25):
+        schema = _root_schema(rng)
+        grammar = compile_schema(json.dumps(schema))
+        data = _written(rng, _instance(rng, schema, schema), schema).encode()
+        state = grammar.initial
+        for b in data:
+            if rng.random() < 0.2:
+                expected = torch.ones(width, dtype=torch.bool)
+                for i, tok in enumerate(tokens):
+                    if tok and vocab.advance(state, i, grammar) is not None:
+                        expected[i] = False
+                assert torch.equal(vocab.banned(state, grammar), expected), (schema, state)
+                checked += 1
+            state = grammar.step(state, b)
+    assert checked > 100
+
+
+def test_finished_choices_validate_on_the_tiny_model(engine_config, tiny_model_dir) -> None:
+    """Random weights, nudged towards closing: whatever they write, each choice that stops is an
+    instance of the schema, and one cut by max_tokens a prefix of one."""
+    schema = {"type": "object", "properties": {
+        "kind": {"enum": ["cat", "dog", "caterpillar"]}, "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+        "owner": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"n": {"type": "number"}},
+                                                "required": ["n"]}]}},
+        "required": ["kind", "age", "tags"]}
+    text = json.dumps(schema)
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    for i in range(6):
+        engine.add_request(f"r{i}", list(b"Answer: "), SamplingParams(
+            n=2, seed=i, temperature=1.0, max_tokens=80, json_schema=text,
+            logit_bias={ord('"'): 3.0, ord("]"): 3.0, ord("}"): 3.0, ord(","): 1.0}))
+    out: dict = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            for d in o.deltas:
+                entry = out.setdefault((o.request_id, d.index), ["", None])
+                entry[0] += d.text
+                entry[1] = d.finish_reason
+    grammar = compile_schema(text)
+    assert len(out) == 12
+    for answer, reason in out.values():
+        if reason == "stop":
+            assert valid(json.loads(answer), schema, schema), answer
+        else:
+            assert reason == "length" and _accepts(grammar, answer.encode()) is not None, answer
+    assert "stop" in [r for _, r in out.values()]
