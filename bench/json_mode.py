@@ -74,7 +74,7 @@ def main() -> None:
                                             add_generation_prompt=True, tokenize=True, return_dict=False))
                for i in range(args.batch)]
     t0 = time.perf_counter()
-    engine._json = engine._json_vocabulary()
+    engine.prepare_json()
     print(f"first JSON-mode request's one-time set-up (vocabulary bytes and trie): "
           f"{(time.perf_counter() - t0) * 1000:.0f} ms")
 

@@ -125,6 +125,8 @@ class AsyncEngine:
         """Load the model (off the event loop) and start the step thread. Idempotent."""
         if self.engine is None:
             self.engine = await asyncio.to_thread(LLMEngine, self.config)
+        if self._thread is None:  # (before the step thread: it alone touches the engine after)
+            await asyncio.to_thread(self.engine.prepare_json)
         if self._tokenizer is None and self.engine.tokenizer is not None:
             # the step thread decodes with the engine's tokenizer; encoding here uses its own copy
             self._tokenizer = copy.deepcopy(self.engine.tokenizer)
