@@ -168,7 +168,9 @@ def token_names_for(body: ChatCompletionRequest | CompletionRequest, engine: Eng
 # vLLM's extra fields this engine does not honour, each with the values that ask for nothing (a
 # client sending those loses nothing): any other value is refused, never silently dropped (found
 # by QA: guided_choice and min_p were ignored as unknown fields, and the answer was free text)
-_GUIDED = "Structured outputs (guided decoding) are not supported by this model."
+_GUIDED = ("vLLM's guided decoding fields are not read here: send a JSON schema as OpenAI's response_format "
+           "({'type': 'json_schema', ...}, or {'type': 'json_object'} for any object); regex, choice and grammar "
+           "constraints are not supported.")
 VLLM_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("guided_json", (None,), _GUIDED),
     ("guided_regex", (None,), _GUIDED),
