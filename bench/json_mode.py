@@ -80,21 +80,21 @@ def main() -> None:
 
     vocab = engine._json
     masks_time = [0.0]
-    banned = vocab.banned
+    constraint = vocab.constraint
 
-    def timed_banned(state, grammar):  # noqa: ANN001, ANN202
+    def timed_constraint(state, grammar):  # noqa: ANN001, ANN202
         t = time.perf_counter()
         try:
-            return banned(state, grammar)
+            return constraint(state, grammar)
         finally:
             masks_time[0] += time.perf_counter() - t
 
-    vocab.banned = timed_banned
+    vocab.constraint = timed_constraint
     rows = []
     for r in range(args.rounds):
         walked0, masks_time[0] = vocab.walked, 0.0
-        constraint = {"json_schema": json.dumps(SCHEMA)} if args.schema else {"json_object": True}
-        json_params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, **constraint)] * args.batch
+        fmt = {"json_schema": json.dumps(SCHEMA)} if args.schema else {"json_object": True}
+        json_params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, **fmt)] * args.batch
         t_json, texts, n_json, cut = _run(engine, prompts, json_params)
         mask_s = masks_time[0]
         lengths = [len(tok.encode(t, add_special_tokens=False)) for t in texts]

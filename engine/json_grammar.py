@@ -30,7 +30,8 @@ import torch
 
 MAX_WHITESPACE = 32  # bytes of whitespace in a row between a JSON document's tokens
 MAX_DEPTH = 64  # objects and arrays open at once
-MASK_CACHE = 4096  # masks kept per vocabulary (49,152 bools each: ~200 MB at most)
+MASK_CACHE = 4096  # masks kept per vocabulary (a dense one is 49,152 bools: string states, a few per grammar)
+SPARSE_BELOW = 16  # a state allowing at most 1/16 of the vocabulary keeps the allowed ids instead
 
 State = tuple  # (mode, stack, aux, ws)
 
@@ -249,14 +250,16 @@ class JsonVocabulary:
                 return None
         return state
 
-    def banned(self, state: State, grammar: ObjectGrammar = OBJECT) -> torch.Tensor:
-        """A bool mask over ``width``: True for the tokens that cannot come next in ``state``
-        (EOS among them: a JSON-mode sequence ends when its object closes)."""
+    def constraint(self, state: State, grammar: ObjectGrammar = OBJECT) -> torch.Tensor:
+        """What may come next in ``state`` (EOS never, until the object closes): the allowed token
+        ids (int64) when they are few, as outside strings, else a bool mask over ``width``, True
+        where banned. Kept per state key, the ids in 8 bytes a token, a mask in a byte per
+        vocabulary entry (49 KB for SmolLM2): most states are sparse."""
         key = (grammar.name, self._key(state))
-        mask = self._masks.get(key)
-        if mask is not None:
+        entry = self._masks.get(key)
+        if entry is not None:
             self._masks.move_to_end(key)
-            return mask
+            return entry
         self.walked += 1
         in_string = grammar.plain_string(state)
         allowed = self._plain.clone() if in_string else torch.zeros(self.width, dtype=torch.bool)
@@ -266,10 +269,20 @@ class JsonVocabulary:
             allowed[torch.tensor(ids)] = True
         else:
             allowed[self.eos_token_ids] = True
-        mask = (~allowed).to(self.device)
-        self._masks[key] = mask
+        sparse = int(allowed.sum()) <= self.width // SPARSE_BELOW
+        entry = (allowed.nonzero().squeeze(1) if sparse else ~allowed).to(self.device)
+        self._masks[key] = entry
         if len(self._masks) > MASK_CACHE:
             self._masks.popitem(last=False)
+        return entry
+
+    def banned(self, state: State, grammar: ObjectGrammar = OBJECT) -> torch.Tensor:
+        """``constraint`` as a bool mask over ``width``, True for the tokens that cannot come next."""
+        entry = self.constraint(state, grammar)
+        if entry.dtype == torch.bool:
+            return entry
+        mask = torch.ones(self.width, dtype=torch.bool, device=entry.device)
+        mask[entry] = False
         return mask
 
     def _key(self, state: State) -> tuple:

@@ -226,7 +226,13 @@ class Sampler:
             if stop_ids:
                 logits[i, stop_ids] = float("-inf")
         for i in json_rows:  # (a mask as wide as the logits: JsonVocabulary.width is the model's vocabulary)
-            logits[i].masked_fill_(self.json_vocab.banned(seqs[i].json_state, seqs[i].json_grammar), float("-inf"))
+            allowed = self.json_vocab.constraint(seqs[i].json_state, seqs[i].json_grammar)
+            if allowed.dtype == torch.bool:  # a dense state's banned tokens
+                logits[i].masked_fill_(allowed, float("-inf"))
+            else:  # a sparse state's allowed ids
+                keep = logits[i, allowed]
+                logits[i].fill_(float("-inf"))
+                logits[i, allowed] = keep
         return logits
 
 
