@@ -78,7 +78,7 @@ def main() -> None:
     print(f"first JSON-mode request's one-time set-up (vocabulary bytes and trie): "
           f"{(time.perf_counter() - t0) * 1000:.0f} ms")
 
-    vocab = engine._json
+    vocab = engine.json.vocab
     masks_time = [0.0]
     constraint = vocab.constraint
 

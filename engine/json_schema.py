@@ -37,6 +37,8 @@ from engine import json_grammar as g
 
 MAX_NODES = 2048  # compiled schema nodes (a larger schema is refused)
 MAX_ENUM = 512  # values of one enum
+MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
+MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
 ENUM, KEY_MATCH = "E", "M"  # aux: (node, bytes matched so far) / the key's bytes so far
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
@@ -45,7 +47,10 @@ _REFUSED = ("pattern", "format", "minLength", "maxLength", "minimum", "maximum",
             "maxProperties", "uniqueItems", "contains", "minContains", "maxContains", "prefixItems",
             "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
             "unevaluatedProperties", "unevaluatedItems", "contentEncoding", "contentMediaType",
-            "$dynamicRef", "$recursiveRef")
+            "$dynamicRef", "$recursiveRef", "dependencies")
+# keywords that constrain a value (beside $ref or anyOf they would be dropped: refused instead)
+_CONSTRAINING = ("$ref", "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
+                 "anyOf", "oneOf", "additionalProperties")
 _TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
 
 
@@ -78,12 +83,23 @@ def _first_bytes(nodes: list[tuple], node: int) -> frozenset[int]:
             "array": frozenset(b"[")}[kind]
 
 
+def _fits(value: object, kind: str) -> bool:
+    """Whether an enum value is of a JSON Schema type (an enum beside a ``type`` keeps only those)."""
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, {"string": str, "boolean": bool, "null": type(None), "object": dict,
+                              "array": list}.get(kind, object))
+
+
 class _Compiler:
     def __init__(self, root: dict) -> None:
         self.root = root
         self.nodes: list[tuple] = []
         self.refs: dict[str, int] = {}
         self.open_refs: set[str] = set()
+        self.text_bytes = 0  # property names' and enum values' bytes so far
 
     def add(self, node: tuple) -> int:
         if len(self.nodes) >= MAX_NODES:
@@ -91,26 +107,42 @@ class _Compiler:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
-    def compile(self, schema: object, path: str) -> int:
+    def count_text(self, data: bytes) -> bytes:
+        self.text_bytes += len(data)
+        if self.text_bytes > MAX_TEXT_BYTES:  # (each byte may be a step of a mask's walk)
+            raise SchemaError(f"the schema's property names and enum values exceed {MAX_TEXT_BYTES} bytes",
+                              unsupported=True)
+        return data
+
+    def compile(self, schema: object, path: str, level: int = 0) -> int:  # noqa: C901 - one case a keyword
+        if level > MAX_SCHEMA_NESTING:
+            raise SchemaError(f"the schema nests more than {MAX_SCHEMA_NESTING} levels (at {path[:120]})",
+                              unsupported=True)
         if schema is True or schema == {}:
             return self.add(("any",))
         if not isinstance(schema, dict):
-            raise SchemaError(f"{path} must be a schema (an object)")
+            raise SchemaError(f"{path} must be a schema (an object)" if schema is not False else
+                              f"{path} is false (no value), which is not supported", unsupported=schema is False)
         for word in _REFUSED:
             if word in schema:
                 raise SchemaError(f"'{word}' is not supported (at {path})", unsupported=True)
+        beside = [w for w in _CONSTRAINING if w in schema]
         if "$ref" in schema:
-            return self.ref(schema["$ref"], path)
-        if "const" in schema:
-            return self.enum([schema["const"]], path)
-        if "enum" in schema:
-            return self.enum(schema["enum"], path)
+            if len(beside) > 1:
+                raise SchemaError(f"'$ref' beside other constraints is not supported (at {path})", unsupported=True)
+            return self.ref(schema["$ref"], path, level)
+        if "const" in schema or "enum" in schema:
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            return self.enum(values, schema.get("type"), path)
         for word in ("anyOf", "oneOf"):
             if word in schema:
+                if len(beside) > 1:
+                    raise SchemaError(f"'{word}' beside other constraints is not supported (at {path})",
+                                      unsupported=True)
                 alts = schema[word]
                 if not isinstance(alts, list) or not alts:
                     raise SchemaError(f"{path}.{word} must be a non-empty array of schemas")
-                return self.union([self.compile(a, f"{path}.{word}[{i}]") for i, a in enumerate(alts)],
+                return self.union([self.compile(a, f"{path}.{word}[{i}]", level + 1) for i, a in enumerate(alts)],
                                   f"{path}.{word}")
         kind = schema.get("type")
         if kind is None:  # an object's or an array's keywords without a type say which it is
@@ -120,51 +152,71 @@ class _Compiler:
         if isinstance(kind, list):
             if not kind:
                 raise SchemaError(f"{path}.type must not be empty")
-            return self.union([self.typed(schema, k, path) for k in kind], f"{path}.type")
-        return self.typed(schema, kind, path)
+            kinds = [k for k in dict.fromkeys(kind) if not (k == "integer" and "number" in kind)]  # (numbers hold them)
+            return self.union([self.typed(schema, k, path, level) for k in kinds], f"{path}.type")
+        return self.typed(schema, kind, path, level)
 
-    def typed(self, schema: dict, kind: object, path: str) -> int:
+    def typed(self, schema: dict, kind: object, path: str, level: int) -> int:
         if kind not in _TYPES:
             raise SchemaError(f"{path}.type: {str(kind)[:40]!r} is not a JSON Schema type")
         if kind in ("number", "integer"):
             return self.add(("number", kind == "integer"))
         if kind == "object":
-            return self.object(schema, path)
+            return self.object(schema, path, level)
         if kind == "array":
-            return self.array(schema, path)
+            return self.array(schema, path, level)
         return self.add((kind,))
 
-    def object(self, schema: dict, path: str) -> int:
+    def object(self, schema: dict, path: str, level: int) -> int:
         props = schema.get("properties") or {}
         required = schema.get("required") or []
+        extra = schema.get("additionalProperties", True)
         if not isinstance(props, dict) or not isinstance(required, list):
             raise SchemaError(f"{path}: properties must be an object and required an array")
         missing = [r for r in required if r not in props]
         if missing:
-            raise SchemaError(f"{path}.required names {str(missing[0])[:40]!r}, which is not among its properties")
+            raise SchemaError(f"{path}.required names {str(missing[0])[:40]!r}, which is not among its properties "
+                              "(only listed properties are written)", unsupported=True)
         if not props:
+            if extra is False:
+                return self.add(("object", ()))  # no property at all: {}
+            if extra not in (True, {}):
+                raise SchemaError(f"'additionalProperties' with a schema and no properties (a map) is not supported "
+                                  f"(at {path})", unsupported=True)
             return self.add(("any_object",))
         index = self.add(("object", ()))  # (its place first: a child's $ref may come back to it)
-        compiled = tuple(Prop(json.dumps(name, ensure_ascii=False)[1:-1].encode(),
-                              self.compile(sub, f"{path}.properties.{name}"), name in required)
+        compiled = tuple(Prop(self.count_text(json.dumps(name, ensure_ascii=False)[1:-1].encode()),
+                              self.compile(sub, f"{path}.properties.{name}", level + 1), name in required)
                          for name, sub in props.items())
         self.nodes[index] = ("object", compiled)
         return index
 
-    def array(self, schema: dict, path: str) -> int:
+    def array(self, schema: dict, path: str, level: int) -> int:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
-        if not isinstance(low, int) or low < 0 or (high is not None and (not isinstance(high, int) or high < low)):
+        items = schema.get("items", True)
+        if items is False:  # no item at all: []
+            items, high = True, 0
+        bad = lambda n: not isinstance(n, int) or isinstance(n, bool)  # noqa: E731
+        if bad(low) or low < 0 or (high is not None and (bad(high) or high < low)):
             raise SchemaError(f"{path}: minItems and maxItems must be integers with 0 <= minItems <= maxItems")
-        items = self.compile(schema.get("items", True), f"{path}.items")
-        return self.add(("array", items, low, high))
+        return self.add(("array", self.compile(items, f"{path}.items", level + 1), low, high))
 
-    def enum(self, values: object, path: str) -> int:
+    def enum(self, values: object, kind: object, path: str) -> int:
         if not isinstance(values, list) or not values:
             raise SchemaError(f"{path}.enum must be a non-empty array")
         if len(values) > MAX_ENUM:
             raise SchemaError(f"{path}.enum has more than {MAX_ENUM} values", unsupported=True)
-        texts = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode() for v in values))
-        return self.add(("enum", texts))
+        if kind is not None:  # beside a type, the values of that type
+            kinds = kind if isinstance(kind, list) else [kind]
+            values = [v for v in values if any(_fits(v, k) for k in kinds)]
+            if not values:
+                raise SchemaError(f"{path}: no value of its enum is of its type")
+        try:
+            texts = [json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+                     for v in values]
+        except (ValueError, RecursionError) as err:  # NaN and Infinity are no JSON (Python's parser reads them)
+            raise SchemaError(f"{path}: an enum value is not JSON (NaN or Infinity)") from err
+        return self.add(("enum", tuple(dict.fromkeys(self.count_text(t) for t in texts))))
 
     def union(self, alts: list[int], path: str) -> int:
         table: dict[int, int] = {}
@@ -178,9 +230,9 @@ class _Compiler:
                 table[b] = alt
         return self.add(("union", table))
 
-    def ref(self, ref: object, path: str) -> int:
-        if not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")):
-            raise SchemaError(f"{path}.$ref must point into #/$defs or #/definitions", unsupported=True)
+    def ref(self, ref: object, path: str, level: int) -> int:
+        if not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")) or ref.count("/") != 2:
+            raise SchemaError(f"{path}.$ref must name a definition in #/$defs or #/definitions", unsupported=True)
         if ref in self.refs:
             return self.refs[ref]
         if ref in self.open_refs:
@@ -190,9 +242,32 @@ class _Compiler:
         if target is None:
             raise SchemaError(f"{path}.$ref {ref[:60]!r} names no definition")
         self.open_refs.add(ref)
-        self.refs[ref] = self.compile(target, ref)
+        self.refs[ref] = self.compile(target, ref, level + 1)
         self.open_refs.discard(ref)
         return self.refs[ref]
+
+    def nesting(self, root: int) -> int:
+        """The most objects and arrays an instance can hold one inside another (a definition used
+        in several places counts where it is deepest)."""
+        memo: dict[int, int] = {}
+
+        def height(node: int) -> int:
+            if node not in memo:
+                spec = self.nodes[node]
+                kind = spec[0]
+                if kind == "object":
+                    memo[node] = 1 + max((height(p.node) for p in spec[1]), default=0)
+                elif kind == "array":
+                    memo[node] = 1 + height(spec[1])
+                elif kind == "union":
+                    memo[node] = max(height(alt) for alt in set(spec[1].values()))
+                elif kind in ("any", "any_object"):
+                    memo[node] = 1  # (any JSON: its own depth limit holds it)
+                else:
+                    memo[node] = 0
+            return memo[node]
+
+        return height(root)
 
 
 class SchemaGrammar:
@@ -200,7 +275,7 @@ class SchemaGrammar:
     ``is_complete``, ``plain_string``, ``name``) over its nodes."""
 
     is_complete = staticmethod(g.is_complete)
-    plain_string = staticmethod(g._in_plain_string)
+    plain_string = staticmethod(g.in_plain_string)
 
     def __init__(self, text: str) -> None:
         try:
@@ -209,11 +284,15 @@ class SchemaGrammar:
             raise SchemaError("the schema holds text that is not Unicode (a lone surrogate)") from err
         try:
             schema = json.loads(text)
+        except RecursionError as err:
+            raise SchemaError("the schema nests too deep to read", unsupported=True) from err
         except ValueError as err:
             raise SchemaError("the schema is not JSON") from err
         compiler = _Compiler(schema if isinstance(schema, dict) else {})
         root = compiler.compile(schema, "schema")
         self.nodes = compiler.nodes
+        if compiler.nesting(root) > g.MAX_DEPTH:  # (past it the recognizer could only end the answer)
+            raise SchemaError(f"the schema nests objects and arrays more than {g.MAX_DEPTH} deep", unsupported=True)
         if self.nodes[root][0] not in ("object", "any_object"):
             raise SchemaError("the schema's root must be an object (\"type\": \"object\")", unsupported=True)
         self.name = "schema:" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
@@ -223,22 +302,22 @@ class SchemaGrammar:
     def step(self, state: g.State, b: int) -> g.State | None:  # noqa: C901, PLR0911, PLR0912 - one byte's cases
         mode, stack, aux, ws = state
         if mode == g.KEY_STR or mode == g.VAL_STR:
-            return g._string(state, b)  # strings close into COLON (aux None: any value) or after the value
+            return g.string_step(state, b)  # strings close into COLON (aux None: any value) or after the value
         if mode == g.NUMBER:
             part, integer = aux
-            for chars, nxt in g._NUM[part]:
+            for chars, nxt in g.NUMBER_PARTS[part]:
                 if b in chars:
                     return None if integer and nxt in ("dot", "e") else (g.NUMBER, stack, (nxt, integer), 0)
-            return self.step(g._closed(stack), b) if part in g._NUM_END else None
+            return self.step(g.closed(stack), b) if part in g.NUMBER_ENDS else None
         if mode == g.LITERAL:
             if b != aux[0]:
                 return None
-            return (g.LITERAL, stack, aux[1:], 0) if len(aux) > 1 else g._closed(stack)
+            return (g.LITERAL, stack, aux[1:], 0) if len(aux) > 1 else g.closed(stack)
         if mode == ENUM:
             return self._enum(stack, aux[0], aux[1], b)
         if mode == KEY_MATCH:
-            return self._key(stack, aux, b)
-        if b in g._WS:
+            return self._match_key(stack, aux, b)
+        if b in g.WHITESPACE:
             return (mode, stack, aux, ws + 1) if ws < g.MAX_WHITESPACE else None
         if mode == g.VALUE:
             return self._value(stack, aux, b)
@@ -247,15 +326,15 @@ class SchemaGrammar:
         top = stack[-1] if stack else None
         if mode == g.ARR_FIRST:
             if top == "a":
-                return g._closed(stack[:-1]) if b == 0x5D else self._value(stack, None, b)
+                return g.closed(stack[:-1]) if b == 0x5D else self._value(stack, None, b)
             _, node, _ = top
             _, items, low, high = self.nodes[node]
             if b == 0x5D:
-                return g._closed(stack[:-1]) if low == 0 else None
+                return g.closed(stack[:-1]) if low == 0 else None
             return None if high == 0 else self._value(stack[:-1] + (("A", node, 1),), items, b)
         if mode == g.OBJ_FIRST or mode == g.OBJ_KEY:
             if b == 0x7D and mode == g.OBJ_FIRST:
-                return g._closed(stack[:-1]) if top == "o" or self._may_close(top) else None
+                return g.closed(stack[:-1]) if top == "o" or self._may_close(top) else None
             if b != 0x22:
                 return None
             if top == "o":
@@ -265,16 +344,16 @@ class SchemaGrammar:
             if top == "o" or top == "a":
                 if b == 0x2C:
                     return (g.OBJ_KEY, stack, None, 0) if top == "o" else (g.VALUE, stack, None, 0)
-                return g._closed(stack[:-1]) if b == (0x7D if top == "o" else 0x5D) else None
+                return g.closed(stack[:-1]) if b == (0x7D if top == "o" else 0x5D) else None
             kind, node, count = top
             if kind == "O":
                 if b == 0x2C:
                     return (g.OBJ_KEY, stack, None, 0) if self._candidates(top) else None
-                return g._closed(stack[:-1]) if b == 0x7D and self._may_close(top) else None
+                return g.closed(stack[:-1]) if b == 0x7D and self._may_close(top) else None
             _, items, low, high = self.nodes[node]
             if b == 0x2C:
                 return (g.VALUE, stack[:-1] + (("A", node, count + 1),), items, 0) if high is None or count < high else None
-            return g._closed(stack[:-1]) if b == 0x5D and count >= low else None
+            return g.closed(stack[:-1]) if b == 0x5D and count >= low else None
         return None  # DONE: only whitespace
 
     def _value(self, stack: tuple, node: int | None, b: int) -> g.State | None:
@@ -289,7 +368,7 @@ class SchemaGrammar:
         if b in (0x7B, 0x5B) and len(stack) >= g.MAX_DEPTH:
             return None
         if kind == "any":
-            state = g._value(stack, b)
+            state = g.value_start(stack, b)
             if state is not None and state[0] == g.NUMBER:
                 return (g.NUMBER, stack, (state[2], False), 0)
             return state
@@ -302,10 +381,10 @@ class SchemaGrammar:
         if kind == "string":
             return (g.VAL_STR, stack, (0, 0), 0) if b == 0x22 else None
         if kind == "number":
-            start = g._value(stack, b) if b == 0x2D or b in g._DIGITS else None
+            start = g.value_start(stack, b) if b == 0x2D or b in g.DIGITS else None
             return None if start is None else (g.NUMBER, stack, (start[2], spec[1]), 0)
         if kind == "boolean":
-            return (g.LITERAL, stack, g._LITERALS[b], 0) if b in (0x74, 0x66) else None
+            return (g.LITERAL, stack, g.LITERALS[b], 0) if b in (0x74, 0x66) else None
         return (g.LITERAL, stack, b"ull", 0) if b == 0x6E else None  # null
 
     def _enum(self, stack: tuple, node: int, matched: bytes, b: int) -> g.State | None:
@@ -313,10 +392,10 @@ class SchemaGrammar:
         seen = matched + bytes((b,))
         if any(t.startswith(seen) for t in texts):
             if seen in texts and not any(len(t) > len(seen) and t.startswith(seen) for t in texts):
-                return g._closed(stack)  # nothing longer can follow: the value is whole
+                return g.closed(stack)  # nothing longer can follow: the value is whole
             return (ENUM, stack, (node, seen), 0)
         if matched in texts:  # a whole value (a number another value extends) ended before this byte
-            return self.step(g._closed(stack), b)
+            return self.step(g.closed(stack), b)
         return None
 
     def _candidates(self, frame: tuple) -> list[int]:
@@ -329,10 +408,20 @@ class SchemaGrammar:
                 break
         return out
 
+    def cache_frame(self, frame: object, reach: int) -> object:
+        """``frame`` as a mask's cache key holds it: an array's items begun, as how many more it
+        needs and may take, each up to ``reach`` (what one token could add: more does not change
+        which tokens pass), so a long array's items share their masks (found by review)."""
+        if not isinstance(frame, tuple) or frame[0] != "A":
+            return frame
+        _, node, count = frame
+        _, _, low, high = self.nodes[node]
+        return ("A", node, min(max(low - count, 0), reach), None if high is None else min(high - count, reach))
+
     def _may_close(self, frame: tuple) -> bool:
         return not any(p.required for p in self.nodes[frame[1]][1][frame[2]:])
 
-    def _key(self, stack: tuple, matched: bytes, b: int) -> g.State | None:
+    def _match_key(self, stack: tuple, matched: bytes, b: int) -> g.State | None:
         frame = stack[-1]
         props = self.nodes[frame[1]][1]
         seen = matched + bytes((b,))

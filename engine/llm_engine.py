@@ -15,11 +15,9 @@ from pathlib import Path
 import torch
 
 import kernels
-from engine import json_grammar
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.json_grammar import JsonVocabulary
-from engine.json_schema import compile_schema
+from engine.json_decoding import JsonDecoding
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
 from engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -28,7 +26,7 @@ from engine.request import Request, RequestId, Sequence
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.tokenizer import TokenBytes, load_tokenizer
+from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +142,8 @@ class LLMEngine:
         specials = getattr(self.tokenizer, "all_special_ids", None) or []
         self._silent_ids = frozenset(self.eos_token_ids) | frozenset(specials)
         self._with_logprobs = 0  # requests in ``requests`` that asked for logprobs
-        self._json: JsonVocabulary | None = None  # JSON mode's masks, built on the first such request
+        self.json = JsonDecoding(self.tokenizer, self._silent_ids, self.eos_token_ids, self.model.arch.vocab_size,
+                                 self.model.device)
         self.requests: dict[RequestId, Request] = {}
         self._abort_outputs: list[RequestOutput] = []
         self._ids = itertools.count()
@@ -173,8 +172,6 @@ class LLMEngine:
         # what every front checks (floats or a bad salt crashed the step: QA), then as Python's ints
         check_prompt(prompt_token_ids, params, self.max_model_len, self.model.arch.vocab_size, salt)
         prompt_token_ids = [int(t) for t in prompt_token_ids]
-        if (params.json_object or params.json_schema is not None) and self._json is None:
-            self._json = self._json_vocabulary()
         req = Request(RequestId(request_id), prompt_token_ids, params, salt=salt,
                       priority_class=priority_class)
         self._init_seq(req.sequences[0])
@@ -185,34 +182,14 @@ class LLMEngine:
 
     def _init_seq(self, seq: Sequence) -> None:
         seq.detok = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids, seq.params.stop)
-        p = seq.params
-        if p.json_schema is not None:
-            seq.json_grammar = compile_schema(p.json_schema)
-        elif p.json_object:
-            seq.json_grammar = json_grammar.OBJECT
-        if seq.json_grammar is not None:
-            seq.json_state = seq.json_grammar.initial
+        self.json.start(seq)
+        self.sampler.json_vocab = self.json.vocab
 
     def prepare_json(self) -> None:
-        """Build JSON mode's vocabulary now (``AsyncEngine.start`` does, off the event loop), so
-        the first JSON-mode request does not hold the step for it (0.4-0.6 s for SmolLM2)."""
-        if self._json is None and self.tokenizer is not None:
-            self._json = self._json_vocabulary()
-
-    def _json_vocabulary(self) -> JsonVocabulary:
-        """The vocabulary's bytes for JSON mode; special and added tokens have none there (they are
-        not text: ``<|im_end|>`` inside a string would end the answer or vanish from it)."""
-        if self.tokenizer is None:
-            raise ValueError("JSON mode needs the model's tokenizer (this model directory has none)")
-        width = self.model.arch.vocab_size
-        ids = list(range(min(width, len(self.tokenizer))))
-        token_bytes = TokenBytes(self.tokenizer).of(ids)
-        for i in set(getattr(self.tokenizer, "added_tokens_decoder", {})) | self._silent_ids:
-            if i < len(token_bytes):
-                token_bytes[i] = b""
-        vocab = JsonVocabulary(token_bytes, width, self.eos_token_ids, self.model.device)
-        self.sampler.json_vocab = vocab
-        return vocab
+        """Build JSON mode's masks now (``AsyncEngine.start`` does, off the event loop), so the
+        first JSON-mode request does not hold every request's step for it (found by QA)."""
+        if self.tokenizer is not None:
+            self.sampler.json_vocab = self.json.prepare()
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now (its blocks return to the pool); the next ``step()`` reports it
@@ -353,11 +330,8 @@ class LLMEngine:
         p = seq.params
         can_stop = seq.num_output_tokens >= p.min_tokens
         hit_stop_string = seq.detok.add_token(tok, check_stop=can_stop)
-        if seq.json_state is not None:
-            seq.json_state = self._json.advance(seq.json_state, tok, seq.json_grammar)
-            # the object closed; None only if a token the mask bans was sampled (every one banned)
-            if seq.json_state is None or json_grammar.is_complete(seq.json_state):
-                return "stop"
+        if seq.json_state is not None and self.json.advance(seq, tok):
+            return "stop"  # the object closed
         if can_stop and (
             hit_stop_string or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids)
         ):

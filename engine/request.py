@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from engine.block_pool import BlockHash
     from engine.detokenizer import IncrementalDetokenizer
+    from engine.json_grammar import Grammar
 
 RequestId = NewType("RequestId", str)
 SeqId = NewType("SeqId", int)
@@ -54,7 +55,7 @@ class Sequence:
     bias: tuple[torch.Tensor, torch.Tensor] | None = None  # params.logit_bias as (token ids, values), once
     detok: IncrementalDetokenizer | None = None
     json_state: tuple | None = None  # JSON mode: its grammar's state after its output (engine.json_grammar)
-    json_grammar: object | None = None  # that grammar: json_grammar.OBJECT or a compiled json_schema
+    json_grammar: Grammar | None = None  # that grammar: json_grammar.OBJECT or a compiled json_schema
     finish_reason: str | None = None
     num_preemptions: int = 0
     last_token_time: float | None = None

@@ -14,7 +14,7 @@ from itertools import chain
 
 import torch
 
-from engine.json_grammar import JsonVocabulary
+from engine.json_masks import JsonVocabulary
 from engine.request import Sequence
 from engine.sampling_params import MIN_REPETITION_PENALTY
 
@@ -43,7 +43,7 @@ class Sampler:
     def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None) -> None:
         self.eos_token_ids = list(eos_token_ids or [])
         self._seed_source = make_generator(int.from_bytes(os.urandom(8), "little") if seed is None else seed)
-        self.json_vocab: JsonVocabulary | None = None  # set by the engine with its first JSON-mode request
+        self.json_vocab: JsonVocabulary | None = None  # set by the engine once JSON mode's masks are built
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         """A sequence's generator: from ``params.seed`` (and its choice index) when given."""
@@ -226,13 +226,13 @@ class Sampler:
             if stop_ids:
                 logits[i, stop_ids] = float("-inf")
         for i in json_rows:  # (a mask as wide as the logits: JsonVocabulary.width is the model's vocabulary)
-            allowed = self.json_vocab.constraint(seqs[i].json_state, seqs[i].json_grammar)
-            if allowed.dtype == torch.bool:  # a dense state's banned tokens
-                logits[i].masked_fill_(allowed, float("-inf"))
+            entry = self.json_vocab.constraint(seqs[i].json_state, seqs[i].json_grammar)
+            if entry.dtype == torch.bool:  # a dense state's banned tokens
+                logits[i].masked_fill_(entry, float("-inf"))
             else:  # a sparse state's allowed ids
-                keep = logits[i, allowed]
+                keep = logits[i, entry]
                 logits[i].fill_(float("-inf"))
-                logits[i, allowed] = keep
+                logits[i, entry] = keep
         return logits
 
 

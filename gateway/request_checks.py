@@ -292,7 +292,10 @@ def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> N
                                   "1 to 64 letters, digits, underscores or dashes.",
                                   param="response_format.json_schema.name")
         try:
-            compile_schema(fmt.schema_text())
+            try:
+                compile_schema(fmt.schema_text())
+            except RecursionError as err:  # (a schema nested hundreds deep, read by json.loads's fallback)
+                raise SchemaError("the schema nests too deep", unsupported=True) from err
         except SchemaError as err:
             message = f"Invalid schema for response_format '{spec.name}': {quoted_name(str(err))}."
             if err.unsupported:

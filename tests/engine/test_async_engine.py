@@ -528,8 +528,8 @@ async def test_json_modes_vocabulary_is_built_at_start_not_by_the_first_request(
     """The first JSON-mode request would otherwise hold every request's step while the vocabulary's
     trie is built (0.4-0.6 s for SmolLM2; found by QA)."""
     eng = await make_engine()
-    vocab = eng.engine._json
+    vocab = eng.engine.json.vocab
     assert vocab is not None
     tokens, text, _ = await collect(eng, [5, 6, 7], SamplingParams(max_tokens=8, temperature=0.0, json_object=True),
                                     "j")
-    assert eng.engine._json is vocab and text.lstrip().startswith("{")
+    assert eng.engine.json.vocab is vocab and text.lstrip().startswith("{")

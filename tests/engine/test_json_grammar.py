@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine import json_grammar as g
+from engine.json_masks import JsonVocabulary
 
 
 def _random_value(rng: random.Random, depth: int = 0):  # noqa: ANN202
@@ -156,7 +157,7 @@ def test_masks_ban_exactly_the_tokens_the_state_refuses() -> None:
         b"   ", b'":{"', b"[[", b'\\"', b"},{", b'"]}', b"\xff",
     ]
     width = len(tokens) + 3  # ids past the vocabulary: always banned
-    vocab = g.JsonVocabulary(tokens, width, eos_token_ids=[256])
+    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
     assert vocab.max_closers == 4
     states = []
     for _ in range(40):
@@ -183,7 +184,7 @@ def test_masks_near_the_depth_limit_allow_no_level_past_it() -> None:
     """Found by QA: the masks' cache key cut the stack, so a mask computed a few levels deep served
     the 64th, where it still allowed "[" (which the recognizer then refused, ending the answer)."""
     tokens = [b"[", b"[[", b"{", b'{"', b"]", b"1", b"]]", b" ", b"[[[", b""]
-    vocab = g.JsonVocabulary(tokens, len(tokens), eos_token_ids=[9])
+    vocab = JsonVocabulary(tokens, len(tokens), eos_token_ids=[9])
     for depth in [*range(1, 6), *range(g.MAX_DEPTH - 5, g.MAX_DEPTH + 1)]:
         state = g.accepts(b'{"a":' + b"[" * (depth - 1))
         assert state is not None and len(state[1]) == depth
@@ -193,6 +194,6 @@ def test_masks_near_the_depth_limit_allow_no_level_past_it() -> None:
 
 
 def test_a_state_no_token_may_follow_allows_eos() -> None:
-    vocab = g.JsonVocabulary([b"a", b"b", b""], 3, eos_token_ids=[2])  # no "{" in this vocabulary
+    vocab = JsonVocabulary([b"a", b"b", b""], 3, eos_token_ids=[2])  # no "{" in this vocabulary
     assert vocab.banned(g.INITIAL).tolist() == [True, True, False]
     assert vocab.advance(g.INITIAL, 2) is None and vocab.advance(g.INITIAL, 7) is None

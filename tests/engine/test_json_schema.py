@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from engine import json_grammar as g
+from engine.json_masks import JsonVocabulary
 from engine.json_schema import SchemaError, compile_schema
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -262,10 +263,10 @@ def test_changed_instances_are_complete_exactly_when_they_validate() -> None:
      "two alternatives can start with", True),
     ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}, "$ref": "#/$defs/N"},
      "recursive", True),
-    ({"type": "object", "properties": {"a": {"$ref": "http://example.com/s.json"}}}, "must point into", True),
+    ({"type": "object", "properties": {"a": {"$ref": "http://example.com/s.json"}}}, "must name a definition", True),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/Nope"}}}, "names no definition", False),
     ({"type": "object", "properties": {"a": {"type": "strng"}}}, "'strng' is not a JSON Schema type", False),
-    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "names 'b'", False),
+    ({"type": "object", "properties": {"a": {}}, "required": ["b"]}, "names 'b'", True),
     ({"type": "object", "properties": {"a": {"enum": []}}}, "non-empty array", False),
     ({"type": "object", "properties": {"a": {"type": "array", "minItems": 3, "maxItems": 2}}}, "minItems", False),
     ({"type": "object", "properties": {"a": 5}}, "must be a schema", False),
@@ -290,7 +291,7 @@ def test_masks_ban_exactly_what_the_schema_refuses() -> None:
         b"", b'{"', b'":', b'": "', b'",', b'"}', b"}}", b"]]}", b'"cat"', b'"ca', b"ter", b"pillar", b"12", b"null",
         b"true", b"e+", b"\\u", b'\\"', b"\n  ", b'"name": "', b"},{", "日".encode()[:2], "日本".encode()]
     width = len(tokens) + 2
-    vocab = g.JsonVocabulary(tokens, width, eos_token_ids=[256])
+    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
     checked = 0
     for _ in range(25):
         schema = _root_schema(rng)
@@ -339,3 +340,82 @@ def test_finished_choices_validate_on_the_tiny_model(engine_config, tiny_model_d
         else:
             assert reason == "length" and _accepts(grammar, answer.encode()) is not None, answer
     assert "stop" in [r for _, r in out.values()]
+
+
+def _complete(schema: dict, text: str) -> bool:
+    state = _accepts(compile_schema(json.dumps(schema)), text.encode())
+    return state is not None and g.is_complete(state)
+
+
+def test_what_the_review_found_the_compiler_let_through() -> None:
+    """Found by review: each of these completed on an answer that is not an instance."""
+    assert not _complete({"type": "object", "properties": {"x": {"enum": [1.5]}}}, '{"x":NaN}')
+    with pytest.raises(SchemaError, match="NaN"):  # (Python's parser reads NaN in a schema)
+        compile_schema('{"type": "object", "properties": {"x": {"enum": [NaN]}}}')
+    closed = {"type": "object", "properties": {}, "additionalProperties": False}  # OpenAI's strict "no fields"
+    assert _complete(closed, "{}") and not _complete(closed, '{"junk":1}')
+    with pytest.raises(SchemaError, match="additionalProperties") as err:  # a map of integers: not honoured
+        compile_schema(json.dumps({"type": "object", "additionalProperties": {"type": "integer"}}))
+    assert err.value.unsupported
+    typed_enum = {"type": "object", "properties": {"n": {"type": "integer", "enum": [1, "a"]}}, "required": ["n"]}
+    assert _complete(typed_enum, '{"n":1}') and not _complete(typed_enum, '{"n":"a"}')
+    for beside in ({"anyOf": [{"type": "string"}], "type": "object", "properties": {"a": {}}},
+                   {"$ref": "#/$defs/A", "type": "string"}):
+        with pytest.raises(SchemaError, match="beside other constraints"):
+            compile_schema(json.dumps({"type": "object", "properties": {"p": beside}, "$defs": {"A": {}}}))
+    with pytest.raises(SchemaError, match="'dependencies'"):
+        compile_schema(json.dumps({"type": "object", "dependencies": {"a": ["b"]}}))
+
+
+def _nested(levels: int) -> dict:
+    schema: dict = {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}
+    for _ in range(levels - 1):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_nesting_is_bounded_where_the_recognizer_can_follow() -> None:
+    """Found by review: a schema needing 70 levels compiled, and at the 64th only EOS could follow
+    (the answer cut, "stop"); 250 levels raised RecursionError (a 500 at the gateway)."""
+    deepest = _nested(g.MAX_DEPTH)
+    text = '{"a":' * (g.MAX_DEPTH - 1) + '{"v":1}' + "}" * (g.MAX_DEPTH - 1)
+    assert _complete(deepest, text)
+    for levels in (g.MAX_DEPTH + 1, 250, 2000):  # (written out by hand: json.dumps cannot nest 2,000 deep)
+        text = '{"type":"object","properties":{"a":' * levels + '{"type":"integer"}' + "}}" * levels
+        with pytest.raises(SchemaError, match="nest") as err:
+            compile_schema(text)
+        assert err.value.unsupported
+    deep_use: dict = {"type": "object", "properties": {"d": {"$ref": "#/$defs/D"}}}
+    for _ in range(30):
+        deep_use = {"type": "array", "items": deep_use}
+    shared = {"$defs": {"D": _nested(40)}, "type": "object",  # a definition used deep counts there
+              "properties": {"x": {"$ref": "#/$defs/D"}, "y": deep_use}}
+    with pytest.raises(SchemaError, match="more than 64 deep"):
+        compile_schema(json.dumps(shared))
+
+
+def test_long_arrays_share_their_masks() -> None:
+    """Found by review: each item of an array made its masks anew (the count of items begun was in
+    the cache key), ~200x slower per token than JSON mode on a long list."""
+    tokens = [bytes([b]) for b in range(256)] + [b'", "', b'"]', b', ', b'","']
+    vocab = JsonVocabulary(tokens, len(tokens), eos_token_ids=[0])
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"},
+                                                         "minItems": 2, "maxItems": 400}}, "required": ["items"]}
+    grammar = compile_schema(json.dumps(schema))
+    state = grammar.initial
+    text = '{"items": [' + ", ".join(f'"w{i}"' for i in range(300)) + "]}"
+    for b in text.encode():
+        vocab.banned(state, grammar)
+        state = grammar.step(state, b)
+    assert g.is_complete(state) and vocab.walked < 40, vocab.walked
+    near = '{"items": [' + ", ".join(f'"w{i}"' for i in range(399))  # the bound still counts, exactly
+    state = _accepts(grammar, near.encode())
+    for tok, data in enumerate(tokens):
+        assert (vocab.advance(state, tok, grammar) is None) == bool(vocab.banned(state, grammar)[tok]), data
+
+
+def test_valid_schemas_the_review_found_refused() -> None:
+    both = {"type": "object", "properties": {"n": {"type": ["number", "integer", "number"]}}, "required": ["n"]}
+    assert _complete(both, '{"n":1.5}') and _complete(both, '{"n":2}')
+    empty = {"type": "object", "properties": {"a": {"type": "array", "items": False}}, "required": ["a"]}
+    assert _complete(empty, '{"a":[]}') and not _complete(empty, '{"a":[1]}')

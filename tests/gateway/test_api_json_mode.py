@@ -165,3 +165,14 @@ def test_bad_formats_are_400s_that_say_what(api, fmt, param, code, words) -> Non
     body = {"model": api.model, "messages": CAT, "response_format": fmt}
     err = assert_error(post(api, "/v1/chat/completions", body), 400, param=param, code=code)
     assert words in err["message"], err
+
+
+def test_a_schema_nested_hundreds_deep_is_a_400_not_a_500(api) -> None:  # noqa: ANN001
+    """Found by review: the compiler recursed past Python's stack (RecursionError: a 500)."""
+    levels = 300
+    schema = '{"type":"object","properties":{"a":' * levels + '{"type":"integer"}' + "}}" * levels
+    body = ('{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "response_format": '
+            '{"type": "json_schema", "json_schema": {"name": "deep", "schema": %s}}}' % (api.model, schema))
+    resp = post(api, "/v1/chat/completions", content=body.encode(), headers={"content-type": "application/json"})
+    err = assert_error(resp, 400, param="response_format.json_schema.schema", code="unsupported_parameter")
+    assert "nest" in err["message"]

@@ -1,0 +1,161 @@
+"""JSON mode's masks: which tokens of a vocabulary may come next in a recognizer's state
+(``engine.json_grammar``'s, or a compiled schema's).
+
+Masks are computed by walking a byte trie of the vocabulary from a state, pruned at the first
+byte the state refuses, and kept per state key: a token can close at most ``max_closers`` levels,
+open at most ``max_openers`` and begin at most ``max_commas + 1`` array items, so only that many
+innermost stack entries (and whether the stack is deeper), how many levels are left to open and,
+for a schema's arrays, how far the items begun are from their bounds, each up to what one token
+could use, decide a mask. Inside a string, the tokens that are plain string text (no quote,
+backslash, control byte or partial UTF-8 character: most of a vocabulary) are allowed wholesale
+and only the rest are walked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+
+import torch
+
+from engine.json_grammar import MAX_DEPTH, OBJECT, Grammar, State
+
+MASK_CACHE = 4096  # masks kept per vocabulary (a dense one is 49,152 bools: string states, a few per grammar)
+SPARSE_BELOW = 16  # a state allowing at most 1/16 of the vocabulary keeps the allowed ids instead
+
+_NOT_PLAIN = re.compile(rb'["\\\x00-\x1f]')
+
+
+def _plain_text(data: bytes) -> bool:
+    """Bytes a string may hold that leave it as it was: no quote, backslash or control byte, and
+    whole UTF-8 characters."""
+    if not data or _NOT_PLAIN.search(data) is not None:
+        return False
+    if data.isascii():
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class JsonVocabulary:
+    """A vocabulary's byte trie and the JSON-mode masks over it (one per engine, built on the first
+    JSON-mode request; the engine's step thread is its only user).
+
+    ``token_bytes[i]`` is token ``i``'s bytes (empty: never allowed, e.g. a special token);
+    ``width`` the logits' width (ids past the vocabulary are never allowed); ``eos_token_ids`` what
+    a state no token may follow allows instead (it cannot arise with a byte-level vocabulary,
+    which has every single byte; the answer then ends there); masks are kept on ``device``."""
+
+    def __init__(self, token_bytes: list[bytes], width: int, eos_token_ids: list[int] = (),
+                 device: torch.device | str = "cpu") -> None:
+        self.width = width
+        self.eos_token_ids = list(eos_token_ids)
+        self.device = torch.device(device)
+        self._trie: dict = {}
+        self._odd: dict = {}  # the trie of the tokens that are not plain string text
+        plain_ids = []
+        closers = openers = commas = 0
+        for token_id, data in enumerate(token_bytes[:width]):
+            if not data:
+                continue
+            if _plain_text(data):
+                plain_ids.append(token_id)
+            else:
+                _insert(self._odd, data, token_id)
+            _insert(self._trie, data, token_id)
+            closers = max(closers, data.count(b"}") + data.count(b"]"))
+            openers = max(openers, data.count(b"{") + data.count(b"["))
+            commas = max(commas, data.count(b","))
+        self._plain = torch.zeros(width, dtype=torch.bool)
+        self._plain[plain_ids] = True
+        self.max_closers = closers
+        self.max_openers = openers
+        self.max_commas = commas
+        self._masks: OrderedDict = OrderedDict()
+        self._tokens = token_bytes
+        self.walked = 0  # masks computed (not taken from the cache): for tests and figures
+
+    def advance(self, state: State, token_id: int, grammar: Grammar = OBJECT) -> State | None:
+        """The state after token ``token_id``, None when the token cannot come next."""
+        if not 0 <= token_id < min(self.width, len(self._tokens)) or not self._tokens[token_id]:
+            return None
+        for b in self._tokens[token_id]:
+            state = grammar.step(state, b)
+            if state is None:
+                return None
+        return state
+
+    def constraint(self, state: State, grammar: Grammar = OBJECT) -> torch.Tensor:
+        """What may come next in ``state`` (EOS never, until the object closes): the allowed token
+        ids (int64) when they are few, as outside strings, else a bool mask over ``width``, True
+        where banned. Kept per state key, the ids in 8 bytes a token, a mask in a byte per
+        vocabulary entry (49 KB for SmolLM2): most states are sparse."""
+        key = (grammar.name, self._key(state, grammar))
+        entry = self._masks.get(key)
+        if entry is not None:
+            self._masks.move_to_end(key)
+            return entry
+        self.walked += 1
+        in_string = grammar.plain_string(state)
+        allowed = self._plain.clone() if in_string else torch.zeros(self.width, dtype=torch.bool)
+        ids: list[int] = []
+        _walk(self._odd if in_string else self._trie, state, ids, {}, grammar.step)
+        if ids:
+            allowed[torch.tensor(ids)] = True
+        else:
+            allowed[self.eos_token_ids] = True
+        sparse = int(allowed.sum()) <= self.width // SPARSE_BELOW
+        entry = (allowed.nonzero().squeeze(1) if sparse else ~allowed).to(self.device)
+        self._masks[key] = entry
+        if len(self._masks) > MASK_CACHE:
+            self._masks.popitem(last=False)
+        return entry
+
+    def banned(self, state: State, grammar: Grammar = OBJECT) -> torch.Tensor:
+        """``constraint`` as a bool mask over ``width``, True for the tokens that cannot come next."""
+        entry = self.constraint(state, grammar)
+        if entry.dtype == torch.bool:
+            return entry
+        mask = torch.ones(self.width, dtype=torch.bool, device=entry.device)
+        mask[entry] = False
+        return mask
+
+    def _key(self, state: State, grammar: Grammar) -> tuple:
+        """``state`` as far as one token can tell it apart (the module's docstring): its stack cut to
+        what a token can close, the levels still free to open as far as a token could use them (near
+        ``MAX_DEPTH`` fewer openers pass: found by QA, a shallow state's mask allowed a 65th level),
+        and a schema's array frames as their distance to their bounds (``cache_frame``)."""
+        mode, stack, aux, ws = state
+        keep = self.max_closers + 1
+        room = min(MAX_DEPTH - len(stack), self.max_openers + 1)
+        cut = stack[-keep:]
+        cache_frame = getattr(grammar, "cache_frame", None)
+        if cache_frame is not None:
+            cut = tuple(cache_frame(f, self.max_commas + 1) for f in cut)
+        if len(stack) > keep:
+            cut = ("deeper", *cut)
+        return (mode, cut, aux, ws, room)
+
+
+def _insert(trie: dict, data: bytes, token_id: int) -> None:
+    node = trie
+    for b in data:
+        node = node.setdefault(b, {})
+    node.setdefault(None, []).append(token_id)  # key None: the tokens that end here
+
+
+def _walk(node: dict, state: State, ids: list[int], memo: dict, step) -> None:  # noqa: ANN001 - a grammar's step
+    """Collect into ``ids`` the tokens under ``node`` whose bytes ``state`` accepts."""
+    for b, child in node.items():
+        if b is None:
+            ids.extend(child)
+            continue
+        key = (state, b)
+        nxt = memo.get(key, memo)
+        if nxt is memo:
+            nxt = memo[key] = step(state, b)
+        if nxt is not None:
+            _walk(child, nxt, ids, memo, step)
