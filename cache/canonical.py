@@ -17,6 +17,9 @@ from dataclasses import dataclass
 # Temperatures under this sample greedily, as temperature 0 does (engine/sampling_params.GREEDY_BELOW;
 # cache/ may not import the engine, and a test keeps the two equal).
 GREEDY_BELOW = 1e-5
+# Bumped when JSON mode's or a schema's decoding changes what it answers: a cached answer of an
+# earlier grammar is then a miss (found by QA: an invalid answer cached before a fix was served after it).
+FORMAT_GRAMMAR_VERSION = 2
 # Roles the model reads alike: a developer message reaches the engine as a system one.
 _ROLE_ALIASES = {"developer": "system"}
 # Keys that never change the answer: transport and bookkeeping only.
@@ -98,6 +101,10 @@ def _params(body: dict) -> dict:
             v %= 2**64  # -1 and 2**64 - 1 are one seed to the engine: one key (found by QA)
         if k in _DEFAULTS and any(type(v) is type(d) and v == d for d in _DEFAULTS[k]):
             continue
+        if k == "response_format":
+            # as written: a schema's property order is the answer's (the key's sorted JSON lost it:
+            # found by QA), and the grammars' version, so answers of an older grammar are not served
+            v = [FORMAT_GRAMMAR_VERSION, json.dumps(v, separators=(",", ":"), ensure_ascii=False, default=str)]
         p[k] = v
     if p.get("temperature") == 0.0:
         p.pop("seed", None)  # greedy: the seed changes nothing, one key (found by QA: four entries of one answer)

@@ -171,8 +171,8 @@ class _Compiler:
         props = schema.get("properties") or {}
         required = schema.get("required") or []
         extra = schema.get("additionalProperties", True)
-        if not isinstance(props, dict) or not isinstance(required, list):
-            raise SchemaError(f"{path}: properties must be an object and required an array")
+        if not isinstance(props, dict) or not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise SchemaError(f"{path}: properties must be an object and required an array of names")
         missing = [r for r in required if r not in props]
         if missing:
             raise SchemaError(f"{path}.required names {str(missing[0])[:40]!r}, which is not among its properties "

@@ -136,12 +136,35 @@ class StreamOptions(_Request):
     continuous_usage_stats: Any = None  # vLLM's usage in every chunk: refused when true
 
 
+MAX_SCHEMA_JSON_DEPTH = 160  # arrays and objects inside a schema, annotations' too
+
+
+def _json_depth(value: object) -> int:
+    """How deep arrays and objects nest in ``value`` (iteratively: no recursion to run out of)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _shallow_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A schema nested past ``MAX_SCHEMA_JSON_DEPTH`` (in annotations too, which the compiler reads
+    past) is refused here: dumping it for the cache key raised (found by QA: a 500)."""
+    if schema is not None and _json_depth(schema) > MAX_SCHEMA_JSON_DEPTH:
+        raise PydanticCustomError("too_deep", "the schema nests arrays and objects more than {depth} deep",
+                                  {"depth": MAX_SCHEMA_JSON_DEPTH})
+    return schema
+
+
 class JsonSchemaFormat(_Request):
     """``response_format.json_schema``: OpenAI's structured outputs (``strict`` is taken: the
     answer always follows the schema here)."""
 
     name: StrictStr
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: Annotated[dict[str, Any] | None, AfterValidator(_shallow_schema)] = Field(default=None, alias="schema")
     strict: StrictBool | None = None
     description: StrictStr | None = None
 

@@ -111,3 +111,20 @@ def test_temperatures_below_the_greedy_threshold_are_greedy():
     assert not is_deterministic(chat("x", temperature=GREEDY_BELOW))
     assert keys(chat("Hi", temperature=1e-6)) == keys(chat("Hi", temperature=0))
     assert keys(chat("Hi", temperature=1e-4)) != keys(chat("Hi", temperature=0))
+
+
+def test_a_schemas_property_order_and_the_grammars_version_are_in_the_key(monkeypatch) -> None:
+    """Found by QA: the key's sorted JSON made two schemas that differ only in their properties'
+    order one key, and the second was served the first's answer, in the first's order; an answer
+    of an earlier grammar was served after a fix changed what the grammar allows."""
+    from cache import canonical
+
+    def fmt(*names: str) -> dict:
+        schema = {"type": "object", "properties": {n: {"type": "string"} for n in names}}
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+
+    a, b = (canonicalize("t", chat("Where?") | fmt(*names)) for names in (("city", "country"), ("country", "city")))
+    assert a.exact_key != b.exact_key and a.context_key != b.context_key
+    assert canonicalize("t", chat("Where?") | fmt("city", "country")).exact_key == a.exact_key
+    monkeypatch.setattr(canonical, "FORMAT_GRAMMAR_VERSION", canonical.FORMAT_GRAMMAR_VERSION + 1)
+    assert canonicalize("t", chat("Where?") | fmt("city", "country")).exact_key != a.exact_key

@@ -167,12 +167,61 @@ def test_bad_formats_are_400s_that_say_what(api, fmt, param, code, words) -> Non
     assert words in err["message"], err
 
 
+def _raw_body(api, name: str, schema: str) -> str:  # noqa: ANN001
+    """A chat body with ``schema`` as written (json.dumps cannot nest hundreds deep)."""
+    head = json.dumps({"model": api.model, "messages": [{"role": "user", "content": "hi"}]})[:-1]
+    return f'{head}, "response_format": {{"type": "json_schema", "json_schema": {{"name": "{name}", "schema": {schema}}}}}}}'
+
+
 def test_a_schema_nested_hundreds_deep_is_a_400_not_a_500(api) -> None:  # noqa: ANN001
     """Found by review: the compiler recursed past Python's stack (RecursionError: a 500)."""
     levels = 300
     schema = '{"type":"object","properties":{"a":' * levels + '{"type":"integer"}' + "}}" * levels
-    body = ('{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "response_format": '
-            '{"type": "json_schema", "json_schema": {"name": "deep", "schema": %s}}}' % (api.model, schema))
+    body = _raw_body(api, "deep", schema)
     resp = post(api, "/v1/chat/completions", content=body.encode(), headers={"content-type": "application/json"})
-    err = assert_error(resp, 400, param="response_format.json_schema.schema", code="unsupported_parameter")
+    err = assert_error(resp, 400, param="response_format.json_schema.schema")
     assert "nest" in err["message"]
+
+
+def test_what_the_schema_qa_found(api) -> None:  # noqa: ANN001
+    """A name in `required` that is not a string, and an annotation nested 300 deep (dumped for the
+    cache key), were 500s; two schemas differing only in their properties' order shared a cached
+    answer, so the second got the first one's order."""
+    base = {"model": api.model, "messages": CAT}
+    wrong = {"type": "json_schema", "json_schema": {"name": "t", "schema": {
+        "type": "object", "properties": {"a": {"type": "string"}}, "required": [["a"]]}}}
+    assert_error(post(api, "/v1/chat/completions", base | {"response_format": wrong}), 400,
+                 param="response_format.json_schema.schema", code="invalid_value")
+    deep = "[" * 300 + "]" * 300
+    body = _raw_body(api, "d", '{"type": "object", "examples": ' + deep + "}")
+    resp = post(api, "/v1/chat/completions", content=body.encode(), headers={"content-type": "application/json"})
+    err = assert_error(resp, 400)
+    assert "deep" in err["message"], err
+    first, second = _ordered(api, "country", "city"), _ordered(api, "city", "country")
+    assert list(json.loads(first.choices[0].message.content)) == ["country", "city"]
+    assert list(json.loads(second.choices[0].message.content)) == ["city", "country"]
+
+
+def _ordered(api, first: str, second: str):  # noqa: ANN001, ANN202
+    schema = {"type": "object", "properties": {first: {"type": "string"}, second: {"type": "string"}},
+              "required": [first, second], "additionalProperties": False}
+    return api.openai().chat.completions.with_raw_response.create(
+        model=api.model, max_tokens=60, temperature=0,
+        messages=[{"role": "user", "content": "Where is the Eiffel Tower? Give the city and the country."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}).parse()
+
+
+def test_the_cache_keeps_a_schemas_property_order(api_cached) -> None:  # noqa: ANN001
+    """Found by QA: the cache key's sorted JSON lost the properties' order, so the second schema was
+    served the first one's answer, in the first one's order."""
+    def raw(first: str, second: str):  # noqa: ANN202
+        schema = {"type": "object", "properties": {first: {"type": "string"}, second: {"type": "string"}},
+                  "required": [first, second], "additionalProperties": False}
+        body = {"model": api_cached.model, "max_tokens": 60, "temperature": 0,
+                "messages": [{"role": "user", "content": "Where is the Eiffel Tower? Give the city and the country."}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}}
+        return post(api_cached, "/v1/chat/completions", body)
+
+    first, second, again = raw("country", "city"), raw("city", "country"), raw("country", "city")
+    assert (first.headers["x-cache"], second.headers["x-cache"], again.headers["x-cache"]) == ("miss", "miss", "hit")
+    assert list(json.loads(second.json()["choices"][0]["message"]["content"])) == ["city", "country"]
