@@ -65,6 +65,19 @@ def test_what_is_not_a_json_object_is_refused(text: str) -> None:
     assert state is None or not g.is_complete(state)
 
 
+def random_edits(rng: random.Random, text: str, pieces: list[str], edits: int) -> str:
+    """``text`` with ``edits`` random edits: a character deleted, a piece inserted or put in a
+    character's place."""
+    for _ in range(edits):
+        at = rng.randrange(len(text) + 1)
+        edit = rng.randrange(3)
+        if edit == 0:
+            text = text[:at] + text[at + 1:]
+        else:
+            text = text[:at] + rng.choice(pieces) + text[at + (edit == 2):]
+    return text
+
+
 def _strict_object(text: str) -> bool:
     def no_constant(name: str):  # noqa: ANN202
         raise ValueError(name)
@@ -83,14 +96,7 @@ def test_mutated_objects_are_complete_exactly_when_json_reads_an_object() -> Non
               "\\u00e9", "\\u12", "é", "\x01", "01"]
     counts = [0, 0]
     for _ in range(6_000):
-        text = _random_object(rng).decode()
-        for _ in range(rng.randint(1, 3)):
-            at = rng.randrange(len(text) + 1)
-            edit = rng.randrange(3)
-            if edit == 0:
-                text = text[:at] + text[at + 1:]
-            else:
-                text = text[:at] + rng.choice(pieces) + text[at + (edit == 2):]
+        text = random_edits(rng, _random_object(rng).decode(), pieces, rng.randint(1, 3))
         state = g.accepts(text.encode())
         valid = _strict_object(text)
         assert (state is not None and g.is_complete(state)) == valid, text

@@ -18,6 +18,7 @@ from engine.json_masks import JsonVocabulary
 from engine.json_schema import SchemaError, compile_schema
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.engine.test_json_grammar import random_edits
 
 # ---- an oracle: the subset's meaning, written without the grammar --------------------------------
 
@@ -195,14 +196,7 @@ def test_whatever_the_grammar_completes_validates_also_after_random_edits() -> N
     for _ in range(3_000):
         schema = _root_schema(rng)
         grammar = compile_schema(json.dumps(schema))
-        text = _written(rng, _instance(rng, schema, schema), schema)
-        for _ in range(rng.randint(1, 2)):
-            at = rng.randrange(len(text) + 1)
-            edit = rng.randrange(3)
-            if edit == 0:
-                text = text[:at] + text[at + 1:]
-            else:
-                text = text[:at] + rng.choice(pieces) + text[at + (edit == 2):]
+        text = random_edits(rng, _written(rng, _instance(rng, schema, schema), schema), pieces, rng.randint(1, 2))
         state = _accepts(grammar, text.encode())
         complete = state is not None and g.is_complete(state)
         counts[complete] += 1
