@@ -413,3 +413,58 @@ def test_valid_schemas_the_review_found_refused() -> None:
     assert _complete(both, '{"n":1.5}') and _complete(both, '{"n":2}')
     empty = {"type": "object", "properties": {"a": {"type": "array", "items": False}}, "required": ["a"]}
     assert _complete(empty, '{"a":[]}') and not _complete(empty, '{"a":[1]}')
+
+
+def test_properties_count_as_parts_and_keys_match_by_index() -> None:
+    """Found by QA: 11,000 optional properties sharing one $ref were 2 parts, and matching a key
+    byte looped over all of them: one mask took tens of seconds on the step, holding every request."""
+    many = {"type": "object", "$defs": {"V": {"type": "integer"}},
+            "properties": {f"k{i}": {"$ref": "#/$defs/V"} for i in range(3000)}}
+    with pytest.raises(SchemaError, match="too large") as err:
+        compile_schema(json.dumps(many))
+    assert err.value.unsupported
+    names = ["n", "n1", "n12", "n123", "m", "n2"]  # prefixes of one another, optional but "m"
+    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "required": ["m"]}
+    for text, ok in (('{"n12":1,"m":2}', True), ('{"n":1,"n1":2,"n12":3,"n123":4,"m":5,"n2":6}', True),
+                     ('{"n123":1,"n1":2,"m":3}', False), ('{"n2":1}', False), ('{"m":1,"n2":2}', True),
+                     ('{"n12":1,"n12":2,"m":3}', False), ('{"n1234":1,"m":2}', False), ('{"m":1,"n":2}', False)):
+        assert _complete(schema, text) is ok, text
+
+
+@pytest.mark.parametrize("sub", [
+    {"const": "x", "enum": ["y"]},
+    {"enum": ["x", 1], "anyOf": [{"type": "string"}]},
+    {"enum": [{"b": 1}], "properties": {"b": {"type": "string"}}},
+    {"enum": [[1]], "items": {"type": "string"}},
+    {"enum": [[1]], "minItems": 2},
+    {"oneOf": [{}, {"type": "string"}]},
+    {"oneOf": [True, {"type": "string"}]},
+    {"properties": {"a": {}}, "items": {}},
+    {"type": "array", "items": [{"type": "string"}]},
+])
+def test_keywords_a_compiled_schema_would_drop_are_refused(sub) -> None:  # noqa: ANN001
+    """Found by QA: each of these compiled, one keyword dropped, and served answers that do not validate."""
+    with pytest.raises(SchemaError) as err:
+        compile_schema(json.dumps({"type": "object", "properties": {"a": sub}, "required": ["a"]}))
+    assert err.value.unsupported, err.value
+
+
+def test_untyped_object_and_array_keywords_say_which_it_is() -> None:
+    """Found by QA: ``maxItems``, ``additionalProperties`` or ``required`` without a ``type`` took any value."""
+    def wrap(sub: dict) -> dict:
+        return {"type": "object", "properties": {"a": sub}, "required": ["a"]}
+
+    assert _complete(wrap({"maxItems": 0}), '{"a":[]}') and not _complete(wrap({"maxItems": 0}), '{"a":[1]}')
+    assert not _complete(wrap({"maxItems": 0}), '{"a":"s"}')
+    closed = wrap({"additionalProperties": False})
+    assert _complete(closed, '{"a":{}}') and not _complete(closed, '{"a":{"x":1}}')
+    with pytest.raises(SchemaError, match="names 'z'"):
+        compile_schema(json.dumps(wrap({"required": ["z"]})))
+
+
+def test_a_whole_float_is_an_integer_and_pointer_escapes_resolve() -> None:
+    ints = {"type": "object", "properties": {"a": {"type": "integer", "enum": [1.0, 2.5]}}, "required": ["a"]}
+    assert _complete(ints, '{"a":1.0}') and not _complete(ints, '{"a":2.5}')
+    refs = {"type": "object", "$defs": {"a/b": {"type": "integer"}, "c d": {"type": "string"}},
+            "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c%20d"}}, "required": ["x", "y"]}
+    assert _complete(refs, '{"x":1,"y":"s"}') and not _complete(refs, '{"x":"s","y":"s"}')
