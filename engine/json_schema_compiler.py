@@ -11,7 +11,7 @@ import json
 import urllib.parse
 from dataclasses import dataclass
 
-MAX_NODES = 2048  # compiled schema nodes (a larger schema is refused)
+MAX_NODES = 2048  # parts of a schema: its nodes and its objects' properties (a larger one is refused)
 MAX_ENUM = 512  # values of one enum
 MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
