@@ -94,7 +94,7 @@ class SchemaGrammar:
             raise SchemaError(f"the schema nests objects and arrays more than {g.MAX_DEPTH} deep", unsupported=True)
         if self.nodes[root][0] not in ("object", "any_object"):
             raise SchemaError("the schema's root must be an object (\"type\": \"object\")", unsupported=True)
-        self.keys = {i: KeyIndex(spec[1]) for i, spec in enumerate(self.nodes) if spec[0] == "object"}
+        self._keys: dict[int, KeyIndex] = {}  # built as decoding reaches each object (a front only checks)
         self.name = "schema:" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
         self.initial: g.State = (g.VALUE, (), root, 0)
 
@@ -212,14 +212,20 @@ class SchemaGrammar:
         _, _, low, high = self.nodes[node]
         return ("A", node, min(max(low - count, 0), reach), None if high is None else min(high - count, reach))
 
+    def _key_index(self, node: int) -> KeyIndex:
+        index = self._keys.get(node)
+        if index is None:
+            index = self._keys[node] = KeyIndex(self.nodes[node][1])
+        return index
+
     def _may_close(self, frame: tuple) -> bool:
-        return self.keys[frame[1]].closable[frame[2]]
+        return self._key_index(frame[1]).closable[frame[2]]
 
     def _match_key(self, stack: tuple, matched: bytes, b: int) -> g.State | None:
         """The key being written, ``matched`` so far, and byte ``b``: it must stay the start of a
         property that may come next (from the next one up to the first required one)."""
         _, node, index = stack[-1]
-        keys = self.keys[node]
+        keys = self._key_index(node)
         seen = matched + bytes((b,))
         if keys.may_follow(seen, index):  # (a quote inside a key is escaped: this goes first)
             return (KEY_MATCH, stack, seen, 0)
@@ -230,7 +236,7 @@ class SchemaGrammar:
         return None
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # (a schema at the size bounds and its key indexes: ~11 MB)
 def compile_schema(text: str) -> SchemaGrammar:
     """The grammar of the schema in ``text`` (JSON), compiled once per text."""
     return SchemaGrammar(text)
