@@ -6,9 +6,12 @@ dropped). The pipeline that calls these is ``gateway/chat_service.py``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable
 from typing import Any
+
+from pydantic import ValidationError
 
 from engine.json_schema import SchemaError, compile_schema
 from engine.protocol import EngineClient
@@ -18,7 +21,14 @@ from gateway.embedding_service import is_embedding_model, may_use_embedding_mode
 from gateway.errors import invalid_request, model_not_found, permission_denied, quoted_name, unsupported
 from gateway.formats import TokenNames
 from gateway.generation import context_length_exceeded, far_too_long, too_many_turns
-from gateway.schemas import ChatCompletionRequest, CompletionRequest, RefusalPart, TextPart
+from gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    JsonSchemaFormat,
+    RefusalPart,
+    ResponseFormat,
+    TextPart,
+)
 
 LONG_PROMPT_CHARS = 8_000  # prompts longer than this are tokenized on a worker thread
 LONG_CHAT_MESSAGES = 64  # and chats of more messages than this (the template's rendering is per message)
@@ -168,9 +178,8 @@ def token_names_for(body: ChatCompletionRequest | CompletionRequest, engine: Eng
 # vLLM's extra fields this engine does not honour, each with the values that ask for nothing (a
 # client sending those loses nothing): any other value is refused, never silently dropped (found
 # by QA: guided_choice and min_p were ignored as unknown fields, and the answer was free text)
-_GUIDED = ("vLLM's guided decoding fields are not read here: send a JSON schema as OpenAI's response_format "
-           "({'type': 'json_schema', ...}, or {'type': 'json_object'} for any object); regex, choice and grammar "
-           "constraints are not supported.")
+_GUIDED = ("Regex, choice and grammar constraints are not supported; JSON ones are (guided_json, "
+           "structured_outputs.json or OpenAI's response_format).")
 VLLM_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("guided_json", (None,), _GUIDED),
     ("guided_regex", (None,), _GUIDED),
@@ -311,6 +320,41 @@ def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> N
                               "type 'json_object'.", param="messages")
 
 
+def _take_vllm_json(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """vLLM's JSON constraints, ``guided_json`` (a schema, or its JSON text) and ``structured_outputs``
+    with ``json`` or ``json_object: true``, are served as OpenAI's ``response_format`` of type
+    ``json_schema`` (``json_object``: any object, without OpenAI's "json" word rule, as vLLM takes it);
+    its regex, choice and grammar constraints stay refused (``_refuse_vllm_extras``)."""
+    field, schema = None, None
+    if body.guided_json is not None:
+        field, schema = "guided_json", body.guided_json
+    spec = body.structured_outputs
+    if isinstance(spec, dict) and spec and all(v in (None, False) for k, v in spec.items() if k not in ("json", "json_object")):
+        if spec.get("json") is not None:
+            if field is not None:
+                raise invalid_request("Send one of 'guided_json' and 'structured_outputs'.", param="structured_outputs")
+            field, schema = "structured_outputs.json", spec["json"]
+        elif spec.get("json_object") is True and field is None:
+            field, schema = "structured_outputs.json_object", {"type": "object"}
+    if field is None:
+        return
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError) as err:
+            raise invalid_request(f"'{field}' is not JSON.", param=field) from err
+    if not isinstance(schema, dict):
+        raise invalid_request(f"'{field}' must be a JSON Schema (an object).", param=field, code="invalid_type")
+    if body.response_format is not None and body.response_format.type != "text":
+        raise invalid_request(f"Send one of 'response_format' and '{field.split('.')[0]}'.", param=field)
+    try:
+        body.response_format = ResponseFormat(type="json_schema",
+                                              json_schema=JsonSchemaFormat(name="guided_json", schema=schema))
+    except ValidationError as err:  # (a schema nested past what is read)
+        raise invalid_request(f"Invalid '{field}': {quoted_name(err.errors()[0]['msg'])}.", param=field) from err
+    body.guided_json = body.structured_outputs = None
+
+
 def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     """Known OpenAI fields (and vLLM extras) the engine cannot honour are refused, never silently
     dropped."""
@@ -319,6 +363,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
                               param="stream_options")
     if body.prompt_logprobs is not None and body.stream:  # as vLLM answers it
         raise invalid_request("'prompt_logprobs' are not available when 'stream' is true.", param="prompt_logprobs")
+    _take_vllm_json(body)
     _refuse_vllm_extras(body)
     _check_response_format(body)
     if isinstance(body, CompletionRequest):

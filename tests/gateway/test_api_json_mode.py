@@ -225,3 +225,33 @@ def test_the_cache_keeps_a_schemas_property_order(api_cached) -> None:  # noqa: 
     first, second, again = raw("country", "city"), raw("city", "country"), raw("country", "city")
     assert (first.headers["x-cache"], second.headers["x-cache"], again.headers["x-cache"]) == ("miss", "miss", "hit")
     assert list(json.loads(second.json()["choices"][0]["message"]["content"])) == ["city", "country"]
+
+
+def test_vllms_json_fields_are_served_as_a_schema(api) -> None:  # noqa: ANN001
+    """A client moving from vLLM sends ``guided_json`` (a schema or its JSON text) or
+    ``structured_outputs`` with ``json`` or ``json_object``; regex, choice and grammar stay refused."""
+    client = api.openai()
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    tom = [{"role": "user", "content": "Tell me about a cat called Tom, 4 years old."}]
+    for extra in ({"guided_json": schema}, {"guided_json": json.dumps(schema)}, {"structured_outputs": {"json": schema}}):
+        reply = client.chat.completions.create(model=api.model, messages=tom, max_tokens=60, temperature=0,
+                                               extra_body=extra)
+        assert json.loads(reply.choices[0].message.content) == {"name": "Tom", "age": 4}, extra
+    anything = client.completions.create(  # any object, and no "json" word needed, as vLLM takes it
+        model=api.model, prompt="Here is a dog: ", max_tokens=60, temperature=0,
+        extra_body={"structured_outputs": {"json_object": True}})
+    assert anything.choices[0].text.lstrip().startswith("{")
+    base = {"model": api.model, "messages": tom, "max_tokens": 5}
+    for fields, param, words in (
+        ({"guided_json": "{not json"}, "guided_json", "not JSON"),
+        ({"guided_json": [1]}, "guided_json", "JSON Schema"),
+        ({"guided_json": schema, "response_format": {"type": "json_object"}}, "guided_json", "one of"),
+        ({"guided_json": schema, "structured_outputs": {"json": schema}}, "structured_outputs", "one of"),
+        ({"guided_json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}},
+         "response_format.json_schema.schema", "'pattern'"),
+        ({"guided_regex": "[a-z]+"}, "guided_regex", "Regex, choice and grammar"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs", "Regex, choice and grammar"),
+    ):
+        err = assert_error(post(api, "/v1/chat/completions", base | fields), 400, param=param)
+        assert words in err["message"], (fields, err)
