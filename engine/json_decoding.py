@@ -56,6 +56,10 @@ class JsonDecoding:
         self.prepare()
         seq.json_state = seq.json_grammar.initial
 
+    def constraint(self, seq: Sequence) -> torch.Tensor:
+        """What may come next in the choice (``JsonVocabulary.constraint``: allowed ids, or a banned mask)."""
+        return self.vocab.constraint(seq.json_state, seq.json_grammar)
+
     def advance(self, seq: Sequence, token: int) -> bool:
         """Read the choice's new token; True when the choice ends there: its object closed, or (a
         dead end no mask should allow) the token was one the grammar refuses."""

@@ -145,8 +145,9 @@ def step(state: State, b: int) -> State | None:
     return None  # DONE: only whitespace
 
 
-def accepts(data: bytes, state: State = INITIAL) -> State | None:
-    """The state after all of ``data``, or None when some byte of it cannot come next."""
+def accepts(data: bytes, state: State = INITIAL, step=step) -> State | None:  # noqa: ANN001 - a grammar's step
+    """The state after all of ``data`` (read by ``step``: this recognizer's, or a grammar's), or
+    None when some byte of it cannot come next."""
     for b in data:
         state = step(state, b)
         if state is None:
@@ -165,7 +166,8 @@ def in_plain_string(state: State) -> bool:
 class Grammar(Protocol):
     """What ``engine.json_masks`` and the engine need of a grammar: its ``initial`` state,
     ``step``, ``is_complete``, ``plain_string`` (the state is inside a free string: plain text
-    leaves it as it was) and ``name`` (its masks' cache key)."""
+    leaves it as it was), ``name`` (its masks' cache key) and ``cache_frame`` (a stack frame as
+    that key holds it, given how many array items one token can begin)."""
 
     name: str
     initial: State
@@ -176,6 +178,8 @@ class Grammar(Protocol):
 
     def plain_string(self, state: State) -> bool: ...
 
+    def cache_frame(self, frame: object, reach: int) -> object: ...
+
 
 class ObjectGrammar:
     """Any JSON object: JSON mode's grammar (``engine.json_schema.SchemaGrammar`` is a schema's)."""
@@ -185,6 +189,10 @@ class ObjectGrammar:
     step = staticmethod(step)
     is_complete = staticmethod(is_complete)
     plain_string = staticmethod(in_plain_string)
+
+    @staticmethod
+    def cache_frame(frame: object, reach: int) -> object:  # noqa: ARG004 - "o" / "a": nothing to cut
+        return frame
 
 
 OBJECT: Grammar = ObjectGrammar()

@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 import torch
 
-from engine.json_grammar import MAX_DEPTH, OBJECT, Grammar, State
+from engine.json_grammar import MAX_DEPTH, OBJECT, Grammar, State, accepts
 
 MASK_CACHE = 4096  # masks kept per vocabulary (a dense one is 49,152 bools: string states, a few per grammar)
 SPARSE_BELOW = 16  # a state allowing at most 1/16 of the vocabulary keeps the allowed ids instead
@@ -41,8 +41,8 @@ def _plain_text(data: bytes) -> bool:
 
 
 class JsonVocabulary:
-    """A vocabulary's byte trie and the JSON-mode masks over it (one per engine, built on the first
-    JSON-mode request; the engine's step thread is its only user).
+    """A vocabulary's byte trie and the JSON-mode masks over it (one per engine, built when it starts:
+    ``engine.json_decoding``; the engine's step thread is its only user after that).
 
     ``token_bytes[i]`` is token ``i``'s bytes (empty: never allowed, e.g. a special token);
     ``width`` the logits' width (ids past the vocabulary are never allowed); ``eos_token_ids`` what
@@ -82,11 +82,7 @@ class JsonVocabulary:
         """The state after token ``token_id``, None when the token cannot come next."""
         if not 0 <= token_id < min(self.width, len(self._tokens)) or not self._tokens[token_id]:
             return None
-        for b in self._tokens[token_id]:
-            state = grammar.step(state, b)
-            if state is None:
-                return None
-        return state
+        return accepts(self._tokens[token_id], state, grammar.step)
 
     def constraint(self, state: State, grammar: Grammar = OBJECT) -> torch.Tensor:
         """What may come next in ``state`` (EOS never, until the object closes): the allowed token
@@ -131,10 +127,7 @@ class JsonVocabulary:
         mode, stack, aux, ws = state
         keep = self.max_closers + 1
         room = min(MAX_DEPTH - len(stack), self.max_openers + 1)
-        cut = stack[-keep:]
-        cache_frame = getattr(grammar, "cache_frame", None)
-        if cache_frame is not None:
-            cut = tuple(cache_frame(f, self.max_commas + 1) for f in cut)
+        cut = tuple(grammar.cache_frame(f, self.max_commas + 1) for f in stack[-keep:])
         if len(stack) > keep:
             cut = ("deeper", *cut)
         return (mode, cut, aux, ws, room)

@@ -136,7 +136,6 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
             attention_backend=backend,
         )
-        self.sampler = Sampler(self.eos_token_ids, seed=config.seed)
         # tokens decoded to no text (EOS, the tokenizer's special tokens): a choice that stops on
         # one lists no logprobs entry for it, as its text has none
         specials = getattr(self.tokenizer, "all_special_ids", None) or []
@@ -144,6 +143,7 @@ class LLMEngine:
         self._with_logprobs = 0  # requests in ``requests`` that asked for logprobs
         self.json = JsonDecoding(self.tokenizer, self._silent_ids, self.eos_token_ids, self.model.arch.vocab_size,
                                  self.model.device)
+        self.sampler = Sampler(self.eos_token_ids, seed=config.seed, json=self.json)
         self.requests: dict[RequestId, Request] = {}
         self._abort_outputs: list[RequestOutput] = []
         self._ids = itertools.count()
@@ -183,13 +183,12 @@ class LLMEngine:
     def _init_seq(self, seq: Sequence) -> None:
         seq.detok = IncrementalDetokenizer(self.tokenizer, seq.request.prompt_token_ids, seq.params.stop)
         self.json.start(seq)
-        self.sampler.json_vocab = self.json.vocab
 
     def prepare_json(self) -> None:
         """Build JSON mode's masks now (``AsyncEngine.start`` does, off the event loop), so the
         first JSON-mode request does not hold every request's step for it (found by QA)."""
         if self.tokenizer is not None:
-            self.sampler.json_vocab = self.json.prepare()
+            self.json.prepare()
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request now (its blocks return to the pool); the next ``step()`` reports it

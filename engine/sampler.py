@@ -14,7 +14,7 @@ from itertools import chain
 
 import torch
 
-from engine.json_masks import JsonVocabulary
+from engine.json_decoding import JsonDecoding
 from engine.request import Sequence
 from engine.sampling_params import MIN_REPETITION_PENALTY
 
@@ -40,10 +40,11 @@ def choice_seed(seed: int, index: int) -> int:
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None) -> None:
+    def __init__(self, eos_token_ids: list[int] | None = None, seed: int | None = None, *,
+                 json: JsonDecoding | None = None) -> None:
         self.eos_token_ids = list(eos_token_ids or [])
         self._seed_source = make_generator(int.from_bytes(os.urandom(8), "little") if seed is None else seed)
-        self.json_vocab: JsonVocabulary | None = None  # set by the engine once JSON mode's masks are built
+        self.json = json  # the engine's JSON mode: the masks of the rows that decode under a grammar
 
     def generator_for(self, seq: Sequence) -> torch.Generator:
         """A sequence's generator: from ``params.seed`` (and its choice index) when given."""
@@ -226,7 +227,7 @@ class Sampler:
             if stop_ids:
                 logits[i, stop_ids] = float("-inf")
         for i in json_rows:  # (a mask as wide as the logits: JsonVocabulary.width is the model's vocabulary)
-            entry = self.json_vocab.constraint(seqs[i].json_state, seqs[i].json_grammar)
+            entry = self.json.constraint(seqs[i])
             if entry.dtype == torch.bool:  # a dense state's banned tokens
                 logits[i].masked_fill_(entry, float("-inf"))
             else:  # a sparse state's allowed ids

@@ -165,12 +165,7 @@ def _written(rng: random.Random, value: object, schema: dict) -> str:
 
 
 def _accepts(grammar, text: bytes):  # noqa: ANN001, ANN202
-    state = grammar.initial
-    for b in text:
-        state = grammar.step(state, b)
-        if state is None:
-            return None
-    return state
+    return g.accepts(text, grammar.initial, grammar.step)
 
 
 def test_instances_in_schema_order_are_accepted_and_complete_only_at_their_end() -> None:
