@@ -163,22 +163,36 @@ def in_plain_string(state: State) -> bool:
     return (state[0] == KEY_STR or state[0] == VAL_STR) and state[2] == (0, 0)
 
 
+PLAIN_ANY = 1 << 30  # plain_room's "no limit"
+
+
+def plain_room(state: State) -> int | None:
+    """Inside a free string (plain text leaves it as it was): no limit; elsewhere None."""
+    return PLAIN_ANY if in_plain_string(state) else None
+
+
 class Grammar(Protocol):
     """What ``engine.json_masks`` and the engine need of a grammar: its ``initial`` state,
-    ``step``, ``is_complete``, ``plain_string`` (the state is inside a free string: plain text
-    leaves it as it was), ``name`` (its masks' cache key) and ``cache_frame`` (a stack frame as
-    that key holds it, given how many array items one token can begin)."""
+    ``step``, ``is_complete``, ``plain_room`` (inside a string, how many characters of plain text
+    may come next whatever they are: such tokens are allowed wholesale; None elsewhere), ``name``
+    (its masks' cache key), ``cache_frame`` (a stack frame as that key holds it, given how many
+    array items one token can begin), ``cache_aux`` (the same for a state's aux, given how many
+    characters one token can hold) and ``depth_reach`` (how many levels below a value it may
+    need: a key tells the levels still free apart that far)."""
 
     name: str
     initial: State
+    depth_reach: int
 
     def step(self, state: State, b: int) -> State | None: ...
 
     def is_complete(self, state: State) -> bool: ...
 
-    def plain_string(self, state: State) -> bool: ...
+    def plain_room(self, state: State) -> int | None: ...
 
     def cache_frame(self, frame: object, reach: int) -> object: ...
+
+    def cache_aux(self, mode: str, aux: object, reach: int) -> object: ...
 
 
 class ObjectGrammar:
@@ -186,13 +200,18 @@ class ObjectGrammar:
 
     name = "json_object"
     initial = INITIAL
+    depth_reach = 0
     step = staticmethod(step)
     is_complete = staticmethod(is_complete)
-    plain_string = staticmethod(in_plain_string)
+    plain_room = staticmethod(plain_room)
 
     @staticmethod
     def cache_frame(frame: object, reach: int) -> object:  # noqa: ARG004 - "o" / "a": nothing to cut
         return frame
+
+    @staticmethod
+    def cache_aux(mode: str, aux: object, reach: int) -> object:  # noqa: ARG004 - nothing to cut
+        return aux
 
 
 OBJECT: Grammar = ObjectGrammar()

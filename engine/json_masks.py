@@ -57,12 +57,15 @@ class JsonVocabulary:
         self._trie: dict = {}
         self._odd: dict = {}  # the trie of the tokens that are not plain string text
         plain_ids = []
-        closers = openers = commas = 0
+        self._plain_chars = torch.zeros(width, dtype=torch.int32)  # a plain token's characters (code points)
+        closers = openers = commas = longest = 0
         for token_id, data in enumerate(token_bytes[:width]):
             if not data:
                 continue
+            longest = max(longest, len(data))
             if _plain_text(data):
                 plain_ids.append(token_id)
+                self._plain_chars[token_id] = len(data.decode())
             else:
                 _insert(self._odd, data, token_id)
             _insert(self._trie, data, token_id)
@@ -74,6 +77,8 @@ class JsonVocabulary:
         self.max_closers = closers
         self.max_openers = openers
         self.max_commas = commas
+        self.max_bytes = longest  # (at least the characters a token holds)
+        self._most_chars = int(self._plain_chars.max()) if plain_ids else 0
         self._masks: OrderedDict = OrderedDict()
         self._tokens = token_bytes
         self.walked = 0  # masks computed (not taken from the cache): for tests and figures
@@ -95,10 +100,15 @@ class JsonVocabulary:
             self._masks.move_to_end(key)
             return entry
         self.walked += 1
-        in_string = grammar.plain_string(state)
-        allowed = self._plain.clone() if in_string else torch.zeros(self.width, dtype=torch.bool)
+        room = grammar.plain_room(state)
+        if room is None:
+            allowed = torch.zeros(self.width, dtype=torch.bool)
+        elif room >= self._most_chars:
+            allowed = self._plain.clone()
+        else:  # (a string's maxLength: the plain tokens that fit)
+            allowed = self._plain & (self._plain_chars <= room)
         ids: list[int] = []
-        _walk(self._odd if in_string else self._trie, state, ids, {}, grammar.step)
+        _walk(self._trie if room is None else self._odd, state, ids, {}, grammar.step)
         if ids:
             allowed[torch.tensor(ids)] = True
         else:
@@ -126,11 +136,11 @@ class JsonVocabulary:
         and a schema's array frames as their distance to their bounds (``cache_frame``)."""
         mode, stack, aux, ws = state
         keep = self.max_closers + 1
-        room = min(MAX_DEPTH - len(stack), self.max_openers + 1)
+        room = min(MAX_DEPTH - len(stack), self.max_openers + 1 + grammar.depth_reach)
         cut = tuple(grammar.cache_frame(f, self.max_commas + 1) for f in stack[-keep:])
         if len(stack) > keep:
             cut = ("deeper", *cut)
-        return (mode, cut, aux, ws, room)
+        return (mode, cut, grammar.cache_aux(mode, aux, self.max_bytes), ws, room)
 
 
 def _insert(trie: dict, data: bytes, token_id: int) -> None:

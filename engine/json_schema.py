@@ -34,9 +34,11 @@ import hashlib
 import json
 
 from engine import json_grammar as g
-from engine.json_schema_compiler import Prop, SchemaCompiler, SchemaError
+from engine import json_scalars as sc
+from engine.json_schema_compiler import INFINITE, Prop, SchemaCompiler, SchemaError
 
 ENUM, KEY_MATCH = "E", "M"  # aux: (node, bytes matched so far) / the key's bytes so far
+STRING, BOUNDED = "C", "B"  # aux: (node, decoder, characters, automaton state) / (part, node, text so far)
 
 
 class KeyIndex:
@@ -60,13 +62,20 @@ class KeyIndex:
             self.last[j] = j if props[j].required else self.last[j + 1]
             self.closable[j] = self.closable[j + 1] and not props[j].required
 
-    def may_follow(self, prefix: bytes, index: int) -> bool:
-        """Whether a property that may come next from ``index`` has a name starting with ``prefix``."""
+    def may_follow(self, prefix: bytes, index: int, fits=None) -> bool:  # noqa: ANN001 - property index -> bool
+        """Whether a property that may come next from ``index`` has a name starting with ``prefix``
+        (and, given ``fits``, a value that fits where it would be written)."""
         js = self.prefixes.get(prefix)
         if not js:
             return False
         at = bisect.bisect_left(js, index)
-        return at < len(js) and js[at] <= self.last[index]
+        if fits is None:
+            return at < len(js) and js[at] <= self.last[index]
+        while at < len(js) and js[at] <= self.last[index]:
+            if fits(js[at]):
+                return True
+            at += 1
+        return False
 
 
 class SchemaGrammar:
@@ -74,7 +83,6 @@ class SchemaGrammar:
     ``is_complete``, ``plain_string``, ``name``) over its nodes."""
 
     is_complete = staticmethod(g.is_complete)
-    plain_string = staticmethod(g.in_plain_string)
 
     def __init__(self, text: str) -> None:
         try:
@@ -88,10 +96,19 @@ class SchemaGrammar:
         except ValueError as err:
             raise SchemaError("the schema is not JSON") from err
         compiler = SchemaCompiler(schema if isinstance(schema, dict) else {})
-        root = compiler.compile(schema, "schema")
+        root = compiler.link(compiler.compile(schema, "schema"))
         self.nodes = compiler.nodes
-        if compiler.nesting(root) > g.MAX_DEPTH:  # (past it the recognizer could only end the answer)
+        heights = compiler.min_heights()
+        if heights[root] == INFINITE:
+            raise SchemaError("the schema has no finite instance (a required property or item that recurses "
+                              "into itself with no way out)")
+        if heights[root] > g.MAX_DEPTH:  # (past it the recognizer could only end the answer)
             raise SchemaError(f"the schema nests objects and arrays more than {g.MAX_DEPTH} deep", unsupported=True)
+        self.heights = [int(h) if h != INFINITE else g.MAX_DEPTH + 1 for h in heights]
+        # objects and arrays a value needs below it, at most (what a mask's key must tell apart)
+        self.depth_reach = max((h for h in self.heights if h <= g.MAX_DEPTH), default=0)
+        self.deepest = {i: max((self.heights[p.node] for p in spec[1]), default=0)
+                        for i, spec in enumerate(self.nodes) if spec[0] == "object"}
         if self.nodes[root][0] not in ("object", "any_object"):
             raise SchemaError("the schema's root must be an object (\"type\": \"object\")", unsupported=True)
         self._keys: dict[int, KeyIndex] = {}  # built as decoding reaches each object (a front only checks)
@@ -113,6 +130,10 @@ class SchemaGrammar:
             if b != aux[0]:
                 return None
             return (g.LITERAL, stack, aux[1:], 0) if len(aux) > 1 else g.closed(stack)
+        if mode == STRING:
+            return self._string(stack, aux, b)
+        if mode == BOUNDED:
+            return self._bounded(stack, aux, b)
         if mode == ENUM:
             return self._enum(stack, aux[0], aux[1], b)
         if mode == KEY_MATCH:
@@ -139,7 +160,7 @@ class SchemaGrammar:
                 return None
             if top == "o":
                 return (g.KEY_STR, stack, (0, 0), 0)
-            return (KEY_MATCH, stack, b"", 0) if self._property_left(top) else None
+            return (KEY_MATCH, stack, b"", 0) if self._property_left(top, len(stack)) else None
         if mode == g.AFTER:
             if top == "o" or top == "a":
                 if b == 0x2C:
@@ -148,7 +169,7 @@ class SchemaGrammar:
             kind, node, count = top
             if kind == "O":
                 if b == 0x2C:
-                    return (g.OBJ_KEY, stack, None, 0) if self._property_left(top) else None
+                    return (g.OBJ_KEY, stack, None, 0) if self._property_left(top, len(stack)) else None
                 return g.closed(stack[:-1]) if b == 0x7D and self._may_close(top) else None
             _, items, low, high = self.nodes[node]
             if b == 0x2C:
@@ -165,8 +186,9 @@ class SchemaGrammar:
             return None if alt is None else self._value(stack, alt, b)
         if kind == "enum":
             return self._enum(stack, node, b"", b)
-        if b in (0x7B, 0x5B) and len(stack) >= g.MAX_DEPTH:
-            return None
+        if b in (0x7B, 0x5B) and (len(stack) >= g.MAX_DEPTH or (
+                node is not None and len(stack) + self.heights[node] > g.MAX_DEPTH)):
+            return None  # (no room left for the least it must hold)
         if kind == "any":
             state = g.value_start(stack, b)
             if state is not None and state[0] == g.NUMBER:
@@ -179,10 +201,20 @@ class SchemaGrammar:
         if kind == "array":
             return (g.ARR_FIRST, stack + (("A", node, 0),), None, 0) if b == 0x5B else None
         if kind == "string":
-            return (g.VAL_STR, stack, (0, 0), 0) if b == 0x22 else None
+            if b != 0x22:
+                return None
+            rules = spec[1]
+            if rules is None:
+                return (g.VAL_STR, stack, (0, 0), 0)
+            return (STRING, stack, (node, 0, 0, 0 if rules.automaton is None else rules.automaton.initial), 0)
         if kind == "number":
             start = g.value_start(stack, b) if b == 0x2D or b in g.DIGITS else None
-            return None if start is None else (g.NUMBER, stack, (start[2], spec[1]), 0)
+            if start is None:
+                return None
+            if spec[2] is None:
+                return (g.NUMBER, stack, (start[2], spec[1]), 0)
+            text = bytes((b,))
+            return (BOUNDED, stack, (start[2], node, text), 0) if spec[2].viable(text) else None
         if kind == "boolean":
             return (g.LITERAL, stack, g.LITERALS[b], 0) if b in (0x74, 0x66) else None
         return (g.LITERAL, stack, b"ull", 0) if b == 0x6E else None  # null
@@ -198,9 +230,65 @@ class SchemaGrammar:
             return self.step(g.closed(stack), b)
         return None
 
-    def _property_left(self, frame: tuple) -> bool:
-        """Whether a property may come next (one is left)."""
-        return frame[2] < len(self.nodes[frame[1]][1])
+    def _string(self, stack: tuple, aux: tuple, b: int) -> g.State | None:
+        """A string with rules (length, pattern): its characters decoded, each checked, and each
+        partial one (a UTF-8 lead, an escape's digits) only when some character it can become is."""
+        node, dec, count, state = aux
+        rules: sc.StringRules = self.nodes[node][1]
+        got = sc.string_byte(dec, b)
+        if got is None:
+            return None
+        dec, char = got
+        if char is None:
+            ok = rules.some_char(state, count, sc.pending_chars(dec))
+            return (STRING, stack, (node, dec, count, state), 0) if ok else None
+        if char == sc.CLOSE:
+            return g.closed(stack) if rules.may_close(state, count) else None
+        state = rules.next_char(state, count, char)
+        return None if state is None else (STRING, stack, (node, 0, count + 1, state), 0)
+
+    def _bounded(self, stack: tuple, aux: tuple, b: int) -> g.State | None:
+        """A number with bounds: written without an exponent, each prefix one some number in range starts."""
+        part, node, text = aux
+        bounds: sc.NumberBounds = self.nodes[node][2]
+        for chars, nxt in g.NUMBER_PARTS[part]:
+            if b in chars:
+                if nxt == "e" or (nxt == "dot" and bounds.integer):
+                    return None
+                text += bytes((b,))
+                return (BOUNDED, stack, (nxt, node, text), 0) if bounds.viable(text) else None
+        if part in g.NUMBER_ENDS and bounds.contains(text):
+            return self.step(g.closed(stack), b)
+        return None
+
+    def _property_left(self, frame: tuple, depth: int) -> bool:
+        """Whether a property may come next (one is left whose value fits ``depth`` levels down)."""
+        _, node, index = frame
+        props = self.nodes[node][1]
+        if index >= len(props):
+            return False
+        keys = self._key_index(node)
+        last = keys.last[index]
+        if props[last].required or depth + self.deepest[node] <= g.MAX_DEPTH:
+            return True  # (a required property always fits: its object did)
+        return any(depth + self.heights[props[j].node] <= g.MAX_DEPTH for j in range(index, last + 1))
+
+    def plain_room(self, state: g.State) -> int | None:
+        """Inside a string, how many characters of plain text may come next whatever they are
+        (None: outside one, or it depends on the text: a pattern)."""
+        mode, _, aux, _ = state
+        if mode == STRING:
+            node, dec, count, at = aux
+            return self.nodes[node][1].plain_room(at, count) if dec == 0 else None
+        return g.plain_room(state)
+
+    def cache_aux(self, mode: str, aux: object, reach: int) -> object:
+        """``aux`` as a mask's key holds it: a string's character count as far as a token of at
+        most ``reach`` characters can tell it apart (``StringRules.cache_count``)."""
+        if mode != STRING:
+            return aux
+        node, dec, count, at = aux
+        return (node, dec, self.nodes[node][1].cache_count(at, count, reach), at)
 
     def cache_frame(self, frame: object, reach: int) -> object:
         """``frame`` as a mask's cache key holds it: an array's items begun, as how many more it
@@ -227,11 +315,15 @@ class SchemaGrammar:
         _, node, index = stack[-1]
         keys = self._key_index(node)
         seen = matched + bytes((b,))
-        if keys.may_follow(seen, index):  # (a quote inside a key is escaped: this goes first)
+        depth = len(stack)
+        props = self.nodes[node][1]
+        fits = None if depth + self.deepest[node] <= g.MAX_DEPTH else (
+            lambda j: depth + self.heights[props[j].node] <= g.MAX_DEPTH)
+        if keys.may_follow(seen, index, fits):  # (a quote inside a key is escaped: this goes first)
             return (KEY_MATCH, stack, seen, 0)
         if b == 0x22:
             j = keys.exact.get(matched)
-            if j is not None and index <= j <= keys.last[index]:
+            if j is not None and index <= j <= keys.last[index] and (fits is None or fits(j)):
                 return (g.COLON, stack[:-1] + (("O", node, j + 1),), self.nodes[node][1][j].node, 0)
         return None
 

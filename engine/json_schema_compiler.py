@@ -1,15 +1,26 @@
 """Structured outputs' schema compiler: a JSON Schema (the subset ``engine.json_schema`` lists) as
 nodes its grammar walks, or a SchemaError saying what it cannot honour and where.
 
-    nodes: ("any",) ("any_object",) ("string",) ("number", integer) ("boolean",) ("null",)
-           ("enum", texts) ("object", props) ("array", items, minItems, maxItems) ("union", {byte: node})
+    nodes: ("any",) ("any_object",) ("string", StringRules | None) ("number", integer, NumberBounds | None)
+           ("boolean",) ("null",) ("enum", texts) ("object", props) ("array", items, minItems, maxItems)
+           ("union", {byte: node})
+
+A ``$ref`` may recurse (a tree, a linked list): its definition's node is reserved before it is
+compiled, and ``min_heights`` tells how deep each node's smallest instance nests, so the grammar
+only opens a value that can still be closed under ``MAX_DEPTH`` levels (a schema with no finite
+instance, or none that fits, is refused).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 from dataclasses import dataclass
+from fractions import Fraction
+
+from engine.json_regex import PatternError, compile_pattern, format_pattern
+from engine.json_scalars import NumberBounds, StringRules
 
 MAX_NODES = 2048  # parts of a schema: its nodes and its objects' properties (a larger one is refused)
 MAX_ENUM = 512  # values of one enum
@@ -17,15 +28,18 @@ MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
-_REFUSED = ("pattern", "format", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
-            "exclusiveMaximum", "multipleOf", "patternProperties", "propertyNames", "minProperties",
+_REFUSED = ("multipleOf", "patternProperties", "propertyNames", "minProperties",
             "maxProperties", "uniqueItems", "contains", "minContains", "maxContains", "prefixItems",
             "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
             "unevaluatedProperties", "unevaluatedItems", "contentEncoding", "contentMediaType",
             "$dynamicRef", "$recursiveRef", "dependencies")
 # keywords that constrain a value (beside $ref or anyOf they would be dropped: refused instead)
+_NUMBER_WORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_STRING_WORDS = ("minLength", "maxLength", "pattern", "format")
 _CONSTRAINING = ("$ref", "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
-                 "anyOf", "oneOf", "additionalProperties")
+                 "anyOf", "oneOf", "additionalProperties", *_NUMBER_WORDS, *_STRING_WORDS)
+INFINITE = math.inf
+FORMATS = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
 _TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
 
 
@@ -43,19 +57,6 @@ class Prop:
     key: bytes  # the name as JSON writes it inside its quotes
     node: int
     required: bool
-
-
-def _first_bytes(nodes: list[tuple], node: int) -> frozenset[int]:
-    kind = nodes[node][0]
-    if kind == "any":
-        return _VALUE_START
-    if kind == "enum":
-        return frozenset(c[0] for c in nodes[node][1])
-    if kind == "union":
-        return frozenset(nodes[node][1])
-    return {"any_object": frozenset(b"{"), "object": frozenset(b"{"), "string": frozenset(b'"'),
-            "number": frozenset(b"-0123456789"), "boolean": frozenset(b"tf"), "null": frozenset(b"n"),
-            "array": frozenset(b"[")}[kind]
 
 
 def _fits(value: object, kind: str) -> bool:
@@ -126,38 +127,93 @@ class SchemaCompiler:
                 if not isinstance(alts, list) or not alts:
                     raise SchemaError(f"{path}.{word} must be a non-empty array of schemas")
                 nodes = [self.compile(a, f"{path}.{word}[{i}]", level + 1) for i, a in enumerate(alts)]
-                if word == "oneOf" and len(nodes) > 1 and any(self.nodes[n][0] == "any" for n in nodes):
-                    # (a value matching the catch-all and another would match two: oneOf refuses it)
-                    raise SchemaError(f"'oneOf' with an alternative that takes anything is not supported (at {path})",
-                                      unsupported=True)
-                return self.union(nodes, f"{path}.{word}")
+                return self.union(nodes, f"{path}.{word}", word)
         kind = schema.get("type")
         if kind is None:  # an object's or an array's keywords without a type say which it is
-            objects = [w for w in ("properties", "required", "additionalProperties") if w in schema]
-            arrays = [w for w in ("items", "minItems", "maxItems") if w in schema]
-            if objects and arrays:
-                raise SchemaError(f"object and array keywords without a 'type' are not supported (at {path})",
-                                  unsupported=True)
-            kind = "object" if objects else "array" if arrays else None
+            found = [kind for kind, words in (("object", ("properties", "required", "additionalProperties")),
+                                              ("array", ("items", "minItems", "maxItems")),
+                                              ("number", _NUMBER_WORDS), ("string", _STRING_WORDS))
+                     if any(w in schema for w in words)]
+            if len(found) > 1:  # (each would constrain only its own type: written as one, the others are lost)
+                raise SchemaError(f"{found[0]} and {found[1]} keywords without a 'type' are not supported "
+                                  f"(at {path})", unsupported=True)
+            kind = found[0] if found else None
         if kind is None:
             return self.add(("any",))
         if isinstance(kind, list):
             if not kind:
                 raise SchemaError(f"{path}.type must not be empty")
             kinds = [k for k in dict.fromkeys(kind) if not (k == "integer" and "number" in kind)]  # (numbers hold them)
-            return self.union([self.typed(schema, k, path, level) for k in kinds], f"{path}.type")
+            return self.union([self.typed(schema, k, path, level) for k in kinds], f"{path}.type", "type")
         return self.typed(schema, kind, path, level)
 
     def typed(self, schema: dict, kind: object, path: str, level: int) -> int:
         if kind not in _TYPES:
             raise SchemaError(f"{path}.type: {str(kind)[:40]!r} is not a JSON Schema type")
         if kind in ("number", "integer"):
-            return self.add(("number", kind == "integer"))
+            return self.add(("number", kind == "integer", self.bounds(schema, kind == "integer", path)))
+        if kind == "string":
+            return self.add(("string", self.string_rules(schema, path)))
         if kind == "object":
             return self.object(schema, path, level)
         if kind == "array":
             return self.array(schema, path, level)
         return self.add((kind,))
+
+    def bounds(self, schema: dict, integer: bool, path: str) -> NumberBounds | None:
+        """``minimum``, ``maximum`` and their exclusive forms (a number, or draft 4's boolean beside
+        ``minimum`` / ``maximum``), as exact fractions of the decimals written."""
+        ends: dict[str, tuple[Fraction, bool] | None] = {"lo": None, "hi": None}
+        for word, side, excl in (("minimum", "lo", False), ("maximum", "hi", False),
+                                 ("exclusiveMinimum", "lo", True), ("exclusiveMaximum", "hi", True)):
+            value = schema.get(word)
+            if value is None or isinstance(value, bool):
+                continue
+            if not isinstance(value, int | float) or (isinstance(value, float) and not math.isfinite(value)):
+                raise SchemaError(f"{path}.{word} must be a finite number")
+            end = (Fraction(repr(value)) if isinstance(value, float) else Fraction(value),
+                   excl or schema.get("exclusive" + word.capitalize()) is True)
+            have = ends[side]  # (both given: the tighter one holds)
+            if have is None or (end[0], end[1]) != have and (
+                    (end[0] > have[0] or (end[0] == have[0] and end[1])) if side == "lo" else
+                    (end[0] < have[0] or (end[0] == have[0] and end[1]))):
+                ends[side] = end
+        if ends["lo"] is None and ends["hi"] is None:
+            return None
+        bounds = NumberBounds.of(integer, ends["lo"], ends["hi"])
+        if bounds is None:
+            raise SchemaError(f"{path}: no {'integer' if integer else 'number'} lies between its bounds")
+        return bounds
+
+    def string_rules(self, schema: dict, path: str) -> StringRules | None:
+        """``minLength`` / ``maxLength`` (in characters: code points) and ``pattern`` or ``format``."""
+        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        bad = lambda n: not isinstance(n, int) or isinstance(n, bool)  # noqa: E731
+        if bad(low) or low < 0 or (high is not None and (bad(high) or high < low)):
+            raise SchemaError(f"{path}: minLength and maxLength must be integers with 0 <= minLength <= maxLength")
+        source, word = schema.get("pattern"), "pattern"
+        if "format" in schema:
+            if source is not None:
+                raise SchemaError(f"'pattern' beside 'format' is not supported (at {path})", unsupported=True)
+            name, word = schema["format"], "format"
+            source = format_pattern(name) if isinstance(name, str) else None
+            if source is None:
+                raise SchemaError(f"format {str(name)[:40]!r} is not supported (at {path}; supported: "
+                                  f"{', '.join(FORMATS)})", unsupported=True)
+        if source is not None and not isinstance(source, str):
+            raise SchemaError(f"{path}.pattern must be a string")
+        automaton = None
+        if source is not None:
+            try:
+                automaton = compile_pattern(source)
+            except PatternError as err:
+                raise SchemaError(f"{path}.{word}: {err}", unsupported=err.unsupported) from err
+        if low == 0 and high is None and automaton is None:
+            return None
+        rules = StringRules.of(low, high, automaton)
+        if rules is None:
+            raise SchemaError(f"{path}: no string of {low} to {high} characters matches its {word}")
+        return rules
 
     def object(self, schema: dict, path: str, level: int) -> int:
         props = schema.get("properties") or {}
@@ -212,54 +268,124 @@ class SchemaCompiler:
             raise SchemaError(f"{path}: an enum value is not JSON (NaN or Infinity)") from err
         return self.add(("enum", tuple(dict.fromkeys(self.count_text(t) for t in texts))))
 
-    def union(self, alts: list[int], path: str) -> int:
-        table: dict[int, int] = {}
-        for alt in alts:
-            if self.nodes[alt][0] == "any":
-                return alt  # anything at all: the other alternatives add nothing
-            for b in _first_bytes(self.nodes, alt):
-                if b in table and table[b] != alt:
-                    raise SchemaError(f"{path}: two alternatives can start with {chr(b)!r}; they must start "
-                                      "differently (a string or null, an object or an array, ...)", unsupported=True)
-                table[b] = alt
-        return self.add(("union", table))
+    def union(self, alts: list[int], path: str, word: str) -> int:
+        """Alternatives, told apart by their first byte; the table is made by ``link`` once every
+        node is known (an alternative may be a definition still being compiled)."""
+        return self.add(("alts", tuple(alts), path, word))
 
     def ref(self, ref: object, path: str, level: int) -> int:
-        if not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")) or ref.count("/") != 2:
-            raise SchemaError(f"{path}.$ref must name a definition in #/$defs or #/definitions", unsupported=True)
+        if ref == "#":
+            ref = "#/"
+        elif not isinstance(ref, str) or not ref.startswith(("#/$defs/", "#/definitions/")) or ref.count("/") != 2:
+            raise SchemaError(f"{path}.$ref must be '#' or name a definition in #/$defs or #/definitions",
+                              unsupported=True)
         if ref in self.refs:
-            return self.refs[ref]
-        if ref in self.open_refs:
-            raise SchemaError(f"{path}.$ref {ref[:60]!r} is recursive, which is not supported", unsupported=True)
-        section, name = ref[2:].split("/", 1)
-        name = urllib.parse.unquote(name).replace("~1", "/").replace("~0", "~")  # (a JSON pointer's escapes)
-        target = (self.root.get(section) or {}).get(name) if isinstance(self.root.get(section), dict) else None
+            return self.refs[ref]  # (also while it is being compiled: a recursive definition)
+        if ref == "#/":
+            target = self.root
+        else:
+            section, name = ref[2:].split("/", 1)
+            name = urllib.parse.unquote(name).replace("~1", "/").replace("~0", "~")  # (a JSON pointer's escapes)
+            target = (self.root.get(section) or {}).get(name) if isinstance(self.root.get(section), dict) else None
         if target is None:
             raise SchemaError(f"{path}.$ref {ref[:60]!r} names no definition")
-        self.open_refs.add(ref)
-        self.refs[ref] = self.compile(target, ref, level + 1)
-        self.open_refs.discard(ref)
-        return self.refs[ref]
+        index = self.refs[ref] = self.add(("ref", None), 0)
+        compiled = self.compile(target, ref, level + 1)
+        if compiled == index:
+            raise SchemaError(f"{path}.$ref {ref[:60]!r} refers to itself and nothing else")
+        self.nodes[index] = ("ref", compiled)
+        return index
 
-    def nesting(self, root: int) -> int:
-        """The most objects and arrays an instance can hold one inside another (a definition used
-        in several places counts where it is deepest)."""
-        memo: dict[int, int] = {}
+    def link(self, root: int) -> int:
+        """Resolve references and make the alternatives' byte tables; the root's index after it."""
+        def target(node: int) -> int:
+            seen = set()
+            while self.nodes[node][0] == "ref":
+                if node in seen:
+                    raise SchemaError("a $ref cycle with no schema in it")
+                seen.add(node)
+                node = self.nodes[node][1]
+            return node
 
-        def height(node: int) -> int:
-            if node not in memo:
-                spec = self.nodes[node]
+        alias = {i: target(i) for i, spec in enumerate(self.nodes) if spec[0] == "ref"}
+        fix = lambda n: alias.get(n, n)  # noqa: E731
+        for i, spec in enumerate(self.nodes):
+            if spec[0] == "object":
+                self.nodes[i] = ("object", tuple(Prop(p.key, fix(p.node), p.required) for p in spec[1]))
+            elif spec[0] == "array":
+                self.nodes[i] = ("array", fix(spec[1]), *spec[2:])
+            elif spec[0] == "alts":
+                self.nodes[i] = ("alts", tuple(fix(a) for a in spec[1]), *spec[2:])
+        for i, spec in enumerate(self.nodes):
+            if spec[0] == "alts":
+                self._table(i, set())
+        return fix(root)
+
+    def _table(self, node: int, open_: set[int]) -> frozenset[int]:
+        """The first bytes of ``node``'s values; an ``alts`` node becomes a union (or the one
+        alternative that takes anything) on the way."""
+        spec = self.nodes[node]
+        kind = spec[0]
+        if kind == "alts":
+            if node in open_:
+                raise SchemaError(f"{spec[2]}: an alternative refers back to its own anyOf before any value "
+                                  "is written", unsupported=True)
+            open_.add(node)
+            alts, path, word = spec[1], spec[2], spec[3]
+            if any(self.nodes[a][0] == "any" for a in alts):
+                if word == "oneOf" and len(alts) > 1:  # (a value matching the catch-all and another matches two)
+                    raise SchemaError(f"'oneOf' with an alternative that takes anything is not supported "
+                                      f"(at {path[:-6]})", unsupported=True)
+                self.nodes[node] = ("any",)
+                return _VALUE_START
+            table: dict[int, int] = {}
+            for alt in alts:
+                for b in self._table(alt, open_):
+                    if b in table and table[b] != alt:
+                        raise SchemaError(f"{path}: two alternatives can start with {chr(b)!r}; they must start "
+                                          "differently (a string or null, an object or an array, ...)",
+                                          unsupported=True)
+                    table[b] = alt
+            # (a union inside: its own table's alternative, so each byte leads to a plain node)
+            self.nodes[node] = ("union", {b: self._leaf(a, b) for b, a in table.items()})
+            open_.discard(node)
+            return frozenset(table)
+        if kind == "union":
+            return frozenset(spec[1])
+        if kind == "any":
+            return _VALUE_START
+        if kind == "enum":
+            return frozenset(c[0] for c in spec[1])
+        return {"any_object": frozenset(b"{"), "object": frozenset(b"{"), "string": frozenset(b'"'),
+                "number": frozenset(b"-0123456789"), "boolean": frozenset(b"tf"), "null": frozenset(b"n"),
+                "array": frozenset(b"[")}[kind]
+
+    def _leaf(self, node: int, b: int) -> int:
+        spec = self.nodes[node]
+        return self._leaf(spec[1][b], b) if spec[0] == "union" else node
+
+    def min_heights(self) -> list[float]:
+        """Per node, the fewest objects and arrays its smallest instance nests (INFINITE: it has no
+        finite instance, e.g. a required property that recurses)."""
+        heights = [INFINITE] * len(self.nodes)
+        changed = True
+        while changed:  # (a fixed point: recursion makes the nodes depend on one another)
+            changed = False
+            for i, spec in enumerate(self.nodes):
                 kind = spec[0]
                 if kind == "object":
-                    memo[node] = 1 + max((height(p.node) for p in spec[1]), default=0)
+                    h = 1 + max((heights[p.node] for p in spec[1] if p.required), default=0)
                 elif kind == "array":
-                    memo[node] = 1 + height(spec[1])
+                    h = 1 + (heights[spec[1]] if spec[2] > 0 else 0)
                 elif kind == "union":
-                    memo[node] = max(height(alt) for alt in set(spec[1].values()))
-                elif kind in ("any", "any_object"):
-                    memo[node] = 1  # (any JSON: its own depth limit holds it)
+                    h = min(heights[a] for a in set(spec[1].values()))
+                elif kind in ("any_object",):
+                    h = 1
+                elif kind in ("ref", "alts"):
+                    continue
                 else:
-                    memo[node] = 0
-            return memo[node]
-
-        return height(root)
+                    h = 0
+                if h < heights[i]:
+                    heights[i] = h
+                    changed = True
+        return heights

@@ -55,6 +55,7 @@ from gateway.generation import (
 )
 from gateway.request_checks import (
     LONG_PROMPT_CHARS,
+    check_schema,
     refuse_far_too_long,
     refuse_unhonoured,
     refuse_unsupported,
@@ -89,6 +90,7 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
 async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
     refuse_unhonoured(body)
+    await check_schema(body)
     refuse_unsupported(body, engine)
     messages = chat_messages(body)
     fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
@@ -197,6 +199,7 @@ async def _follow(waiting: asyncio.Future, flights: Flights, fmt: Format, accoun
 async def create_completion(body: CompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
     refuse_unhonoured(body)
+    await check_schema(body)
     refuse_unsupported(body, engine)
     prompts_in = body.prompts()
     limit = min(MAX_PROMPTS, getattr(engine, "max_waiting", None) or MAX_PROMPTS)  # each prompt takes a place

@@ -300,14 +300,7 @@ def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> N
             raise invalid_request(f"Invalid 'response_format.json_schema.name': '{quoted_name(spec.name)}'. It must be "
                                   "1 to 64 letters, digits, underscores or dashes.",
                                   param="response_format.json_schema.name")
-        try:  # (nesting is bounded before: JsonSchemaFormat's depth check, then the compiler's)
-            compile_schema(fmt.schema_text())
-        except SchemaError as err:
-            message = f"Invalid schema for response_format '{spec.name}': {quoted_name(str(err))}."
-            if err.unsupported:
-                raise unsupported("response_format.json_schema.schema", message) from err
-            raise invalid_request(message, param="response_format.json_schema.schema") from err
-        return
+        return  # (the schema itself: check_schema)
     if not fmt.json_object:
         raise invalid_request(f"Invalid value: '{quoted_name(fmt.type)}'. Supported values are: 'text', 'json_object' "
                               "and 'json_schema'.", param="response_format.type")
@@ -315,6 +308,23 @@ def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> N
                                                            for m in body.messages):
         raise invalid_request("'messages' must contain the word 'json' in some form, to use 'response_format' of "
                               "type 'json_object'.", param="messages")
+
+
+async def check_schema(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """A ``json_schema`` format's schema compiled (``refuse_unhonoured`` has checked the rest): a
+    400 saying what and where when the engine cannot decode to it. On a worker thread: a pattern's
+    automaton can take a few hundred milliseconds to build, which the event loop must not wait
+    out (compiled grammars are kept, so the engine's own compile is a lookup)."""
+    fmt = body.response_format
+    if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
+        return
+    try:  # (nesting is bounded before: JsonSchemaFormat's depth check, then the compiler's)
+        await asyncio.to_thread(compile_schema, fmt.schema_text())
+    except SchemaError as err:
+        message = f"Invalid schema for response_format '{fmt.json_schema.name}': {quoted_name(str(err))}."
+        if err.unsupported:
+            raise unsupported("response_format.json_schema.schema", message) from err
+        raise invalid_request(message, param="response_format.json_schema.schema") from err
 
 
 def _take_vllm_json(body: ChatCompletionRequest | CompletionRequest) -> None:

@@ -1,0 +1,316 @@
+"""Structured outputs' bounded scalars: numbers between ``minimum`` and ``maximum`` and strings
+with ``minLength`` / ``maxLength`` and a ``pattern`` or ``format`` (``engine.json_regex``'s
+automaton), read one byte at a time by ``engine.json_schema``'s grammar.
+
+Each check is of a prefix: a byte is allowed only when some way to finish the value still meets
+every rule, so decoding never reaches a state no token can leave.
+
+    NumberBounds.viable(text)     some number starting with ``text`` lies within the bounds
+    StringRules.viable(s, n)      after ``n`` characters in automaton state ``s`` the string can end
+                                  well (JSON Schema counts characters as code points)
+    string_byte(dec, b)           a JSON string's bytes as code points (UTF-8 and escapes)
+
+A bounded number is written without an exponent (every decimal in range has such a form), so
+what a prefix can still become is an interval, or a union of intervals for an integer part still
+growing, checked exactly with fractions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from engine.json_regex import CharAutomaton, PatternError
+
+Interval = tuple  # (low, low_closed, high, high_closed); None: unbounded on that side
+CLOSE = -1  # string_byte's event for the closing quote
+_SURROGATES = (0xD800, 0xDFFF)
+_ESCAPED = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F, 0x62: 0x08, 0x66: 0x0C, 0x6E: 0x0A, 0x72: 0x0D, 0x74: 0x09}
+_UTF8_LEADS = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+LAYER_BUDGET = 250_000  # automaton states x characters of a pattern's length table (more is refused)
+
+
+def _meets(a: Interval, b: Interval) -> bool:
+    """Whether two non-empty intervals share a point."""
+    if a[0] is None or (b[0] is not None and (b[0], not b[1]) > (a[0], not a[1])):
+        low, low_closed = b[0], b[1]
+    else:
+        low, low_closed = a[0], a[1]
+    if a[2] is None or (b[2] is not None and (b[2], b[3]) < (a[2], a[3])):
+        high, high_closed = b[2], b[3]
+    else:
+        high, high_closed = a[2], a[3]
+    if low is None or high is None:
+        return True
+    return low < high or (low == high and low_closed and high_closed)
+
+
+@dataclass(frozen=True, slots=True)
+class NumberBounds:
+    """A number's range (an integer's as whole closed bounds)."""
+
+    integer: bool
+    range: Interval
+
+    @classmethod
+    def of(cls, integer: bool, low: tuple[Fraction, bool] | None,
+           high: tuple[Fraction, bool] | None) -> NumberBounds | None:
+        """``low`` / ``high``: (the bound, exclusive); None when no value lies between them."""
+        lo, lo_excl = low if low is not None else (None, False)
+        hi, hi_excl = high if high is not None else (None, False)
+        if integer:  # (as whole, closed bounds)
+            if lo is not None:
+                lo = Fraction(math.floor(lo) + 1 if lo_excl else math.ceil(lo))
+            if hi is not None:
+                hi = Fraction(math.ceil(hi) - 1 if hi_excl else math.floor(hi))
+            lo_excl = hi_excl = False
+        if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_excl or hi_excl))):
+            return None
+        return cls(integer, (lo, not lo_excl, hi, not hi_excl))
+
+    def viable(self, text: bytes) -> bool:
+        """Whether a number of this type starting with ``text`` (no exponent) lies in range."""
+        neg = text[:1] == b"-"
+        body = text[1:] if neg else text
+        if not body:
+            return self._meets_magnitude(Fraction(0), None, neg)
+        if b"." in body:
+            whole, frac = body.split(b".")
+            start = Fraction(int(whole + frac or b"0"), 10 ** len(frac))
+            return self._meets_magnitude(start, start + Fraction(1, 10 ** len(frac)), neg)
+        if body == b"0":
+            return self._meets_magnitude(Fraction(0), Fraction(1), neg)
+        digits = int(body)  # more digits may follow: [d*10^k, (d+1)*10^k) for some k
+        ends = [abs(x) for x in (self.range[0], self.range[2]) if x is not None]
+        far = max(ends, default=Fraction(0))
+        k = 0
+        while True:
+            scale = 10 ** k
+            if self._meets_magnitude(Fraction(digits * scale), Fraction((digits + 1) * scale), neg):
+                return True
+            if digits * scale > far:  # (past every finite bound: larger k land on the same side)
+                return False
+            k += 1
+
+    def _meets_magnitude(self, start: Fraction, end: Fraction | None, neg: bool) -> bool:
+        """Whether some value of magnitude in [start, end) (end None: unbounded), negated when
+        ``neg``, lies in range; an integer's magnitudes are the whole numbers there."""
+        if self.integer:
+            last = None if end is None else Fraction(-(-end // 1) - 1)
+            first = Fraction(-(-start // 1))
+            if last is not None and first > last:
+                return False
+            values = (first, True, last, True) if not neg else (
+                None if last is None else -last, True, -first, True)
+            return _meets(values, self.range)
+        values = (start, True, end, False) if not neg else (None if end is None else -end, False, -start, True)
+        return _meets(values, self.range)
+
+    def contains(self, text: bytes) -> bool:
+        value = Fraction(text.decode())
+        lo, lo_closed, hi, hi_closed = self.range
+        return (lo is None or value > lo or (lo_closed and value == lo)) and (
+            hi is None or value < hi or (hi_closed and value == hi))
+
+
+def _reaches(automaton: CharAutomaton) -> tuple[list[int], dict[int, list[int]]]:
+    """Per state, the fewest characters to a match, and each state's predecessors."""
+    preds: dict[int, list[int]] = {s: [] for s in range(automaton.size)}
+    for s in range(automaton.size):
+        for _, _, t in automaton.transitions(s):
+            preds[t].append(s)
+    dist = [-1] * automaton.size
+    frontier = [s for s in range(automaton.size) if automaton.accepting(s)]
+    for s in frontier:
+        dist[s] = 0
+    while frontier:
+        nxt = []
+        for t in frontier:
+            for s in preds[t]:
+                if dist[s] < 0:
+                    dist[s] = dist[t] + 1
+                    nxt.append(s)
+        frontier = nxt
+    return dist, preds
+
+
+@dataclass(frozen=True, eq=False)
+class StringRules:
+    """A string's length bounds (code points) and pattern automaton (None: any text)."""
+
+    low: int
+    high: int | None
+    automaton: CharAutomaton | None
+    dmin: list[int] = field(default_factory=list)  # per automaton state: characters to a match, at fewest
+    layers: list[int] = field(default_factory=list)  # bit s of layers[k]: a match is exactly k characters on
+    universal: frozenset[int] = frozenset()  # states that match whatever follows
+
+    @classmethod
+    def of(cls, low: int, high: int | None, automaton: CharAutomaton | None) -> StringRules | None:
+        """None when no string meets them all."""
+        if automaton is None:
+            return cls(low, high, None)
+        dist, preds = _reaches(automaton)
+        layers: list[int] = []
+        if low > 0:  # (what lengths are reachable matters only below minLength)
+            if automaton.size * (low + automaton.size) > LAYER_BUDGET:
+                raise PatternError("this pattern with this minLength needs too large a length table", unsupported=True)
+            layer = sum(1 << s for s in range(automaton.size) if automaton.accepting(s))
+            for _ in range(low + automaton.size + 1):
+                layers.append(layer)
+                nxt = 0
+                bits, s = layer, 0
+                while bits:
+                    if bits & 1:
+                        for p in preds[s]:
+                            nxt |= 1 << p
+                    bits >>= 1
+                    s += 1
+                layer = nxt
+        universal = frozenset(s for s in range(automaton.size) if automaton.accepting(s) and [
+            (a, b, t) for a, b, t in automaton.transitions(s) if t == s] and _covers_all(automaton.transitions(s), s))
+        rules = cls(low, high, automaton, dist, layers, universal)
+        return rules if rules.viable(automaton.initial, 0) else None
+
+    def viable(self, state: int, count: int) -> bool:
+        """Whether ``count`` characters in, in automaton ``state``, the string can still end within the rules."""
+        high = self.high
+        if high is not None and count > high:
+            return False
+        if self.automaton is None:
+            return True
+        need = self.low - count
+        if need <= 0:
+            return high is None or self.dmin[state] <= high - count
+        size = self.automaton.size
+        top = need + size if high is None else min(high - count, need + size)
+        bit = 1 << state
+        return any(self.layers[k] & bit for k in range(need, top + 1))
+
+    def may_close(self, state: int, count: int) -> bool:
+        return count >= self.low and (self.automaton is None or self.automaton.accepting(state))
+
+    def next_char(self, state: int, count: int, cp: int) -> int | None:
+        """The automaton's state after character ``cp`` when the string can still end well, else None."""
+        if self.automaton is None:
+            return state if self.viable(state, count + 1) else None
+        nxt = self.automaton.step(state, cp)
+        return nxt if nxt is not None and self.viable(nxt, count + 1) else None
+
+    def some_char(self, state: int, count: int, ranges: list[tuple[int, int]]) -> bool:
+        """Whether some character of ``ranges`` (surrogates aside) may come next."""
+        ranges = [(a, b) for a, b in ranges if a <= b and not (_SURROGATES[0] <= a and b <= _SURROGATES[1])]
+        if not ranges:
+            return False
+        if self.automaton is None:
+            return self.viable(state, count + 1)
+        for a, b, t in self.automaton.transitions(state):
+            for low, high in ranges:
+                x, y = max(a, low), min(b, high)
+                if x <= y and not (_SURROGATES[0] <= x and y <= _SURROGATES[1]) and self.viable(t, count + 1):
+                    return True
+        return False
+
+    def plain_room(self, state: int, count: int) -> int | None:
+        """How many characters of plain text may come next whatever they are (None: it depends on them)."""
+        if self.automaton is not None and state not in self.universal:
+            return None
+        return 1 << 30 if self.high is None else self.high - count
+
+    def cache_count(self, state: int, count: int, reach: int) -> object:
+        """``count`` as far as a token of at most ``reach`` characters can tell it apart."""
+        room = None if self.high is None else self.high - count
+        if self.automaton is None:
+            return (min(max(self.low - count, 0), reach + 1), None if room is None else min(room, reach + 1))
+        if count < self.low:
+            return ("exact", count)
+        return (0, None if room is None else min(room, reach + max(self.dmin) + 1))
+
+
+def _covers_all(ranges: list[tuple[int, int, int]], state: int) -> bool:
+    """Whether every code point but the surrogates leads from ``state`` back to it."""
+    at = 0
+    for a, b, t in ranges:
+        if t != state:
+            continue
+        if a > at and not (at >= _SURROGATES[0] and a - 1 <= _SURROGATES[1]):
+            return False
+        at = max(at, b + 1)
+    return at > 0x10FFFF
+
+
+def string_byte(dec: object, b: int) -> tuple[object, int | None] | None:  # noqa: C901, PLR0911 - a byte's cases
+    """A JSON string's next byte: (the decoder's state, the code point it completes or CLOSE or
+    None), or None when ``b`` cannot come next. ``dec``: 0 between characters; ("u", left, low,
+    high, bits) inside a UTF-8 character; "\\\\" after a backslash; ("x", left, value, high
+    surrogate) inside ``\\uXXXX``; ("\\\\u", high surrogate) between the two escapes of a pair."""
+    if dec == 0:
+        if b == 0x22:
+            return 0, CLOSE
+        if b == 0x5C:
+            return "\\", None
+        if b < 0x20:
+            return None
+        if b < 0x80:
+            return 0, b
+        if 0xC2 <= b <= 0xDF:
+            return ("u", 1, 0x80, 0xBF, b & 0x1F), None
+        if 0xE0 <= b <= 0xF4:
+            low, high = _UTF8_LEADS.get(b, (0x80, 0xBF))
+            return ("u", 2 if b <= 0xEF else 3, low, high, b & (0x0F if b <= 0xEF else 0x07)), None
+        return None
+    if dec == "\\":
+        if b == 0x75:
+            return ("x", 4, 0, None), None
+        cp = _ESCAPED.get(b)
+        return None if cp is None else (0, cp)
+    kind = dec[0]
+    if kind == "u":
+        _, left, low, high, bits = dec
+        if not low <= b <= high:
+            return None
+        bits = bits << 6 | (b & 0x3F)
+        return (0, bits) if left == 1 else (("u", left - 1, 0x80, 0xBF, bits), None)
+    if kind == "x":
+        _, left, value, pending = dec
+        digit = int(chr(b), 16) if chr(b) in "0123456789abcdefABCDEF" else -1
+        if digit < 0:
+            return None
+        value = value * 16 + digit
+        if left > 1:
+            return ("x", left - 1, value, pending), None
+        if pending is not None:
+            return (0, 0x10000 + ((pending - 0xD800) << 10) + (value - 0xDC00)) if 0xDC00 <= value <= 0xDFFF else None
+        if 0xD800 <= value <= 0xDBFF:
+            return ("\\u", value), None
+        return None if 0xDC00 <= value <= 0xDFFF else (0, value)
+    if kind == "\\u":  # a high surrogate's escape: the low one's "\\u" must follow
+        return (("\\u2", dec[1]), None) if b == 0x5C else None
+    return (("x", 4, 0, dec[1]), None) if b == 0x75 else None  # "\\u2": after its backslash
+
+
+def pending_chars(dec: object) -> list[tuple[int, int]]:
+    """The code points a decoder state can still complete, as ranges."""
+    if dec == "\\":
+        return [(0, 0x10FFFF)]
+    kind = dec[0]
+    if kind == "u":
+        _, left, low, high, bits = dec
+        shift = 6 * (left - 1)
+        return [((bits << 6 | (low & 0x3F)) << shift, ((bits << 6 | (high & 0x3F)) << shift) | ((1 << shift) - 1))]
+    if kind == "x":
+        _, left, value, pending = dec
+        shift = 4 * left
+        low, high = value << shift, (value << shift) | ((1 << shift) - 1)
+        if pending is not None:  # the low half of a pair
+            low, high = max(low, 0xDC00), min(high, 0xDFFF)
+            base = 0x10000 + ((pending - 0xD800) << 10) - 0xDC00
+            return [(base + low, base + high)] if low <= high else []
+        ranges = [(a, b) for a, b in ((low, min(high, 0xD7FF)), (max(low, 0xE000), high)) if a <= b]
+        first, last = max(low, 0xD800), min(high, 0xDBFF)
+        if first <= last:  # high surrogates: characters past U+FFFF, written as a pair
+            ranges.append((0x10000 + ((first - 0xD800) << 10), 0x10000 + ((last - 0xD800) << 10) + 0x3FF))
+        return ranges
+    base = 0x10000 + ((dec[1] - 0xD800) << 10)  # between the two escapes of a pair
+    return [(base, base + 0x3FF)]

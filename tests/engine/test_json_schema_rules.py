@@ -1,0 +1,357 @@
+"""Structured outputs' value rules (``engine.json_scalars``) and recursive schemas: numbers within
+``minimum`` / ``maximum``, strings within ``minLength`` / ``maxLength`` matching a ``pattern`` or
+``format``, and ``$ref`` cycles. Checked against Python's own reading of the same rules (fractions,
+``len``, ``re``), by walks that take random allowed bytes (every state they reach must allow one,
+and every text they finish must validate), and against brute-force masks."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from fractions import Fraction
+
+import pytest
+import torch
+
+from engine import json_grammar as g
+from engine.json_masks import JsonVocabulary
+from engine.json_schema import SchemaError, compile_schema
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+
+
+def _grammar(schema: dict):  # noqa: ANN202
+    return compile_schema(json.dumps(schema))
+
+
+def _complete(schema: dict, text: str) -> bool:
+    grammar = _grammar(schema)
+    state = g.accepts(text.encode(), grammar.initial, grammar.step)
+    return state is not None and g.is_complete(state)
+
+
+def _wrap(sub: dict) -> dict:
+    return {"type": "object", "properties": {"a": sub}, "required": ["a"]}
+
+
+# ---- an oracle of the rules, in Python's own terms ------------------------------------------------
+
+def _in_bounds(value: Fraction, sub: dict) -> bool:
+    checks = (("minimum", lambda v, b: v >= b), ("maximum", lambda v, b: v <= b),
+              ("exclusiveMinimum", lambda v, b: v > b), ("exclusiveMaximum", lambda v, b: v < b))
+    return all(check(value, Fraction(repr(sub[w]))) for w, check in checks if w in sub)
+
+
+def _string_ok(value: str, sub: dict) -> bool:
+    if not sub.get("minLength", 0) <= len(value) <= sub.get("maxLength", len(value)):
+        return False
+    pattern = sub.get("pattern")  # (ECMA's "$" is Python's "\Z"; the patterns here have no other difference)
+    return pattern is None or re.search(pattern.replace("$", r"\Z"), value, re.ASCII) is not None
+
+
+def _valid(value: object, sub: dict, root: dict) -> bool:  # noqa: PLR0911 - one case a kind
+    while "$ref" in sub:
+        sub = root if sub["$ref"] == "#" else root["$defs"][sub["$ref"].split("/")[-1]]
+    if "anyOf" in sub:
+        return any(_valid(value, s, root) for s in sub["anyOf"])
+    kind = sub.get("type")
+    if kind in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if kind == "integer" and not isinstance(value, int):
+            return False
+        return _in_bounds(Fraction(repr(value)), sub)
+    if kind == "string":
+        return isinstance(value, str) and _string_ok(value, sub)
+    if kind == "null":
+        return value is None
+    if kind == "array":
+        return isinstance(value, list) and len(value) >= sub.get("minItems", 0) and all(
+            _valid(v, sub["items"], root) for v in value)
+    if kind == "object":
+        props = sub.get("properties", {})
+        return (isinstance(value, dict) and all(r in value for r in sub.get("required", ()))
+                and all(k in props and _valid(v, props[k], root) for k, v in value.items()))
+    return True
+
+
+# ---- random walks: every state reached allows some byte, every finished text validates -----------
+
+_CLOSING = frozenset(b'"}],')
+
+
+def _walk(grammar, rng: random.Random, limit: int = 300) -> bytes | None:  # noqa: ANN001
+    """Random allowed bytes until the object closes (None: the limit came first), drifting towards
+    closing bytes as it goes. Fails where a state allows no byte at all (a dead end)."""
+    state, out = grammar.initial, bytearray()
+    for i in range(limit):
+        if g.is_complete(state):
+            return bytes(out)
+        options = [b for b in range(256) if grammar.step(state, b) is not None]
+        assert options, (bytes(out), state)
+        late = [b for b in options if b in _CLOSING or (i > limit // 3 and b in b"0123456789n")]
+        b = rng.choice(late) if late and rng.random() < min(0.9, 3 * i / limit) else rng.choice(options)
+        out.append(b)
+        state = grammar.step(state, b)
+    return None
+
+
+_NODE = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                          "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+         "required": ["v", "kids"]}
+WALKED = [
+    _wrap({"type": "integer", "minimum": 3, "maximum": 120}),
+    _wrap({"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": 0.125}),
+    _wrap({"type": "number", "minimum": 1000, "exclusiveMaximum": 1000.001}),
+    _wrap({"type": "integer", "minimum": -5}),
+    _wrap({"type": "integer", "maximum": -5, "exclusiveMinimum": -40.5}),
+    _wrap({"type": "string", "minLength": 3, "maxLength": 5}),
+    _wrap({"type": "array", "items": {"type": "string", "maxLength": 1}, "minItems": 2}),
+    _wrap({"type": "string", "pattern": "^[a-c]{2}-[0-9]+$"}),
+    _wrap({"type": "string", "pattern": "x(yz|w)", "maxLength": 6}),
+    _wrap({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 7}),
+    _wrap({"type": "string", "pattern": "^[^a]*$", "minLength": 2}),
+    _wrap({"anyOf": [{"type": "string", "format": "date"}, {"type": "null"}]}),
+    _wrap({"type": "string", "format": "uuid"}),
+    {"$defs": {"Node": _NODE}, "$ref": "#/$defs/Node"},
+    {"$defs": {"L": {"type": "object", "properties": {
+        "v": {"type": "string", "maxLength": 2},
+        "next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}}, "required": ["next"]}}, "$ref": "#/$defs/L"},
+    {"type": "object", "properties": {"x": {"$ref": "#"}, "y": {"type": "integer", "maximum": 0}}},
+]
+
+
+@pytest.mark.parametrize("schema", WALKED, ids=[json.dumps(s)[:60] for s in WALKED])
+def test_random_walks_never_reach_a_dead_end_and_what_they_finish_validates(schema: dict) -> None:
+    rng = random.Random(json.dumps(schema))
+    grammar = _grammar(schema)
+    finished = 0
+    for _ in range(40):
+        text = _walk(grammar, rng)
+        if text is not None:
+            assert _valid(json.loads(text), schema, schema), text
+            finished += 1
+    assert finished >= 10
+
+
+# ---- numbers ------------------------------------------------------------------------------------
+
+def _number_text(rng: random.Random) -> str:
+    sign = rng.choice(["", "", "-"])
+    whole = rng.choice(["0", str(rng.randint(1, 9)), str(rng.randint(10, 200)), str(rng.randint(1000, 10**6))])
+    frac = rng.choice(["", "", "." + str(rng.randint(0, 999)).rjust(rng.randint(1, 3), "0")])
+    return sign + whole + frac + rng.choice(["", "", "", "e2"])
+
+
+def _bounds(rng: random.Random, integer: bool) -> dict:
+    sub: dict = {"type": "integer" if integer else "number"}
+    ends = sorted(rng.choice([rng.randint(-300, 300), rng.randint(-300, 300) / 8]) for _ in range(2))
+    for word, end in (("minimum", ends[0]), ("maximum", ends[1])):
+        if rng.random() < 0.7:
+            sub[("exclusiveM" + word[1:]) if rng.random() < 0.4 else word] = end
+    return sub
+
+
+def test_numbers_complete_exactly_when_in_range_and_every_prefix_can_still_get_there() -> None:
+    rng = random.Random(5)
+    counts = [0, 0]
+    for _ in range(3000):
+        integer = rng.random() < 0.5
+        sub = _bounds(rng, integer)
+        try:
+            grammar = _grammar(_wrap(sub))
+        except SchemaError:  # (an integer range with no integer in it)
+            assert integer
+            continue
+        text = _number_text(rng)
+        state = g.accepts(f'{{"a":{text}}}'.encode(), grammar.initial, grammar.step)
+        plain = integer or len(sub) > 1  # (integers and bounded numbers are written without an exponent)
+        ok = not (integer and "." in text) and not (plain and "e" in text) and _in_bounds(Fraction(text), sub)
+        assert (state is not None and g.is_complete(state)) == ok, (sub, text)
+        counts[ok] += 1
+        # each prefix the grammar takes can still be finished in range (a smallest finish, searched)
+        for end in range(1, len(text) + 1):
+            prefix = g.accepts(f'{{"a":{text[:end]}'.encode(), grammar.initial, grammar.step)
+            if prefix is None:
+                break
+            assert _finishes(grammar, prefix), (sub, text[:end])
+    assert min(counts) > 300, counts
+
+
+def _finishes(grammar, state, depth: int = 12) -> bool:  # noqa: ANN001
+    """Whether some digits, dot and closing brace finish ``state`` (breadth-first, bounded)."""
+    frontier = [state]
+    for _ in range(depth):
+        nxt = []
+        for s in frontier:
+            if grammar.step(s, ord("}")) is not None:
+                return True
+            nxt.extend(t for t in (grammar.step(s, b) for b in b"0123456789.") if t is not None)
+        frontier = list({repr(t): t for t in nxt}.values())[:200]
+    return False
+
+
+def test_bounds_without_a_value_between_them_and_bad_bounds_are_refused() -> None:
+    for sub in ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2},
+                {"type": "number", "minimum": 2, "maximum": 1},
+                {"type": "number", "minimum": 1, "exclusiveMaximum": 1},
+                {"type": "integer", "minimum": 1.2, "maximum": 1.8}):
+        with pytest.raises(SchemaError, match="between its bounds"):
+            _grammar(_wrap(sub))
+    with pytest.raises(SchemaError, match="finite number"):
+        _grammar(_wrap({"type": "number", "maximum": "10"}))
+    # draft 4's boolean exclusiveMinimum, and an untyped bound (a number, then)
+    assert not _complete(_wrap({"type": "integer", "minimum": 5, "exclusiveMinimum": True}), '{"a":5}')
+    assert _complete(_wrap({"type": "integer", "minimum": 5, "exclusiveMinimum": True}), '{"a":6}')
+    assert _complete(_wrap({"maximum": 0}), '{"a":-0.5}') and not _complete(_wrap({"maximum": 0}), '{"a":"s"}')
+
+
+# ---- strings ------------------------------------------------------------------------------------
+
+_PIECES = ["a", "b", "c", "-", "0", "7", "é", "日", "🙂", "\\n", "\\u00e9", "\\ud83d\\ude00", "\\\"", " ", "x", "yz"]
+
+
+def test_strings_complete_exactly_when_their_length_and_pattern_hold() -> None:
+    rng = random.Random(6)
+    subs = [{"minLength": 2, "maxLength": 4}, {"maxLength": 0}, {"pattern": "^[a-c]+-[0-9]$"},
+            {"pattern": "b+", "minLength": 3}, {"pattern": "^(a|é|🙂)*$", "maxLength": 3},
+            {"pattern": "\\d", "maxLength": 2}, {"pattern": "^[^\\n]*$"}, {"pattern": "^\\w{2,3}$"}]
+    counts = [0, 0]
+    for _ in range(4000):
+        sub = {"type": "string", **rng.choice(subs)}
+        raw = "".join(rng.choice(_PIECES) for _ in range(rng.randint(0, 5)))
+        value = json.loads(f'"{raw}"')
+        state = g.accepts(f'{{"a":"{raw}"}}'.encode(), _grammar(_wrap(sub)).initial, _grammar(_wrap(sub)).step)
+        ok = _string_ok(value, sub)
+        assert (state is not None and g.is_complete(state)) == ok, (sub, raw)
+        counts[ok] += 1
+    assert min(counts) > 500, counts
+
+
+def test_a_lone_surrogate_escape_or_a_raw_control_byte_never_passes() -> None:
+    sub = _wrap({"type": "string", "maxLength": 5})
+    for raw in ("\\ud800", "\\udc00x", "\\ud800\\u0041", "a\nb"):
+        assert not _complete(sub, f'{{"a":"{raw}"}}'), raw
+    grammar = _grammar(_wrap({"type": "string", "pattern": "^[a-z]+$"}))
+    state = g.accepts(b'{"a":"\\u', grammar.initial, grammar.step)
+    assert grammar.step(state, ord("1")) is None  # (U+1xxx: no letter a-z there)
+    assert grammar.step(state, ord("0")) is not None
+
+
+def test_string_refusals_name_the_keyword_and_the_place() -> None:
+    for sub, words, unsupported in (
+            ({"type": "string", "pattern": "(a)\\1"}, "schema.properties.a.pattern", True),
+            ({"type": "string", "pattern": "(a"}, "schema.properties.a.pattern", False),
+            ({"type": "string", "format": "ipv5"}, "format 'ipv5' is not supported", True),
+            ({"type": "string", "format": "date", "pattern": "x"}, "'pattern' beside 'format'", True),
+            ({"type": "string", "minLength": 3, "maxLength": 2}, "minLength", False),
+            ({"type": "string", "pattern": "^ab$", "maxLength": 1}, "no string of 0 to 1", False),
+            ({"minLength": 1, "minimum": 1}, "number and string keywords without a 'type'", True)):
+        with pytest.raises(SchemaError) as err:
+            _grammar(_wrap(sub))
+        assert words in str(err.value) and err.value.unsupported is unsupported, (sub, err.value)
+
+
+@pytest.mark.parametrize(("fmt", "good", "bad"), [
+    ("date-time", ["2024-01-31T12:34:56Z", "2024-01-31T12:34:56.5+02:00"], ["2024-01-31", "2024-13-01T00:00:00Z"]),
+    ("date", ["2024-02-29"], ["2024-2-29", "2024-00-10", "24-01-01"]),
+    ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"]),
+    ("email", ["ada@example.com"], ["ada@", "ada example@x.org"]),
+    ("ipv4", ["192.168.0.1"], ["256.1.1.1", "01.2.3.4"]),
+])
+def test_formats_are_written_as_they_are_defined(fmt: str, good: list[str], bad: list[str]) -> None:
+    sub = _wrap({"type": "string", "format": fmt})
+    for text in good:
+        assert _complete(sub, json.dumps({"a": text})), text
+    for text in bad:
+        assert not _complete(sub, json.dumps({"a": text})), text
+
+
+# ---- recursion ------------------------------------------------------------------------------------
+
+def test_recursive_definitions_take_trees_and_lists_to_the_depth_limit() -> None:
+    tree = {"$defs": {"Node": _NODE}, "$ref": "#/$defs/Node"}
+    assert _complete(tree, '{"v":1,"kids":[{"v":2,"kids":[]},{"v":3,"kids":[{"v":4,"kids":[]}]}]}')
+    assert not _complete(tree, '{"v":1,"kids":[{"v":2}]}')
+    linked = {"$defs": {"L": {"type": "object", "properties": {
+        "next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}}, "required": ["next"]}}, "$ref": "#/$defs/L"}
+    grammar = _grammar(linked)
+    deepest = '{"next":' * g.MAX_DEPTH + "null" + "}" * g.MAX_DEPTH
+    assert _complete(linked, deepest)
+    at_limit = g.accepts(('{"next":' * g.MAX_DEPTH).encode(), grammar.initial, grammar.step)
+    assert grammar.step(at_limit, ord("{")) is None and grammar.step(at_limit, ord("n")) is not None
+    # an optional recursive property is not begun where its value could not be written
+    optional = {"type": "object", "properties": {"deeper": {"$ref": "#"}, "z": {"type": "integer"}}}
+    grammar = _grammar(optional)
+    full = g.accepts(('{"deeper":' * (g.MAX_DEPTH - 1) + "{").encode(), grammar.initial, grammar.step)
+    assert full is not None
+    assert grammar.step(full, ord('"')) is not None  # ("z" still fits)
+    key = g.accepts(b'"d', full, grammar.step)
+    assert key is None
+
+
+def test_schemas_without_a_finite_instance_or_too_deep_at_their_least_are_refused() -> None:
+    endless = {"$defs": {"I": {"type": "object", "properties": {"x": {"$ref": "#/$defs/I"}}, "required": ["x"]}},
+               "$ref": "#/$defs/I"}
+    with pytest.raises(SchemaError, match="no finite instance"):
+        _grammar(endless)
+    with pytest.raises(SchemaError, match="refers back"):
+        _grammar({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "null"}]}},
+                  "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}})
+
+
+# ---- masks ----------------------------------------------------------------------------------------
+
+def test_masks_of_strings_with_rules_ban_exactly_what_the_grammar_refuses() -> None:
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"a":"', b'"}', b"abc", b"ab", b"a-1", b"--", b"12", "é".encode(), "日本".encode(), "🙂".encode(),
+        b"\\u00", b"\\ud83d", b"\\ude00", b'\\"', b"xyzw", b"a" * 9, "é".encode()[:1], b"0-"]
+    width = len(tokens) + 1
+    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
+    rng = random.Random(7)
+    checked = 0
+    for sub in ({"type": "string", "maxLength": 3}, {"type": "string", "minLength": 2, "maxLength": 4},
+                {"type": "string", "pattern": "^[a-c]+-[0-9]+$"}, {"type": "string", "pattern": "b", "maxLength": 5},
+                {"type": "integer", "minimum": 10, "maximum": 125}):
+        grammar = _grammar(_wrap(sub))
+        for _ in range(6):
+            text = _walk(grammar, rng)
+            if text is None:
+                continue
+            state = grammar.initial
+            for b in text:
+                expected = torch.ones(width, dtype=torch.bool)
+                for i, tok in enumerate(tokens):
+                    if tok and vocab.advance(state, i, grammar) is not None:
+                        expected[i] = False
+                assert torch.equal(vocab.banned(state, grammar), expected), (sub, state)
+                checked += 1
+                state = grammar.step(state, b)
+    assert checked > 200
+
+
+def test_finished_choices_meet_the_rules_on_the_tiny_model(engine_config, tiny_model_dir) -> None:
+    schema = {"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}$"},
+        "name": {"type": "string", "minLength": 1, "maxLength": 6},
+        "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["age", "code", "name", "next"]}
+    text = json.dumps(schema)
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    for i in range(4):
+        engine.add_request(f"r{i}", list(b"Answer: "), SamplingParams(
+            n=2, seed=i, temperature=1.0, max_tokens=120, json_schema=text,
+            logit_bias={ord('"'): 3.0, ord("}"): 3.0, ord("n"): 2.0}))
+    out: dict = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            for d in o.deltas:
+                entry = out.setdefault((o.request_id, d.index), ["", None])
+                entry[0] += d.text
+                entry[1] = d.finish_reason
+    assert len(out) == 8
+    for answer, reason in out.values():
+        if reason == "stop":
+            assert _valid(json.loads(answer), schema, schema), answer
+    assert "stop" in [r for _, r in out.values()]
