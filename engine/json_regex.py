@@ -527,8 +527,14 @@ def compile_pattern(source: str) -> CharAutomaton:
     return CharAutomaton(*_minimize(*_prune(accept, table)))
 
 
-_DATE = r"\d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])"
-_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:(?:[0-5]\d|60)(?:\.\d+)?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+# dates and times as the common parsers take them (Python's datetime, pydantic): years 0001-9999,
+# the day checked against the month and February 29 only in leap years, no leap second, at most 9
+# digits of a second's fraction (a small model otherwise writes digits until its token limit)
+_YEAR = r"(?:[1-9]\d{3}|0[1-9]\d{2}|00[1-9]\d|000[1-9])"
+_LEAP_YEAR = r"(?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+         rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP_YEAR}-02-29)")
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:[Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
 _SECS = r"\d+(?:\.\d+)?S"
 _DUR_DATE = r"(?:\d+Y(?:\d+M)?(?:\d+D)?|\d+M(?:\d+D)?|\d+D)"
 _DUR_TIME = rf"T(?:\d+H(?:\d+M)?(?:{_SECS})?|\d+M(?:{_SECS})?|{_SECS})"
@@ -565,9 +571,9 @@ _FORMATS = {
 
 
 def format_pattern(name: str) -> str | None:
-    """An anchored pattern for a JSON Schema ``format``; None if unknown. Approximations: ``date``
-    checks month 01-12 and day 01-31 but not the day against the month (2024-02-30 passes);
-    ``time`` allows a leap second 60; ``hostname`` does not bound the total length to 253;
+    """An anchored pattern for a JSON Schema ``format``; None if unknown. Dates and times are a
+    subset of RFC 3339's that Python's datetime and pydantic parse (above); ``hostname`` does not
+    bound the total length to 253;
     ``email`` and ``uri`` are pragmatic, not RFC 5321 / RFC 3986 grammars; ``duration`` takes
     ISO 8601 designators in order (P1Y2M3DT4H5M6.5S, P1W), a fraction only on seconds."""
     body = _FORMATS.get(name)

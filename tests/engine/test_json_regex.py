@@ -3,6 +3,7 @@ the live-state contract of ``step``, refusals, and the ``format`` patterns."""
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import random
 import re
@@ -251,10 +252,12 @@ def test_blowup_is_refused_quickly() -> None:
 
 
 _FORMAT_CASES = {
-    "date": (["2024-01-31", "2024-02-30", "0000-12-01"], ["2024-13-01", "2024-00-10", "2024-01-32", "2024-1-01",
-                                                          "2024-01-31T", "24-01-31", ""]),
-    "time": (["12:34:56Z", "23:59:60.123+05:30", "00:00:00z", "01:02:03-23:59"],
-             ["24:00:00Z", "12:60:00Z", "12:34:56", "12:34Z", "12:34:56+24:00", "12:34:56.Z"]),
+    "date": (["2024-01-31", "2024-02-29", "2000-02-29", "0004-02-29", "0001-12-01", "2023-04-30"],
+             ["2024-13-01", "2024-00-10", "2024-01-32", "2024-1-01", "2024-01-31T", "24-01-31", "", "2024-02-30",
+              "2023-02-29", "1900-02-29", "0000-12-01", "2024-04-31"]),
+    "time": (["12:34:56Z", "23:59:59.123456789+05:30", "00:00:00z", "01:02:03-23:59"],
+             ["24:00:00Z", "12:60:00Z", "12:34:56", "12:34Z", "12:34:56+24:00", "12:34:56.Z", "23:59:60Z",
+              "12:34:56.1234567890Z"]),
     "date-time": (["2024-01-31T12:34:56Z", "2024-01-31t12:34:56.5+01:00", "2024-01-31 12:34:56z"],
                   ["2024-01-31T24:00:00Z", "2024-01-31", "2024-13-31T12:34:56Z", "2024-01-31T12:34:56"]),
     "duration": (["P3DT4H", "PT0.5S", "P1W", "P1Y2M3DT4H5M6S", "PT1M", "P1Y3D", "P2M"],
@@ -347,3 +350,23 @@ def test_compile_is_fast() -> None:
     for name in _FORMAT_CASES:
         compile_pattern(format_pattern(name))
     assert time.perf_counter() - start < 2.0
+
+
+def test_dates_are_exactly_the_calendars_and_date_times_parse_in_python() -> None:
+    """``date`` takes a day exactly when Python's calendar has it (months' lengths, leap years,
+    years 0001-9999), so pydantic reads every answer back; ``date-time`` likewise."""
+    date = compile_pattern(format_pattern("date"))
+    stamp = compile_pattern(format_pattern("date-time"))
+    rng = random.Random(12)
+    for _ in range(20_000):
+        y, m, d = rng.randint(0, 9999), rng.randint(0, 13), rng.randint(0, 32)
+        try:
+            datetime.date(y, m, d)
+            real = True
+        except ValueError:
+            real = False
+        text = f"{y:04d}-{m:02d}-{d:02d}"
+        assert run(date, text) == real, text
+        if real:
+            when = f"{text}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}.{rng.randint(0, 999999)}Z"
+            assert run(stamp, when) and datetime.datetime.fromisoformat(when.replace("Z", "+00:00")), when
