@@ -3,14 +3,16 @@ in the engine, against plain decoding of the same requests in the same process, 
 
 Each round runs ``--batch`` chat prompts that ask for a JSON object through ``LLMEngine.step``
 twice: in JSON mode (greedy; with ``--schema``, constrained to a schema of six properties, an
-enum, an integer, an array of strings and an optional nested object), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
+enum, an integer, an array of strings and an optional nested object; with ``--rules``, to one of
+seven whose values have rules: a length, a pattern, the email, date and uuid formats, integer and
+number bounds), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
 so both decode the same number of tokens). It prints the time per generated token of each and
 their ratio, the time spent getting the masks (computed, or taken from their cache) and how many
 were computed, how many JSON answers parse and how many ``max_tokens`` cut (a cut answer is a
 prefix of an object). The one-time cost of a process's first JSON-mode request (the vocabulary's
 bytes and trie) is printed first.
 
-    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema]
+    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema | --rules]
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ SCHEMA = {"type": "object", "properties": {
     "details": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
         "color": {"type": "string"}, "size": {"type": "number"}}, "required": ["color", "size"]}]},
     "ok": {"type": "boolean"}}, "required": ["name", "kind", "count", "tags", "details", "ok"]}
+RULES = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 40}, "email": {"type": "string", "format": "email"},
+    "born": {"type": "string", "format": "date"}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"}, "id": {"type": "string", "format": "uuid"},
+    "score": {"type": "number", "minimum": 0, "maximum": 1}},
+    "required": ["name", "email", "born", "age", "code", "id", "score"]}
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
@@ -67,7 +75,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--schema", action="store_true", help="structured outputs instead of JSON mode")
+    ap.add_argument("--rules", action="store_true", help="structured outputs with value rules (formats, bounds)")
     args = ap.parse_args()
+    schema = RULES if args.rules else SCHEMA if args.schema else None
     engine = LLMEngine(EngineConfig())
     tok = engine.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": ASKS[i % len(ASKS)]}],
@@ -93,7 +103,7 @@ def main() -> None:
     rows = []
     for r in range(args.rounds):
         walked0, masks_time[0] = vocab.walked, 0.0
-        fmt = {"json_schema": json.dumps(SCHEMA)} if args.schema else {"json_object": True}
+        fmt = {"json_schema": json.dumps(schema)} if schema else {"json_object": True}
         json_params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, **fmt)] * args.batch
         t_json, texts, n_json, cut = _run(engine, prompts, json_params)
         mask_s = masks_time[0]
@@ -106,7 +116,7 @@ def main() -> None:
                 value = json.loads(t)
             except ValueError:
                 continue
-            parsed += isinstance(value, dict) and (not args.schema or list(value) == list(SCHEMA["properties"]))
+            parsed += isinstance(value, dict) and (not schema or list(value) == list(schema["properties"]))
         rows.append((t_json / n_json * 1000, t_plain / n_plain * 1000))
         print(f"round {r + 1}: JSON {t_json / n_json * 1000:.2f} ms/token ({n_json} tokens), plain "
               f"{t_plain / n_plain * 1000:.2f} ms/token ({n_plain} tokens), ratio {t_json / n_json / (t_plain / n_plain):.3f}; "

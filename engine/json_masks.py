@@ -19,6 +19,7 @@ from collections import OrderedDict
 import torch
 
 from engine.json_grammar import MAX_DEPTH, OBJECT, Grammar, State, accepts
+from engine.json_scalars import PlainTokens
 
 MASK_CACHE = 4096  # masks kept per vocabulary (a dense one is 49,152 bools: string states, a few per grammar)
 SPARSE_BELOW = 16  # a state allowing at most 1/16 of the vocabulary keeps the allowed ids instead
@@ -74,6 +75,7 @@ class JsonVocabulary:
             commas = max(commas, data.count(b","))
         self._plain = torch.zeros(width, dtype=torch.bool)
         self._plain[plain_ids] = True
+        self.plain_tokens = PlainTokens.of({i: token_bytes[i].decode() for i in plain_ids}, width)
         self.max_closers = closers
         self.max_openers = openers
         self.max_commas = commas
@@ -103,6 +105,8 @@ class JsonVocabulary:
         room = grammar.plain_room(state)
         if room is None:
             allowed = torch.zeros(self.width, dtype=torch.bool)
+        elif callable(room):  # (a pattern: its automaton run over the plain tokens as tensors)
+            allowed = room(self.plain_tokens)
         elif room >= self._most_chars:
             allowed = self._plain.clone()
         else:  # (a string's maxLength: the plain tokens that fit)

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+import torch
+
 from engine.json_regex import CharAutomaton, PatternError
 
 Interval = tuple  # (low, low_closed, high, high_closed); None: unbounded on that side
@@ -145,6 +147,7 @@ class StringRules:
     dmin: list[int] = field(default_factory=list)  # per automaton state: characters to a match, at fewest
     layers: list[int] = field(default_factory=list)  # bit s of layers[k]: a match is exactly k characters on
     universal: frozenset[int] = frozenset()  # states that match whatever follows
+    _tables: dict = field(default_factory=dict)  # plain_mask's, built on its first call
 
     @classmethod
     def of(cls, low: int, high: int | None, automaton: CharAutomaton | None) -> StringRules | None:
@@ -218,6 +221,81 @@ class StringRules:
             return None
         return 1 << 30 if self.high is None else self.high - count
 
+    def plain_mask(self, state: int, count: int, plain: PlainTokens) -> torch.Tensor:
+        """Which of a vocabulary's plain-text tokens may come next (a bool mask over its width), all
+        at once: the automaton runs over every token's characters as tensors, position by
+        position, and each end state is checked as ``viable`` checks it (the states on the way
+        need no check: a string that can end well from a token's end could from inside it)."""
+        table, bounds, dmin, counts = self._dense()
+        sink = table.shape[0] - 1
+        at = torch.full((plain.ids.numel(),), state, dtype=torch.int64)
+        alive = torch.arange(at.numel())  # (ascending; the tokens at least j+1 characters long come first)
+        for column in plain.columns:
+            cur = alive[:int(torch.searchsorted(alive, column.numel()))]
+            if not cur.numel():
+                break  # (every token still alive has ended)
+            nxt = table[at[cur], torch.bucketize(column[cur], bounds, right=True) - 1]
+            at[cur] = nxt
+            if bool((nxt == sink).any()):
+                alive = alive[at[alive] != sink]
+        total = count + plain.lengths
+        ok = at != sink
+        if self.high is not None:
+            ok &= (total <= self.high) & (dmin[at] <= self.high - total)
+        if self.low > 0:
+            below = total < self.low
+            need = self.low - total[below]
+            top = need + self.automaton.size if self.high is None else torch.minimum(
+                self.high - total[below], need + self.automaton.size)
+            s = at[below]
+            top_c = top.clamp(min=0, max=counts.shape[0] - 1)
+            found = counts[top_c, s] - counts[(need - 1).clamp(max=counts.shape[0] - 1), s]
+            ok[below] = (at[below] != sink) & (top >= need) & (found > 0)
+        mask = torch.zeros(plain.width, dtype=torch.bool)
+        mask[plain.ids[ok]] = True
+        return mask
+
+    def _dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The automaton as a table over its alphabet's classes (a last row: the dead state), the
+        classes' first code points, ``dmin`` and the layers' running counts (row k, column s: in
+        how many of layers 0..k state s is), built once."""
+        if "t" not in self._tables:
+            a = self.automaton
+            points = sorted({0} | {x for s in range(a.size) for lo, hi, _ in a.transitions(s)
+                                   for x in (lo, hi + 1) if x <= 0x10FFFF})
+            index = {p: i for i, p in enumerate(points)}
+            table = torch.full((a.size + 1, len(points)), a.size, dtype=torch.int64)
+            for s in range(a.size):
+                for lo, hi, t in a.transitions(s):
+                    table[s, index[lo]:index.get(hi + 1, len(points))] = t
+            dmin = torch.tensor([*self.dmin, 0], dtype=torch.int64)
+            rows = [[(layer >> s) & 1 for s in range(a.size)] + [0] for layer in self.layers] or [[0] * (a.size + 1)]
+            counts = torch.tensor(rows, dtype=torch.int32).cumsum(0)
+            self._tables.update(t=(table, torch.tensor(points, dtype=torch.int64), dmin, counts))
+        return self._tables["t"]
+
+    def state_class(self, state: int, reach: int) -> int:
+        """``state``'s class among the states no string of at most ``reach`` characters tells apart
+        (their matches, and what ``viable`` reads: the fewest characters to a match under a
+        maxLength, the reachable lengths under a minLength), so a mask's key holds the class: the
+        states a counted repetition steps through share their masks (found measuring: each
+        character of ``[A-Za-z ]{10,400}`` made its masks anew, ~100 ms each)."""
+        classes = self._tables.get(("classes", reach))
+        if classes is None:
+            a = self.automaton
+            sig = [(a.accepting(s), self.dmin[s] if self.high is not None else 0,
+                    tuple((layer >> s) & 1 for layer in self.layers)) for s in range(a.size)]
+            classes = _relabel(sig)
+            for _ in range(reach):  # (Moore's refinement, stopped at the horizon or when stable)
+                sig = [(classes[s], *_merged((lo, hi, classes[t]) for lo, hi, t in a.transitions(s)))
+                       for s in range(a.size)]
+                finer = _relabel(sig)
+                if max(finer, default=0) == max(classes, default=0):
+                    break
+                classes = finer
+            self._tables[("classes", reach)] = classes
+        return classes[state]
+
     def cache_count(self, state: int, count: int, reach: int) -> object:
         """``count`` as far as a token of at most ``reach`` characters can tell it apart."""
         room = None if self.high is None else self.high - count
@@ -226,6 +304,47 @@ class StringRules:
         if count < self.low:
             return ("exact", count)
         return (0, None if room is None else min(room, reach + max(self.dmin) + 1))
+
+
+def _relabel(signatures: list) -> list[int]:
+    ids: dict = {}
+    return [ids.setdefault(sig, len(ids)) for sig in signatures]
+
+
+def _merged(edges) -> tuple:  # noqa: ANN001 - (first, last, class) ascending
+    """Adjacent ranges to the same class as one (so the same behaviour has one signature)."""
+    out: list[list[int]] = []
+    for lo, hi, c in edges:
+        if out and out[-1][2] == c and out[-1][1] + 1 == lo:
+            out[-1][1] = hi
+        else:
+            out.append([lo, hi, c])
+    return tuple(map(tuple, out))
+
+
+@dataclass(frozen=True, slots=True)
+class PlainTokens:
+    """A vocabulary's plain-text tokens (``engine.json_masks``) for ``StringRules.plain_mask``:
+    their ids, longest first, their lengths in characters, and per position j the code points of
+    those at least j+1 characters long."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    columns: tuple[torch.Tensor, ...]
+    width: int
+
+    @classmethod
+    def of(cls, texts: dict[int, str], width: int) -> PlainTokens:
+        order = sorted(texts, key=lambda i: -len(texts[i]))
+        lengths = [len(texts[i]) for i in order]
+        longest = lengths[0] if order else 0
+        # (every text as UTF-32, padded to the longest: one buffer read as a [tokens, longest] matrix)
+        data = b"".join(texts[i].encode("utf-32-le").ljust(4 * longest, b"\0") for i in order)
+        matrix = torch.frombuffer(bytearray(data), dtype=torch.int32).reshape(len(order), longest).long() \
+            if order else torch.zeros((0, 0), dtype=torch.int64)
+        at_least = torch.tensor(lengths, dtype=torch.int64)
+        columns = tuple(matrix[:int((at_least > j).sum()), j].contiguous() for j in range(longest))
+        return cls(torch.tensor(order, dtype=torch.int64), at_least, columns, width)
 
 
 def _covers_all(ranges: list[tuple[int, int, int]], state: int) -> bool:

@@ -32,6 +32,7 @@ import bisect
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 
 from engine import json_grammar as g
 from engine import json_scalars as sc
@@ -273,13 +274,18 @@ class SchemaGrammar:
             return True  # (a required property always fits: its object did)
         return any(depth + self.heights[props[j].node] <= g.MAX_DEPTH for j in range(index, last + 1))
 
-    def plain_room(self, state: g.State) -> int | None:
-        """Inside a string, how many characters of plain text may come next whatever they are
-        (None: outside one, or it depends on the text: a pattern)."""
+    def plain_room(self, state: g.State) -> int | Callable | None:
+        """Inside a string, how many characters of plain text may come next whatever they are, or
+        (a pattern) what tells which plain tokens may (``StringRules.plain_mask``); None: outside
+        one, or inside a character."""
         mode, _, aux, _ = state
         if mode == STRING:
             node, dec, count, at = aux
-            return self.nodes[node][1].plain_room(at, count) if dec == 0 else None
+            if dec != 0:
+                return None
+            rules = self.nodes[node][1]
+            room = rules.plain_room(at, count)
+            return functools.partial(rules.plain_mask, at, count) if room is None else room
         return g.plain_room(state)
 
     def cache_aux(self, mode: str, aux: object, reach: int) -> object:
@@ -288,7 +294,9 @@ class SchemaGrammar:
         if mode != STRING:
             return aux
         node, dec, count, at = aux
-        return (node, dec, self.nodes[node][1].cache_count(at, count, reach), at)
+        rules = self.nodes[node][1]
+        return (node, dec, rules.cache_count(at, count, reach),
+                at if rules.automaton is None else rules.state_class(at, reach))
 
     def cache_frame(self, frame: object, reach: int) -> object:
         """``frame`` as a mask's cache key holds it: an array's items begun, as how many more it
