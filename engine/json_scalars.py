@@ -340,10 +340,10 @@ class PlainTokens:
         longest = lengths[0] if order else 0
         # (every text as UTF-32, padded to the longest: one buffer read as a [tokens, longest] matrix)
         data = b"".join(texts[i].encode("utf-32-le").ljust(4 * longest, b"\0") for i in order)
-        matrix = torch.frombuffer(bytearray(data), dtype=torch.int32).reshape(len(order), longest).long() \
-            if order else torch.zeros((0, 0), dtype=torch.int64)
+        matrix = torch.frombuffer(bytearray(data), dtype=torch.int32).reshape(len(order), longest) \
+            if order else torch.zeros((0, 0), dtype=torch.int32)
         at_least = torch.tensor(lengths, dtype=torch.int64)
-        columns = tuple(matrix[:int((at_least > j).sum()), j].contiguous() for j in range(longest))
+        columns = tuple(matrix[:int((at_least > j).sum()), j].long() for j in range(longest))
         return cls(torch.tensor(order, dtype=torch.int64), at_least, columns, width)
 
 

@@ -14,16 +14,20 @@ What a schema may use, and what the answer then is:
     enum, const     any JSON values, written compactly (``json.dumps`` with no spaces)
     anyOf, oneOf    alternatives that start differently (a string or null; an object or an
                     array ...): the first byte of the value picks one
-    $ref            into ``$defs`` or ``definitions`` (not recursive)
+    $ref            "#" or into ``$defs`` / ``definitions``, recursion included (a value is begun
+                    only where its smallest instance fits under ``MAX_DEPTH``)
+    minimum, maximum, exclusiveMinimum, exclusiveMaximum    on numbers (written without exponent)
+    minLength, maxLength, pattern, format                   on strings (``engine.json_scalars``)
     annotations     title, description, default, examples, ... are read past
 
-The keywords that constrain values in other ways (``pattern``, ``format``, ``minimum``,
-``minLength``, ``allOf``, ``not`` ...) are refused (SchemaError names the keyword and where it is),
-never silently dropped. The root must be an object, as OpenAI requires.
+The keywords that constrain values in other ways (``multipleOf``, ``allOf``, ``not`` ...) are
+refused (SchemaError names the keyword and where it is), never silently dropped. The root must be
+an object, as OpenAI requires.
 
 States are ``json_grammar``'s (mode, stack, aux, ws); the stack also holds schema frames:
 ``("O", node, next property)`` for an object and ``("A", node, values begun)`` for an array, beside
-the any-JSON frames ``"o"`` and ``"a"``.
+the any-JSON frames ``"o"`` and ``"a"``; strings with rules and bounded numbers have modes of
+their own (``STRING``, ``BOUNDED``).
 """
 
 from __future__ import annotations
