@@ -19,7 +19,8 @@ import urllib.parse
 from dataclasses import dataclass
 from fractions import Fraction
 
-from engine.json_regex import PatternError, compile_pattern, format_pattern
+from engine.json_formats import format_pattern
+from engine.json_regex import PatternError, compile_pattern
 from engine.json_scalars import NumberBounds, StringRules
 
 MAX_NODES = 2048  # parts of a schema: its nodes and its objects' properties (a larger one is refused)

@@ -12,7 +12,8 @@ from collections import deque
 
 import pytest
 
-from engine.json_regex import MAX_STATES, CharAutomaton, PatternError, compile_pattern, format_pattern
+from engine.json_formats import format_pattern
+from engine.json_regex import MAX_STATES, CharAutomaton, PatternError, compile_pattern
 
 _PY_SPACE = "[\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
 _PY_DOT = "[^\n\r\u2028\u2029]"
