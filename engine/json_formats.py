@@ -34,15 +34,22 @@ def _ipv6() -> str:
 _FORMATS = {
     "date": _DATE,
     "time": _TIME,
-    "date-time": rf"{_DATE}[Tt ]{_TIME}",
+    "date-time": rf"{_DATE}[Tt]{_TIME}",  # (not RFC 3339's space: jsonschema's validator refuses it)
     "duration": rf"P(?:{_DUR_DATE}(?:{_DUR_TIME})?|{_DUR_TIME}|\d+W)",
     "email": rf"[A-Za-z0-9!#$%&'*+/=?^_`{{|}}~.-]+@{_LABEL}(?:\.{_LABEL})+",
     "hostname": rf"{_LABEL}(?:\.{_LABEL})*",
     "ipv4": _IPV4,
     "ipv6": _ipv6(),
     "uuid": r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}",
+    # pydantic's UUID1/3/4/5: that version, RFC 4122's variant
+    **{f"uuid{v}": rf"[0-9A-Fa-f]{{8}}-[0-9A-Fa-f]{{4}}-{v}[0-9A-Fa-f]{{3}}-[89ABab][0-9A-Fa-f]{{3}}-[0-9A-Fa-f]{{12}}"
+       for v in (1, 3, 4, 5)},
     "uri": r"[A-Za-z][A-Za-z0-9+.-]*:[^\s\x00-\x1f\x7f<>\"{}|\\^`]+",
 }
+
+
+ANNOTATIONS = ("password", "binary")  # formats that say nothing of the text (pydantic's SecretStr, bytes)
+FORMATS = (*_FORMATS, *ANNOTATIONS)
 
 
 def format_pattern(name: str) -> str | None:

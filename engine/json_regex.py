@@ -25,7 +25,7 @@ Refused with ``PatternError(unsupported=True)``: backreferences, lookaround, ``\
 ``\\p{...}``, group modifiers, ``^``/``$`` anywhere but the ends of a top-level alternative, unknown
 letter escapes, class escapes as range ends, and patterns whose NFA would exceed ``MAX_NFA_STATES``,
 whose DFA would exceed ``MAX_STATES`` states or whose subset construction would visit more than
-``MAX_WORK`` NFA states (so no pattern compiles for much over a second). Malformed patterns (unbalanced parentheses,
+``MAX_WORK`` NFA states, a bound a schema's patterns share (so no schema's take much over 0.3 s here). Malformed patterns (unbalanced parentheses,
 ``{3,1}``, nothing to repeat, ``[z-a]``, bad escapes) and patterns matching no string at all raise it
 with ``unsupported=False``. The automaton is immutable once built and safe to share between threads.
 """
@@ -38,11 +38,19 @@ from itertools import groupby, pairwise
 
 from engine.json_regex_syntax import ANY, Node, PatternError, Ranges, _has_anchor, _Parser, _trim
 
-__all__ = ["MAX_STATES", "CharAutomaton", "PatternError", "compile_pattern"]
+__all__ = ["MAX_STATES", "CharAutomaton", "PatternError", "WorkBudget", "compile_pattern"]
 
 MAX_STATES = 2000  # DFA states (before minimization): bounds compile time and memory
 MAX_NFA_STATES = 10_000  # counted repetitions copy their body; this bounds the copies
-MAX_WORK = 1_000_000  # NFA states visited by the subset construction: bounds its time (about a second)
+MAX_WORK = 300_000  # NFA states visited by subset construction, per schema: bounds its time (~0.3 s here)
+
+
+class WorkBudget:
+    """What subset construction may still visit: one per schema, shared by its patterns (found by
+    QA: twenty patterns each within a per-pattern bound took 34 s to compile together)."""
+
+    def __init__(self, left: int = MAX_WORK) -> None:
+        self.left = left
 
 Edge = tuple[int, int, int]  # (first code point, last code point, target state)
 
@@ -107,12 +115,11 @@ def _merged(edges: Iterable[Edge]) -> list[Edge]:
     return out
 
 
-def _determinize(nfa: _Nfa, start: int, final: int, univ: int) -> tuple[list[bool], list[list[Edge]]]:
+def _determinize(nfa: _Nfa, start: int, final: int, univ: int,
+                 budget: WorkBudget) -> tuple[list[bool], list[list[Edge]]]:
     important = [bool(nfa.edges[q]) or q == final for q in range(len(nfa.eps))]
-    work = 0
 
     def closure(seeds: Iterable[int]) -> frozenset[int]:
-        nonlocal work
         seen = set(seeds)
         stack = list(seen)
         while stack:
@@ -120,9 +127,10 @@ def _determinize(nfa: _Nfa, start: int, final: int, univ: int) -> tuple[list[boo
                 if r not in seen:
                     seen.add(r)
                     stack.append(r)
-        work += len(seen)
-        if work > MAX_WORK:
-            raise PatternError("pattern is too complex to compile (subset construction work)", unsupported=True)
+        budget.left -= len(seen)
+        if budget.left < 0:
+            raise PatternError("pattern is too complex to compile (subset construction work; a schema's "
+                               "patterns share one bound)", unsupported=True)
         if univ in seen:  # accepts every continuation: all such sets are one state
             return frozenset((univ,))
         return frozenset(q for q in seen if important[q])
@@ -259,8 +267,10 @@ class CharAutomaton:
         return tuple(zip(self._starts[state], self._ends[state], self._targets[state], strict=True))
 
 
-def compile_pattern(source: str) -> CharAutomaton:
-    """Compile a JSON Schema ``pattern`` (search semantics) to a CharAutomaton."""
+def compile_pattern(source: str, budget: WorkBudget | None = None) -> CharAutomaton:
+    """Compile a JSON Schema ``pattern`` (search semantics) to a CharAutomaton, within ``budget``
+    (a fresh one of ``MAX_WORK`` when None)."""
+    budget = WorkBudget() if budget is None else budget
     try:
         parser = _Parser(source)
         alts = parser.alternatives()
@@ -293,7 +303,7 @@ def compile_pattern(source: str) -> CharAutomaton:
                     nfa.eps[start].append(loop)
                 nfa.eps[loop].append(a)
             nfa.eps[b].append(final if tail else univ)
-        accept, table = _determinize(nfa, start, final, univ)
+        accept, table = _determinize(nfa, start, final, univ, budget)
     except RecursionError:
         raise PatternError(f"pattern {source!r} nests too deeply", unsupported=True) from None
     return CharAutomaton(*_minimize(*_prune(accept, table)))

@@ -84,16 +84,15 @@ class NumberBounds:
         if body == b"0":
             return self._meets_magnitude(Fraction(0), Fraction(1), neg)
         digits = int(body)  # more digits may follow: [d*10^k, (d+1)*10^k) for some k
-        ends = [abs(x) for x in (self.range[0], self.range[2]) if x is not None]
-        far = max(ends, default=Fraction(0))
-        k = 0
-        while True:
-            scale = 10 ** k
-            if self._meets_magnitude(Fraction(digits * scale), Fraction((digits + 1) * scale), neg):
-                return True
-            if digits * scale > far:  # (past every finite bound: larger k land on the same side)
-                return False
+        # the intervals rise with k: the first whose top passes the least magnitude in range is
+        # the one that can meet it (or, for a closed end, the next), none after if it lies above
+        lo, _, hi, _ = self.range
+        least = (max(lo, 0) if lo is not None else 0) if not neg else (max(-hi, 0) if hi is not None else 0)
+        k = max(0, len(str(int(least))) - len(str(digits + 1)) - 1)
+        while (digits + 1) * 10 ** k <= least:
             k += 1
+        return any(self._meets_magnitude(Fraction(digits * 10 ** j), Fraction((digits + 1) * 10 ** j), neg)
+                   for j in (k, k + 1))
 
     def _meets_magnitude(self, start: Fraction, end: Fraction | None, neg: bool) -> bool:
         """Whether some value of magnitude in [start, end) (end None: unbounded), negated when

@@ -19,13 +19,14 @@ import urllib.parse
 from dataclasses import dataclass
 from fractions import Fraction
 
-from engine.json_formats import format_pattern
-from engine.json_regex import PatternError, compile_pattern
+from engine.json_formats import ANNOTATIONS, FORMATS, format_pattern
+from engine.json_regex import PatternError, WorkBudget, compile_pattern
 from engine.json_scalars import NumberBounds, StringRules
 
 MAX_NODES = 2048  # parts of a schema: its nodes and its objects' properties (a larger one is refused)
 MAX_ENUM = 512  # values of one enum
 MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
+MAX_BOUND = 10**309  # a number bound's magnitude (past a double's range is refused)
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
@@ -40,7 +41,6 @@ _STRING_WORDS = ("minLength", "maxLength", "pattern", "format")
 _CONSTRAINING = ("$ref", "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
                  "anyOf", "oneOf", "additionalProperties", *_NUMBER_WORDS, *_STRING_WORDS)
 INFINITE = math.inf
-FORMATS = ("date-time", "date", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri")
 _TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
 
 
@@ -71,6 +71,11 @@ def _fits(value: object, kind: str) -> bool:
                               "array": list}.get(kind, object))
 
 
+def _count(value: object) -> object:
+    """A count keyword's value, ``5.0`` read as 5 (JSON Schema from draft 6 takes it)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class SchemaCompiler:
     def __init__(self, root: dict) -> None:
         self.root = root
@@ -79,6 +84,7 @@ class SchemaCompiler:
         self.open_refs: set[str] = set()
         self.text_bytes = 0  # property names' and enum values' bytes so far
         self.parts = 0
+        self.pattern_work = WorkBudget()  # (shared by the schema's patterns)
 
     def add(self, node: tuple, parts: int = 1) -> int:
         """A node, counted as ``parts`` (an object: one and its properties, which may share nodes)."""
@@ -172,6 +178,9 @@ class SchemaCompiler:
                 continue
             if not isinstance(value, int | float) or (isinstance(value, float) and not math.isfinite(value)):
                 raise SchemaError(f"{path}.{word} must be a finite number")
+            if abs(value) > MAX_BOUND:  # (found by QA: a 4,000-digit bound's arithmetic held the engine's step)
+                raise SchemaError(f"{path}.{word}: bounds beyond ±1e308 (a double's range) are not supported",
+                                  unsupported=True)
             end = (Fraction(repr(value)) if isinstance(value, float) else Fraction(value),
                    excl or schema.get("exclusive" + word.capitalize()) is True)
             have = ends[side]  # (both given: the tighter one holds)
@@ -188,12 +197,12 @@ class SchemaCompiler:
 
     def string_rules(self, schema: dict, path: str) -> StringRules | None:
         """``minLength`` / ``maxLength`` (in characters: code points) and ``pattern`` or ``format``."""
-        low, high = schema.get("minLength", 0), schema.get("maxLength")
+        low, high = _count(schema.get("minLength", 0)), _count(schema.get("maxLength"))
         bad = lambda n: not isinstance(n, int) or isinstance(n, bool)  # noqa: E731
         if bad(low) or low < 0 or (high is not None and (bad(high) or high < low)):
             raise SchemaError(f"{path}: minLength and maxLength must be integers with 0 <= minLength <= maxLength")
         source, word = schema.get("pattern"), "pattern"
-        if "format" in schema:
+        if "format" in schema and schema["format"] not in ANNOTATIONS:
             if source is not None:
                 raise SchemaError(f"'pattern' beside 'format' is not supported (at {path})", unsupported=True)
             name, word = schema["format"], "format"
@@ -203,15 +212,13 @@ class SchemaCompiler:
                                   f"{', '.join(FORMATS)})", unsupported=True)
         if source is not None and not isinstance(source, str):
             raise SchemaError(f"{path}.pattern must be a string")
-        automaton = None
-        if source is not None:
-            try:
-                automaton = compile_pattern(source)
-            except PatternError as err:
-                raise SchemaError(f"{path}.{word}: {err}", unsupported=err.unsupported) from err
-        if low == 0 and high is None and automaton is None:
-            return None
-        rules = StringRules.of(low, high, automaton)
+        try:
+            automaton = None if source is None else compile_pattern(source, self.pattern_work)
+            if low == 0 and high is None and automaton is None:
+                return None
+            rules = StringRules.of(low, high, automaton)
+        except PatternError as err:  # (also StringRules' own bound: found by QA, it was a 500)
+            raise SchemaError(f"{path}.{word}: {err}", unsupported=err.unsupported) from err
         if rules is None:
             raise SchemaError(f"{path}: no string of {low} to {high} characters matches its {word}")
         return rules
@@ -241,7 +248,7 @@ class SchemaCompiler:
         return index
 
     def array(self, schema: dict, path: str, level: int) -> int:
-        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        low, high = _count(schema.get("minItems", 0)), _count(schema.get("maxItems"))
         items = schema.get("items", True)
         if items is False:  # no item at all: []
             items, high = True, 0

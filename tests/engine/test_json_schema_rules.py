@@ -268,6 +268,32 @@ def test_formats_are_written_as_they_are_defined(fmt: str, good: list[str], bad:
         assert not _complete(sub, json.dumps({"a": text})), text
 
 
+def test_what_the_rules_qa_found() -> None:
+    """Found by QA: a long pattern beside a minLength was a 500 (its length table's bound escaped
+    as a plain error); a 4,000-digit bound held the engine's step for a minute; twenty patterns
+    each within the per-pattern bound took 34 s together; pydantic's UUID4, SecretStr and bytes
+    fields were refused; ``minLength: 5.0`` was refused."""
+    with pytest.raises(SchemaError, match="length table") as err:
+        _grammar(_wrap({"type": "string", "minLength": 1, "maxLength": 1000, "pattern": "^[^<>]{1,1000}$"}))
+    assert err.value.unsupported
+    with pytest.raises(SchemaError, match="1e308") as err:
+        _grammar(_wrap({"type": "integer", "maximum": -(10 ** 4000)}))
+    assert err.value.unsupported
+    edge = _grammar(_wrap({"type": "number", "maximum": -1e308}))  # (a double's edge: served)
+    assert g.accepts(b'{"a":-1' + b"0" * 308 + b"}", edge.initial, edge.step) is not None
+    assert g.accepts(b'{"a":-9' + b"9" * 306 + b"}", edge.initial, edge.step) is None
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string", "pattern": f".{{{560 + i}}}x"}
+                                             for i in range(20)}}
+    with pytest.raises(SchemaError, match="share one bound"):
+        _grammar(many)
+    assert _complete(_wrap({"type": "string", "format": "uuid4"}), '{"a":"123e4567-e89b-42d3-a456-426614174000"}')
+    assert not _complete(_wrap({"type": "string", "format": "uuid4"}), '{"a":"123e4567-e89b-12d3-a456-426614174000"}')
+    for annotation in ("password", "binary"):
+        assert _complete(_wrap({"type": "string", "format": annotation}), '{"a":"any text"}')
+    assert _complete(_wrap({"type": "string", "minLength": 2.0}), '{"a":"ab"}')
+    assert not _complete(_wrap({"type": "string", "minLength": 2.0}), '{"a":"a"}')
+
+
 # ---- recursion ------------------------------------------------------------------------------------
 
 def test_recursive_definitions_take_trees_and_lists_to_the_depth_limit() -> None:
