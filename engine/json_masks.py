@@ -19,7 +19,7 @@ from collections import OrderedDict
 import torch
 
 from engine.json_grammar import MAX_DEPTH, OBJECT, Grammar, State, accepts
-from engine.json_scalars import PlainTokens
+from engine.json_strings import PlainTokens
 
 MASK_CACHE = 4096  # masks kept per vocabulary (a dense one is 49,152 bools: string states, a few per grammar)
 SPARSE_BELOW = 16  # a state allowing at most 1/16 of the vocabulary keeps the allowed ids instead

@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 from engine import json_grammar as g
 from engine import json_scalars as sc
+from engine import json_strings as js
 from engine.json_schema_compiler import INFINITE, Prop, SchemaCompiler, SchemaError
 
 ENUM, KEY_MATCH = "E", "M"  # aux: (node, bytes matched so far) / the key's bytes so far
@@ -240,14 +241,14 @@ class SchemaGrammar:
         partial one (a UTF-8 lead, an escape's digits) only when some character it can become is."""
         node, dec, count, state = aux
         rules: sc.StringRules = self.nodes[node][1]
-        got = sc.string_byte(dec, b)
+        got = js.string_byte(dec, b)
         if got is None:
             return None
         dec, char = got
         if char is None:
-            ok = rules.some_char(state, count, sc.pending_chars(dec))
+            ok = rules.some_char(state, count, js.pending_chars(dec))
             return (STRING, stack, (node, dec, count, state), 0) if ok else None
-        if char == sc.CLOSE:
+        if char == js.CLOSE:
             return g.closed(stack) if rules.may_close(state, count) else None
         state = rules.next_char(state, count, char)
         return None if state is None else (STRING, stack, (node, 0, count + 1, state), 0)
