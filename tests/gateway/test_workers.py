@@ -219,8 +219,9 @@ def test_two_workers_serve_one_engine(service: Service) -> None:
         model=MODEL, response_format={"type": "json_object"}, max_tokens=120, temperature=0,
         messages=[{"role": "user", "content": "Describe a cat as JSON with the keys name, age and color."}])
     assert cat.choices[0].finish_reason == "stop" and isinstance(json.loads(cat.choices[0].message.content), dict)
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-              "required": ["name", "age"], "additionalProperties": False}
+    schema = {"type": "object", "properties": {  # (rules too: the engine's process compiles the pattern)
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30}}, "required": ["name", "age"], "additionalProperties": False}
     tom = client.chat.completions.create(
         model=MODEL, max_tokens=60, temperature=0, response_format={"type": "json_schema", "json_schema": {
             "name": "cat", "schema": schema}},
