@@ -48,7 +48,10 @@ _FORMATS = {
 }
 
 
-ANNOTATIONS = ("password", "binary")  # formats that say nothing of the text (pydantic's SecretStr, bytes)
+# pydantic's bytes: ASCII, so a maxLength counts the bytes pydantic counts (found by QA: "ጚ" is one
+# character and three bytes)
+_FORMATS["binary"] = r"[\x00-\x7F]*"
+ANNOTATIONS = ("password",)  # formats that say nothing of the text (pydantic's SecretStr)
 FORMATS = (*_FORMATS, *ANNOTATIONS)
 
 

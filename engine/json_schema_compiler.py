@@ -169,7 +169,11 @@ class SchemaCompiler:
 
     def bounds(self, schema: dict, integer: bool, path: str) -> NumberBounds | None:
         """``minimum``, ``maximum`` and their exclusive forms (a number, or draft 4's boolean beside
-        ``minimum`` / ``maximum``), as exact fractions of the decimals written."""
+        ``minimum`` / ``maximum``), as exact fractions of the decimals written. A number's exclusive
+        bound becomes an inclusive one at the nearest double inside it, so an answer read as a
+        double (pydantic, Python's ``json``) still lies inside (found by QA: ``-0.500000000000000007``
+        is below ``-0.5`` as a decimal, and is ``-0.5`` as a double); an inclusive bound already
+        holds that way (rounding keeps order), and integers are read exactly."""
         ends: dict[str, tuple[Fraction, bool] | None] = {"lo": None, "hi": None}
         for word, side, excl in (("minimum", "lo", False), ("maximum", "hi", False),
                                  ("exclusiveMinimum", "lo", True), ("exclusiveMaximum", "hi", True)):
@@ -183,6 +187,9 @@ class SchemaCompiler:
                                   unsupported=True)
             end = (Fraction(repr(value)) if isinstance(value, float) else Fraction(value),
                    excl or schema.get("exclusive" + word.capitalize()) is True)
+            if end[1] and not integer:  # (an exclusive bound, as the double next inside it: below)
+                inside = math.nextafter(float(value), math.inf if side == "lo" else -math.inf)
+                end = (Fraction(inside), False)
             have = ends[side]  # (both given: the tighter one holds)
             if have is None or (end[0], end[1]) != have and (
                     (end[0] > have[0] or (end[0] == have[0] and end[1])) if side == "lo" else

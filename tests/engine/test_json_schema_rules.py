@@ -288,8 +288,15 @@ def test_what_the_rules_qa_found() -> None:
         _grammar(many)
     assert _complete(_wrap({"type": "string", "format": "uuid4"}), '{"a":"123e4567-e89b-42d3-a456-426614174000"}')
     assert not _complete(_wrap({"type": "string", "format": "uuid4"}), '{"a":"123e4567-e89b-12d3-a456-426614174000"}')
-    for annotation in ("password", "binary"):
-        assert _complete(_wrap({"type": "string", "format": annotation}), '{"a":"any text"}')
+    assert _complete(_wrap({"type": "string", "format": "password"}), '{"a":"any text \u00e9"}')
+    assert _complete(_wrap({"type": "string", "format": "binary"}), '{"a":"any text"}')
+    # found by the re-check: pydantic counts bytes' length in bytes (binary is ASCII, so they agree)
+    assert not _complete(_wrap({"type": "string", "format": "binary", "maxLength": 3}), '{"a":"ጚ"}')
+    # ... and reads numbers as doubles: an exclusive bound holds for the double an answer becomes
+    neg = _wrap({"type": "number", "exclusiveMaximum": -0.5})
+    assert not _complete(neg, '{"a":-0.500000000000000007}') and _complete(neg, '{"a":-0.5000000000000002}')
+    tiny = _wrap({"type": "number", "exclusiveMinimum": 0})
+    assert not _complete(tiny, '{"a":0.' + "0" * 400 + '1}') and _complete(tiny, '{"a":0.001}')
     assert _complete(_wrap({"type": "string", "minLength": 2.0}), '{"a":"ab"}')
     assert not _complete(_wrap({"type": "string", "minLength": 2.0}), '{"a":"a"}')
 
