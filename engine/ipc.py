@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -44,6 +45,7 @@ from engine.ipc_wire import (
     deltas_fields,
     encode_error,
 )
+from engine.json_schema import compile_schema, compiler_thread
 from engine.outputs import (
     EngineDeadError,
     RequestOutput,
@@ -150,6 +152,7 @@ class _ServerConn(Framed):
         self.engine = server.engine
         self.prefix = f"f{conn_id}:"  # two fronts may use the same request id
         self.active: dict[str, _Sink] = {}  # engine request ids still running, and their sinks
+        self.compiling: dict[str, str] = {}  # schema requests whose grammar compiles: "add", "stop" or "abort"
         self.notices: dict[int, Any] = {}
         self.return_notice: Any = None
         self.finished_in_step = 0
@@ -164,6 +167,7 @@ class _ServerConn(Framed):
         for key in list(self.active):  # the front went away: its requests stop, their blocks free
             self.engine.release(key, abort=True)
         self.active.clear()
+        self.compiling.clear()  # (their compiles end in nothing: _add_compiled finds no entry)
         self.finished_in_step = 0
         for notice in self.notices.values():
             notice.close()
@@ -195,6 +199,33 @@ class _ServerConn(Framed):
             self.return_notice = None
             current.close()
 
+    def _add(self, message: tuple, notice: Any) -> None:
+        _, rid, prompt, fields, salt, priority_class, _ = message
+        key = self.prefix + rid
+        sink = _Sink(self, rid, key)
+        try:
+            params = SamplingParams(*fields)  # checks itself again
+            self.engine.submit(prompt, params, request_id=key, sink=sink, salt=salt,
+                               priority_class=priority_class, notice=notice)
+        except Exception as exc:  # noqa: BLE001 - refused: only this request fails
+            if notice is not None:
+                notice.close()
+            self.send(("error", rid, encode_error(exc)))
+            return
+        self.active[key] = sink
+
+    def _add_compiled(self, message: tuple, notice: Any) -> None:
+        """A schema's request, once its grammar is compiled (and kept): added, unless its front
+        gave it up meanwhile (or went away: then nothing is left to answer)."""
+        then = self.compiling.pop(self.prefix + message[1], "abort")
+        if then == "abort" or self.transport is None or self.transport.is_closing():
+            if notice is not None:
+                notice.close()
+            return
+        self._add(message, notice)
+        if then == "stop" and self.prefix + message[1] in self.active:
+            self._loop.create_task(self.engine.abort(self.prefix + message[1]))
+
     def finish(self, key: str, sink: _Sink) -> None:
         if self.active.get(key) is sink:  # not a newer request that reuses an aborted one's id
             del self.active[key]
@@ -205,25 +236,25 @@ class _ServerConn(Framed):
         if kind == "add":
             _, rid, prompt, fields, salt, priority_class, nid = message
             notice = self.notices.pop(nid, None) if nid is not None else None
-            key = self.prefix + rid
-            sink = _Sink(self, rid, key)
-            try:
-                params = SamplingParams(*fields)  # checks itself again
-                self.engine.submit(prompt, params, request_id=key, sink=sink, salt=salt,
-                                   priority_class=priority_class, notice=notice)
-            except Exception as exc:  # noqa: BLE001 - refused: only this request fails
-                if notice is not None:
-                    notice.close()
-                self.send(("error", rid, encode_error(exc)))
-                return
-            self.active[key] = sink
+            schema = fields[_SCHEMA_FIELD] if len(fields) > _SCHEMA_FIELD else None
+            if isinstance(schema, str):  # compiled on a thread first, not on this loop every front shares
+                key = self.prefix + rid
+                self.compiling[key] = "add"
+                done = self._loop.run_in_executor(compiler_thread(), _compile_quietly, schema)
+                done.add_done_callback(lambda _: self._add_compiled(message, notice))
+            else:
+                self._add(message, notice)
         elif kind == "abort":  # the front closed the stream: nobody reads the rest
             key = self.prefix + message[1]
-            if self.active.pop(key, None) is not None:
+            if key in self.compiling:
+                self.compiling[key] = "abort"
+            elif self.active.pop(key, None) is not None:
                 self.engine.release(key, abort=True)
         elif kind == "stop":  # RemoteEngine.abort(): the stream ends with finish reason "abort"
             key = self.prefix + message[1]
-            if key in self.active:
+            if key in self.compiling:
+                self.compiling[key] = "stop"
+            elif key in self.active:
                 self._loop.create_task(self.engine.abort(key))
         elif kind == "announce":
             self.notices[message[1]] = self.engine.announce()
@@ -236,6 +267,18 @@ class _ServerConn(Framed):
             return
         if kind in ("add", "announce") and self.return_notice is not None:  # the front is back
             self._returned()
+
+
+_SCHEMA_FIELD = [f.name for f in dataclasses.fields(SamplingParams)].index("json_schema")
+
+
+def _compile_quietly(text: str) -> None:
+    """Compile (and keep) a schema's grammar; a schema the fronts let through that fails here
+    fails again, with its message, where the request is added."""
+    try:
+        compile_schema(text)
+    except Exception:  # noqa: BLE001, S110 - reported by _add's SamplingParams
+        pass
 
 
 DRAIN_TIMEOUT_S = 12.0  # past the fronts' own graceful timeout (10 s): they close first

@@ -37,6 +37,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from engine import json_grammar as g
 from engine import json_scalars as sc
@@ -345,3 +346,14 @@ class SchemaGrammar:
 def compile_schema(text: str) -> SchemaGrammar:
     """The grammar of the schema in ``text`` (JSON), compiled once per text."""
     return SchemaGrammar(text)
+
+
+@functools.cache
+def compiler_thread() -> ThreadPoolExecutor:
+    """One thread for compiling schemas where an event loop would otherwise wait (the gateway's
+    checks, the engine process's socket): a schema's patterns can take a few hundred milliseconds
+    (``engine.json_regex``'s bound), and a burst of them queues here, not in a loop or in the
+    default executor that tokenizing and encoding share (found by QA: eight tenants' slow schemas
+    held a plain request 12 s there; compiled on the engine process's socket loop, one held every
+    front's stream 5 s)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagegate-schemas")

@@ -6,16 +6,14 @@ dropped). The pipeline that calls these is ``gateway/chat_service.py``."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import ValidationError
 
-from engine.json_schema import SchemaError, compile_schema
+from engine.json_schema import SchemaError, compile_schema, compiler_thread
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.deps import Caller
@@ -312,14 +310,6 @@ def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> N
                               "type 'json_object'.", param="messages")
 
 
-@functools.cache
-def _schema_thread() -> ThreadPoolExecutor:
-    """One thread for compiling schemas: a burst of them queues there, not in the default executor
-    that tokenizing and encoding answers share (found by QA: eight tenants' slow schemas held a
-    plain request 12 s there)."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagegate-schemas")
-
-
 async def check_schema(body: ChatCompletionRequest | CompletionRequest) -> None:
     """A ``json_schema`` format's schema compiled (``refuse_unhonoured`` has checked the rest): a
     400 saying what and where when the engine cannot decode to it. On a thread of its own: a
@@ -330,7 +320,7 @@ async def check_schema(body: ChatCompletionRequest | CompletionRequest) -> None:
     if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
         return
     try:  # (nesting is bounded before: JsonSchemaFormat's depth check, then the compiler's)
-        await asyncio.get_running_loop().run_in_executor(_schema_thread(), compile_schema, fmt.schema_text())
+        await asyncio.get_running_loop().run_in_executor(compiler_thread(), compile_schema, fmt.schema_text())
     except SchemaError as err:
         message = f"Invalid schema for response_format '{fmt.json_schema.name}': {quoted_name(str(err))}."
         if err.unsupported:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import pickle
+import threading
 
 import pytest
 
-from engine import ipc, json_grammar
+from engine import ipc, json_grammar, json_schema
 from engine.async_engine import AsyncEngine
 from engine.ipc import EngineServer
 from engine.ipc_wire import frame, loads
@@ -296,6 +298,42 @@ async def test_every_sampling_field_crosses_the_socket(served):
     scored, *later = remote["prompt"]
     assert len(scored) == 4 and scored[0] is None and all(len(e[1]) == 2 for e in scored[1:])
     assert later and all(p is None for p in later)
+
+
+async def test_a_schema_compiles_off_the_socket_loop_and_its_requests_still_stop_and_abort(served, monkeypatch):
+    """Found by QA: the engine's process compiled each new schema on the loop every front's
+    tokens cross (a large one held every stream 5 s); it now compiles on a thread first. A request
+    stopped or given up while its schema compiles ends as any other."""
+    make, connect = served
+    eng, server = await make()
+    client = await connect(server)
+    gate = threading.Event()
+    real = json_schema.compile_schema
+
+    def slow(text: str):  # noqa: ANN202 - the compile held until the test lets it go
+        gate.wait(5)
+        return real(text)
+
+    monkeypatch.setattr(ipc, "compile_schema", slow)
+    schema = json.dumps({"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}},
+                         "required": ["n"]})
+    params = SamplingParams(max_tokens=30, temperature=0.0, json_schema=schema)
+    kept = asyncio.create_task(collect(client, [5, 6, 7], params, "kept"))
+    stopped = client.generate([5, 6, 7], params, request_id="stopped")
+    first = asyncio.create_task(stopped.__anext__())
+    plain_tokens, _ = await asyncio.wait_for(collect(client, [1, 2, 3], SamplingParams(max_tokens=4, **GREEDY), "p"),
+                                             timeout=5)
+    assert len(plain_tokens) == 4 and not kept.done()  # (the plain request went by while the schema compiled)
+    await client.abort("stopped")
+    gate.set()
+    tokens, outs = await asyncio.wait_for(kept, timeout=10)
+    text = bytes(tokens).decode(errors="replace")
+    if outs[-1].deltas[-1].finish_reason == "stop":
+        assert 3 <= json.loads(text)["n"] <= 7
+    out = await asyncio.wait_for(first, timeout=10)
+    rest = [out] + [o async for o in stopped]
+    assert rest[-1].finished and rest[-1].deltas[-1].finish_reason == "abort"
+    assert await until(lambda: eng.stats().kv_blocks_used == 0 and not eng._streams, timeout=2)
 
 
 @pytest.mark.parametrize("where", ["front", "in-process"])
