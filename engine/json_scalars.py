@@ -23,7 +23,7 @@ from fractions import Fraction
 
 import torch
 
-from engine.json_regex import CharAutomaton, PatternError
+from engine.json_regex import CharAutomaton, PatternError, WorkBudget
 from engine.json_strings import PlainTokens
 
 Interval = tuple  # (low, low_closed, high, high_closed); None: unbounded on that side
@@ -147,15 +147,20 @@ class StringRules:
     _tables: dict = field(default_factory=dict)  # plain_mask's, built on its first call
 
     @classmethod
-    def of(cls, low: int, high: int | None, automaton: CharAutomaton | None) -> StringRules | None:
-        """None when no string meets them all."""
+    def of(cls, low: int, high: int | None, automaton: CharAutomaton | None,
+           budget: WorkBudget | None = None) -> StringRules | None:
+        """None when no string meets them all. The length table is paid from ``budget`` (the
+        schema's, shared with its patterns' compiles)."""
         if automaton is None:
             return cls(low, high, None)
         dist, preds = _reaches(automaton)
         layers: list[int] = []
         if low > 0:  # (what lengths are reachable matters only below minLength)
-            if automaton.size * (low + automaton.size) > LAYER_BUDGET:
+            cells = automaton.size * (low + automaton.size)
+            if cells > LAYER_BUDGET:
                 raise PatternError("this pattern with this minLength needs too large a length table", unsupported=True)
+            if budget is not None:  # (measured: ~0.05 us a cell)
+                budget.spend(cells // 20, "its minLength's length table")
             layer = sum(1 << s for s in range(automaton.size) if automaton.accepting(s))
             for _ in range(low + automaton.size + 1):
                 layers.append(layer)

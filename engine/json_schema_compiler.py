@@ -26,6 +26,7 @@ from engine.json_scalars import NumberBounds, StringRules
 MAX_NODES = 2048  # parts of a schema: its nodes and its objects' properties (a larger one is refused)
 MAX_ENUM = 512  # values of one enum
 MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
+MAX_PATTERN_STATES = 4000  # automaton states of a schema's patterns and formats, in all
 MAX_BOUND = 10**309  # a number bound's magnitude (past a double's range is refused)
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
@@ -85,6 +86,7 @@ class SchemaCompiler:
         self.text_bytes = 0  # property names' and enum values' bytes so far
         self.parts = 0
         self.pattern_work = WorkBudget()  # (shared by the schema's patterns)
+        self.pattern_states = 0
 
     def add(self, node: tuple, parts: int = 1) -> int:
         """A node, counted as ``parts`` (an object: one and its properties, which may share nodes)."""
@@ -223,7 +225,12 @@ class SchemaCompiler:
             automaton = None if source is None else compile_pattern(source, self.pattern_work)
             if low == 0 and high is None and automaton is None:
                 return None
-            rules = StringRules.of(low, high, automaton)
+            if automaton is not None:  # (the engine's masks work per state: bounded per schema)
+                self.pattern_states += automaton.size
+                if self.pattern_states > MAX_PATTERN_STATES:
+                    raise PatternError(f"the schema's patterns have more than {MAX_PATTERN_STATES} automaton "
+                                       "states in all", unsupported=True)
+            rules = StringRules.of(low, high, automaton, self.pattern_work)
         except PatternError as err:  # (also StringRules' own bound: found by QA, it was a 500)
             raise SchemaError(f"{path}.{word}: {err}", unsupported=err.unsupported) from err
         if rules is None:
