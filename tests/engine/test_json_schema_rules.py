@@ -19,6 +19,7 @@ from engine.json_masks import JsonVocabulary
 from engine.json_schema import SchemaError, compile_schema
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.engine.test_json_schema import brute_banned, run_choices
 
 
 def _grammar(schema: dict):  # noqa: ANN202
@@ -289,7 +290,7 @@ def test_what_the_rules_qa_found() -> None:
     # found by the re-check: the bound counted only subset construction; 198 patterns beside a
     # minLength (their length tables) took 4 s and were served
     tables = {"type": "object", "properties": {
-        f"p{i}": {"type": "string", "minLength": 200, "pattern": "^[a-z]{0,%d}$" % (400 - i % 50)} for i in range(198)}}
+        f"p{i}": {"type": "string", "minLength": 200, "pattern": f"^[a-z]{{0,{400 - i % 50}}}$"} for i in range(198)}}
     with pytest.raises(SchemaError, match="share one bound|automaton states in all") as err:
         _grammar(tables)
     assert err.value.unsupported
@@ -364,11 +365,8 @@ def test_masks_of_strings_with_rules_ban_exactly_what_the_grammar_refuses() -> N
                 continue
             state = grammar.initial
             for b in text:
-                expected = torch.ones(width, dtype=torch.bool)
-                for i, tok in enumerate(tokens):
-                    if tok and vocab.advance(state, i, grammar) is not None:
-                        expected[i] = False
-                assert torch.equal(vocab.banned(state, grammar), expected), (sub, state)
+                assert torch.equal(vocab.banned(state, grammar), brute_banned(vocab, tokens, state, grammar)), (
+                    sub, state)
                 checked += 1
                 state = grammar.step(state, b)
     assert checked > 200
@@ -399,13 +397,7 @@ def test_finished_choices_meet_the_rules_on_the_tiny_model(engine_config, tiny_m
         engine.add_request(f"r{i}", list(b"Answer: "), SamplingParams(
             n=2, seed=i, temperature=1.0, max_tokens=120, json_schema=text,
             logit_bias={ord('"'): 3.0, ord("}"): 3.0, ord("n"): 2.0}))
-    out: dict = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            for d in o.deltas:
-                entry = out.setdefault((o.request_id, d.index), ["", None])
-                entry[0] += d.text
-                entry[1] = d.finish_reason
+    out = run_choices(engine)
     assert len(out) == 8
     for answer, reason in out.values():
         if reason == "stop":
