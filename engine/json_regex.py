@@ -38,7 +38,7 @@ from itertools import groupby, pairwise
 
 from engine.json_regex_syntax import ANY, Node, PatternError, Ranges, _has_anchor, _Parser, _trim
 
-__all__ = ["MAX_STATES", "CharAutomaton", "PatternError", "WorkBudget", "compile_pattern"]
+__all__ = ["MAX_STATES", "CharAutomaton", "PatternError", "WorkBudget", "compile_pattern", "merged_edges"]
 
 MAX_STATES = 2000  # DFA states (before minimization): bounds compile time and memory
 MAX_NFA_STATES = 10_000  # counted repetitions copy their body; this bounds the copies
@@ -112,7 +112,8 @@ class _Nfa:
         return s, e
 
 
-def _merged(edges: Iterable[Edge]) -> list[Edge]:
+def merged_edges(edges: Iterable[Edge]) -> list[Edge]:
+    """Ascending edges with adjacent ranges to the same target joined (one behaviour, one form)."""
     out: list[Edge] = []
     for lo, hi, t in edges:
         if out and out[-1][2] == t and out[-1][1] == lo - 1:
@@ -168,7 +169,7 @@ def _determinize(nfa: _Nfa, start: int, final: int, univ: int,
             if (key := frozenset(active)) and key not in by_targets:
                 by_targets[key] = intern(closure(key))
             cuts.append((p, by_targets[key] if key else None))
-        table.append(_merged((p, q - 1, t) for (p, t), (q, _) in pairwise(cuts) if t is not None))
+        table.append(merged_edges((p, q - 1, t) for (p, t), (q, _) in pairwise(cuts) if t is not None))
     return [final in s or univ in s for s in sets], table
 
 
@@ -232,7 +233,7 @@ def _minimize(accept: list[bool], table: list[list[Edge]]) -> tuple[list[bool], 
                 order[block[t]] = len(order)
                 queue.append(block[t])
     reps = [next(iter(members[b])) for b in queue]
-    return [accept[r] for r in reps], [_merged((lo, hi, order[block[t]]) for lo, hi, t in table[r]) for r in reps]
+    return [accept[r] for r in reps], [merged_edges((lo, hi, order[block[t]]) for lo, hi, t in table[r]) for r in reps]
 
 
 class CharAutomaton:

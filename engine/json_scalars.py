@@ -23,11 +23,12 @@ from fractions import Fraction
 
 import torch
 
-from engine.json_regex import CharAutomaton, PatternError, WorkBudget
+from engine.json_regex import CharAutomaton, PatternError, WorkBudget, merged_edges
 from engine.json_strings import PlainTokens
 
 Interval = tuple  # (low, low_closed, high, high_closed); None: unbounded on that side
 _SURROGATES = (0xD800, 0xDFFF)
+BROAD = 16  # ASCII characters a pattern state must allow for its plain tokens to be masked as tensors
 LAYER_BUDGET = 250_000  # automaton states x characters of a pattern's length table (more is refused)
 
 
@@ -173,8 +174,8 @@ class StringRules:
                     bits >>= 1
                     s += 1
                 layer = nxt
-        universal = frozenset(s for s in range(automaton.size) if automaton.accepting(s) and [
-            (a, b, t) for a, b, t in automaton.transitions(s) if t == s] and _covers_all(automaton.transitions(s), s))
+        universal = frozenset(s for s in range(automaton.size)
+                              if automaton.accepting(s) and _covers_all(automaton.transitions(s), s))
         rules = cls(low, high, automaton, dist, layers, universal)
         return rules if rules.viable(automaton.initial, 0) else None
 
@@ -222,6 +223,17 @@ class StringRules:
         if self.automaton is not None and state not in self.universal:
             return None
         return 1 << 30 if self.high is None else self.high - count
+
+    def broad(self, state: int) -> bool:
+        """Whether ``state`` lets many ASCII characters come next (16 or more), so that most of a
+        vocabulary's tokens get past their first character: ``plain_mask``'s tensors then beat
+        walking the tokens' trie (a few ms a mask against tens); a narrow state (digits, a few
+        letters) prunes the trie at once, and the walk is the cheaper (``bench/pattern_masks.py``)."""
+        key = ("broad", state)
+        if key not in self._tables:
+            self._tables[key] = sum(min(hi, 0x7F) - lo + 1 for lo, hi, _ in self.automaton.transitions(state)
+                                    if lo <= 0x7F) >= BROAD
+        return self._tables[key]
 
     def plain_mask(self, state: int, count: int, plain: PlainTokens) -> torch.Tensor:
         """Which of a vocabulary's plain-text tokens may come next (a bool mask over its width), all
@@ -289,7 +301,7 @@ class StringRules:
                     tuple((layer >> s) & 1 for layer in self.layers)) for s in range(a.size)]
             classes = _relabel(sig)
             for _ in range(reach):  # (Moore's refinement, stopped at the horizon or when stable)
-                sig = [(classes[s], *_merged((lo, hi, classes[t]) for lo, hi, t in a.transitions(s)))
+                sig = [(classes[s], *merged_edges((lo, hi, classes[t]) for lo, hi, t in a.transitions(s)))
                        for s in range(a.size)]
                 finer = _relabel(sig)
                 if max(finer, default=0) == max(classes, default=0):
@@ -311,17 +323,6 @@ class StringRules:
 def _relabel(signatures: list) -> list[int]:
     ids: dict = {}
     return [ids.setdefault(sig, len(ids)) for sig in signatures]
-
-
-def _merged(edges) -> tuple:  # noqa: ANN001 - (first, last, class) ascending
-    """Adjacent ranges to the same class as one (so the same behaviour has one signature)."""
-    out: list[list[int]] = []
-    for lo, hi, c in edges:
-        if out and out[-1][2] == c and out[-1][1] + 1 == lo:
-            out[-1][1] = hi
-        else:
-            out.append([lo, hi, c])
-    return tuple(map(tuple, out))
 
 
 def _covers_all(ranges: list[tuple[int, int, int]], state: int) -> bool:

@@ -86,8 +86,7 @@ class KeyIndex:
 
 
 class SchemaGrammar:
-    """A compiled schema: ``json_grammar``'s grammar interface (``initial``, ``step``,
-    ``is_complete``, ``plain_string``, ``name``) over its nodes."""
+    """A compiled schema: ``json_grammar``'s ``Grammar`` interface over its nodes."""
 
     is_complete = staticmethod(g.is_complete)
 
@@ -282,8 +281,8 @@ class SchemaGrammar:
 
     def plain_room(self, state: g.State) -> int | Callable | None:
         """Inside a string, how many characters of plain text may come next whatever they are, or
-        (a pattern) what tells which plain tokens may (``StringRules.plain_mask``); None: outside
-        one, or inside a character."""
+        (a pattern's broad state) what tells which plain tokens may (``StringRules.plain_mask``);
+        None: outside one, inside a character, or a narrow pattern state (the trie walk is cheaper)."""
         mode, _, aux, _ = state
         if mode == STRING:
             node, dec, count, at = aux
@@ -291,7 +290,9 @@ class SchemaGrammar:
                 return None
             rules = self.nodes[node][1]
             room = rules.plain_room(at, count)
-            return functools.partial(rules.plain_mask, at, count) if room is None else room
+            if room is not None:
+                return room
+            return functools.partial(rules.plain_mask, at, count) if rules.broad(at) else None
         return g.plain_room(state)
 
     def cache_aux(self, mode: str, aux: object, reach: int) -> object:
