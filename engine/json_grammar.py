@@ -18,6 +18,7 @@ decoding).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 MAX_WHITESPACE = 32  # bytes of whitespace in a row between a JSON document's tokens
@@ -174,7 +175,8 @@ def plain_room(state: State) -> int | None:
 class Grammar(Protocol):
     """What ``engine.json_masks`` and the engine need of a grammar: its ``initial`` state,
     ``step``, ``is_complete``, ``plain_room`` (inside a string, how many characters of plain text
-    may come next whatever they are: such tokens are allowed wholesale; None elsewhere), ``name``
+    may come next whatever they are: such tokens are allowed wholesale; or a function of the
+    vocabulary's ``PlainTokens`` giving the mask of those allowed; None elsewhere), ``name``
     (its masks' cache key), ``cache_frame`` (a stack frame as that key holds it, given how many
     array items one token can begin), ``cache_aux`` (the same for a state's aux, given how many
     characters one token can hold) and ``depth_reach`` (how many levels below a value it may
@@ -188,7 +190,7 @@ class Grammar(Protocol):
 
     def is_complete(self, state: State) -> bool: ...
 
-    def plain_room(self, state: State) -> int | None: ...
+    def plain_room(self, state: State) -> int | Callable | None: ...
 
     def cache_frame(self, frame: object, reach: int) -> object: ...
 

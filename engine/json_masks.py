@@ -58,7 +58,6 @@ class JsonVocabulary:
         self._trie: dict = {}
         self._odd: dict = {}  # the trie of the tokens that are not plain string text
         plain_ids = []
-        self._plain_chars = torch.zeros(width, dtype=torch.int32)  # a plain token's characters (code points)
         closers = openers = commas = longest = 0
         for token_id, data in enumerate(token_bytes[:width]):
             if not data:
@@ -66,7 +65,6 @@ class JsonVocabulary:
             longest = max(longest, len(data))
             if _plain_text(data):
                 plain_ids.append(token_id)
-                self._plain_chars[token_id] = len(data.decode())
             else:
                 _insert(self._odd, data, token_id)
             _insert(self._trie, data, token_id)
@@ -76,11 +74,13 @@ class JsonVocabulary:
         self._plain = torch.zeros(width, dtype=torch.bool)
         self._plain[plain_ids] = True
         self.plain_tokens = PlainTokens.of({i: token_bytes[i].decode() for i in plain_ids}, width)
+        self._plain_chars = torch.zeros(width, dtype=torch.int64)  # a plain token's characters (code points)
+        self._plain_chars[self.plain_tokens.ids] = self.plain_tokens.lengths
         self.max_closers = closers
         self.max_openers = openers
         self.max_commas = commas
         self.max_bytes = longest  # (at least the characters a token holds)
-        self._most_chars = int(self._plain_chars.max()) if plain_ids else 0
+        self._most_chars = int(self._plain_chars.max())
         self._masks: OrderedDict = OrderedDict()
         self._tokens = token_bytes
         self.walked = 0  # masks computed (not taken from the cache): for tests and figures
