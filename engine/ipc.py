@@ -269,16 +269,17 @@ class _ServerConn(Framed):
             self._returned()
 
 
-_SCHEMA_FIELD = [f.name for f in dataclasses.fields(SamplingParams)].index("json_schema")
+_SCHEMA_FIELD = [f.name for f in dataclasses.fields(SamplingParams) if f.init].index("json_schema")
 
 
-def _compile_quietly(text: str) -> None:
-    """Compile (and keep) a schema's grammar; a schema the fronts let through that fails here
-    fails again, with its message, where the request is added."""
+def _compile_quietly(text: str) -> object:
+    """Compile a schema's grammar, returned so that the future holds it (``compile_schema`` finds
+    it again while it is held) until its request's ``SamplingParams`` do; a schema the fronts let
+    through that fails here fails again, with its message, where the request is added."""
     try:
-        compile_schema(text)
-    except Exception:  # noqa: BLE001, S110 - reported by _add's SamplingParams
-        pass
+        return compile_schema(text)
+    except Exception:  # noqa: BLE001 - reported by _add's SamplingParams
+        return None
 
 
 DRAIN_TIMEOUT_S = 12.0  # past the fronts' own graceful timeout (10 s): they close first

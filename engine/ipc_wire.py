@@ -35,7 +35,7 @@ MAX_FRAME = 256 * 1024 * 1024  # a longer length is a broken or hostile peer: th
 # request's sampling parameters and its outputs go as tuples of their fields (unpickling a slots
 # dataclass runs Python code per object: 4-6x the cost of its tuple, on every step's outputs).
 _ALLOWED = {("engine.outputs", "EngineStats"): EngineStats}
-_PARAMS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_PARAMS = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.init)  # (not the grammar)
 params_fields = operator.attrgetter(*_PARAMS)
 
 

@@ -48,7 +48,7 @@ class JsonDecoding:
         """Give a choice its grammar and initial state, when its params ask for JSON."""
         p = seq.params
         if p.json_schema is not None:
-            seq.json_grammar = compile_schema(p.json_schema)
+            seq.json_grammar = p.grammar if p.grammar is not None else compile_schema(p.json_schema)
         elif p.json_object:
             seq.json_grammar = json_grammar.OBJECT
         else:

@@ -77,6 +77,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     json_object: bool = False
     json_schema: str | None = None
+    # json_schema's compiled grammar (engine.json_schema), held for the request's life: not a
+    # parameter (not on the wire, not compared); set by the checks below
+    grammar: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -146,7 +149,7 @@ class SamplingParams:
             if not isinstance(self.json_schema, str):
                 raise ValueError("json_schema must be a JSON Schema as JSON text")
             try:
-                compile_schema(self.json_schema)
+                self.grammar = compile_schema(self.json_schema)
             except SchemaError as err:
                 raise ValueError(f"json_schema: {err}") from err
 

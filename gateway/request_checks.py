@@ -314,13 +314,14 @@ async def check_schema(body: ChatCompletionRequest | CompletionRequest) -> None:
     """A ``json_schema`` format's schema compiled (``refuse_unhonoured`` has checked the rest): a
     400 saying what and where when the engine cannot decode to it. On a thread of its own: a
     schema's patterns can take a few hundred milliseconds to compile (``engine.json_regex``'s
-    bound), which the event loop must not wait out (compiled grammars are kept, so the engine's
-    own compile is a lookup)."""
+    bound), which the event loop must not wait out (the format holds the grammar until the
+    request's SamplingParams take it, so their compile is a lookup)."""
     fmt = body.response_format
     if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
         return
     try:  # (nesting is bounded before: JsonSchemaFormat's depth check, then the compiler's)
-        await asyncio.get_running_loop().run_in_executor(compiler_thread(), compile_schema, fmt.schema_text())
+        fmt._grammar = await asyncio.get_running_loop().run_in_executor(  # noqa: SLF001 - held, see ResponseFormat
+            compiler_thread(), compile_schema, fmt.schema_text())
     except SchemaError as err:
         message = f"Invalid schema for response_format '{fmt.json_schema.name}': {quoted_name(str(err))}."
         if err.unsupported:

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -172,6 +173,9 @@ class JsonSchemaFormat(_Request):
 class ResponseFormat(_Request):
     type: StrictStr  # "text", "json_object" (JSON mode) or "json_schema" (checked by the service)
     json_schema: JsonSchemaFormat | None = None
+    # the schema's compiled grammar once ``check_schema`` has it, held until the request's
+    # SamplingParams take it (``engine.json_schema.compile_schema`` finds a held grammar again)
+    _grammar: Any = PrivateAttr(default=None)
 
     @property
     def json_object(self) -> bool:

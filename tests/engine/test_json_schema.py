@@ -7,8 +7,10 @@ choice validates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import weakref
 
 import pytest
 import torch
@@ -481,3 +483,30 @@ def test_a_whole_float_is_an_integer_and_pointer_escapes_resolve() -> None:
     refs = {"type": "object", "$defs": {"a/b": {"type": "integer"}, "c d": {"type": "string"}},
             "properties": {"x": {"$ref": "#/$defs/a~1b"}, "y": {"$ref": "#/$defs/c%20d"}}, "required": ["x", "y"]}
     assert _complete(refs, '{"x":1,"y":"s"}') and not _complete(refs, '{"x":"s","y":"s"}')
+
+
+def test_a_held_grammar_is_found_again_after_the_lru_let_it_go() -> None:
+    """A request's grammar is compiled once: its SamplingParams hold it, and ``compile_schema``
+    finds a held grammar however many other schemas came between (found by review: 17 distinct
+    schemas in a burst had the gateway's event loop compile again); one nobody holds is let go."""
+    import gc
+
+    from engine.ipc_wire import params_fields
+
+    text = json.dumps({"type": "object", "properties": {"held": {"type": "string", "pattern": "^[a-z]{3}$"}}})
+    params = SamplingParams(json_schema=text)
+    grammar = params.grammar
+    assert grammar is compile_schema(text)
+    for i in range(40):  # past the LRU's 16 entries
+        compile_schema(json.dumps({"type": "object", "properties": {f"other{i}": {"type": "integer"}}}))
+    assert compile_schema(text) is grammar
+    assert SamplingParams(json_schema=text).grammar is grammar
+    assert params == SamplingParams(json_schema=text)  # not a parameter: not compared ...
+    assert len(params_fields(params)) == len([f for f in dataclasses.fields(SamplingParams) if f.init])  # nor sent
+    assert grammar not in params_fields(params)
+    lone = json.dumps({"type": "object", "properties": {"lone": {"type": "boolean"}}})
+    ref = weakref.ref(compile_schema(lone))
+    for i in range(40):
+        compile_schema(json.dumps({"type": "object", "properties": {f"again{i}": {"type": "integer"}}}))
+    gc.collect()
+    assert ref() is None  # held by nothing: let go (the LRU bounds what is kept)
