@@ -10,7 +10,9 @@ What a schema may use, and what the answer then is:
     properties      written in the schema's order; the ``required`` ones always, the others may be
                     left out; no other property is ever written (so ``additionalProperties`` holds
                     whatever its value); an object schema without properties takes any object
-    items, minItems, maxItems
+    maps            additionalProperties a schema and no properties: any keys, each value of it;
+                    maxProperties, and minProperties up to 1 (a key written twice counts once)
+    items, minItems, maxItems, prefixItems (a tuple; items as a list with additionalItems too)
     enum, const     any JSON values, written compactly (``json.dumps`` with no spaces)
     anyOf, oneOf    alternatives that start differently (a string or null; an object or an
                     array ...): the first byte of the value picks one
@@ -25,7 +27,8 @@ refused (SchemaError names the keyword and where it is), never silently dropped.
 an object, as OpenAI requires.
 
 States are ``json_grammar``'s (mode, stack, aux, ws); the stack also holds schema frames:
-``("O", node, next property)`` for an object and ``("A", node, values begun)`` for an array, beside
+``("O", node, next property)`` for an object, ``("D", node, entries begun)`` for a map and
+``("A", node, values begun)`` for an array, beside
 the any-JSON frames ``"o"`` and ``"a"``; strings with rules and bounded numbers have modes of
 their own (``STRING``, ``BOUNDED``).
 """
@@ -117,7 +120,7 @@ class SchemaGrammar:
         self.depth_reach = max((h for h in self.heights if h <= g.MAX_DEPTH), default=0)
         self.deepest = {i: max((self.heights[p.node] for p in spec[1]), default=0)
                         for i, spec in enumerate(self.nodes) if spec[0] == "object"}
-        if self.nodes[root][0] not in ("object", "any_object"):
+        if self.nodes[root][0] not in ("object", "any_object", "map"):
             raise SchemaError("the schema's root must be an object (\"type\": \"object\")", unsupported=True)
         self._keys: dict[int, KeyIndex] = {}  # built as decoding reaches each object (a front only checks)
         self.name = "schema:" + hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
@@ -127,7 +130,10 @@ class SchemaGrammar:
     def step(self, state: g.State, b: int) -> g.State | None:  # noqa: C901, PLR0911, PLR0912 - one byte's cases
         mode, stack, aux, ws = state
         if mode == g.KEY_STR or mode == g.VAL_STR:
-            return g.string_step(state, b)  # strings close into COLON (aux None: any value) or after the value
+            nxt = g.string_step(state, b)  # strings close into COLON (aux None: any value) or after the value
+            if nxt is not None and nxt[0] == g.COLON and stack[-1][0] == "D":
+                return (g.COLON, stack, self.nodes[stack[-1][1]][1], 0)  # a map's key: its values' node next
+            return nxt
         if mode == g.NUMBER:
             part, integer = aux
             for chars, nxt in g.NUMBER_PARTS[part]:
@@ -157,17 +163,24 @@ class SchemaGrammar:
             if top == "a":
                 return g.closed(stack[:-1]) if b == 0x5D else self._value(stack, None, b)
             _, node, _ = top
-            _, items, low, high = self.nodes[node]
+            _, items, low, high, prefix = self.nodes[node]
             if b == 0x5D:
                 return g.closed(stack[:-1]) if low == 0 else None
-            return None if high == 0 else self._value(stack[:-1] + (("A", node, 1),), items, b)
+            return None if high == 0 else self._value(stack[:-1] + (("A", node, 1),), prefix[0] if prefix else items, b)
         if mode == g.OBJ_FIRST or mode == g.OBJ_KEY:
             if b == 0x7D and mode == g.OBJ_FIRST:
-                return g.closed(stack[:-1]) if top == "o" or self._may_close(top) else None
+                may = top == "o" or (self.nodes[top[1]][2] == 0 if top[0] == "D" else self._may_close(top))
+                return g.closed(stack[:-1]) if may else None
             if b != 0x22:
                 return None
             if top == "o":
                 return (g.KEY_STR, stack, (0, 0), 0)
+            if top[0] == "D":
+                if mode == g.OBJ_KEY:  # (after a comma, which began the entry)
+                    return (g.KEY_STR, stack, (0, 0), 0)
+                _, values, _, high = self.nodes[top[1]]
+                fits = high != 0 and len(stack) + self.heights[values] <= g.MAX_DEPTH
+                return (g.KEY_STR, stack[:-1] + (("D", top[1], 1),), (0, 0), 0) if fits else None
             return (KEY_MATCH, stack, b"", 0) if self._property_left(top, len(stack)) else None
         if mode == g.AFTER:
             if top == "o" or top == "a":
@@ -179,9 +192,19 @@ class SchemaGrammar:
                 if b == 0x2C:
                     return (g.OBJ_KEY, stack, None, 0) if self._property_left(top, len(stack)) else None
                 return g.closed(stack[:-1]) if b == 0x7D and self._may_close(top) else None
-            _, items, low, high = self.nodes[node]
+            if kind == "D":  # (an entry fits where the first did: the same values' node, the same depth)
+                _, _, low, high = self.nodes[node]
+                if b == 0x2C:
+                    return (g.OBJ_KEY, stack[:-1] + (("D", node, count + 1),), None, 0) if (
+                        high is None or count < high) else None
+                return g.closed(stack[:-1]) if b == 0x7D and count >= low else None
+            _, items, low, high, prefix = self.nodes[node]
             if b == 0x2C:
-                return (g.VALUE, stack[:-1] + (("A", node, count + 1),), items, 0) if high is None or count < high else None
+                nxt = prefix[count] if count < len(prefix) else items
+                if (high is not None and count >= high) or (  # (a prefix item may need more levels than the last)
+                        count >= low and len(stack) + self.heights[nxt] > g.MAX_DEPTH):
+                    return None
+                return (g.VALUE, stack[:-1] + (("A", node, count + 1),), nxt, 0)
             return g.closed(stack[:-1]) if b == 0x5D and count >= low else None
         return None  # DONE: only whitespace
 
@@ -206,6 +229,8 @@ class SchemaGrammar:
             return (g.OBJ_FIRST, stack + ("o",), None, 0) if b == 0x7B else None
         if kind == "object":
             return (g.OBJ_FIRST, stack + (("O", node, 0),), None, 0) if b == 0x7B else None
+        if kind == "map":
+            return (g.OBJ_FIRST, stack + (("D", node, 0),), None, 0) if b == 0x7B else None
         if kind == "array":
             return (g.ARR_FIRST, stack + (("A", node, 0),), None, 0) if b == 0x5B else None
         if kind == "string":
@@ -311,11 +336,14 @@ class SchemaGrammar:
         """``frame`` as a mask's cache key holds it: an array's items begun, as how many more it
         needs and may take, each up to ``reach`` (what one token could add: more does not change
         which tokens pass), so a long array's items share their masks (found by review)."""
-        if not isinstance(frame, tuple) or frame[0] != "A":
+        if not isinstance(frame, tuple) or frame[0] == "O":
             return frame
-        _, node, count = frame
-        _, _, low, high = self.nodes[node]
-        return ("A", node, min(max(low - count, 0), reach), None if high is None else min(high - count, reach))
+        kind, node, count = frame
+        spec = self.nodes[node]
+        if kind == "A" and count < len(spec[4]):  # (in a tuple's prefix the position tells the next item)
+            return frame
+        low, high = spec[2], spec[3]
+        return (kind, node, min(max(low - count, 0), reach), None if high is None else min(high - count, reach))
 
     def _key_index(self, node: int) -> KeyIndex:
         index = self._keys.get(node)

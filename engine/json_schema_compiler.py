@@ -2,8 +2,8 @@
 nodes its grammar walks, or a SchemaError saying what it cannot honour and where.
 
     nodes: ("any",) ("any_object",) ("string", StringRules | None) ("number", integer, NumberBounds | None)
-           ("boolean",) ("null",) ("enum", texts) ("object", props) ("array", items, minItems, maxItems)
-           ("union", {byte: node})
+           ("boolean",) ("null",) ("enum", texts) ("object", props) ("map", values, minProperties,
+           maxProperties) ("array", items, minItems, maxItems, prefix items) ("union", {byte: node})
 
 A ``$ref`` may recurse (a tree, a linked list): its definition's node is reserved before it is
 compiled, and ``min_heights`` tells how deep each node's smallest instance nests, so the grammar
@@ -31,16 +31,17 @@ MAX_BOUND = 10**309  # a number bound's magnitude (past a double's range is refu
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
-_REFUSED = ("multipleOf", "patternProperties", "propertyNames", "minProperties",
-            "maxProperties", "uniqueItems", "contains", "minContains", "maxContains", "prefixItems",
-            "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+_REFUSED = ("multipleOf", "patternProperties", "propertyNames", "uniqueItems", "contains", "minContains",
+            "maxContains", "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
             "unevaluatedProperties", "unevaluatedItems", "contentEncoding", "contentMediaType",
             "$dynamicRef", "$recursiveRef", "dependencies")
 # keywords that constrain a value (beside $ref or anyOf they would be dropped: refused instead)
 _NUMBER_WORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _STRING_WORDS = ("minLength", "maxLength", "pattern", "format")
-_CONSTRAINING = ("$ref", "type", "properties", "required", "items", "minItems", "maxItems", "enum", "const",
-                 "anyOf", "oneOf", "additionalProperties", *_NUMBER_WORDS, *_STRING_WORDS)
+_OBJECT_WORDS = ("properties", "required", "additionalProperties", "minProperties", "maxProperties")
+_ARRAY_WORDS = ("items", "prefixItems", "minItems", "maxItems")  # (additionalItems: only beside items as a list)
+_CONSTRAINING = ("$ref", "type", "enum", "const", "anyOf", "oneOf", *_OBJECT_WORDS, *_ARRAY_WORDS, *_NUMBER_WORDS,
+                 *_STRING_WORDS)
 INFINITE = math.inf
 _TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
 
@@ -75,6 +76,12 @@ def _fits(value: object, kind: str) -> bool:
 def _count(value: object) -> object:
     """A count keyword's value, ``5.0`` read as 5 (JSON Schema from draft 6 takes it)."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _bad_range(low: object, high: object) -> bool:
+    """Whether counts are not integers with 0 <= low <= high (high None: no bound)."""
+    bad = lambda n: not isinstance(n, int) or isinstance(n, bool)  # noqa: E731
+    return bad(low) or low < 0 or (high is not None and (bad(high) or high < low))
 
 
 class SchemaCompiler:
@@ -139,8 +146,7 @@ class SchemaCompiler:
                 return self.union(nodes, f"{path}.{word}", word)
         kind = schema.get("type")
         if kind is None:  # an object's or an array's keywords without a type say which it is
-            found = [kind for kind, words in (("object", ("properties", "required", "additionalProperties")),
-                                              ("array", ("items", "minItems", "maxItems")),
+            found = [kind for kind, words in (("object", _OBJECT_WORDS), ("array", _ARRAY_WORDS),
                                               ("number", _NUMBER_WORDS), ("string", _STRING_WORDS))
                      if any(w in schema for w in words)]
             if len(found) > 1:  # (each would constrain only its own type: written as one, the others are lost)
@@ -207,8 +213,7 @@ class SchemaCompiler:
     def string_rules(self, schema: dict, path: str) -> StringRules | None:
         """``minLength`` / ``maxLength`` (in characters: code points) and ``pattern`` or ``format``."""
         low, high = _count(schema.get("minLength", 0)), _count(schema.get("maxLength"))
-        bad = lambda n: not isinstance(n, int) or isinstance(n, bool)  # noqa: E731
-        if bad(low) or low < 0 or (high is not None and (bad(high) or high < low)):
+        if _bad_range(low, high):
             raise SchemaError(f"{path}: minLength and maxLength must be integers with 0 <= minLength <= maxLength")
         source, word = schema.get("pattern"), "pattern"
         if "format" in schema and schema["format"] not in ANNOTATIONS:
@@ -247,13 +252,21 @@ class SchemaCompiler:
         if missing:
             raise SchemaError(f"{path}.required names {str(missing[0])[:40]!r}, which is not among its properties "
                               "(only listed properties are written)", unsupported=True)
+        counted = "minProperties" in schema or "maxProperties" in schema
+        if counted and _bad_range(_count(schema.get("minProperties", 0)), _count(schema.get("maxProperties"))):
+            raise SchemaError(f"{path}: minProperties and maxProperties must be integers with 0 <= minProperties "
+                              "<= maxProperties")
+        if props and counted:
+            raise SchemaError(f"'minProperties' or 'maxProperties' beside 'properties' is not supported (at {path})",
+                              unsupported=True)
         if not props:
             if extra is False:
+                if _count(schema.get("minProperties", 0)) != 0:
+                    raise SchemaError(f"{path}: no object without properties has minProperties")
                 return self.add(("object", ()))  # no property at all: {}
-            if extra not in (True, {}):
-                raise SchemaError(f"'additionalProperties' with a schema and no properties (a map) is not supported "
-                                  f"(at {path})", unsupported=True)
-            return self.add(("any_object",))
+            if extra in (True, {}) and not counted:
+                return self.add(("any_object",))
+            return self.map(schema, extra, path, level)
         index = self.add(("object", ()), 1 + len(props))  # (its place first: a child's $ref may come back to it)
         compiled = tuple(Prop(self.count_text(json.dumps(name, ensure_ascii=False)[1:-1].encode()),
                               self.compile(sub, f"{path}.properties.{name}", level + 1), name in required)
@@ -261,17 +274,45 @@ class SchemaCompiler:
         self.nodes[index] = ("object", compiled)
         return index
 
+    def map(self, schema: dict, values: object, path: str, level: int) -> int:
+        """An object of any keys (``additionalProperties`` a schema, and no ``properties``: a
+        ``dict[str, X]``), each value of ``values``; ``minProperties`` / ``maxProperties`` count
+        its entries. A key written twice is one property to a reader, so ``maxProperties`` holds
+        whatever the keys, and ``minProperties`` is taken up to 1 (more would need the keys told
+        apart: refused)."""
+        low, high = _count(schema.get("minProperties", 0)), _count(schema.get("maxProperties"))
+        if low > 1:
+            raise SchemaError(f"'minProperties' above 1 is not supported (at {path}: a key written twice would "
+                              "count once)", unsupported=True)
+        index = self.add(("map", None, low, high))  # (its place first: a value's $ref may come back to it)
+        self.nodes[index] = ("map", self.compile(values, f"{path}.additionalProperties", level + 1), low, high)
+        return index
+
     def array(self, schema: dict, path: str, level: int) -> int:
+        """``items`` (or ``additionalItems`` after ``items`` as a list, draft 4 to 7) for the
+        values after the ``prefixItems`` (a tuple), each of its own schema; false: none more."""
         low, high = _count(schema.get("minItems", 0)), _count(schema.get("maxItems"))
-        items = schema.get("items", True)
-        if items is False:  # no item at all: []
-            items, high = True, 0
-        if isinstance(items, list):
-            raise SchemaError(f"'items' as a list (tuple form) is not supported (at {path})", unsupported=True)
-        bad = lambda n: not isinstance(n, int) or isinstance(n, bool)  # noqa: E731
-        if bad(low) or low < 0 or (high is not None and (bad(high) or high < low)):
+        if _bad_range(low, high):
             raise SchemaError(f"{path}: minItems and maxItems must be integers with 0 <= minItems <= maxItems")
-        return self.add(("array", self.compile(items, f"{path}.items", level + 1), low, high))
+        prefix, word = schema.get("prefixItems", []), "prefixItems"
+        items, rest = schema.get("items", True), "items"
+        if isinstance(items, list):  # (the tuple form of drafts 4 to 7)
+            if "prefixItems" in schema:
+                raise SchemaError(f"'items' as a list beside 'prefixItems' is not supported (at {path})",
+                                  unsupported=True)
+            prefix, word = items, "items"
+            items, rest = schema.get("additionalItems", True), "additionalItems"
+        if not isinstance(prefix, list):
+            raise SchemaError(f"{path}.{word} must be an array of schemas")
+        if items is False:  # no item past the prefix
+            items, high = True, len(prefix) if high is None else min(high, len(prefix))
+            if high < low:
+                raise SchemaError(f"{path}: minItems {low} is more than its {len(prefix)} {word} allow")
+        index = self.add(("array", None, low, high, ()))  # (its place first: an item's $ref may come back to it)
+        firsts = tuple(self.compile(sub, f"{path}.{word}[{i}]", level + 1) for i, sub in enumerate(prefix))
+        self.nodes[index] = ("array", self.compile(items, f"{path}.{rest}", level + 1), low, high,
+                             firsts[:high] if high is not None else firsts)
+        return index
 
     def enum(self, values: object, kind: object, path: str) -> int:
         if not isinstance(values, list) or not values:
@@ -335,7 +376,9 @@ class SchemaCompiler:
             if spec[0] == "object":
                 self.nodes[i] = ("object", tuple(Prop(p.key, fix(p.node), p.required) for p in spec[1]))
             elif spec[0] == "array":
-                self.nodes[i] = ("array", fix(spec[1]), *spec[2:])
+                self.nodes[i] = ("array", fix(spec[1]), spec[2], spec[3], tuple(fix(n) for n in spec[4]))
+            elif spec[0] == "map":
+                self.nodes[i] = ("map", fix(spec[1]), *spec[2:])
             elif spec[0] == "alts":
                 self.nodes[i] = ("alts", tuple(fix(a) for a in spec[1]), *spec[2:])
         for i, spec in enumerate(self.nodes):
@@ -378,7 +421,8 @@ class SchemaCompiler:
             return _VALUE_START
         if kind == "enum":
             return frozenset(c[0] for c in spec[1])
-        return {"any_object": frozenset(b"{"), "object": frozenset(b"{"), "string": frozenset(b'"'),
+        return {"any_object": frozenset(b"{"), "object": frozenset(b"{"), "map": frozenset(b"{"),
+                "string": frozenset(b'"'),
                 "number": frozenset(b"-0123456789"), "boolean": frozenset(b"tf"), "null": frozenset(b"n"),
                 "array": frozenset(b"[")}[kind]
 
@@ -397,7 +441,12 @@ class SchemaCompiler:
                 kind = spec[0]
                 if kind == "object":
                     h = 1 + max((heights[p.node] for p in spec[1] if p.required), default=0)
-                elif kind == "array":
+                elif kind == "array":  # (its required items: the prefix's first ones, then items)
+                    _, items, low, _, prefix = spec
+                    h = 1 + max((heights[n] for n in prefix[:low]), default=0)
+                    if low > len(prefix):
+                        h = max(h, 1 + heights[items])
+                elif kind == "map":
                     h = 1 + (heights[spec[1]] if spec[2] > 0 else 0)
                 elif kind == "union":
                     h = min(heights[a] for a in set(spec[1].values()))

@@ -52,6 +52,8 @@ def _string_ok(value: str, sub: dict) -> bool:
 
 
 def _valid(value: object, sub: dict, root: dict) -> bool:  # noqa: PLR0911 - one case a kind
+    if sub is True:
+        return True
     while "$ref" in sub:
         sub = root if sub["$ref"] == "#" else root["$defs"][sub["$ref"].split("/")[-1]]
     if "anyOf" in sub:
@@ -68,8 +70,15 @@ def _valid(value: object, sub: dict, root: dict) -> bool:  # noqa: PLR0911 - one
     if kind == "null":
         return value is None
     if kind == "array":
-        return isinstance(value, list) and len(value) >= sub.get("minItems", 0) and all(
-            _valid(v, sub["items"], root) for v in value)
+        prefix, rest = sub.get("prefixItems", []), sub.get("items", True)
+        if isinstance(rest, list):  # (drafts 4 to 7)
+            prefix, rest = rest, sub.get("additionalItems", True)
+        return (isinstance(value, list) and sub.get("minItems", 0) <= len(value) <= sub.get("maxItems", len(value))
+                and (rest is not False or len(value) <= len(prefix))
+                and all(_valid(v, prefix[i] if i < len(prefix) else rest, root) for i, v in enumerate(value)))
+    if kind == "object" and "additionalProperties" in sub and "properties" not in sub:  # a map
+        return (isinstance(value, dict) and sub.get("minProperties", 0) <= len(value) <= sub.get("maxProperties", 99)
+                and all(_valid(v, sub["additionalProperties"], root) for v in value.values()))
     if kind == "object":
         props = sub.get("properties", {})
         return (isinstance(value, dict) and all(r in value for r in sub.get("required", ()))
@@ -120,6 +129,16 @@ WALKED = [
         "v": {"type": "string", "maxLength": 2},
         "next": {"anyOf": [{"$ref": "#/$defs/L"}, {"type": "null"}]}}, "required": ["next"]}}, "$ref": "#/$defs/L"},
     {"type": "object", "properties": {"x": {"$ref": "#"}, "y": {"type": "integer", "maximum": 0}}},
+    _wrap({"type": "object", "additionalProperties": {"type": "string", "pattern": "^[a-z]{1,3}$"},
+           "minProperties": 1, "maxProperties": 3}),
+    _wrap({"type": "array", "prefixItems": [{"type": "integer", "minimum": 5}, {"type": "string", "format": "date"}],
+           "items": False, "minItems": 1}),
+    _wrap({"type": "array", "prefixItems": [{"type": "boolean"}], "items": {"type": "array", "items": True,
+                                                                              "maxItems": 1}}),
+    {"$defs": {"T": {"type": "object", "additionalProperties": {"anyOf": [{"$ref": "#/$defs/T"},
+                                                                           {"type": "integer"}]}}}, "$ref": "#/$defs/T"},
+    {"$defs": {"P": {"type": "array", "prefixItems": [{"type": "integer"}, {"$ref": "#/$defs/P"}], "minItems": 1,
+                     "items": False}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}},
 ]
 
 
@@ -370,6 +389,62 @@ def test_masks_of_strings_with_rules_ban_exactly_what_the_grammar_refuses() -> N
                 checked += 1
                 state = grammar.step(state, b)
     assert checked > 200
+
+
+def test_maps_and_tuples_masks_ban_exactly_what_the_grammar_refuses() -> None:
+    """Tokens that hold several entries or items (``1,"a",``, ``},{"``): a tuple's position and a
+    map's entries left are in the masks' key as far as one token can tell them apart."""
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"', b'":', b'":"', b'",', b'","', b'"}', b"}}", b"]]", b"],", b"1,", b'1,"a",', b"true,", b",1",
+        b',"', b'},{"', b"[[", b"2025-", b"01-02", b'"ab":"c",', b"[1,", b"null]"]
+    width = len(tokens) + 1
+    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
+    rng = random.Random(11)
+    checked = 0
+    for sub in ({"type": "object", "additionalProperties": {"type": "string", "maxLength": 2}, "maxProperties": 3},
+                {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},
+                {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}, {"type": "boolean"}],
+                 "items": {"type": "null"}, "maxItems": 5},
+                {"type": "array", "items": [{"type": "string", "format": "date"}, {"type": "integer"}],
+                 "additionalItems": False, "minItems": 1},
+                {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}],
+                 "minItems": 2, "maxItems": 2}):
+        grammar = _grammar(_wrap(sub))
+        for _ in range(8):
+            text = _walk(grammar, rng)
+            if text is None:
+                continue
+            assert _valid(json.loads(text), _wrap(sub), _wrap(sub)), text
+            state = grammar.initial
+            for b in text:
+                assert torch.equal(vocab.banned(state, grammar), brute_banned(vocab, tokens, state, grammar)), (
+                    sub, state)
+                checked += 1
+                state = grammar.step(state, b)
+    assert checked > 300
+
+
+def test_maps_and_tuples_fit_under_the_depth_limit() -> None:
+    """A tuple's later items may nest deeper than its first: one is begun only where it still
+    fits; a map's entry likewise (found by review: a comma then had no value to follow)."""
+    deep = {"type": "array", "items": {"type": "array"}, "minItems": 1}
+    for _ in range(3):
+        deep = {"type": "array", "items": deep, "minItems": 1}  # (its least instance: 5 levels)
+    pair = {"$defs": {"P": {"type": "array", "prefixItems": [{"anyOf": [{"$ref": "#/$defs/P"}, {"type": "null"}]},
+                                                             deep], "items": False}},
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"]}
+    grammar = _grammar(pair)
+    opened = g.accepts(('{"p":' + "[" * (g.MAX_DEPTH - 1) + "null").encode(), grammar.initial, grammar.step)
+    assert opened is not None and len(opened[1]) == g.MAX_DEPTH
+    assert grammar.step(opened, ord(",")) is None  # (no room for the 5 levels of the second item)
+    assert grammar.step(opened, ord("]")) is not None
+    room = g.accepts(('{"p":' + "[" * (g.MAX_DEPTH - 6) + "null").encode(), grammar.initial, grammar.step)
+    assert g.accepts(b",[[[[[]]]]]", room, grammar.step) is not None
+    tree = {"$defs": {"T": {"type": "object", "additionalProperties": {"$ref": "#/$defs/T"}}}, "$ref": "#/$defs/T"}
+    grammar = _grammar(tree)
+    full = g.accepts(('{"k":' * (g.MAX_DEPTH - 1) + "{").encode(), grammar.initial, grammar.step)
+    assert full is not None and grammar.step(full, ord('"')) is None and grammar.step(full, ord("}")) is not None
+    assert _complete(tree, '{"k":' * (g.MAX_DEPTH - 1) + "{}" + "}" * (g.MAX_DEPTH - 1))
 
 
 def test_the_states_of_a_counted_repetition_share_their_masks() -> None:
