@@ -14,8 +14,9 @@ What a schema may use, and what the answer then is:
                     maxProperties, and minProperties up to 1 (a key written twice counts once)
     items, minItems, maxItems, prefixItems (a tuple; items as a list with additionalItems too)
     enum, const     any JSON values, written compactly (``json.dumps`` with no spaces)
-    anyOf, oneOf    alternatives that start differently (a string or null; an object or an
-                    array ...): the first byte of the value picks one
+    anyOf, oneOf    the value's first byte picks the alternatives that start so; several are
+                    followed side by side (mode ``PARALLEL``, at most ``MAX_PARALLEL`` states);
+                    a oneOf's must be told apart (a discriminator)
     $ref            "#" or into ``$defs`` / ``definitions``, recursion included (a value is begun
                     only where its smallest instance fits under ``MAX_DEPTH``)
     minimum, maximum, exclusiveMinimum, exclusiveMaximum    on numbers (written without exponent)
@@ -47,10 +48,11 @@ from concurrent.futures import ThreadPoolExecutor
 from engine import json_grammar as g
 from engine import json_scalars as sc
 from engine import json_strings as js
-from engine.json_schema_compiler import INFINITE, Prop, SchemaCompiler, SchemaError
+from engine.json_schema_compiler import INFINITE, MAX_PARALLEL, Prop, SchemaCompiler, SchemaError
 
 ENUM, KEY_MATCH = "E", "M"  # aux: (node, bytes matched so far) / the key's bytes so far
 STRING, BOUNDED = "C", "B"  # aux: (node, decoder, characters, automaton state) / (part, node, text so far)
+PARALLEL = "P"  # aux: (depth, states, count): alike alternatives of one value, each a whole state, side by side
 
 
 class KeyIndex:
@@ -129,6 +131,8 @@ class SchemaGrammar:
     # ---- the recognizer ----------------------------------------------------------------------
     def step(self, state: g.State, b: int) -> g.State | None:  # noqa: C901, PLR0911, PLR0912 - one byte's cases
         mode, stack, aux, ws = state
+        if mode == PARALLEL:
+            return self._parallel(stack, aux[1], b)
         if mode == g.KEY_STR or mode == g.VAL_STR:
             nxt = g.string_step(state, b)  # strings close into COLON (aux None: any value) or after the value
             if nxt is not None and nxt[0] == g.COLON and stack[-1][0] == "D":
@@ -215,6 +219,13 @@ class SchemaGrammar:
         if kind == "union":
             alt = spec[1].get(b)
             return None if alt is None else self._value(stack, alt, b)
+        if kind == "par":
+            states: list = []
+            for alt in spec[1]:
+                state = self._value(stack, alt, b)
+                if state is not None:
+                    states.extend(state[2][1] if state[0] == PARALLEL else (state,))
+            return self._together(stack, states)
         if kind == "enum":
             return self._enum(stack, node, b"", b)
         if b in (0x7B, 0x5B) and (len(stack) >= g.MAX_DEPTH or (
@@ -251,6 +262,37 @@ class SchemaGrammar:
         if kind == "boolean":
             return (g.LITERAL, stack, g.LITERALS[b], 0) if b in (0x74, 0x66) else None
         return (g.LITERAL, stack, b"ull", 0) if b == 0x6E else None  # null
+
+    def _parallel(self, stack: tuple, states: tuple, b: int) -> g.State | None:
+        """Alike alternatives each take ``b``, those that cannot drop out. Those that finish the
+        value reach the same state, ``stack``'s own after the value (each stepped it with the same
+        bytes): an object, array or string ends at the same byte in each, and a number, which one
+        may end early (an enum's ``1`` beside an integer's ``12``), at the next byte that is not
+        part of it, the only kind the finished one takes. So they merge there, and a single one
+        left is the state. (A ``oneOf``'s are told apart: only one can finish.)"""
+        return self._together(stack, [nxt for nxt in (self.step(state, b) for state in states) if nxt is not None])
+
+    @staticmethod
+    def _together(stack: tuple, states: list) -> g.State | None:
+        """One state for ``states``: the one left, or all side by side, at most ``MAX_PARALLEL``
+        in all (counting those inside each), the schema's first ones kept. Unions whose
+        alternatives stay undecided inside one another (a recursive union told apart by its
+        last property) would otherwise double at each level; past the bound the later
+        alternatives are not followed: the answer still follows the schema (each state kept is
+        one of its alternatives, and each can always go on), it only may not take those."""
+        unique = tuple(dict.fromkeys(states))
+        if len(unique) <= 1:
+            return unique[0] if unique else None
+        kept, count = [], 0
+        for state in unique:
+            weight = state[2][2] if state[0] == PARALLEL else 1
+            if kept and count + weight > MAX_PARALLEL:
+                break
+            kept.append(state)
+            count += weight
+        if len(kept) == 1:
+            return kept[0]
+        return (PARALLEL, stack, (len(stack), tuple(kept), count), 0)
 
     def _enum(self, stack: tuple, node: int, matched: bytes, b: int) -> g.State | None:
         texts = self.nodes[node][1]
@@ -311,6 +353,9 @@ class SchemaGrammar:
         (a pattern's broad state) what tells which plain tokens may (``StringRules.plain_mask``);
         None: outside one, inside a character, or a narrow pattern state (the trie walk is cheaper)."""
         mode, _, aux, _ = state
+        if mode == PARALLEL:  # (plain text of k characters passes where it passes one alternative)
+            rooms = [self.plain_room(s) for s in aux[1]]
+            return max(rooms) if all(isinstance(r, int) for r in rooms) else None
         if mode == STRING:
             node, dec, count, at = aux
             if dec != 0:
@@ -325,6 +370,10 @@ class SchemaGrammar:
     def cache_aux(self, mode: str, aux: object, reach: int) -> object:
         """``aux`` as a mask's key holds it: a string's character count as far as a token of at
         most ``reach`` characters can tell it apart (``StringRules.cache_count``)."""
+        if mode == PARALLEL:  # (each alternative's own frames and aux, beside the exact depth)
+            depth, states, _ = aux
+            return (depth, tuple((m, tuple(self.cache_frame(f, reach) for f in st[depth:]),
+                                  self.cache_aux(m, a, reach), ws) for m, st, a, ws in states))
         if mode != STRING:
             return aux
         node, dec, count, at = aux

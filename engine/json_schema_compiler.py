@@ -4,6 +4,13 @@ nodes its grammar walks, or a SchemaError saying what it cannot honour and where
     nodes: ("any",) ("any_object",) ("string", StringRules | None) ("number", integer, NumberBounds | None)
            ("boolean",) ("null",) ("enum", texts) ("object", props) ("map", values, minProperties,
            maxProperties) ("array", items, minItems, maxItems, prefix items) ("union", {byte: node})
+           ("par", nodes): alternatives that start with the same byte, followed side by side
+
+An ``anyOf`` / ``oneOf`` is a table from a value's first byte to its alternative; where several
+start alike (pydantic's ``Union`` of two models: both objects) the byte leads to a ``par`` node,
+and the grammar follows each of them on the same bytes until one is left or the value ends. A
+``oneOf``'s alike alternatives must be told apart: objects with a required property (pydantic's
+discriminator) whose constants differ.
 
 A ``$ref`` may recurse (a tree, a linked list): its definition's node is reserved before it is
 compiled, and ``min_heights`` tells how deep each node's smallest instance nests, so the grammar
@@ -28,6 +35,7 @@ MAX_ENUM = 512  # values of one enum
 MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
 MAX_PATTERN_STATES = 4000  # automaton states of a schema's patterns and formats, in all
 MAX_BOUND = 10**309  # a number bound's magnitude (past a double's range is refused)
+MAX_PARALLEL = 32  # states followed side by side in one value, those of alternatives inside it included
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
@@ -94,6 +102,7 @@ class SchemaCompiler:
         self.parts = 0
         self.pattern_work = WorkBudget()  # (shared by the schema's patterns)
         self.pattern_states = 0
+        self.pars: dict[tuple[int, ...], int] = {}  # alike alternatives -> their "par" node
 
     def add(self, node: tuple, parts: int = 1) -> int:
         """A node, counted as ``parts`` (an object: one and its properties, which may share nodes)."""
@@ -403,16 +412,21 @@ class SchemaCompiler:
                                       f"(at {path[:-6]})", unsupported=True)
                 self.nodes[node] = ("any",)
                 return _VALUE_START
-            table: dict[int, int] = {}
+            table: dict[int, list[int]] = {}
             for alt in alts:
                 for b in self._table(alt, open_):
-                    if b in table and table[b] != alt:
-                        raise SchemaError(f"{path}: two alternatives can start with {chr(b)!r}; they must start "
-                                          "differently (a string or null, an object or an array, ...)",
-                                          unsupported=True)
-                    table[b] = alt
+                    table.setdefault(b, []).append(alt)
             # (a union inside: its own table's alternative, so each byte leads to a plain node)
-            self.nodes[node] = ("union", {b: self._leaf(a, b) for b, a in table.items()})
+            leaves = {}
+            for b, members in table.items():
+                found = tuple(dict.fromkeys(self._leaf(a, b) for a in members))
+                if len(found) > 1 and word == "oneOf" and not self._told_apart(found):
+                    raise SchemaError(f"{path}: two alternatives can start with {chr(b)!r}; in a oneOf they must "
+                                      "start differently (a string or null, an object or an array, ...) or be "
+                                      "objects with a required property whose constants differ (a discriminator)",
+                                      unsupported=True)
+                leaves[b] = found[0] if len(found) == 1 else self._par(found, f"{path} ({chr(b)!r})")
+            self.nodes[node] = ("union", leaves)
             open_.discard(node)
             return frozenset(table)
         if kind == "union":
@@ -429,6 +443,43 @@ class SchemaCompiler:
     def _leaf(self, node: int, b: int) -> int:
         spec = self.nodes[node]
         return self._leaf(spec[1][b], b) if spec[0] == "union" else node
+
+    def _par(self, nodes: tuple[int, ...], where: str) -> int:
+        """One node for alike alternatives (a ``par`` inside is flattened), made once per set."""
+        flat = tuple(dict.fromkeys(m for n in nodes for m in (self.nodes[n][1] if self.nodes[n][0] == "par" else (n,))))
+        if len(flat) > MAX_PARALLEL:  # (the grammar follows at most that many: the rest could never be written)
+            raise SchemaError(f"{where}: more than {MAX_PARALLEL} alternatives start alike", unsupported=True)
+        index = self.pars.get(flat)
+        if index is None:
+            index = self.pars[flat] = self.add(("par", flat), 0)
+        return index
+
+    def _told_apart(self, nodes: tuple[int, ...]) -> bool:
+        """Whether no answer written for one of ``nodes`` is an instance of another: objects, each
+        two of which share a required property whose values are string constants (an enum) none
+        of which is in both (pydantic's discriminator), or each of which requires a property the
+        other does not have (the other's answer lacks it: only listed properties are written)."""
+        specs = [self.nodes[n] for n in nodes]
+        if any(spec[0] != "object" for spec in specs):
+            return False
+        required = [{p.key: p.node for p in spec[1] if p.required} for spec in specs]
+        names = [{p.key for p in spec[1]} for spec in specs]
+
+        def tags(node: int) -> frozenset[bytes] | None:
+            spec = self.nodes[node]
+            texts = spec[1] if spec[0] == "enum" else ()
+            return frozenset(texts) if texts and all(t.startswith(b'"') for t in texts) else None  # (not 1 and 1.0)
+
+        def apart(i: int, j: int) -> bool:
+            if set(required[i]) - names[j] and set(required[j]) - names[i]:
+                return True
+            for key in set(required[i]) & set(required[j]):
+                a, b = tags(required[i][key]), tags(required[j][key])
+                if a is not None and b is not None and not a & b:
+                    return True
+            return False
+
+        return all(apart(i, j) for i in range(len(nodes)) for j in range(i + 1, len(nodes)))
 
     def min_heights(self) -> list[float]:
         """Per node, the fewest objects and arrays its smallest instance nests (INFINITE: it has no
@@ -450,6 +501,8 @@ class SchemaCompiler:
                     h = 1 + (heights[spec[1]] if spec[2] > 0 else 0)
                 elif kind == "union":
                     h = min(heights[a] for a in set(spec[1].values()))
+                elif kind == "par":
+                    h = min(heights[a] for a in spec[1])
                 elif kind in ("any_object",):
                     h = 1
                 elif kind in ("ref", "alts"):

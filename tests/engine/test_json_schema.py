@@ -40,9 +40,10 @@ def valid(value: object, schema: object, root: dict) -> bool:  # noqa: C901, PLR
         return json.dumps(value) == json.dumps(schema["const"])
     if "enum" in schema:
         return any(json.dumps(value) == json.dumps(e) for e in schema["enum"])
-    for word in ("anyOf", "oneOf"):
-        if word in schema:
-            return sum(valid(value, s, root) for s in schema[word]) >= 1
+    if "anyOf" in schema:
+        return any(valid(value, s, root) for s in schema["anyOf"])
+    if "oneOf" in schema:
+        return sum(valid(value, s, root) for s in schema["oneOf"]) == 1
     kind = schema.get("type")
     if isinstance(kind, list):
         return any(valid(value, {**schema, "type": k}, root) for k in kind)
@@ -93,7 +94,7 @@ _NAMES = ["a", "name", "b_c", "x-y", "é", "日本", 'q"t', "back\\slash", "n1",
 def _random_schema(rng: random.Random, depth: int = 0) -> dict:
     kinds = ["string", "integer", "number", "boolean", "null", "enum", "optional", "any"]
     if depth < 3:
-        kinds += ["object", "object", "array", "free_object", "map", "tuple"]
+        kinds += ["object", "object", "array", "free_object", "map", "tuple", "union", "tagged"]
     kind = rng.choice(kinds)
     if kind == "enum":
         return {"enum": rng.sample(["cat", "dog", "caterpillar", 1, 12, 1.5, True, None, [1, "a"], {"k": "v"}],
@@ -105,6 +106,17 @@ def _random_schema(rng: random.Random, depth: int = 0) -> dict:
                 return {"anyOf": [alt, {"type": "null"}]}
     if kind == "any":
         return {}
+    if kind == "union":  # (alternatives that may start alike, overlap, or be the same: pydantic's Union)
+        return {"anyOf": [_random_schema(rng, depth + 1) for _ in range(rng.randint(2, 3))]}
+    if kind == "tagged":  # (pydantic's discriminated union: a oneOf of objects told apart by a constant)
+        alts = []
+        for tag in rng.sample(["cat", "dog", "caterpillar", "c"], rng.randint(2, 3)):
+            alt = _random_schema(rng, 3)
+            names = rng.sample(_NAMES, 2)
+            alts.append({"type": "object", "properties": {names[0]: alt, "kind": {"const": tag},
+                                                          names[1]: _random_schema(rng, 3)},
+                         "required": ["kind", *[n for n in names if rng.random() < 0.5]]})
+        return {"oneOf": alts, "discriminator": {"propertyName": "kind"}}
     if kind == "free_object":
         return {"type": "object", "additionalProperties": True}
     if kind == "object":
@@ -139,8 +151,11 @@ def _instance(rng: random.Random, schema: dict, root: dict) -> object:  # noqa: 
         return rng.choice([1, "free", None, [True, {"z": -0.5}], {"k": [1, 2]}])
     if "enum" in schema:
         return rng.choice(schema["enum"])
-    if "anyOf" in schema:
-        return _instance(rng, rng.choice(schema["anyOf"]), root)
+    if "const" in schema:
+        return schema["const"]
+    for word in ("anyOf", "oneOf"):
+        if word in schema:
+            return _instance(rng, rng.choice(schema[word]), root)
     kind = schema["type"]
     if kind == "string":
         return rng.choice(["", "text", 'with "quotes"', "tab\there", "é 🙂"])
@@ -279,7 +294,7 @@ def test_changed_instances_are_complete_exactly_when_they_validate() -> None:
      "(at schema.properties.a)", True),
     ({"type": "object", "properties": {"a": {"type": "string", "format": "color"}}}, "format 'color'", True),
     ({"type": "object", "properties": {"a": {"allOf": [{}]}}}, "'allOf'", True),
-    ({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}},
+    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
      "two alternatives can start with", True),
     ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}},
       "$ref": "#/$defs/N"}, "no finite instance", False),

@@ -16,7 +16,7 @@ import torch
 
 from engine import json_grammar as g
 from engine.json_masks import JsonVocabulary
-from engine.json_schema import SchemaError, compile_schema
+from engine.json_schema import MAX_PARALLEL, PARALLEL, SchemaError, compile_schema
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from tests.engine.test_json_schema import brute_banned, run_choices
@@ -58,6 +58,10 @@ def _valid(value: object, sub: dict, root: dict) -> bool:  # noqa: PLR0911 - one
         sub = root if sub["$ref"] == "#" else root["$defs"][sub["$ref"].split("/")[-1]]
     if "anyOf" in sub:
         return any(_valid(value, s, root) for s in sub["anyOf"])
+    if "oneOf" in sub:
+        return sum(_valid(value, s, root) for s in sub["oneOf"]) == 1
+    if "const" in sub:
+        return value == sub["const"]
     kind = sub.get("type")
     if kind in ("integer", "number"):
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -107,6 +111,12 @@ def _walk(grammar, rng: random.Random, limit: int = 300) -> bytes | None:  # noq
     return None
 
 
+_EXPR = {"$defs": {"E": {"oneOf": [  # (a recursive union told apart by its last property)
+    {"type": "object", "properties": {"l": {"$ref": "#/$defs/E"}, "op": {"const": "neg"}}, "required": ["l", "op"]},
+    {"type": "object", "properties": {"l": {"$ref": "#/$defs/E"}, "r": {"$ref": "#/$defs/E"},
+                                      "op": {"enum": ["add", "mul"]}}, "required": ["l", "r", "op"]},
+    {"type": "object", "properties": {"v": {"type": "integer"}}, "required": ["v"]}]}},
+    "type": "object", "properties": {"e": {"$ref": "#/$defs/E"}}, "required": ["e"]}
 _NODE = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
                                           "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
          "required": ["v", "kids"]}
@@ -139,6 +149,16 @@ WALKED = [
                                                                            {"type": "integer"}]}}}, "$ref": "#/$defs/T"},
     {"$defs": {"P": {"type": "array", "prefixItems": [{"type": "integer"}, {"$ref": "#/$defs/P"}], "minItems": 1,
                      "items": False}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}},
+    _wrap({"anyOf": [{"type": "integer", "minimum": 10, "maximum": 20}, {"type": "number", "maximum": -1.5},
+                     {"type": "string", "format": "date"}, {"type": "string", "pattern": "^[a-c]{2}$"}]}),
+    _wrap({"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                      "required": ["a"]},
+                     {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "required": ["a"]},
+                     {"type": "object", "additionalProperties": {"type": "boolean"}, "maxProperties": 1}]}),
+    _wrap({"anyOf": [{"type": "object", "properties": {"s": {"type": "string", "maxLength": 2}}, "required": ["s"]},
+                     {"type": "object", "properties": {"s": {"type": "string", "maxLength": 5},
+                                                       "t": {"type": "integer"}}, "required": ["s", "t"]}]}),
+    _EXPR,
 ]
 
 
@@ -422,6 +442,70 @@ def test_maps_and_tuples_masks_ban_exactly_what_the_grammar_refuses() -> None:
                 checked += 1
                 state = grammar.step(state, b)
     assert checked > 300
+
+
+def test_unions_of_alike_alternatives_masks_ban_exactly_what_the_grammar_refuses() -> None:
+    """pydantic's ``Union`` of models, of ``int`` and ``float``, of dates and patterns: the
+    alternatives that start alike are followed side by side, each token's mask exact."""
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"', b'":', b'":"', b'",', b'"}', b"}}", b'{"a":', b'{"l":{"', b'"op":"', b'add"}', b"12", b"1.5",
+        b"-1", b"2025-", b"ab", b'ab"', b"true}", b'"v":', b",", b"e5", b"abc", b"abcd", b"abcdef", b'{"s":"']
+    width = len(tokens) + 1
+    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
+    rng = random.Random(13)
+    checked = 0
+    for schema in WALKED[-4:]:
+        grammar = _grammar(schema)
+        for _ in range(8):
+            text = _walk(grammar, rng)
+            if text is None:
+                continue
+            assert _valid(json.loads(text), schema, schema), text
+            state = grammar.initial
+            for b in text:
+                assert torch.equal(vocab.banned(state, grammar), brute_banned(vocab, tokens, state, grammar)), (
+                    schema, state)
+                checked += 1
+                state = grammar.step(state, b)
+    assert checked > 300
+
+
+def test_undecided_alternatives_are_followed_side_by_side_within_a_bound() -> None:
+    """A union told apart by its last property nests undecided alternatives inside one another:
+    at most ``MAX_PARALLEL`` states are followed (the schema's first ones), so a byte's work stays
+    bounded, and what is written still validates."""
+    grammar = _grammar(_EXPR)
+    deep = '{"e":' + '{"l":' * 40 + '{"v":1}' + ',"op":"neg"}' * 40 + "}"
+    state, widest = grammar.initial, 0
+    for b in deep.encode():
+        state = grammar.step(state, b)
+        assert state is not None
+        if state[0] == PARALLEL:
+            widest = max(widest, state[2][2])
+    assert g.is_complete(state) and _valid(json.loads(deep), _EXPR, _EXPR)
+    assert 2 < widest <= MAX_PARALLEL
+    assert _complete(_EXPR, '{"e":{"l":{"v":1},"r":{"v":2},"op":"add"}}')
+    assert not _complete(_EXPR, '{"e":{"l":{"v":1},"r":{"v":2},"op":"neg"}}')  # (neg takes no r)
+    assert not _complete(_EXPR, '{"e":{"l":{"v":1},"op":"add"}}')  # (add needs r)
+
+
+def test_a_oneofs_alike_alternatives_must_be_told_apart() -> None:
+    cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "n": {"type": "integer"}}, "required": ["kind"]}
+    dog = {"type": "object", "properties": {"kind": {"const": "dog"}, "n": {"type": "number"}}, "required": ["kind"]}
+    told = _wrap({"oneOf": [cat, dog]})
+    assert _complete(told, '{"a":{"kind":"dog","n":1.5}}') and not _complete(told, '{"a":{"kind":"cat","n":1.5}}')
+    untagged = {**dog, "required": []}
+    for alts in ([cat, untagged], [{"type": "integer"}, {"type": "number"}], [{"type": "string"}, {"format": "date"}],
+                 [cat, {**dog, "properties": {**dog["properties"], "kind": {"enum": ["dog", "cat"]}}}],
+                 [cat, {**dog, "properties": {**dog["properties"], "kind": {"const": 1}}}]):
+        with pytest.raises(SchemaError, match="told apart|start differently") as err:
+            _grammar(_wrap({"oneOf": alts}))
+        assert err.value.unsupported
+    assert _complete(_wrap({"anyOf": [cat, untagged]}), '{"a":{"n":2}}')  # (an anyOf may overlap)
+    many = [{**cat, "properties": {"kind": {"const": f"k{i}"}}} for i in range(MAX_PARALLEL + 1)]
+    with pytest.raises(SchemaError, match=f"more than {MAX_PARALLEL} alternatives start alike"):
+        _grammar(_wrap({"oneOf": many}))  # (the grammar could never write those past the bound)
+    assert _complete(_wrap({"oneOf": many[1:]}), '{"a":{"kind":"k32"}}')
 
 
 def test_maps_and_tuples_fit_under_the_depth_limit() -> None:

@@ -148,6 +148,30 @@ class Comment(pydantic.BaseModel):
     replies: list[Comment] = pydantic.Field(max_length=2)
 
 
+class Search(pydantic.BaseModel):
+    query: str = pydantic.Field(max_length=30)
+
+
+class Say(pydantic.BaseModel):
+    text: str = pydantic.Field(max_length=40)
+    polite: bool
+
+
+class Happy(pydantic.BaseModel):
+    mood: Literal["happy"]
+    smiles: int = pydantic.Field(ge=0, le=9)
+
+
+class Sad(pydantic.BaseModel):
+    mood: Literal["sad"]
+    tears: int = pydantic.Field(ge=0, le=9)
+
+
+class Turn(pydantic.BaseModel):
+    action: Search | Say  # (anyOf of two objects: followed side by side until one is left)
+    feeling: Happy | Sad = pydantic.Field(discriminator="mood")  # (oneOf told apart by "mood")
+
+
 class Stock(pydantic.BaseModel):
     shop: str = pydantic.Field(max_length=20)
     counts: dict[str, int] = pydantic.Field(min_length=1, max_length=4)
@@ -157,11 +181,12 @@ class Stock(pydantic.BaseModel):
 def test_field_rules_formats_and_recursive_models_parse_into_pydantic(api) -> None:  # noqa: ANN001
     """pydantic's ``Field`` bounds, lengths and patterns, dates, datetimes, UUIDs, a recursive
     model, a ``dict`` (a map) and a ``tuple``: every choice that stops validates as the model
-    (pydantic checks the rules again)."""
+    (pydantic checks the rules again), a ``Union`` of models and a discriminated one."""
     client = api.openai()
     for model, prompt in ((Booking, "Book a hotel room for Ada Lovelace: 3 nights from 2025-05-01."),
                           (Comment, "Write one short comment about cats, with no replies."),
-                          (Stock, "A fruit shop has 3 apples and 5 pears; pears sell best.")):
+                          (Stock, "A fruit shop has 3 apples and 5 pears; pears sell best."),
+                          (Turn, "Greet the user politely; you feel happy.")):
         resp = client.chat.completions.create(
             model=api.model, n=4, seed=11, temperature=0.7, max_tokens=240, messages=[{"role": "user", "content": prompt}],
             response_format={"type": "json_schema", "json_schema": {
