@@ -19,11 +19,12 @@ What a schema may use, and what the answer then is:
                     a oneOf's must be told apart (a discriminator)
     $ref            "#" or into ``$defs`` / ``definitions``, recursion included (a value is begun
                     only where its smallest instance fits under ``MAX_DEPTH``)
+    allOf           of one schema (beside annotations): that schema
     minimum, maximum, exclusiveMinimum, exclusiveMaximum    on numbers (written without exponent)
     minLength, maxLength, pattern, format                   on strings (``engine.json_scalars``)
     annotations     title, description, default, examples, ... are read past
 
-The keywords that constrain values in other ways (``multipleOf``, ``allOf``, ``not`` ...) are
+The keywords that constrain values in other ways (``multipleOf``, ``allOf`` of several, ``not`` ...) are
 refused (SchemaError names the keyword and where it is), never silently dropped. The root must be
 an object, as OpenAI requires.
 

@@ -40,7 +40,7 @@ MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Pytho
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
 _REFUSED = ("multipleOf", "patternProperties", "propertyNames", "uniqueItems", "contains", "minContains",
-            "maxContains", "allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+            "maxContains", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
             "unevaluatedProperties", "unevaluatedItems", "contentEncoding", "contentMediaType",
             "$dynamicRef", "$recursiveRef", "dependencies")
 # keywords that constrain a value (beside $ref or anyOf they would be dropped: refused instead)
@@ -48,7 +48,7 @@ _NUMBER_WORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _STRING_WORDS = ("minLength", "maxLength", "pattern", "format")
 _OBJECT_WORDS = ("properties", "required", "additionalProperties", "minProperties", "maxProperties")
 _ARRAY_WORDS = ("items", "prefixItems", "minItems", "maxItems")  # (additionalItems: only beside items as a list)
-_CONSTRAINING = ("$ref", "type", "enum", "const", "anyOf", "oneOf", *_OBJECT_WORDS, *_ARRAY_WORDS, *_NUMBER_WORDS,
+_CONSTRAINING = ("$ref", "allOf", "type", "enum", "const", "anyOf", "oneOf", *_OBJECT_WORDS, *_ARRAY_WORDS, *_NUMBER_WORDS,
                  *_STRING_WORDS)
 INFINITE = math.inf
 _TYPES = ("string", "number", "integer", "boolean", "null", "object", "array")
@@ -133,6 +133,16 @@ class SchemaCompiler:
             if word in schema:
                 raise SchemaError(f"'{word}' is not supported (at {path})", unsupported=True)
         beside = [w for w in _CONSTRAINING if w in schema]
+        if "allOf" in schema:  # (one schema in it: a $ref with a description, as pydantic v1 and others write it)
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or not parts:
+                raise SchemaError(f"{path}.allOf must be a non-empty array of schemas")
+            kept = [(i, p) for i, p in enumerate(parts) if p is not True and p != {}]
+            if len(kept) > 1 or len(beside) > 1:
+                raise SchemaError(f"'allOf' with more than one schema, or beside other constraints, is not supported "
+                                  f"(at {path})", unsupported=True)
+            i, part = kept[0] if kept else (0, True)
+            return self.compile(part, f"{path}.allOf[{i}]", level + 1)
         if "$ref" in schema:
             if len(beside) > 1:
                 raise SchemaError(f"'$ref' beside other constraints is not supported (at {path})", unsupported=True)

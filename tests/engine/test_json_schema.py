@@ -293,7 +293,11 @@ def test_changed_instances_are_complete_exactly_when_they_validate() -> None:
     ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 5}}}, "'multipleOf' is not supported "
      "(at schema.properties.a)", True),
     ({"type": "object", "properties": {"a": {"type": "string", "format": "color"}}}, "format 'color'", True),
-    ({"type": "object", "properties": {"a": {"allOf": [{}]}}}, "'allOf'", True),
+    ({"type": "object", "properties": {"a": {"allOf": [{"type": "integer"}, {"minimum": 1}]}}}, "'allOf' with more",
+     True),
+    ({"type": "object", "properties": {"a": {"allOf": [{"type": "integer"}], "type": "integer"}}}, "'allOf' with",
+     True),
+    ({"type": "object", "properties": {"a": {"allOf": []}}}, "non-empty array", False),
     ({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}},
      "two alternatives can start with", True),
     ({"$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}, "required": ["next"]}},
@@ -522,6 +526,14 @@ def test_untyped_object_and_array_keywords_say_which_it_is() -> None:
     assert _complete(closed, '{"a":{}}') and not _complete(closed, '{"a":{"x":1}}')
     with pytest.raises(SchemaError, match="names 'z'"):
         compile_schema(json.dumps(wrap({"required": ["z"]})))
+
+
+def test_an_allof_of_one_schema_is_that_schema() -> None:
+    """pydantic v1 and other generators write a described reference as ``allOf`` of one ``$ref``."""
+    schema = {"$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+              "type": "object", "properties": {"p": {"allOf": [{"$ref": "#/$defs/P"}], "description": "a point"},
+                                               "any": {"allOf": [True, {}]}}, "required": ["p", "any"]}
+    assert _complete(schema, '{"p":{"x":1},"any":[null]}') and not _complete(schema, '{"p":{"x":"1"},"any":1}')
 
 
 def test_a_whole_float_is_an_integer_and_pointer_escapes_resolve() -> None:
