@@ -5,14 +5,15 @@ Each round runs ``--batch`` chat prompts that ask for a JSON object through ``LL
 twice: in JSON mode (greedy; with ``--schema``, constrained to a schema of six properties, an
 enum, an integer, an array of strings and an optional nested object; with ``--rules``, to one of
 seven whose values have rules: a length, a pattern, the email, date and uuid formats, integer and
-number bounds), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
+number bounds; with ``--unions``, to one of pydantic's unions of models (plain and discriminated),
+a map and a tuple whose second item is an integer or a number), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
 so both decode the same number of tokens). It prints the time per generated token of each and
 their ratio, the time spent getting the masks (computed, or taken from their cache) and how many
 were computed, how many JSON answers parse and how many ``max_tokens`` cut (a cut answer is a
 prefix of an object). The one-time cost of a process's first JSON-mode request (the vocabulary's
 bytes and trie) is printed first.
 
-    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema | --rules]
+    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema | --rules | --unions]
 """
 
 from __future__ import annotations
@@ -46,6 +47,20 @@ RULES = {"type": "object", "properties": {
     "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{4}$"}, "id": {"type": "string", "format": "uuid"},
     "score": {"type": "number", "minimum": 0, "maximum": 1}},
     "required": ["name", "email", "born", "age", "code", "id", "score"]}
+_SEARCH = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+_SAY = {"type": "object", "properties": {"text": {"type": "string"}, "polite": {"type": "boolean"}},
+        "required": ["text", "polite"]}
+UNIONS = {"type": "object", "properties": {  # (what pydantic writes for Union, discriminated unions, dict, tuple)
+    "action": {"anyOf": [_SEARCH, _SAY]},
+    "item": {"oneOf": [{"type": "object", "properties": {"kind": {"const": "fruit"}, "sweet": {"type": "boolean"}},
+                        "required": ["kind", "sweet"]},
+                       {"type": "object", "properties": {"kind": {"const": "tool"}, "weight": {"type": "number"}},
+                        "required": ["kind", "weight"]}], "discriminator": {"propertyName": "kind"}},
+    "counts": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 4},
+    "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"anyOf": [{"type": "integer"},
+                                                                             {"type": "number"}]}],
+             "items": False, "minItems": 2}},
+    "required": ["action", "item", "counts", "pair"]}
 
 
 def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
@@ -76,8 +91,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--schema", action="store_true", help="structured outputs instead of JSON mode")
     ap.add_argument("--rules", action="store_true", help="structured outputs with value rules (formats, bounds)")
+    ap.add_argument("--unions", action="store_true", help="structured outputs with unions of models, a map, a tuple")
     args = ap.parse_args()
-    schema = RULES if args.rules else SCHEMA if args.schema else None
+    schema = UNIONS if args.unions else RULES if args.rules else SCHEMA if args.schema else None
     engine = LLMEngine(EngineConfig())
     tok = engine.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": ASKS[i % len(ASKS)]}],
