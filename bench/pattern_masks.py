@@ -46,7 +46,7 @@ class TrieWalked:
         room = self.grammar.plain_room(state)
         return None if callable(room) else room
 
-    def cache_aux(self, mode: str, aux: object, reach: int) -> object:
+    def cache_aux(self, mode: str, aux: object, reach: int, levels: int) -> object:
         return aux
 
 

@@ -179,8 +179,10 @@ class Grammar(Protocol):
     vocabulary's ``PlainTokens`` giving the mask of those allowed; None elsewhere), ``name``
     (its masks' cache key), ``cache_frame`` (a stack frame as that key holds it, given how many
     array items one token can begin), ``cache_aux`` (the same for a state's aux, given how many
-    characters one token can hold) and ``depth_reach`` (how many levels below a value it may
-    need: a key tells the levels still free apart that far)."""
+    characters one token can hold and how many free levels a key tells apart), ``depth_reach``
+    (how many levels below a value it may need: a key tells the levels still free apart that
+    far) and, optionally, ``string_members`` (a state's alternatives when each is inside a string:
+    the plain tokens one of them takes may come next)."""
 
     name: str
     initial: State
@@ -194,7 +196,7 @@ class Grammar(Protocol):
 
     def cache_frame(self, frame: object, reach: int) -> object: ...
 
-    def cache_aux(self, mode: str, aux: object, reach: int) -> object: ...
+    def cache_aux(self, mode: str, aux: object, reach: int, levels: int) -> object: ...
 
 
 class ObjectGrammar:
@@ -212,7 +214,7 @@ class ObjectGrammar:
         return frame
 
     @staticmethod
-    def cache_aux(mode: str, aux: object, reach: int) -> object:  # noqa: ARG004 - nothing to cut
+    def cache_aux(mode: str, aux: object, reach: int, levels: int) -> object:  # noqa: ARG004 - nothing to cut
         return aux
 
 

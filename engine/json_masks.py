@@ -102,8 +102,28 @@ class JsonVocabulary:
             self._masks.move_to_end(key)
             return entry
         self.walked += 1
-        room = grammar.plain_room(state)
-        if room is None:
+        members = getattr(grammar, "string_members", None)
+        members = None if members is None else members(state)
+        room = None if members is not None else grammar.plain_room(state)
+        if members is not None:  # (alike alternatives, each in a string: the plain tokens one of them takes)
+            allowed = torch.zeros(self.width, dtype=torch.bool)
+            most = -1
+            for member in members:
+                own = grammar.plain_room(member)
+                if own is None:  # (a key being matched, an enum, a narrow pattern: its own mask, kept)
+                    entry = self.constraint(member, grammar).cpu()
+                    if entry.dtype == torch.bool:
+                        allowed |= ~entry
+                    else:
+                        allowed[entry] = True
+                elif callable(own):
+                    allowed |= own(self.plain_tokens)
+                else:
+                    most = max(most, own)
+            if most >= 0:
+                allowed |= self._plain_chars <= most
+            allowed &= self._plain
+        elif room is None:
             allowed = torch.zeros(self.width, dtype=torch.bool)
         elif callable(room):  # (a pattern: its automaton run over the plain tokens as tensors)
             allowed = room(self.plain_tokens)
@@ -112,10 +132,10 @@ class JsonVocabulary:
         else:  # (a string's maxLength: the plain tokens that fit)
             allowed = self._plain & (self._plain_chars <= room)
         ids: list[int] = []
-        _walk(self._trie if room is None else self._odd, state, ids, {}, grammar.step)
+        _walk(self._trie if room is None and members is None else self._odd, state, ids, {}, {}, grammar.step)
         if ids:
             allowed[torch.tensor(ids)] = True
-        else:
+        elif not bool(allowed.any()):  # (no token at all: plain ones may have passed without a walk)
             allowed[self.eos_token_ids] = True
         sparse = int(allowed.sum()) <= self.width // SPARSE_BELOW
         entry = (allowed.nonzero().squeeze(1) if sparse else ~allowed).to(self.device)
@@ -140,11 +160,12 @@ class JsonVocabulary:
         and a schema's array frames as their distance to their bounds (``cache_frame``)."""
         mode, stack, aux, ws = state
         keep = self.max_closers + 1
-        room = min(MAX_DEPTH - len(stack), self.max_openers + 1 + grammar.depth_reach)
+        levels = self.max_openers + 1 + grammar.depth_reach
+        room = min(MAX_DEPTH - len(stack), levels)
         cut = tuple(grammar.cache_frame(f, self.max_commas + 1) for f in stack[-keep:])
         if len(stack) > keep:
             cut = ("deeper", *cut)
-        return (mode, cut, grammar.cache_aux(mode, aux, self.max_bytes), ws, room)
+        return (mode, cut, grammar.cache_aux(mode, aux, self.max_bytes, levels), ws, room)
 
 
 def _insert(trie: dict, data: bytes, token_id: int) -> None:
@@ -154,15 +175,21 @@ def _insert(trie: dict, data: bytes, token_id: int) -> None:
     node.setdefault(None, []).append(token_id)  # key None: the tokens that end here
 
 
-def _walk(node: dict, state: State, ids: list[int], memo: dict, step) -> None:  # noqa: ANN001 - a grammar's step
-    """Collect into ``ids`` the tokens under ``node`` whose bytes ``state`` accepts."""
+def _walk(node: dict, state: State, ids: list[int], memo: dict, same: dict, step) -> None:  # noqa: ANN001
+    """Collect into ``ids`` the tokens under ``node`` whose bytes ``state`` accepts (``step``: a
+    grammar's). Each step's result is kept once per distinct state (``same``: equal states are one
+    object), so the memo of steps is keyed by the state's identity: a deep state (a long stack,
+    alternatives side by side) is hashed once when it first arises, not at each trie edge."""
     for b, child in node.items():
         if b is None:
             ids.extend(child)
             continue
-        key = (state, b)
+        key = (id(state), b)
         nxt = memo.get(key, memo)
         if nxt is memo:
-            nxt = memo[key] = step(state, b)
+            nxt = step(state, b)
+            if nxt is not None:
+                nxt = same.setdefault(nxt, nxt)
+            memo[key] = nxt
         if nxt is not None:
-            _walk(child, nxt, ids, memo, step)
+            _walk(child, nxt, ids, memo, same, step)

@@ -354,9 +354,8 @@ class SchemaGrammar:
         (a pattern's broad state) what tells which plain tokens may (``StringRules.plain_mask``);
         None: outside one, inside a character, or a narrow pattern state (the trie walk is cheaper)."""
         mode, _, aux, _ = state
-        if mode == PARALLEL:  # (plain text of k characters passes where it passes one alternative)
-            rooms = [self.plain_room(s) for s in aux[1]]
-            return max(rooms) if all(isinstance(r, int) for r in rooms) else None
+        if mode == PARALLEL:  # (see string_members: the masks take the plain tokens from each)
+            return None
         if mode == STRING:
             node, dec, count, at = aux
             if dec != 0:
@@ -368,13 +367,34 @@ class SchemaGrammar:
             return functools.partial(rules.plain_mask, at, count) if rules.broad(at) else None
         return g.plain_room(state)
 
-    def cache_aux(self, mode: str, aux: object, reach: int) -> object:
+    def string_members(self, state: g.State) -> tuple | None:
+        """Alike alternatives side by side that are each inside a string (a key being matched, a
+        string enum's value): plain text keeps each inside its string and adds no alternative, so
+        a plain token may come next exactly where one of them takes it, and their own masks (kept
+        per member: the same member recurs in many combinations) say which (``JsonVocabulary``);
+        None for any other state (its tokens are walked)."""
+        if state[0] != PARALLEL:
+            return None
+        members = state[2][1]
+        return members if all(self._in_string(s) for s in members) else None
+
+    def _in_string(self, state: g.State) -> bool:
+        mode = state[0]
+        if mode in (g.KEY_STR, g.VAL_STR, STRING, KEY_MATCH):
+            return True
+        if mode == ENUM:
+            return state[2][1][:1] == b'"'
+        return mode == PARALLEL and all(self._in_string(s) for s in state[2][1])
+
+    def cache_aux(self, mode: str, aux: object, reach: int, levels: int) -> object:
         """``aux`` as a mask's key holds it: a string's character count as far as a token of at
-        most ``reach`` characters can tell it apart (``StringRules.cache_count``)."""
-        if mode == PARALLEL:  # (each alternative's own frames and aux, beside the exact depth)
+        most ``reach`` characters can tell it apart (``StringRules.cache_count``); alternatives
+        side by side as each one's frames inside the value, aux, and levels still free up to
+        ``levels`` (its frames outside are the state's own, cut as the key cuts a stack)."""
+        if mode == PARALLEL:
             depth, states, _ = aux
-            return (depth, tuple((m, tuple(self.cache_frame(f, reach) for f in st[depth:]),
-                                  self.cache_aux(m, a, reach), ws) for m, st, a, ws in states))
+            return tuple((m, min(g.MAX_DEPTH - len(st), levels), tuple(self.cache_frame(f, reach) for f in st[depth:]),
+                          self.cache_aux(m, a, reach, levels), ws) for m, st, a, ws in states)
         if mode != STRING:
             return aux
         node, dec, count, at = aux

@@ -35,7 +35,7 @@ MAX_ENUM = 512  # values of one enum
 MAX_TEXT_BYTES = 65_536  # property names and enum values, in all
 MAX_PATTERN_STATES = 4000  # automaton states of a schema's patterns and formats, in all
 MAX_BOUND = 10**309  # a number bound's magnitude (past a double's range is refused)
-MAX_PARALLEL = 32  # states followed side by side in one value, those of alternatives inside it included
+MAX_PARALLEL = 16  # states followed side by side in one value, those of alternatives inside it included
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
 _VALUE_START = frozenset(b'"{[-0123456789tfn')
@@ -429,8 +429,13 @@ class SchemaCompiler:
             # (a union inside: its own table's alternative, so each byte leads to a plain node)
             leaves = {}
             for b, members in table.items():
-                found = tuple(dict.fromkeys(self._leaf(a, b) for a in members))
-                if len(found) > 1 and word == "oneOf" and not self._told_apart(found):
+                picks = [self._leaf(a, b) for a in members]
+                found = tuple(dict.fromkeys(picks))
+                if len(found) > MAX_PARALLEL:  # (before the pairs are compared: found by QA, 680 took 0.6 s)
+                    raise SchemaError(f"{path} ({chr(b)!r}): more than {MAX_PARALLEL} alternatives start alike",
+                                      unsupported=True)
+                if len(picks) > 1 and word == "oneOf" and (  # (one schema twice: every value matches both)
+                        len(found) < len(picks) or not self._told_apart(found)):
                     raise SchemaError(f"{path}: two alternatives can start with {chr(b)!r}; in a oneOf they must "
                                       "start differently (a string or null, an object or an array, ...) or be "
                                       "objects with a required property whose constants differ (a discriminator)",

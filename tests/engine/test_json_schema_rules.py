@@ -489,6 +489,27 @@ def test_undecided_alternatives_are_followed_side_by_side_within_a_bound() -> No
     assert not _complete(_EXPR, '{"e":{"l":{"v":1},"op":"add"}}')  # (add needs r)
 
 
+def test_a_recursive_unions_masks_are_shared_across_its_levels() -> None:
+    """Found by QA: with the depth exact in the key each level of a recursive union computed its
+    masks anew (5 s a mask 60 levels down on SmolLM2's vocabulary); each alternative's free
+    levels are kept only as far as a token could use them, so deeper levels reuse the masks."""
+    tree = {"$defs": {"T": {"anyOf": [{"type": "object", "additionalProperties": {"$ref": "#/$defs/T"}},
+                                      {"type": "object", "properties": {"n": {"$ref": "#/$defs/T"}}}]}},
+            "type": "object", "properties": {"t": {"$ref": "#/$defs/T"}}, "required": ["t"]}
+    tokens = [bytes([b]) for b in range(256)] + [b'{"', b'":', b'"n":', b'{"n":{"', b"}}", b'":{"']
+    grammar = _grammar(tree)
+    walked = []
+    for depth in (10, 40):
+        vocab = JsonVocabulary(tokens, len(tokens) + 1, eos_token_ids=[0])
+        state = grammar.initial
+        for b in ('{"t":' + '{"n":' * depth + "{}" + "}" * depth + "}").encode():
+            vocab.constraint(state, grammar)
+            state = grammar.step(state, b)
+        assert g.is_complete(state)
+        walked.append(vocab.walked)
+    assert walked[0] == walked[1], walked
+
+
 def test_a_oneofs_alike_alternatives_must_be_told_apart() -> None:
     cat = {"type": "object", "properties": {"kind": {"const": "cat"}, "n": {"type": "integer"}}, "required": ["kind"]}
     dog = {"type": "object", "properties": {"kind": {"const": "dog"}, "n": {"type": "number"}}, "required": ["kind"]}
@@ -502,10 +523,15 @@ def test_a_oneofs_alike_alternatives_must_be_told_apart() -> None:
             _grammar(_wrap({"oneOf": alts}))
         assert err.value.unsupported
     assert _complete(_wrap({"anyOf": [cat, untagged]}), '{"a":{"n":2}}')  # (an anyOf may overlap)
+    for twice in ([{"$ref": "#/$defs/S"}, {"$ref": "#/$defs/S"}],  # (found by QA: one schema twice, every
+                  [{"anyOf": [{"$ref": "#/$defs/S"}]}, {"$ref": "#/$defs/S"}]):  # answer matched both)
+        for kind in ({"type": "string"}, {"type": "integer"}, cat):
+            with pytest.raises(SchemaError, match="told apart|start differently"):
+                _grammar({**_wrap({"oneOf": twice}), "$defs": {"S": kind}})
     many = [{**cat, "properties": {"kind": {"const": f"k{i}"}}} for i in range(MAX_PARALLEL + 1)]
     with pytest.raises(SchemaError, match=f"more than {MAX_PARALLEL} alternatives start alike"):
         _grammar(_wrap({"oneOf": many}))  # (the grammar could never write those past the bound)
-    assert _complete(_wrap({"oneOf": many[1:]}), '{"a":{"kind":"k32"}}')
+    assert _complete(_wrap({"oneOf": many[1:]}), '{"a":{"kind":"k%d"}}' % MAX_PARALLEL)  # noqa: UP031
 
 
 def test_maps_and_tuples_fit_under_the_depth_limit() -> None:
