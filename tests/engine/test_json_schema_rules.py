@@ -383,80 +383,15 @@ def test_schemas_without_a_finite_instance_or_too_deep_at_their_least_are_refuse
 
 # ---- masks ----------------------------------------------------------------------------------------
 
-def test_masks_of_strings_with_rules_ban_exactly_what_the_grammar_refuses() -> None:
-    tokens = [bytes([b]) for b in range(256)] + [
-        b"", b'{"a":"', b'"}', b"abc", b"ab", b"a-1", b"--", b"12", "é".encode(), "日本".encode(), "🙂".encode(),
-        b"\\u00", b"\\ud83d", b"\\ude00", b'\\"', b"xyzw", b"a" * 9, "é".encode()[:1], b"0-"]
-    width = len(tokens) + 1
-    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
-    rng = random.Random(7)
+def _walked_masks_match(schemas, tokens: list[bytes], seed: int, walks: int) -> int:  # noqa: ANN001
+    """Walk each schema ``walks`` times (what finishes must validate) and compare every state's
+    mask on ``tokens`` with the brute-force one; how many states were compared."""
+    vocab = JsonVocabulary(tokens, len(tokens) + 1, eos_token_ids=[256])
+    rng = random.Random(seed)
     checked = 0
-    for sub in ({"type": "string", "maxLength": 3}, {"type": "string", "minLength": 2, "maxLength": 4},
-                {"type": "string", "pattern": "^[a-c]+-[0-9]+$"}, {"type": "string", "pattern": "b", "maxLength": 5},
-                {"type": "string", "pattern": "^(ab|c|é)+$", "minLength": 3, "maxLength": 7},
-                {"type": "string", "pattern": "^[^x]*$", "minLength": 4},
-                {"type": "string", "pattern": "^[a-c]{2,14}$"}, {"type": "string", "pattern": "a{3}", "maxLength": 16},
-                {"type": "integer", "minimum": 10, "maximum": 125}):
-        grammar = _grammar(_wrap(sub))
-        for _ in range(6):
-            text = _walk(grammar, rng)
-            if text is None:
-                continue
-            state = grammar.initial
-            for b in text:
-                assert torch.equal(vocab.banned(state, grammar), brute_banned(vocab, tokens, state, grammar)), (
-                    sub, state)
-                checked += 1
-                state = grammar.step(state, b)
-    assert checked > 200
-
-
-def test_maps_and_tuples_masks_ban_exactly_what_the_grammar_refuses() -> None:
-    """Tokens that hold several entries or items (``1,"a",``, ``},{"``): a tuple's position and a
-    map's entries left are in the masks' key as far as one token can tell them apart."""
-    tokens = [bytes([b]) for b in range(256)] + [
-        b"", b'{"', b'":', b'":"', b'",', b'","', b'"}', b"}}", b"]]", b"],", b"1,", b'1,"a",', b"true,", b",1",
-        b',"', b'},{"', b"[[", b"2025-", b"01-02", b'"ab":"c",', b"[1,", b"null]"]
-    width = len(tokens) + 1
-    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
-    rng = random.Random(11)
-    checked = 0
-    for sub in ({"type": "object", "additionalProperties": {"type": "string", "maxLength": 2}, "maxProperties": 3},
-                {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},
-                {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}, {"type": "boolean"}],
-                 "items": {"type": "null"}, "maxItems": 5},
-                {"type": "array", "items": [{"type": "string", "format": "date"}, {"type": "integer"}],
-                 "additionalItems": False, "minItems": 1},
-                {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}],
-                 "minItems": 2, "maxItems": 2}):
-        grammar = _grammar(_wrap(sub))
-        for _ in range(8):
-            text = _walk(grammar, rng)
-            if text is None:
-                continue
-            assert _valid(json.loads(text), _wrap(sub), _wrap(sub)), text
-            state = grammar.initial
-            for b in text:
-                assert torch.equal(vocab.banned(state, grammar), brute_banned(vocab, tokens, state, grammar)), (
-                    sub, state)
-                checked += 1
-                state = grammar.step(state, b)
-    assert checked > 300
-
-
-def test_unions_of_alike_alternatives_masks_ban_exactly_what_the_grammar_refuses() -> None:
-    """pydantic's ``Union`` of models, of ``int`` and ``float``, of dates and patterns: the
-    alternatives that start alike are followed side by side, each token's mask exact."""
-    tokens = [bytes([b]) for b in range(256)] + [
-        b"", b'{"', b'":', b'":"', b'",', b'"}', b"}}", b'{"a":', b'{"l":{"', b'"op":"', b'add"}', b"12", b"1.5",
-        b"-1", b"2025-", b"ab", b'ab"', b"true}", b'"v":', b",", b"e5", b"abc", b"abcd", b"abcdef", b'{"s":"']
-    width = len(tokens) + 1
-    vocab = JsonVocabulary(tokens, width, eos_token_ids=[256])
-    rng = random.Random(13)
-    checked = 0
-    for schema in WALKED[-4:]:
+    for schema in schemas:
         grammar = _grammar(schema)
-        for _ in range(8):
+        for _ in range(walks):
             text = _walk(grammar, rng)
             if text is None:
                 continue
@@ -467,7 +402,46 @@ def test_unions_of_alike_alternatives_masks_ban_exactly_what_the_grammar_refuses
                     schema, state)
                 checked += 1
                 state = grammar.step(state, b)
-    assert checked > 300
+    return checked
+
+
+def test_masks_of_strings_with_rules_ban_exactly_what_the_grammar_refuses() -> None:
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"a":"', b'"}', b"abc", b"ab", b"a-1", b"--", b"12", "é".encode(), "日本".encode(), "🙂".encode(),
+        b"\\u00", b"\\ud83d", b"\\ude00", b'\\"', b"xyzw", b"a" * 9, "é".encode()[:1], b"0-"]
+    subs = ({"type": "string", "maxLength": 3}, {"type": "string", "minLength": 2, "maxLength": 4},
+            {"type": "string", "pattern": "^[a-c]+-[0-9]+$"}, {"type": "string", "pattern": "b", "maxLength": 5},
+            {"type": "string", "pattern": "^(ab|c|é)+$", "minLength": 3, "maxLength": 7},
+            {"type": "string", "pattern": "^[^x]*$", "minLength": 4},
+            {"type": "string", "pattern": "^[a-c]{2,14}$"}, {"type": "string", "pattern": "a{3}", "maxLength": 16},
+            {"type": "integer", "minimum": 10, "maximum": 125})
+    assert _walked_masks_match([_wrap(sub) for sub in subs], tokens, 7, 6) > 200
+
+
+def test_maps_and_tuples_masks_ban_exactly_what_the_grammar_refuses() -> None:
+    """Tokens that hold several entries or items (``1,"a",``, ``},{"``): a tuple's position and a
+    map's entries left are in the masks' key as far as one token can tell them apart."""
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"', b'":', b'":"', b'",', b'","', b'"}', b"}}", b"]]", b"],", b"1,", b'1,"a",', b"true,", b",1",
+        b',"', b'},{"', b"[[", b"2025-", b"01-02", b'"ab":"c",', b"[1,", b"null]"]
+    subs = ({"type": "object", "additionalProperties": {"type": "string", "maxLength": 2}, "maxProperties": 3},
+            {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1},
+            {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}, {"type": "boolean"}],
+             "items": {"type": "null"}, "maxItems": 5},
+            {"type": "array", "items": [{"type": "string", "format": "date"}, {"type": "integer"}],
+             "additionalItems": False, "minItems": 1},
+            {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}],
+             "minItems": 2, "maxItems": 2})
+    assert _walked_masks_match([_wrap(sub) for sub in subs], tokens, 11, 8) > 300
+
+
+def test_unions_of_alike_alternatives_masks_ban_exactly_what_the_grammar_refuses() -> None:
+    """pydantic's ``Union`` of models, of ``int`` and ``float``, of dates and patterns: the
+    alternatives that start alike are followed side by side, each token's mask exact."""
+    tokens = [bytes([b]) for b in range(256)] + [
+        b"", b'{"', b'":', b'":"', b'",', b'"}', b"}}", b'{"a":', b'{"l":{"', b'"op":"', b'add"}', b"12", b"1.5",
+        b"-1", b"2025-", b"ab", b'ab"', b"true}", b'"v":', b",", b"e5", b"abc", b"abcd", b"abcdef", b'{"s":"']
+    assert _walked_masks_match(WALKED[-4:], tokens, 13, 8) > 300
 
 
 def test_undecided_alternatives_are_followed_side_by_side_within_a_bound() -> None:
