@@ -1,6 +1,7 @@
-"""Structured outputs' bounded scalars: numbers between ``minimum`` and ``maximum`` and strings
-with ``minLength`` / ``maxLength`` and a ``pattern`` or ``format`` (``engine.json_regex``'s
-automaton), read one byte at a time by ``engine.json_schema``'s grammar.
+"""Structured outputs' bounded scalars: numbers between ``minimum`` and ``maximum`` (integers a
+multiple of ``multipleOf`` too) and strings with ``minLength`` / ``maxLength`` and a ``pattern``
+or ``format`` (``engine.json_regex``'s automaton), read one byte at a time by
+``engine.json_schema``'s grammar.
 
 Each check is of a prefix: a byte is allowed only when some way to finish the value still meets
 every rule, so decoding never reaches a state no token can leave.
@@ -49,14 +50,16 @@ def _meets(a: Interval, b: Interval) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class NumberBounds:
-    """A number's range (an integer's as whole closed bounds)."""
+    """A number's range (an integer's as whole closed bounds), and an integer's ``step``: it must
+    be a multiple of it (``multipleOf``; None: any)."""
 
     integer: bool
     range: Interval
+    step: int | None = None
 
     @classmethod
     def of(cls, integer: bool, low: tuple[Fraction, bool] | None,
-           high: tuple[Fraction, bool] | None) -> NumberBounds | None:
+           high: tuple[Fraction, bool] | None, step: int | None = None) -> NumberBounds | None:
         """``low`` / ``high``: (the bound, exclusive); None when no value lies between them."""
         lo, lo_excl = low if low is not None else (None, False)
         hi, hi_excl = high if high is not None else (None, False)
@@ -68,7 +71,9 @@ class NumberBounds:
             lo_excl = hi_excl = False
         if lo is not None and hi is not None and (lo > hi or (lo == hi and (lo_excl or hi_excl))):
             return None
-        return cls(integer, (lo, not lo_excl, hi, not hi_excl))
+        if step is not None and lo is not None and hi is not None and -(-lo // step) * step > hi:
+            return None  # (no multiple between them)
+        return cls(integer, (lo, not lo_excl, hi, not hi_excl), step)
 
     def viable(self, text: bytes) -> bool:
         """Whether a number of this type starting with ``text`` (no exponent) lies in range."""
@@ -90,12 +95,24 @@ class NumberBounds:
         k = max(0, len(str(int(least))) - len(str(digits + 1)) - 1)
         while (digits + 1) * 10 ** k <= least:
             k += 1
-        return any(self._meets_magnitude(Fraction(digits * 10 ** j), Fraction((digits + 1) * 10 ** j), neg)
-                   for j in (k, k + 1))
+        within = any(self._meets_magnitude(Fraction(digits * 10 ** j), Fraction((digits + 1) * 10 ** j), neg, False)
+                     for j in (k, k + 1))
+        if self.step is None or not within:
+            return within
+        # (a multiple may lie only in a later, wider interval: tried until one starts past the range's
+        # far end; with none, one both inside the range and as wide as the step holds a multiple)
+        most = hi if not neg else (None if lo is None else -lo)
+        for j in range(k, k + 2 * len(str(self.step)) + len(str(int(least))) + 2):
+            if self._meets_magnitude(Fraction(digits * 10 ** j), Fraction((digits + 1) * 10 ** j), neg):
+                return True
+            if most is not None and digits * 10 ** j > most:
+                return False
+        return False  # (not reached: by then an interval lies inside the range and holds a multiple)
 
-    def _meets_magnitude(self, start: Fraction, end: Fraction | None, neg: bool) -> bool:
+    def _meets_magnitude(self, start: Fraction, end: Fraction | None, neg: bool, stepped: bool = True) -> bool:
         """Whether some value of magnitude in [start, end) (end None: unbounded), negated when
-        ``neg``, lies in range; an integer's magnitudes are the whole numbers there."""
+        ``neg``, lies in range (a multiple of ``step`` unless not ``stepped``); an integer's
+        magnitudes are the whole numbers there."""
         if self.integer:
             last = None if end is None else Fraction(-(-end // 1) - 1)
             first = Fraction(-(-start // 1))
@@ -103,7 +120,11 @@ class NumberBounds:
                 return False
             values = (first, True, last, True) if not neg else (
                 None if last is None else -last, True, -first, True)
-            return _meets(values, self.range)
+            if self.step is None or not stepped or not _meets(values, self.range):
+                return _meets(values, self.range)
+            low = max((v for v in (values[0], self.range[0]) if v is not None), default=None)
+            high = min((v for v in (values[2], self.range[2]) if v is not None), default=None)
+            return low is None or high is None or -(-low // self.step) * self.step <= high
         values = (start, True, end, False) if not neg else (None if end is None else -end, False, -start, True)
         return _meets(values, self.range)
 
@@ -111,7 +132,7 @@ class NumberBounds:
         value = Fraction(text.decode())
         lo, lo_closed, hi, hi_closed = self.range
         return (lo is None or value > lo or (lo_closed and value == lo)) and (
-            hi is None or value < hi or (hi_closed and value == hi))
+            hi is None or value < hi or (hi_closed and value == hi)) and (self.step is None or value % self.step == 0)
 
 
 def _reaches(automaton: CharAutomaton) -> tuple[list[int], dict[int, list[int]]]:

@@ -21,10 +21,11 @@ What a schema may use, and what the answer then is:
                     only where its smallest instance fits under ``MAX_DEPTH``)
     allOf           of one schema (beside annotations): that schema
     minimum, maximum, exclusiveMinimum, exclusiveMaximum    on numbers (written without exponent)
+    multipleOf      on integers
     minLength, maxLength, pattern, format                   on strings (``engine.json_scalars``)
     annotations     title, description, default, examples, ... are read past
 
-The keywords that constrain values in other ways (``multipleOf``, ``allOf`` of several, ``not`` ...) are
+The keywords that constrain values in other ways (``uniqueItems``, ``allOf`` of several, ``not`` ...) are
 refused (SchemaError names the keyword and where it is), never silently dropped. The root must be
 an object, as OpenAI requires.
 

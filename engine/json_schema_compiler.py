@@ -33,12 +33,12 @@ MAX_PATTERN_STATES = 4000  # automaton states of a schema's patterns and formats
 MAX_BOUND = 10**309  # a number bound's magnitude (past a double's range is refused)
 MAX_SCHEMA_NESTING = 128  # schemas inside schemas (the compiler recurses; Python's stack is ~1,000 frames)
 
-_REFUSED = ("multipleOf", "patternProperties", "propertyNames", "uniqueItems", "contains", "minContains",
+_REFUSED = ("patternProperties", "propertyNames", "uniqueItems", "contains", "minContains",
             "maxContains", "not", "if", "then", "else", "dependentRequired", "dependentSchemas",
             "unevaluatedProperties", "unevaluatedItems", "contentEncoding", "contentMediaType",
             "$dynamicRef", "$recursiveRef", "dependencies")
 # keywords that constrain a value (beside $ref or anyOf they would be dropped: refused instead)
-_NUMBER_WORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_NUMBER_WORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _STRING_WORDS = ("minLength", "maxLength", "pattern", "format")
 _OBJECT_WORDS = ("properties", "required", "additionalProperties", "minProperties", "maxProperties")
 _ARRAY_WORDS = ("items", "prefixItems", "minItems", "maxItems")  # (additionalItems: only beside items as a list)
@@ -177,7 +177,9 @@ class SchemaCompiler(Linker):
         bound becomes an inclusive one at the nearest double inside it, so an answer read as a
         double (pydantic, Python's ``json``) still lies inside (found by QA: ``-0.500000000000000007``
         is below ``-0.5`` as a decimal, and is ``-0.5`` as a double); an inclusive bound already
-        holds that way (rounding keeps order), and integers are read exactly."""
+        holds that way (rounding keeps order), and integers are read exactly. ``multipleOf`` on
+        integers: an integer is a multiple of p/q (lowest terms) exactly when it is one of p."""
+        step = self.step(schema, integer, path)
         ends: dict[str, tuple[Fraction, bool] | None] = {"lo": None, "hi": None}
         for word, side, excl in (("minimum", "lo", False), ("maximum", "hi", False),
                                  ("exclusiveMinimum", "lo", True), ("exclusiveMaximum", "hi", True)):
@@ -199,12 +201,27 @@ class SchemaCompiler(Linker):
                     (end[0] > have[0] or (end[0] == have[0] and end[1])) if side == "lo" else
                     (end[0] < have[0] or (end[0] == have[0] and end[1]))):
                 ends[side] = end
-        if ends["lo"] is None and ends["hi"] is None:
+        if ends["lo"] is None and ends["hi"] is None and step is None:
             return None
-        bounds = NumberBounds.of(integer, ends["lo"], ends["hi"])
+        bounds = NumberBounds.of(integer, ends["lo"], ends["hi"], step)
         if bounds is None:
-            raise SchemaError(f"{path}: no {'integer' if integer else 'number'} lies between its bounds")
+            raise SchemaError(f"{path}: no {'integer' if integer else 'number'} lies between its bounds"
+                              + ("" if step is None else f" that is a multiple of {schema['multipleOf']}"))
         return bounds
+
+    @staticmethod
+    def step(schema: dict, integer: bool, path: str) -> int | None:
+        if "multipleOf" not in schema:
+            return None
+        value = schema["multipleOf"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise SchemaError(f"{path}.multipleOf must be a number > 0")
+        if not integer:  # (a decimal's multiples as a double: 0.1 * 3 is not 0.3 there)
+            raise SchemaError(f"'multipleOf' is only supported on integers (at {path})", unsupported=True)
+        step = (Fraction(repr(value)) if isinstance(value, float) else Fraction(value)).numerator
+        if step > MAX_BOUND:
+            raise SchemaError(f"{path}.multipleOf: past 1e308 is not supported", unsupported=True)
+        return None if step == 1 else step
 
     def string_rules(self, schema: dict, path: str) -> StringRules | None:
         """``minLength`` / ``maxLength`` (in characters: code points) and ``pattern`` or ``format``."""

@@ -290,7 +290,9 @@ def test_changed_instances_are_complete_exactly_when_they_validate() -> None:
 @pytest.mark.parametrize(("schema", "words", "unsupported"), [
     ({"type": "string"}, "root must be an object", True),
     ({"type": "array", "items": {}}, "root must be an object", True),
-    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 5}}}, "'multipleOf' is not supported "
+    ({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 5}}}, "'multipleOf' is only supported "
+     "on integers (at schema.properties.a)", True),
+    ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}, "'uniqueItems' is not supported "
      "(at schema.properties.a)", True),
     ({"type": "object", "properties": {"a": {"type": "string", "format": "color"}}}, "format 'color'", True),
     ({"type": "object", "properties": {"a": {"allOf": [{"type": "integer"}, {"minimum": 1}]}}}, "'allOf' with more",

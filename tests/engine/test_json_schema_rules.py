@@ -68,7 +68,8 @@ def _valid(value: object, sub: dict, root: dict) -> bool:  # noqa: PLR0911 - one
             return False
         if kind == "integer" and not isinstance(value, int):
             return False
-        return _in_bounds(Fraction(repr(value)), sub)
+        return _in_bounds(Fraction(repr(value)), sub) and (
+            "multipleOf" not in sub or Fraction(repr(value)) % Fraction(repr(sub["multipleOf"])) == 0)
     if kind == "string":
         return isinstance(value, str) and _string_ok(value, sub)
     if kind == "null":
@@ -126,6 +127,8 @@ WALKED = [
     _wrap({"type": "number", "minimum": 1000, "exclusiveMaximum": 1000.001}),
     _wrap({"type": "integer", "minimum": -5}),
     _wrap({"type": "integer", "maximum": -5, "exclusiveMinimum": -40.5}),
+    _wrap({"type": "integer", "multipleOf": 7, "minimum": -50, "maximum": 1000}),
+    _wrap({"type": "integer", "multipleOf": 250}),
     _wrap({"type": "string", "minLength": 3, "maxLength": 5}),
     _wrap({"type": "array", "items": {"type": "string", "maxLength": 1}, "minItems": 2}),
     _wrap({"type": "string", "pattern": "^[a-c]{2}-[0-9]+$"}),
@@ -230,6 +233,39 @@ def _finishes(grammar, state, depth: int = 12) -> bool:  # noqa: ANN001
             nxt.extend(t for t in (grammar.step(s, b) for b in b"0123456789.") if t is not None)
         frontier = list({repr(t): t for t in nxt}.values())[:200]
     return False
+
+
+def test_integer_multiples_complete_exactly_when_in_range_and_every_prefix_can_still_get_there() -> None:
+    """``multipleOf`` on integers (pydantic's ``multiple_of``), with and without bounds: a
+    multiple of a later, wider interval of digits counts (``-39`` with a step of 100 may become
+    ``-3900``), and a fraction's step is its numerator's (an integer multiple of 1.5 is one of 3)."""
+    rng = random.Random(17)
+    counts = [0, 0]
+    for _ in range(1500):
+        step = rng.choice([2, 3, 7, 10, 12, 100, 250, 1.5, 0.25])
+        sub = {**_bounds(rng, True), "multipleOf": step}
+        try:
+            grammar = _grammar(_wrap(sub))
+        except SchemaError as err:  # (no multiple in range)
+            assert "lies between its bounds" in str(err)
+            continue
+        text = str(rng.choice([rng.randint(-400, 400), rng.randint(-40, 40) * 3, rng.randint(-9, 9) * 100]))
+        state = g.accepts(f'{{"a":{text}}}'.encode(), grammar.initial, grammar.step)
+        ok = _in_bounds(Fraction(text), sub) and Fraction(text) % Fraction(repr(step)) == 0
+        assert (state is not None and g.is_complete(state)) == ok, (sub, text)
+        counts[ok] += 1
+        for end in range(1, len(text) + 1):
+            prefix = g.accepts(f'{{"a":{text[:end]}'.encode(), grammar.initial, grammar.step)
+            if prefix is None:
+                break
+            assert _finishes(grammar, prefix), (sub, text[:end])
+    assert min(counts) > 150, counts
+    with pytest.raises(SchemaError, match="only supported on integers") as err:
+        _grammar(_wrap({"type": "number", "multipleOf": 0.1}))
+    assert err.value.unsupported
+    for bad in (0, -5, "5", True):
+        with pytest.raises(SchemaError, match="multipleOf must be a number > 0"):
+            _grammar(_wrap({"type": "integer", "multipleOf": bad}))
 
 
 def test_bounds_without_a_value_between_them_and_bad_bounds_are_refused() -> None:

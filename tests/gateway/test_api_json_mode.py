@@ -176,6 +176,7 @@ class Stock(pydantic.BaseModel):
     shop: str = pydantic.Field(max_length=20)
     counts: dict[str, int] = pydantic.Field(min_length=1, max_length=4)
     best: tuple[str, int]
+    crates: int = pydantic.Field(multiple_of=6, ge=0, le=60)
 
 
 def test_field_rules_formats_and_recursive_models_parse_into_pydantic(api) -> None:  # noqa: ANN001
