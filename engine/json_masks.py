@@ -116,8 +116,8 @@ class JsonVocabulary:
                         allowed |= ~entry
                     else:
                         allowed[entry] = True
-                elif callable(own):
-                    allowed |= own(self.plain_tokens)
+                elif callable(own):  # (a pattern's run over the plain tokens: kept by the member's key, found
+                    allowed |= self._plain_of(member, own, grammar)  # by QA: 16 recomputed, 0.3 s a mask)
                 else:
                     most = max(most, own)
             if most >= 0:
@@ -142,6 +142,18 @@ class JsonVocabulary:
         self._masks[key] = entry
         if len(self._masks) > MASK_CACHE:
             self._masks.popitem(last=False)
+        return entry
+
+    def _plain_of(self, member: State, run, grammar: Grammar) -> torch.Tensor:  # noqa: ANN001 - plain_room's function
+        """A member's plain tokens by its pattern (``run``), kept in the cache under its own key."""
+        key = (grammar.name, "plain", self._key(member, grammar))
+        entry = self._masks.get(key)
+        if entry is None:
+            entry = self._masks[key] = run(self.plain_tokens)
+            if len(self._masks) > MASK_CACHE:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
         return entry
 
     def banned(self, state: State, grammar: Grammar = OBJECT) -> torch.Tensor:
