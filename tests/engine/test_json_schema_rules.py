@@ -208,18 +208,23 @@ def test_numbers_complete_exactly_when_in_range_and_every_prefix_can_still_get_t
             assert integer
             continue
         text = _number_text(rng)
-        state = g.accepts(f'{{"a":{text}}}'.encode(), grammar.initial, grammar.step)
         plain = integer or len(sub) > 1  # (integers and bounded numbers are written without an exponent)
         ok = not (integer and "." in text) and not (plain and "e" in text) and _in_bounds(Fraction(text), sub)
-        assert (state is not None and g.is_complete(state)) == ok, (sub, text)
-        counts[ok] += 1
-        # each prefix the grammar takes can still be finished in range (a smallest finish, searched)
-        for end in range(1, len(text) + 1):
-            prefix = g.accepts(f'{{"a":{text[:end]}'.encode(), grammar.initial, grammar.step)
-            if prefix is None:
-                break
-            assert _finishes(grammar, prefix), (sub, text[:end])
+        counts[_check_number(grammar, sub, text, ok)] += 1
     assert min(counts) > 300, counts
+
+
+def _check_number(grammar, sub: dict, text: str, ok: bool) -> bool:  # noqa: ANN001
+    """The grammar completes ``{"a": text}`` exactly when ``ok``, and each prefix of ``text`` it
+    takes can still be finished (a smallest finish, searched); ``ok`` back."""
+    state = g.accepts(f'{{"a":{text}}}'.encode(), grammar.initial, grammar.step)
+    assert (state is not None and g.is_complete(state)) == ok, (sub, text)
+    for end in range(1, len(text) + 1):
+        prefix = g.accepts(f'{{"a":{text[:end]}'.encode(), grammar.initial, grammar.step)
+        if prefix is None:
+            break
+        assert _finishes(grammar, prefix), (sub, text[:end])
+    return ok
 
 
 def _finishes(grammar, state, depth: int = 12) -> bool:  # noqa: ANN001
@@ -250,15 +255,8 @@ def test_integer_multiples_complete_exactly_when_in_range_and_every_prefix_can_s
             assert "lies between its bounds" in str(err)
             continue
         text = str(rng.choice([rng.randint(-400, 400), rng.randint(-40, 40) * 3, rng.randint(-9, 9) * 100]))
-        state = g.accepts(f'{{"a":{text}}}'.encode(), grammar.initial, grammar.step)
         ok = _in_bounds(Fraction(text), sub) and Fraction(text) % Fraction(repr(step)) == 0
-        assert (state is not None and g.is_complete(state)) == ok, (sub, text)
-        counts[ok] += 1
-        for end in range(1, len(text) + 1):
-            prefix = g.accepts(f'{{"a":{text[:end]}'.encode(), grammar.initial, grammar.step)
-            if prefix is None:
-                break
-            assert _finishes(grammar, prefix), (sub, text[:end])
+        counts[_check_number(grammar, sub, text, ok)] += 1
     assert min(counts) > 150, counts
     with pytest.raises(SchemaError, match="only supported on integers") as err:
         _grammar(_wrap({"type": "number", "multipleOf": 0.1}))
