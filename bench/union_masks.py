@@ -37,6 +37,11 @@ def _tagged(i: int) -> dict:
             "required": ["text", "kind"]}
 
 
+def _patterned(i: int) -> dict:
+    return {"type": "object", "properties": {"name": {"type": "string", "pattern": f"^[a-z]{{{i + 1},}}$"},
+                                             f"x{i}": {"type": "integer"}}, "required": ["name"]}
+
+
 CASES = [  # (name, the union, the alternative written, the answer's value)
     ("Union[Person, Company]", {"anyOf": [_PERSON, _COMPANY]}, _COMPANY, '{"name":"Acme Widgets","founded":"1999-01-02"}'),
     ("Union[dict[str, int], Model]", {"anyOf": [_MAP, _MODEL]}, _MAP, '{"apples":3,"pears":5}'),
@@ -45,6 +50,7 @@ CASES = [  # (name, the union, the alternative written, the answer's value)
     ("discriminated, 16 models", {"oneOf": [_tagged(i) for i in range(16)]}, _tagged(5),
      '{"text":"The quick brown fox","kind":"k5"}'),
     ("int | float", {"anyOf": [{"type": "integer"}, {"type": "number"}]}, {"type": "number"}, "-12.5"),
+    ("16 models, a pattern each", {"anyOf": [_patterned(i) for i in range(16)]}, _patterned(0), '{"name":"abcdefgh"}'),
 ]
 _TREE = {"$defs": {"T": {"anyOf": [{"type": "object", "additionalProperties": {"$ref": "#/$defs/T"}},
                                    {"type": "object", "properties": {"n": {"$ref": "#/$defs/T"}}}]}},
