@@ -24,10 +24,10 @@ FORMAT_GRAMMAR_VERSION = 2
 _ROLE_ALIASES = {"developer": "system"}
 # Keys that never change the answer: transport and bookkeeping only.
 _IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier",
-                      "parallel_tool_calls"})  # (no tools are ever called)
+                      "parallel_tool_calls"})  # (it changes only tool calls, which are never cached)
 # Values that mean the same as leaving the field out (the engine's or the service's defaults):
-# dropping them makes "absent" and "explicit default" one key. Tools are refused unless empty or
-# their choice is "none", so an empty list and a "none" choice are absent (and tools beside it);
+# dropping them makes "absent" and "explicit default" one key. Tools are called only under a choice
+# that bypasses the cache, so an empty list and a "none" choice are absent (and tools beside it);
 # top_k 0 and -1 both turn top-k off; the engine's temperature is 1 (that request is cached only
 # with a seed).
 _DEFAULTS: dict[str, tuple[object, ...]] = {

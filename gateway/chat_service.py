@@ -69,6 +69,8 @@ from gateway.request_checks import (
 )
 from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 from gateway.sse import SSEResponse, encode_event
+from gateway.tool_answers import ToolCallFormat
+from gateway.tool_calls import ToolPlan
 
 log = logging.getLogger("pagegate.chat")
 
@@ -89,12 +91,16 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
 
 async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
-    refuse_unhonoured(body)
+    plan = refuse_unhonoured(body)
     await check_schema(body)
     refuse_unsupported(body, engine)
-    messages = chat_messages(body)
-    fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
-                     token_names=token_names_for(body, engine), prompt_logprobs=_vllm_prompt(body, engine))
+    if plan is None:
+        messages = chat_messages(body)
+        fmt: ChatFormat = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
+                                     token_names=token_names_for(body, engine),
+                                     prompt_logprobs=_vllm_prompt(body, engine))
+    else:
+        fmt, messages = await _tool_format(body, engine, plan)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
     size = sum(len(m["content"]) for m in messages)
@@ -102,8 +108,9 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     store: Store | None = None
     land: Callable[[dict | None], None] | None = None  # a leader's (gateway.flights)
     cache = caller.state.cache
-    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None):
-        # a stored answer has no logprobs to show
+    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None
+                              or isinstance(fmt, ToolCallFormat)):
+        # a stored answer has no logprobs to show (nor tool calls: replays show text)
         account.cache = caller.response_headers["x-cache"] = "bypass"
         cache = None
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
@@ -142,6 +149,20 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     finally:
         if land is not None:  # (a JSON answer: done by now) no answer stored: the followers run themselves
             land(None)
+
+
+async def _tool_format(body: ChatCompletionRequest, engine: EngineClient,
+                       plan: ToolPlan) -> tuple[ChatFormat, list[dict]]:
+    """A chat with tools (``gateway.tool_calls``): its answer's format and its messages as the
+    model reads them; a call asked has its schema compiled (off the event loop)."""
+    if plan.choice is None:  # only earlier calls and their results: a plain answer
+        fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
+                         token_names=token_names_for(body, engine), prompt_logprobs=_vllm_prompt(body, engine))
+        return fmt, plan.messages(body)
+    await plan.compile(body)
+    fmt = ToolCallFormat(model=engine.model_id, include_usage=body.include_usage, prompt_logprobs=_vllm_prompt(body, engine),
+                         choice=plan.choice, named=plan.tools[0].name if plan.choice == "named" else None)
+    return fmt, plan.messages(body)
 
 
 async def _coalesce(flights: Flights, key: tuple, fmt: Format, account: RequestAccount,
@@ -414,7 +435,9 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
                 if d.logprobs and fmt.token_names is not None:  # (a closing EOS's delta has none: [])
                     yield fmt.text_chunk(d.index, d.text, logprob_entries(d))  # its tokens, text or not yet
                 elif d.text:
-                    yield fmt.text_chunk(d.index, d.text)
+                    chunk = fmt.text_chunk(d.index, d.text)
+                    if chunk is not None:  # (a tool call's text shows nothing until a name or arguments come)
+                        yield chunk
                 if d.finish_reason is not None:
                     yield fmt.finish_chunk(d.index, d.finish_reason)
         status = "ok"

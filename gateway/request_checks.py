@@ -29,6 +29,8 @@ from gateway.schemas import (
     ResponseFormat,
     TextPart,
 )
+from gateway.tool_calls import ToolPlan
+from gateway.tool_checks import check_tools
 
 LONG_PROMPT_CHARS = 8_000  # prompts longer than this are tokenized on a worker thread
 LONG_CHAT_MESSAGES = 64  # and chats of more messages than this (the template's rendering is per message)
@@ -215,7 +217,6 @@ VLLM_CHAT_UNHONOURED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
 )
 
 
-_TOOL_MODES = {"tool_choice": ("none", "auto", "required"), "function_call": ("none", "auto")}
 _VLLM_FIELDS = frozenset(f for f, _, _ in VLLM_UNHONOURED + VLLM_CHAT_UNHONOURED)
 
 
@@ -255,29 +256,6 @@ def _check_extra_type(field: str, value: Any, neutral: tuple[Any, ...]) -> None:
     if kinds and type(value) not in kinds:
         expected = " or ".join(sorted({_KIND.get(k, k.__name__) for k in kinds}))
         raise invalid_request(f"Invalid type for '{field}': expected {expected}.", param=field, code="invalid_type")
-
-
-def _check_tools(tools: list, functions: list) -> None:
-    """Tools passed with their choice "none" are still OpenAI's shape, as OpenAI checks them (found by
-    a re-check: ``{"type": "x"}`` was served): a function tool with a named function."""
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise invalid_request(f"Invalid value: {str(tool.get('type'))[:40]!r}. Supported values are: 'function'.",
-                                  param=f"tools[{i}].type")
-        function = tool.get("function")
-        if not isinstance(function, dict):
-            raise invalid_request(f"Missing required parameter: 'tools[{i}].function'.", param=f"tools[{i}].function",
-                                  code="missing_required_parameter")
-        _check_function_name(function, f"tools[{i}].function.name")
-    for i, function in enumerate(functions):
-        _check_function_name(function, f"functions[{i}].name")
-
-
-def _check_function_name(function: dict, param: str) -> None:
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise invalid_request(f"Missing required parameter: '{param}'.", param=param,
-                              code="missing_required_parameter")
 
 
 _FORMAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -364,9 +342,9 @@ def _take_vllm_json(body: ChatCompletionRequest | CompletionRequest) -> None:
     body.guided_json = body.structured_outputs = None
 
 
-def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
+def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> ToolPlan | None:
     """Known OpenAI fields (and vLLM extras) the engine cannot honour are refused, never silently
-    dropped."""
+    dropped. A chat's tool plan (``gateway.tool_calls``), None when tools play no part."""
     if body.stream_options is not None and not body.stream:  # as OpenAI and vLLM answer it
         raise invalid_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                               param="stream_options")
@@ -376,11 +354,8 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
     _refuse_vllm_extras(body)
     _check_response_format(body)
     if isinstance(body, CompletionRequest):
-        return
+        return None
     for i, m in enumerate(body.messages):
-        if m.role in ("tool", "function"):
-            raise unsupported(f"messages[{i}].role", f"'{m.role}' messages are not supported: this model has no "
-                                                     "tools; send the conversation without them.")
         if m.refusal is not None and m.role != "assistant":
             raise invalid_request(f"Only assistant messages may carry a refusal ('{m.role}' message).",
                                   param=f"messages[{i}].refusal")
@@ -392,30 +367,7 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
             elif not isinstance(part, TextPart):
                 raise unsupported(f"messages[{i}].content[{j}].type", f"Content parts of type '{quoted_name(part.type)}' are "
                                                                       "not supported: this model reads text only.")
-    # tools with their choice "none" are a request not to call them, which is what this model does:
-    # agent frameworks send their tool list always and turn calling off that way (found by QA)
-    if body.tools and body.tool_choice != "none":
-        raise unsupported("tools", "Tools are not supported by this model (only with tool_choice 'none').")
-    if body.functions and body.function_call != "none":
-        raise unsupported("functions", "Tools are not supported by this model (only with function_call 'none').")
-    _check_tools(body.tools or [], body.functions or [])
-    for i, m in enumerate(body.messages):  # dropped, the conversation would read differently
-        for field in ("tool_calls", "function_call"):
-            if getattr(m, field):
-                raise unsupported(f"messages[{i}].{field}", "Tool calls are not supported by this model; "
-                                                            "send the conversation without them.")
-    for field in ("tool_choice", "function_call"):  # a string that names no mode: a typo, not a feature (QA)
-        value = getattr(body, field)
-        if value is not None and not isinstance(value, str | dict):  # (found by QA: 1 was "not supported")
-            raise invalid_request(f"Invalid type for '{field}': expected a string or an object.", param=field,
-                                  code="invalid_type")
-        if isinstance(value, str) and value not in _TOOL_MODES[field]:
-            modes = ", ".join(f"'{m}'" for m in _TOOL_MODES[field])
-            raise invalid_request(f"Invalid value for '{field}': '{quoted_name(value)}'. Supported values are: {modes}.",
-                                  param=field)
-    if body.tool_choice not in (None, "none") or body.function_call not in (None, "none"):
-        raise unsupported("tool_choice" if body.tool_choice not in (None, "none") else "function_call",
-                          "Tools are not supported by this model.")
+    plan = check_tools(body)  # (tools, tool_choice and earlier calls: gateway.tool_calls)
     if body.top_logprobs is not None and not body.logprobs:  # as OpenAI answers it
         raise invalid_request("'top_logprobs' needs 'logprobs' set to true.", param="top_logprobs")
     if body.modalities and set(body.modalities) != {"text"}:
@@ -427,3 +379,4 @@ def refuse_unhonoured(body: ChatCompletionRequest | CompletionRequest) -> None:
                         ("web_search_options", "Web search is not supported by this model.")):
         if getattr(body, field) is not None:
             raise unsupported(field, what)
+    return plan

@@ -94,29 +94,30 @@ Part = Annotated[Annotated[TextPart, Tag("part(text)")] | Annotated[RefusalPart,
 
 
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # the last two: refused
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # the last: refused
     content: Annotated[Text | Annotated[list[Part], Field(min_length=1, fail_fast=True)] | None,
                        Field(validate_default=True)] = None
     name: Text | None = None
     refusal: Text | None = None  # an assistant turn's refusal (OpenAI's answers carry it): its text when no content
-    tool_calls: Any = None  # an earlier turn's tool calls: refused by the service (no tools here)
-    function_call: Any = None
+    tool_calls: Any = None  # an earlier assistant turn's tool calls (checked by gateway.tool_calls)
+    tool_call_id: Text | None = None  # a tool message's: the call it answers
+    function_call: Any = None  # (the deprecated function calling: refused)
 
     @field_validator("role", mode="wrap")
     @classmethod
     def _known_role(cls, role: Any, handler: ValidatorFunctionWrapHandler) -> str:
-        """An unknown role's error lists the roles served (tool turns are accepted by the schema
+        """An unknown role's error lists the roles served (``function`` turns are accepted by the schema
         only to be refused by the service with their own message)."""
         try:
             return handler(role)
         except ValidationError:
             raise PydanticCustomError(
-                "literal_error", "Input should be 'system', 'developer', 'user' or 'assistant'") from None
+                "literal_error", "Input should be 'system', 'developer', 'user', 'assistant' or 'tool'") from None
 
     @field_validator("content")
     @classmethod
     def _content_given(cls, content: Any, info: ValidationInfo) -> Any:
-        """Only an assistant turn may omit it (tool turns are refused by the service): a missing
+        """Only an assistant turn may omit it (a tool turn's is checked by ``gateway.tool_calls``): a missing
         ``messages[i].content``, as OpenAI names it."""
         role = info.data.get("role")
         if content is None and role is not None and role not in ("assistant", "tool", "function"):
@@ -140,7 +141,7 @@ class StreamOptions(_Request):
 MAX_SCHEMA_JSON_DEPTH = 160  # arrays and objects inside a schema, annotations' too
 
 
-def _json_depth(value: object) -> int:
+def json_depth(value: object) -> int:
     """How deep arrays and objects nest in ``value`` (iteratively: no recursion to run out of)."""
     deepest, todo = 0, [(value, 1)]
     while todo:
@@ -154,7 +155,7 @@ def _json_depth(value: object) -> int:
 def _shallow_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     """A schema nested past ``MAX_SCHEMA_JSON_DEPTH`` (in annotations too, which the compiler reads
     past) is refused here: dumping it for the cache key raised (found by QA: a 500)."""
-    if schema is not None and _json_depth(schema) > MAX_SCHEMA_JSON_DEPTH:
+    if schema is not None and json_depth(schema) > MAX_SCHEMA_JSON_DEPTH:
         raise PydanticCustomError("too_deep", "the schema nests arrays and objects more than {depth} deep",
                                   {"depth": MAX_SCHEMA_JSON_DEPTH})
     return schema
@@ -466,6 +467,7 @@ class ChunkDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict] | None = None  # a tool call's pieces (gateway.tool_calls)
 
     @model_serializer(mode="wrap")
     def _set_fields_only(self, handler: Any) -> dict[str, Any]:

@@ -60,7 +60,8 @@ CHAT_CASES = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": {"text": "x"}}]}, 400, "messages[0].content"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, 400, "messages[0].role"),  # no call before
     ({"model": 5}, 400, "model"),
     ({"model": ""}, 404, "model"),
     ({"model": "gpt-4o"}, 404, "model"),
@@ -75,7 +76,7 @@ CHAT_CASES = [
     ({"stop": ["ok", ""]}, 400, "stop[1]"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI
     ({"tools": "x"}, 400, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),  # auto: not served
     ({"logprobs": "yes"}, 400, "logprobs"),
     ({"top_logprobs": 3}, 400, "top_logprobs"),  # needs logprobs: true
     ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),

@@ -35,14 +35,13 @@ def test_a_lone_surrogate_is_a_400_not_a_500(api, path, body, param) -> None:  #
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    # tool_choice "auto" (the default with tools) is not served; the deprecated functions only turned off
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    # tools are served only with their choice "none"
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "function_call": "none"}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "function_call": "none"}, "tool_choice"),
     ({"functions": [{"name": "f", "parameters": {}}], "tool_choice": "none"}, "functions"),
 ])
-def test_tools_are_refused_unless_turned_off(api, fields, param) -> None:  # noqa: ANN001
+def test_tools_are_refused_unless_turned_off_or_called(api, fields, param) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
                  code="unsupported_parameter")
 
@@ -65,10 +64,6 @@ def test_tools_turned_off_must_still_be_tools(api, fields, param) -> None:  # no
     ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"prediction": {"type": "content", "content": "Hello"}}, "prediction"),
     ({"web_search_options": {}}, "web_search_options"),
-    ({"messages": [{"role": "user", "content": "Weather?"},
-                   {"role": "assistant", "content": None, "tool_calls": [
-                       {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
-                   {"role": "user", "content": "Well?"}]}, "messages[1].tool_calls"),
     ({"messages": [{"role": "assistant", "content": "", "function_call": {"name": "w", "arguments": "{}"}},
                    {"role": "user", "content": "Well?"}]}, "messages[0].function_call"),
 ])

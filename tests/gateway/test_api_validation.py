@@ -70,10 +70,10 @@ def test_wrong_fields_are_400_with_param(api, fields, param) -> None:  # noqa: A
 def test_an_unknown_role_lists_the_roles_served(api) -> None:  # noqa: ANN001
     err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": "wizard", "content": "x"}])),
                        400, param="messages[0].role")
-    assert "'system', 'developer', 'user' or 'assistant'" in err["message"] and "tool" not in err["message"]
+    assert "'system', 'developer', 'user', 'assistant' or 'tool'" in err["message"] and "function" not in err["message"]
     err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": 5, "content": "x"}])),
                        400, param="messages[0].role")
-    assert "'system', 'developer', 'user' or 'assistant'" in err["message"]
+    assert "'system', 'developer', 'user', 'assistant' or 'tool'" in err["message"]
     err = assert_error(post(api, "/v1/chat/completions", chat(api, messages=[{"role": None, "content": "x"}])),
                        400, param="messages[0].role")
     assert err["message"].endswith("(got null).")  # the JSON sent, not Python's None
@@ -93,14 +93,12 @@ def test_missing_field_and_bad_json(api) -> None:  # noqa: ANN001
 
 def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/chat/completions", chat(api, tools=[{"type": "function", "function": {"name": "f"}}])),
-                 400, param="tools")
+                 400, param="tool_choice", code="unsupported_parameter")  # auto, the default with tools
     assert_error(post(api, "/v1/chat/completions", chat(api, top_logprobs=2)), 400, param="top_logprobs")
     unsupported = [  # known OpenAI features this model cannot serve: one code an app can branch on
         (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
             "type": "object", "properties": {"a": {"type": "string", "pattern": "(?=x)"}}}}}),
          "response_format.json_schema.schema"),
-        (dict(messages=[{"role": "user", "content": "Hi"}, {"role": "tool", "content": "r", "tool_call_id": "1"}]),
-         "messages[1].role"),
         (dict(messages=[{"role": "function", "name": "f", "content": "r"}]), "messages[0].role"),
         (dict(messages=[{"role": "user", "content": [{"type": "text", "text": "Look:"},
                                                      {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]),
@@ -113,8 +111,9 @@ def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
         err = assert_error(post(api, "/v1/chat/completions", chat(api, **{field: "bogus"})), 400, param=field,
                            code="invalid_value")
         assert "'auto'" in err["message"], err
+        # auto without tools: tool_choice needs tools (as OpenAI answers it); function_call is not served
         assert_error(post(api, "/v1/chat/completions", chat(api, **{field: "auto"})), 400, param=field,
-                     code="unsupported_parameter")
+                     code="invalid_value" if field == "tool_choice" else "unsupported_parameter")
     body = {"model": api.model, "prompt": ["one", "two"], "max_tokens": 1, "suffix": "!"}
     assert_error(post(api, "/v1/completions", body), 400, param="suffix", code="unsupported_parameter")
     # vLLM's completions take response_format too (found by QA: it was ignored, free text came back)

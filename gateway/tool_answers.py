@@ -1,0 +1,212 @@
+"""A chat answer decoded as tool calls (``gateway.tool_calls``), shown as OpenAI shows them: whole,
+``message.tool_calls`` with ``content: null``; streamed, each call's id and name first (its
+``arguments`` empty), then its arguments in pieces as they are written. ``CallScanner`` reads the
+calls out of the answer's text as it comes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from gateway.formats import ChatFormat
+from gateway.ids import new_hex_id
+from gateway.schemas import ChatChoice, ChatCompletion, ChatResponseMessage, ChunkChoice, ChunkDelta, Usage
+
+
+class CallScanner:
+    """Reads an answer's calls as its text comes, byte by byte of JSON: for "required",
+    ``{"tool_calls": [{"name": "...", "arguments": ...}, ...]}`` (keys in that order: the grammar
+    writes them so); for "named", the text is the arguments. ``feed`` returns what is new:
+    ``("call", index, name)`` once a call's name is whole, ``("args", index, text)`` as its
+    arguments come."""
+
+    __slots__ = ("arguments", "complete", "depth", "_escape", "_in_string", "_key", "_is_key", "_string",
+                 "_capture", "_value", "_blank", "names", "_named")
+
+    def __init__(self, named: str | None = None) -> None:
+        self.names: list[str] = []
+        self.arguments: list[str] = []
+        self.complete = False  # the whole JSON was read
+        self.depth = 0
+        self._named = named
+        self._escape = self._in_string = self._is_key = False
+        self._string: list[str] | None = None  # a string at a call's level, being read
+        self._key: str | None = None  # the last key read at a call's level
+        self._capture: int | None = None  # the depth the arguments' value ends at (reading them)
+        self._value = False  # after "arguments": before the value's first character
+        self._blank = ""  # whitespace inside the arguments, held until more of them comes
+
+    def feed(self, text: str) -> list[tuple]:
+        if self._named is not None:
+            return self._feed_named(text)
+        events: list[tuple] = []
+        for ch in text:
+            self._read(ch, events)
+        return events
+
+    def _feed_named(self, text: str) -> list[tuple]:
+        events: list[tuple] = []
+        if not self.names:
+            text = text.lstrip()
+            if not text:
+                return events
+            self.names.append(self._named)
+            self.arguments.append("")
+            events.append(("call", 0, self._named))
+        self.arguments[0] += text
+        events.append(("args", 0, text))
+        return events
+
+    def _read(self, ch: str, events: list[tuple]) -> None:  # noqa: C901, PLR0912 - one character's cases
+        if self._capture is not None:
+            self._argument(ch, events)
+            return
+        if self._in_string:
+            if self._string is not None:
+                self._string.append(ch)
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._in_string = False
+                self._string_done(events)
+            return
+        if ch == '"':
+            self._in_string = True
+            self._string = ['"'] if self.depth == 3 else None
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                self.complete = True
+        elif ch == ":" and self.depth == 3 and self._key == "arguments" and len(self.arguments) < len(self.names):
+            self._value = True
+            self._capture = 3
+            self.arguments.append("")
+        elif ch == "," and self.depth == 3:
+            self._is_key = True
+        if ch == "{" and self.depth == 3:
+            self._is_key = True
+        elif ch == ":" and self.depth == 3:
+            self._is_key = False
+
+    def _string_done(self, events: list[tuple]) -> None:
+        if self._string is None:
+            return
+        text = json.loads("".join(self._string))
+        self._string = None
+        if self._is_key:
+            self._key = text
+        elif self._key == "name":
+            self.names.append(text)
+            events.append(("call", len(self.names) - 1, text))
+
+    def _argument(self, ch: str, events: list[tuple]) -> None:
+        """A character of the arguments' value (or the one after it, at the call's level)."""
+        if self._in_string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._in_string = False
+        elif ch in " \t\r\n":
+            if not self._value:  # (before the value: not its own)
+                self._blank += ch
+            return
+        elif ch == '"':
+            self._in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}],":
+            if self.depth == self._capture:  # the value has ended: this character is the call's
+                self._capture = None
+                self._blank = ""
+                self._read(ch, events)
+                return
+            if ch != ",":
+                self.depth -= 1
+        self._value = False
+        piece, self._blank = self._blank + ch, ""
+        self.arguments[-1] += piece
+        index = len(self.arguments) - 1
+        if events and events[-1][0] == "args" and events[-1][1] == index:
+            events[-1] = ("args", index, events[-1][2] + piece)
+        else:
+            events.append(("args", index, piece))
+
+
+def _call_delta(event: tuple, ids: list[str]) -> dict:
+    kind, index, value = event
+    if kind == "call":
+        return {"index": index, "id": ids[index], "type": "function", "function": {"name": value, "arguments": ""}}
+    return {"index": index, "function": {"arguments": value}}
+
+
+def _new_call_id() -> str:
+    return "call_" + new_hex_id()[:24]
+
+
+class ToolCallMessage(ChatResponseMessage):
+    tool_calls: list[dict] | None = None
+
+
+class ToolCallChoice(ChatChoice):
+    message: ToolCallMessage
+
+
+class ToolCallCompletion(ChatCompletion):
+    choices: list[ToolCallChoice]
+
+
+@dataclass(slots=True)
+class ToolCallFormat(ChatFormat):
+    """A chat answer shown as tool calls. ``choice``: "required" or "named" (the plan's);
+    ``named``: the function a named choice calls."""
+
+    choice: str = "required"
+    named: str | None = None
+    scanners: dict[int, tuple[CallScanner, list[str]]] = field(default_factory=dict)  # a streamed choice's
+
+    def _scanner(self, index: int) -> tuple[CallScanner, list[str]]:
+        found = self.scanners.get(index)
+        if found is None:
+            found = self.scanners[index] = (CallScanner(self.named), [])
+        return found
+
+    def opening(self, n: int) -> list[BaseModel]:
+        return [self._chunk([ChunkChoice(index=i, delta=ChunkDelta(role="assistant"))]) for i in range(n)]
+
+    def text_chunk(self, index: int, text: str, logprobs: list | None = None) -> BaseModel | None:
+        scanner, ids = self._scanner(index)
+        events = scanner.feed(text)
+        if not events:
+            return None
+        while len(ids) < len(scanner.names):
+            ids.append(_new_call_id())
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(tool_calls=[_call_delta(e, ids) for e in events]))])
+
+    def finish_chunk(self, index: int, finish_reason: str) -> BaseModel:
+        scanner, _ = self._scanner(index)
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=self._reason(scanner, finish_reason))])
+
+    def _reason(self, scanner: CallScanner, finish_reason: str | None) -> str | None:
+        if finish_reason == "stop" and self.choice == "required" and scanner.complete:
+            return "tool_calls"  # (as OpenAI answers a call it was asked for)
+        return finish_reason
+
+    def response(self, texts: list[str], finish_reasons: list[str | None], usage: Usage,
+                 logprobs: list | None = None) -> ChatCompletion:
+        choices = []
+        for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
+            scanner = CallScanner(self.named)
+            scanner.feed(text)
+            calls = [{"id": _new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+                     for name, args in zip(scanner.names, scanner.arguments + [""] * len(scanner.names), strict=False)]
+            choices.append(ToolCallChoice(index=i, message=ToolCallMessage(content=None, tool_calls=calls or None),
+                                          finish_reason=self._reason(scanner, reason)))
+        return ToolCallCompletion(id=self.id, created=self.created, model=self.model, usage=usage, choices=choices)

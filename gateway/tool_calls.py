@@ -1,0 +1,203 @@
+"""Tool calls: OpenAI's ``tools`` with ``tool_choice`` ``"required"`` or a named function.
+
+The model is shown the tools (a system message) and its answer is decoded under a JSON Schema made
+from them (``engine.json_schema``), so every call names a tool that was given and its arguments
+follow that tool's ``parameters``; the answer reaches the client as ``message.tool_calls`` (streamed
+as OpenAI streams them: a call's id and name first, then its arguments in pieces).
+
+    required   {"tool_calls": [{"name": "<a tool>", "arguments": {...}}, ...]}   finish "tool_calls"
+    named      the named function's arguments, {...}                            finish "stop"
+
+``tool_choice: "auto"`` (OpenAI's default when tools are sent) stays a 400: this model was not
+trained to decide when to call a tool, and vLLM refuses it too without a model-specific parser.
+Earlier turns' tool calls and the ``tool`` messages that answer them are rendered as plain turns
+(``messages``), as the model saw its own calls, so a conversation can go on after a call.
+
+    plan = check_tools(body)                 gateway.tool_checks: 400s for OpenAI's shape, its rules on
+                                             tool turns, and what is not served
+    await plan.compile(body)                 the calls' schema compiled (400 naming the tool that fails)
+    messages = plan.messages(body)           the conversation as the model reads it
+    fmt = ToolCallFormat(..., choice=...)    gateway.tool_answers: the answer as tool calls, whole or streamed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.json_schema import SchemaError, compile_schema, compiler_thread
+from gateway.errors import invalid_request, quoted_name, unsupported
+from gateway.schemas import ChatCompletionRequest, JsonSchemaFormat, ResponseFormat
+
+_LITERALS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: their "$ref"s are data
+
+
+@dataclass(slots=True)
+class Tool:
+    name: str
+    parameters: dict  # a JSON Schema of an object (``_NO_PARAMETERS`` for a function without)
+    description: str | None = None
+
+    def shown(self) -> str:
+        item: dict[str, Any] = {"name": self.name}
+        if self.description:
+            item["description"] = self.description
+        item["parameters"] = self.parameters
+        return json.dumps(item, ensure_ascii=False)
+
+
+@dataclass(slots=True)
+class ToolPlan:
+    """What a chat's tools make of it. ``choice``: "required", "named" or None (no call asked: the
+    conversation only holds earlier calls and their results, rendered as turns)."""
+
+    choice: str | None
+    tools: list[Tool] = field(default_factory=list)
+    parallel: bool = True
+    index: int = 0  # the named tool's place in the request's ``tools`` (for errors)
+
+    def schema(self) -> dict:
+        """The answer's JSON Schema: the named tool's parameters, or the calls object."""
+        if self.choice == "named":
+            return self.tools[0].parameters
+        defs: dict[str, Any] = {}
+        alternatives = []
+        for i, tool in enumerate(self.tools):
+            key = f"pagegate_tool{i}"
+            defs[key] = _hoisted(tool.parameters, key, defs)
+            alternatives.append({"type": "object", "properties": {"name": {"const": tool.name},
+                                                                  "arguments": {"$ref": f"#/$defs/{key}"}},
+                                 "required": ["name", "arguments"], "additionalProperties": False})
+        calls: dict[str, Any] = {"type": "array", "minItems": 1,
+                                 "items": alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}}
+        if not self.parallel:
+            calls["maxItems"] = 1
+        return {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
+                "additionalProperties": False, "$defs": defs}
+
+    async def compile(self, body: ChatCompletionRequest) -> None:
+        """Compile the answer's schema on the compiler thread and hand it to ``body`` as its
+        ``response_format`` (the engine decodes it as structured output). A tool whose
+        parameters the engine cannot decode to is a 400 naming it."""
+        schema = self.schema()
+        text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        loop = asyncio.get_running_loop()
+        try:
+            grammar = await loop.run_in_executor(compiler_thread(), compile_schema, text)
+        except SchemaError as err:
+            for i, tool in enumerate(self.tools):  # which tool: each alone (only when it failed)
+                alone = json.dumps(tool.parameters, ensure_ascii=False, separators=(",", ":"))
+                try:
+                    await loop.run_in_executor(compiler_thread(), compile_schema, alone)
+                except SchemaError as own:
+                    raise _schema_error(own, i if self.choice != "named" else self.index, tool.name) from err
+            raise _schema_error(err, None, None) from err
+        try:
+            fmt = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="tool_calls", schema=schema))
+        except ValidationError as err:  # (parameters at the depth bound, nested once more among the calls)
+            raise invalid_request(f"The tools' parameters nest too deep: {quoted_name(err.errors()[0]['msg'])}.",
+                                  param="tools") from err
+        fmt._grammar = grammar  # noqa: SLF001 - held until the request's SamplingParams take it
+        body.response_format = fmt
+
+    def messages(self, body: ChatCompletionRequest) -> list[dict]:
+        """The conversation as the model reads it: earlier calls as the assistant's JSON, their
+        results as a user turn, and the tools shown in a system message when a call is asked."""
+        out: list[dict] = []
+        names: dict[str, str] = {}  # call id -> function name
+        for m in body.messages:
+            role = "system" if m.role == "developer" else m.role
+            if m.role == "tool":
+                result = f"{names.get(m.tool_call_id, 'function')} returned: {m.text()}"
+                if out and out[-1].get("results"):  # the results of one turn's calls: one turn
+                    out[-1]["content"] += "\n" + result
+                else:
+                    out.append({"role": "user", "content": result, "results": True})
+                continue
+            text = m.text()
+            if m.role == "assistant" and m.tool_calls:
+                calls = []
+                for call in m.tool_calls:
+                    names[call["id"]] = call["function"]["name"]
+                    calls.append({"name": call["function"]["name"], "arguments": _arguments(call["function"]["arguments"])})
+                text = (text + "\n" if text else "") + json.dumps({"tool_calls": calls}, ensure_ascii=False)
+            out.append({"role": role, "content": text})
+        for turn in out:
+            turn.pop("results", None)
+        if self.choice is not None:
+            shown = self._instructions()
+            if out and out[0]["role"] == "system":
+                out[0]["content"] += "\n\n" + shown
+            else:
+                out.insert(0, {"role": "system", "content": shown})
+        return out
+
+    def _instructions(self) -> str:
+        lines = ["You can call these functions (each as JSON: its name, what it does, and the JSON Schema of "
+                 "its arguments):"]
+        lines += [t.shown() for t in self.tools]
+        if self.choice == "named":
+            lines.append(f"Call {self.tools[0].name}: answer with its arguments as a JSON object.")
+        else:
+            lines.append('Answer with the calls to make, as JSON: {"tool_calls": [{"name": <a function\'s name>, '
+                         '"arguments": <its arguments>}]}.')
+        return "\n".join(lines)
+
+
+def _arguments(text: object) -> object:
+    """An earlier call's arguments (a JSON string) as the model wrote them: parsed when they parse."""
+    if isinstance(text, str):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def _schema_error(err: SchemaError, index: int | None, name: str | None):  # noqa: ANN202 - ApiError
+    if index is None:
+        message = f"The tools cannot be called together: {quoted_name(str(err))}."
+        return unsupported("tools", message) if err.unsupported else invalid_request(message, param="tools")
+    param = f"tools[{index}].function.parameters"
+    message = f"Invalid parameters for function '{name}': {quoted_name(str(err))}."
+    return unsupported(param, message) if err.unsupported else invalid_request(message, param=param)
+
+
+def _hoisted(schema: object, key: str, defs: dict) -> object:
+    """``schema`` (one tool's parameters) placed at ``#/$defs/<key>`` of the calls' schema: its own
+    definitions moved beside it under names of its own, and its references rewritten to reach
+    them (``#`` is the parameters themselves). Other references stay (the compiler names them)."""
+    if isinstance(schema, dict):
+        out = {}
+        for word, value in schema.items():
+            if word in ("$defs", "definitions") and isinstance(value, dict) and value is not schema:
+                tag = "d" if word == "$defs" else "D"
+                for name, sub in value.items():
+                    defs[f"{key}.{tag}.{name}"] = _hoisted(sub, key, defs)
+                continue
+            if word == "$ref" and isinstance(value, str):
+                out[word] = _moved(value, key)
+            elif word in _LITERALS:
+                out[word] = value
+            else:
+                out[word] = _hoisted(value, key, defs)
+        return out
+    if isinstance(schema, list):
+        return [_hoisted(v, key, defs) for v in schema]
+    return schema
+
+
+def _moved(ref: str, key: str) -> str:
+    if ref in ("#", "#/"):
+        return f"#/$defs/{key}"
+    for section, tag in (("#/$defs/", "d"), ("#/definitions/", "D")):
+        if ref.startswith(section) and "/" not in ref[len(section):]:
+            return f"#/$defs/{key}.{tag}.{ref[len(section):]}"  # (its escapes kept: the compiler reads them)
+    return ref
+
+
+# ------------------------------------------------------------------------------------ the checks
