@@ -15,6 +15,8 @@ from engine.request import Sequence
 from engine.tokenizer import TokenBytes
 
 logger = logging.getLogger("engine.json")
+OPEN = ("open",)  # an optional grammar's state before its answer's first token says text or JSON
+_BLANK = b" \t\r\n"
 
 
 class JsonDecoding:
@@ -30,6 +32,8 @@ class JsonDecoding:
         self.width = width
         self.device = device
         self.vocab: JsonVocabulary | None = None
+        self.token_bytes: list[bytes] = []
+        self._braced: torch.Tensor | None = None  # True for the tokens that begin with "{" past whitespace
 
     def prepare(self) -> JsonVocabulary:
         """The vocabulary's masks, built on the first call (0.4-0.6 s for SmolLM2)."""
@@ -42,6 +46,9 @@ class JsonDecoding:
                 if i < len(token_bytes):
                     token_bytes[i] = b""
             self.vocab = JsonVocabulary(token_bytes, self.width, self.eos_token_ids, self.device)
+            self.token_bytes = token_bytes
+            braced = [t.lstrip(_BLANK)[:1] == b"{" for t in token_bytes]
+            self._braced = torch.tensor(braced + [False] * (self.width - len(braced)), device=self.device)
         return self.vocab
 
     def start(self, seq: Sequence) -> None:
@@ -54,15 +61,28 @@ class JsonDecoding:
         else:
             return
         self.prepare()
-        seq.json_state = seq.json_grammar.initial
+        seq.json_state = OPEN if p.json_optional else seq.json_grammar.initial
 
     def constraint(self, seq: Sequence) -> torch.Tensor:
-        """What may come next in the choice (``JsonVocabulary.constraint``: allowed ids, or a banned mask)."""
+        """What may come next in the choice (``JsonVocabulary.constraint``: allowed ids, or a banned
+        mask; before an optional grammar's first token, the tokens that begin JSON the grammar
+        refuses are banned, and any other may begin free text)."""
+        if seq.json_state is OPEN:
+            return self._braced & self.vocab.banned(seq.json_grammar.initial, seq.json_grammar)
         return self.vocab.constraint(seq.json_state, seq.json_grammar)
 
     def advance(self, seq: Sequence, token: int) -> bool:
         """Read the choice's new token; True when the choice ends there: its object closed, or (a
-        dead end no mask should allow) the token was one the grammar refuses."""
+        dead end no mask should allow) the token was one the grammar refuses. An optional
+        grammar's first token that does not begin JSON lets the choice go on as free text."""
+        if seq.json_state is OPEN:
+            raw = self.token_bytes[token] if token < len(self.token_bytes) else b""
+            if raw and not raw.lstrip(_BLANK):
+                return False  # (whitespace: text or JSON is still to be told)
+            if raw.lstrip(_BLANK)[:1] != b"{":  # free text (a special token included: EOS ends it)
+                seq.json_state = seq.json_grammar = None
+                return False
+            seq.json_state = seq.json_grammar.initial
         seq.json_state = self.vocab.advance(seq.json_state, token, seq.json_grammar)
         if seq.json_state is None:
             logger.warning("request %s: a token its JSON grammar refuses was drawn; the choice ends there",

@@ -57,6 +57,10 @@ class SamplingParams:
     ``json_schema`` (a JSON Schema as JSON text; OpenAI's ``response_format`` of type
     ``json_schema``): as ``json_object``, the object being one the schema describes
     (``engine.json_schema``: what a schema may use; a schema it cannot honour is a ValueError).
+
+    ``json_optional`` (with either): the grammar holds only an answer whose first token, past
+    whitespace, begins with ``{``; any other first token makes the answer free text, as without
+    the grammar (the model's choice between a tool call and a text answer: ``tool_choice: "auto"``).
     """
 
     n: int = 1
@@ -77,6 +81,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     json_object: bool = False
     json_schema: str | None = None
+    json_optional: bool = False
     # json_schema's compiled grammar (engine.json_schema), held for the request's life: not a
     # parameter (not on the wire, not compared); set by the checks below
     grammar: object = field(default=None, init=False, repr=False, compare=False)
@@ -94,7 +99,7 @@ class SamplingParams:
             if not _is_number(getattr(self, name)):  # (True was a temperature of 1)
                 raise ValueError(f"{name} must be a number")
             setattr(self, name, float(getattr(self, name)))
-        for name in ("ignore_eos", "json_object"):  # ("no" is truthy: it ignored EOS)
+        for name in ("ignore_eos", "json_object", "json_optional"):  # ("no" is truthy: it ignored EOS)
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a boolean")
         if not _is_int(self.n):
@@ -143,6 +148,8 @@ class SamplingParams:
                 setattr(self, name, int(value))  # (a NumPy integer is one: found by a re-check)
         if self.logit_bias is not None:
             self.logit_bias = _checked_bias(self.logit_bias)
+        if self.json_optional and not (self.json_object or self.json_schema is not None):
+            raise ValueError("json_optional needs json_object or json_schema")
         if self.json_schema is not None:
             from engine.json_schema import SchemaError, compile_schema
 

@@ -153,6 +153,7 @@ def sampling_params(body: ChatCompletionRequest | CompletionRequest, max_tokens:
             logit_bias=None if body.logit_bias is None else {int(k): v for k, v in body.logit_bias.items()},
             json_object=body.response_format is not None and body.response_format.json_object,
             json_schema=None if body.response_format is None else body.response_format.schema_text(),
+            json_optional=body.response_format is not None and body.response_format._optional,  # noqa: SLF001
         )
     except ValueError as err:
         message = str(err)

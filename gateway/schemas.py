@@ -177,6 +177,7 @@ class ResponseFormat(_Request):
     # the schema's compiled grammar once ``check_schema`` has it, held until the request's
     # SamplingParams take it (``engine.json_schema.compile_schema`` finds a held grammar again)
     _grammar: Any = PrivateAttr(default=None)
+    _optional: bool = PrivateAttr(default=False)  # held only by an answer begun with "{" (tool_choice "auto")
 
     @property
     def json_object(self) -> bool:

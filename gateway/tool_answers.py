@@ -164,45 +164,78 @@ class ToolCallCompletion(ChatCompletion):
 
 
 @dataclass(slots=True)
+class _Choice:
+    """One streamed choice: its calls' scanner and ids; under "auto", its text until it is told
+    (``text`` None once it is calls, ``told`` once its first non-blank character came)."""
+
+    scanner: CallScanner
+    ids: list[str] = field(default_factory=list)
+    text: str | None = ""
+    told: bool = False
+
+
+def _is_calls(text: str) -> bool:
+    return text.lstrip(" \t\r\n")[:1] == "{"  # (the engine's rule: engine.json_decoding)
+
+
+@dataclass(slots=True)
 class ToolCallFormat(ChatFormat):
-    """A chat answer shown as tool calls. ``choice``: "required" or "named" (the plan's);
+    """A chat answer shown as tool calls. ``choice``: "required", "named" or "auto" (the plan's;
+    under "auto" an answer that does not begin with "{" is the model's text, shown as content);
     ``named``: the function a named choice calls."""
 
     choice: str = "required"
     named: str | None = None
-    scanners: dict[int, tuple[CallScanner, list[str]]] = field(default_factory=dict)  # a streamed choice's
+    streamed: dict[int, _Choice] = field(default_factory=dict)
 
-    def _scanner(self, index: int) -> tuple[CallScanner, list[str]]:
-        found = self.scanners.get(index)
+    def _choice(self, index: int) -> _Choice:
+        found = self.streamed.get(index)
         if found is None:
-            found = self.scanners[index] = (CallScanner(self.named), [])
+            found = self.streamed[index] = _Choice(CallScanner(self.named), told=self.choice != "auto")
+            if found.told:
+                found.text = None
         return found
 
     def opening(self, n: int) -> list[BaseModel]:
         return [self._chunk([ChunkChoice(index=i, delta=ChunkDelta(role="assistant"))]) for i in range(n)]
 
     def text_chunk(self, index: int, text: str, logprobs: list | None = None) -> BaseModel | None:
-        scanner, ids = self._scanner(index)
-        events = scanner.feed(text)
+        state = self._choice(index)
+        if not state.told:  # (auto: blanks are held until the answer says text or calls)
+            state.text += text
+            if not state.text.strip(" \t\r\n"):
+                return None
+            state.told = True
+            text, state.text = state.text, (None if _is_calls(state.text) else "")
+        if state.text is not None:
+            return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(content=text))])
+        events = state.scanner.feed(text)
         if not events:
             return None
-        while len(ids) < len(scanner.names):
-            ids.append(_new_call_id())
-        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(tool_calls=[_call_delta(e, ids) for e in events]))])
+        while len(state.ids) < len(state.scanner.names):
+            state.ids.append(_new_call_id())
+        deltas = [_call_delta(e, state.ids) for e in events]
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(tool_calls=deltas))])
 
     def finish_chunk(self, index: int, finish_reason: str) -> BaseModel:
-        scanner, _ = self._scanner(index)
-        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=self._reason(scanner, finish_reason))])
+        state = self._choice(index)
+        calls = state.scanner if state.text is None else None
+        held = None if state.told else state.text or None  # (an answer of blanks alone: still its text)
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(content=held),
+                                        finish_reason=self._reason(calls, finish_reason))])
 
-    def _reason(self, scanner: CallScanner, finish_reason: str | None) -> str | None:
-        if finish_reason == "stop" and self.choice == "required" and scanner.complete:
-            return "tool_calls"  # (as OpenAI answers a call it was asked for)
+    def _reason(self, calls: CallScanner | None, finish_reason: str | None) -> str | None:
+        if finish_reason == "stop" and calls is not None and self.choice != "named" and calls.complete:
+            return "tool_calls"  # (as OpenAI answers a call; a forced one's is "stop")
         return finish_reason
 
     def response(self, texts: list[str], finish_reasons: list[str | None], usage: Usage,
                  logprobs: list | None = None) -> ChatCompletion:
         choices = []
         for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
+            if self.choice == "auto" and not _is_calls(text):  # the model answered in text
+                choices.append(ToolCallChoice(index=i, message=ToolCallMessage(content=text), finish_reason=reason))
+                continue
             scanner = CallScanner(self.named)
             scanner.feed(text)
             calls = [{"id": _new_call_id(), "type": "function", "function": {"name": name, "arguments": args}}

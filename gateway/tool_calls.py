@@ -1,4 +1,5 @@
-"""Tool calls: OpenAI's ``tools`` with ``tool_choice`` ``"required"`` or a named function.
+"""Tool calls: OpenAI's ``tools`` with ``tool_choice`` ``"auto"`` (the default), ``"required"`` or a
+named function.
 
 The model is shown the tools (a system message) and its answer is decoded under a JSON Schema made
 from them (``engine.json_schema``), so every call names a tool that was given and its arguments
@@ -7,9 +8,9 @@ as OpenAI streams them: a call's id and name first, then its arguments in pieces
 
     required   {"tool_calls": [{"name": "<a tool>", "arguments": {...}}, ...]}   finish "tool_calls"
     named      the named function's arguments, {...}                            finish "stop"
+    auto       as "required" when the answer's first token begins with "{", else the model's
+               text (``SamplingParams.json_optional``): the model decides, as it would unguided
 
-``tool_choice: "auto"`` (OpenAI's default when tools are sent) stays a 400: this model was not
-trained to decide when to call a tool, and vLLM refuses it too without a model-specific parser.
 Earlier turns' tool calls and the ``tool`` messages that answer them are rendered as plain turns
 (``messages``), as the model saw its own calls, so a conversation can go on after a call.
 
@@ -52,8 +53,8 @@ class Tool:
 
 @dataclass(slots=True)
 class ToolPlan:
-    """What a chat's tools make of it. ``choice``: "required", "named" or None (no call asked: the
-    conversation only holds earlier calls and their results, rendered as turns)."""
+    """What a chat's tools make of it. ``choice``: "auto", "required", "named" or None (no call
+    asked: the conversation only holds earlier calls and their results, rendered as turns)."""
 
     choice: str | None
     tools: list[Tool] = field(default_factory=list)
@@ -102,6 +103,7 @@ class ToolPlan:
             raise invalid_request(f"The tools' parameters nest too deep: {quoted_name(err.errors()[0]['msg'])}.",
                                   param="tools") from err
         fmt._grammar = grammar  # noqa: SLF001 - held until the request's SamplingParams take it
+        fmt._optional = self.choice == "auto"  # noqa: SLF001 - the model may answer in text instead
         body.response_format = fmt
 
     def messages(self, body: ChatCompletionRequest) -> list[dict]:
@@ -140,11 +142,14 @@ class ToolPlan:
         lines = ["You can call these functions (each as JSON: its name, what it does, and the JSON Schema of "
                  "its arguments):"]
         lines += [t.shown() for t in self.tools]
+        form = ('{"tool_calls": [{"name": <a function\'s name>, "arguments": <its arguments>}]}')
         if self.choice == "named":
             lines.append(f"Call {self.tools[0].name}: answer with its arguments as a JSON object.")
+        elif self.choice == "required":
+            lines.append(f"Answer with the calls to make, as JSON: {form}.")
         else:
-            lines.append('Answer with the calls to make, as JSON: {"tool_calls": [{"name": <a function\'s name>, '
-                         '"arguments": <its arguments>}]}.')
+            lines.append(f"If calling them answers the user, answer only with the calls, as JSON: {form}. "
+                         "Otherwise answer in plain text.")
         return "\n".join(lines)
 
 

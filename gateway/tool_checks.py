@@ -1,5 +1,5 @@
 """The checks of a chat's tools, tool choice and earlier tool turns, as OpenAI makes them, and what
-pagegate does not serve (``tool_choice: "auto"``, the deprecated functions): ``check_tools`` gives
+pagegate does not serve (the deprecated functions, other tool choice types): ``check_tools`` gives
 the request's ``ToolPlan`` (``gateway.tool_calls``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from gateway.errors import invalid_request, quoted_name, unsupported
 from gateway.schemas import MAX_SCHEMA_JSON_DEPTH, ChatCompletionRequest, json_depth
 from gateway.tool_calls import Tool, ToolPlan
 
-MAX_REQUIRED_TOOLS = MAX_PARALLEL  # tools under "required": their calls start alike, and the grammar follows so many
+MAX_CALLABLE_TOOLS = MAX_PARALLEL  # tools under "auto" or "required": their calls start alike, and the grammar follows so many
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -43,11 +43,6 @@ def check_tools(body: ChatCompletionRequest) -> ToolPlan | None:
                               "specified.", param="tool_choice")
     if not tools or choice == "none":
         return ToolPlan(None) if turns else None
-    if choice in (None, "auto"):
-        raise unsupported("tool_choice", "tool_choice 'auto' (the default when tools are sent) is not supported: "
-                                         "this model cannot tell when to call a tool. Set tool_choice to 'required' "
-                                         "(it calls one or more of the tools), name a function ({\"type\": "
-                                         "\"function\", \"function\": {\"name\": ...}}), or send 'none'.")
     for field_name, value in (("logprobs", body.logprobs), ("prompt_logprobs", body.prompt_logprobs)):
         if value not in (None, False):  # (the calls are shown, not the text they were read from)
             raise unsupported(field_name, f"{field_name} are not available with tool calls.")
@@ -55,11 +50,12 @@ def check_tools(body: ChatCompletionRequest) -> ToolPlan | None:
         raise invalid_request("Send one of 'response_format' and a tool_choice that calls a tool.",
                               param="response_format")
     parallel = body.parallel_tool_calls is not False
-    if choice == "required":
-        if len(tools) > MAX_REQUIRED_TOOLS:
-            raise unsupported("tools", f"tool_choice 'required' takes at most {MAX_REQUIRED_TOOLS} tools (their calls "
-                                       f"start alike; this request has {len(tools)}): send fewer, or name one.")
-        return ToolPlan("required", tools, parallel)
+    if choice in (None, "auto", "required"):
+        if len(tools) > MAX_CALLABLE_TOOLS:
+            raise unsupported("tools", f"At most {MAX_CALLABLE_TOOLS} tools may be called from one request (their calls "
+                                       f"start alike; this request has {len(tools)}): send fewer, or name one in "
+                                       "tool_choice.")
+        return ToolPlan("auto" if choice is None else choice, tools, parallel)
     name = _named(choice)
     for i, tool in enumerate(tools):
         if tool.name == name:

@@ -97,3 +97,37 @@ def test_min_tokens_never_blocks_what_the_object_needs(engine_config, tiny_model
     (text, tokens, reason), = _run(engine, [list(b"x")], [params])["r0"].values()
     assert text.startswith(" " * json_grammar.MAX_WHITESPACE + "{")
     assert json_grammar.accepts(text.encode()) is not None and reason == "length", (text, reason)
+
+
+def test_an_optional_grammar_holds_only_an_answer_begun_with_a_brace(engine_config, tiny_model_dir) -> None:
+    """``json_optional`` (a tool call the model may make): forced to "{", the choice is the schema's
+    object; forced to another first byte, it is free text (a "}" the grammar would refuse at once
+    included); EOS first is an empty answer."""
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    schema = json.dumps({"type": "object", "properties": {"a": {"enum": [1]}}, "required": ["a"],
+                         "additionalProperties": False})
+    cases = {
+        "json": {ord("{"): 100, ord("}"): 100, ord('"'): 50},  # "{}" would close at once: the schema wants "a"
+        "text": {ord("x"): 100, ord("}"): 99},
+        "eos": {EOS: 100},
+    }
+    params = [SamplingParams(temperature=0.0, max_tokens=12, logit_bias=bias, json_schema=schema, json_optional=True)
+              for bias in cases.values()]
+    out = _run(engine, [list(b"Say: ")] * len(params), params)
+    (json_text, _, json_reason), = out["r0"].values()
+    assert (json.loads(json_text), json_reason) == ({"a": 1}, "stop")
+    (text, tokens, reason), = out["r1"].values()
+    assert text[0] == "x" and "}" in text and reason == "length" and len(tokens) == 12
+    (empty, tokens, reason), = out["r2"].values()
+    assert (empty, reason) == ("", "stop")
+    plain = _run(engine, [list(b"Say: ")], [SamplingParams(temperature=0.0, max_tokens=12, logit_bias=cases["text"])])
+    assert plain["r0"][0][0] == text  # free text: what it is without the grammar
+
+
+def test_json_optional_needs_a_grammar() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="json_optional"):
+        SamplingParams(json_optional=True)
+    with pytest.raises(ValueError, match="json_optional"):
+        SamplingParams(json_object=True, json_optional="yes")

@@ -76,7 +76,6 @@ CHAT_CASES = [
     ({"stop": ["ok", ""]}, 400, "stop[1]"),
     ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream: as OpenAI
     ({"tools": "x"}, 400, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice"),  # auto: not served
     ({"logprobs": "yes"}, 400, "logprobs"),
     ({"top_logprobs": 3}, 400, "top_logprobs"),  # needs logprobs: true
     ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),

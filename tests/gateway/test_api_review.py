@@ -35,13 +35,11 @@ def test_a_lone_surrogate_is_a_400_not_a_500(api, path, body, param) -> None:  #
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    # tool_choice "auto" (the default with tools) is not served; the deprecated functions only turned off
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    # the deprecated functions are served only turned off
     ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}], "function_call": "none"}, "tool_choice"),
     ({"functions": [{"name": "f", "parameters": {}}], "tool_choice": "none"}, "functions"),
 ])
-def test_tools_are_refused_unless_turned_off_or_called(api, fields, param) -> None:  # noqa: ANN001
+def test_functions_are_refused_unless_turned_off(api, fields, param) -> None:  # noqa: ANN001
     assert_error(post(api, "/v1/chat/completions", chat(api, **fields)), 400, param=param,
                  code="unsupported_parameter")
 

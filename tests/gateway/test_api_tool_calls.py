@@ -1,8 +1,9 @@
 """Tool calls over HTTP with the official ``openai`` client on SmolLM2: ``tool_choice: "required"``
 answers with calls of the tools given, whose arguments follow each tool's parameters (streamed
 or not, the SDK's stream accumulator included), a named tool_choice with that function's
-arguments, and a conversation goes on after a call with its result; what is not served (``auto``)
-and what OpenAI refuses are 400s that say so."""
+arguments, ``auto`` with calls or the model's text as its first token says, and a conversation
+goes on after a call with its result; what OpenAI refuses and what is not served are 400s that
+say so."""
 
 from __future__ import annotations
 
@@ -145,9 +146,49 @@ def test_the_conversation_goes_on_after_a_call(api) -> None:  # noqa: ANN001
     assert again.usage.prompt_tokens - answer.usage.prompt_tokens >= 4 * 4 * len(calls)
 
 
+def _token_id(api, text: str) -> int:  # noqa: ANN001
+    ids = api.app.state.pagegate.engine.encode(text)
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_lets_the_model_answer_in_text_or_calls(api, stream) -> None:  # noqa: ANN001
+    """tool_choice "auto" (the default with tools): an answer that begins with "{" is held to the
+    calls' schema, any other is the model's text. The model's pick is forced both ways here."""
+    client = api.openai()
+    brace = _token_id(api, "{")
+
+    def ask(**fields: object) -> tuple[str | None, list, str]:
+        body = dict(model=api.model, messages=ASK, tools=[WEATHER, CLOCK], max_tokens=60, temperature=0, **fields)
+        if not stream:
+            choice = client.chat.completions.create(**body).choices[0]
+            calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+            return choice.message.content, calls, choice.finish_reason
+        content, pieces, reason = None, {}, None
+        for chunk in client.chat.completions.create(**body, stream=True):
+            delta = chunk.choices[0].delta
+            if delta.content is not None:
+                content = (content or "") + delta.content
+            for piece in delta.tool_calls or []:
+                name, arguments = pieces.get(piece.index, (piece.function.name, ""))
+                pieces[piece.index] = (name, arguments + piece.function.arguments)
+            reason = chunk.choices[0].finish_reason or reason
+        return content, [pieces[k] for k in sorted(pieces)], reason
+
+    content, calls, reason = ask(logit_bias={str(brace): 100})  # "{" first: calls
+    assert content is None and calls and reason in ("tool_calls", "length")
+    if reason == "tool_calls":
+        for name, arguments in calls:
+            assert name == "get_time" and json.loads(arguments) == {} or _valid_weather(arguments)
+    content, calls, reason = ask(logit_bias={str(brace): -100})  # not "{": text, as without tools
+    assert content and not calls and reason in ("stop", "length")
+    default = ask()  # no tool_choice: auto
+    assert default == ask(tool_choice="auto")
+    assert (default[0] is None) == bool(default[1])
+
+
 @pytest.mark.parametrize(("fields", "param", "code"), [
-    ({"tools": [WEATHER]}, "tool_choice", "unsupported_parameter"),  # auto: the default with tools
-    ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice", "unsupported_parameter"),
     ({"tool_choice": "required"}, "tool_choice", "invalid_value"),  # no tools
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "invalid_value"),
@@ -167,6 +208,8 @@ def test_the_conversation_goes_on_after_a_call(api) -> None:  # noqa: ANN001
      "unsupported_parameter"),
     ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(17)], "tool_choice": "required"},
      "tools", "unsupported_parameter"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(17)]}, "tools",
+     "unsupported_parameter"),  # (auto: the same calls' schema)
     ({"tools": [WEATHER], "tool_choice": "required", "logprobs": True}, "logprobs", "unsupported_parameter"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"},
       "messages": [{"role": "user", "content": "json"}]}, "response_format", "invalid_value"),

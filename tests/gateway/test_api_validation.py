@@ -92,8 +92,6 @@ def test_missing_field_and_bad_json(api) -> None:  # noqa: ANN001
 
 
 def test_unsupported_features_are_400(api) -> None:  # noqa: ANN001
-    assert_error(post(api, "/v1/chat/completions", chat(api, tools=[{"type": "function", "function": {"name": "f"}}])),
-                 400, param="tool_choice", code="unsupported_parameter")  # auto, the default with tools
     assert_error(post(api, "/v1/chat/completions", chat(api, top_logprobs=2)), 400, param="top_logprobs")
     unsupported = [  # known OpenAI features this model cannot serve: one code an app can branch on
         (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {

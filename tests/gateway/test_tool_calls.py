@@ -167,3 +167,28 @@ def test_a_function_without_parameters_takes_an_empty_object(parameters) -> None
     tool = {"type": "function", "function": {"name": "now", **({} if parameters is None else {"parameters": parameters})}}
     plan = check_tools(_body(tools=[tool], tool_choice="required", messages=[{"role": "user", "content": "Hi"}]))
     assert _accepts(plan.schema(), _calls(("now", {}))) and not _accepts(plan.schema(), _calls(("now", {"a": 1})))
+
+
+def test_auto_shows_text_as_content_and_json_as_calls() -> None:
+    fmt = ToolCallFormat(model="m", choice="auto")
+    text, calls = "  Sunny, 18 degrees.", _calls(("f", {"a": 1}))
+    answer = fmt.response([text, "\n" + calls, ""], ["stop", "stop", "stop"], make_usage(3, 4, 0)).model_dump()
+    said, called, empty = answer["choices"]
+    assert (said["message"]["content"], said["message"]["tool_calls"], said["finish_reason"]) == (text, None, "stop")
+    assert called["message"]["content"] is None and called["finish_reason"] == "tool_calls"
+    assert [c["function"]["name"] for c in called["message"]["tool_calls"]] == ["f"]
+    assert empty["message"]["content"] == ""
+    # streamed: blanks are held until the answer says which; then text as content, or call pieces
+    stream = ToolCallFormat(model="m", choice="auto")
+    assert stream.text_chunk(0, "  ") is None and stream.text_chunk(1, "\n") is None
+    assert stream.text_chunk(0, "Sun").model_dump()["choices"][0]["delta"] == {"content": "  Sun"}
+    assert stream.text_chunk(0, "ny {").model_dump()["choices"][0]["delta"] == {"content": "ny {"}
+    pieces = [stream.text_chunk(1, p) for p in (calls[:25], calls[25:])]
+    deltas = [d for c in pieces if c is not None for d in c.model_dump()["choices"][0]["delta"]["tool_calls"]]
+    assert deltas[0]["function"]["name"] == "f"
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"a": 1}'
+    assert stream.finish_chunk(0, "stop").model_dump()["choices"][0]["finish_reason"] == "stop"
+    assert stream.finish_chunk(1, "stop").model_dump()["choices"][0]["finish_reason"] == "tool_calls"
+    blank = ToolCallFormat(model="m", choice="auto")
+    assert blank.text_chunk(0, " ") is None
+    assert blank.finish_chunk(0, "stop").model_dump()["choices"][0]["delta"] == {"content": " "}
