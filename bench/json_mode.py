@@ -6,14 +6,15 @@ twice: in JSON mode (greedy; with ``--schema``, constrained to a schema of six p
 enum, an integer, an array of strings and an optional nested object; with ``--rules``, to one of
 seven whose values have rules: a length, a pattern, the email, date and uuid formats, integer and
 number bounds; with ``--unions``, to one of pydantic's unions of models (plain and discriminated),
-a map and a tuple whose second item is an integer or a number), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
+a map and a tuple whose second item is an integer or a number; with ``--tools``, to the calls of
+sixteen tools under ``tool_choice: "required"``, the gateway's schema and prompt), then plain (greedy; ``ignore_eos`` and the JSON run's own lengths,
 so both decode the same number of tokens). It prints the time per generated token of each and
 their ratio, the time spent getting the masks (computed, or taken from their cache) and how many
 were computed, how many JSON answers parse and how many ``max_tokens`` cut (a cut answer is a
 prefix of an object). The one-time cost of a process's first JSON-mode request (the vocabulary's
 bytes and trie) is printed first.
 
-    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema | --rules | --unions]
+    .venv/bin/python bench/json_mode.py [--batch 8] [--max-tokens 160] [--rounds 3] [--schema | --rules | --unions | --tools]
 """
 
 from __future__ import annotations
@@ -63,6 +64,31 @@ UNIONS = {"type": "object", "properties": {  # (what pydantic writes for Union, 
     "required": ["action", "item", "counts", "pair"]}
 
 
+def _tools() -> tuple[dict, list[list[dict]]]:
+    """The calls' schema of sixteen tools (``gateway.tool_calls``) and each ask's messages with them shown."""
+    from gateway.schemas import ChatCompletionRequest
+    from gateway.tool_checks import check_tools
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                                   "required": ["city", "unit"]}}},
+             {"type": "function", "function": {"name": "search", "parameters": _SEARCH}},
+             {"type": "function", "function": {"name": "say", "parameters": _SAY}},
+             {"type": "function", "function": {"name": "describe", "parameters": SCHEMA}}]
+    tools += [{"type": "function", "function": {"name": f"lookup_{i}", "description": f"Table {i}.", "parameters": {
+        "type": "object", "properties": {"key": {"type": "string"}, "limit": {"type": "integer"}}, "required": ["key"]}}}
+              for i in range(12)]
+    messages = []
+    plan = None
+    for ask in ASKS:
+        body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": ask}],
+                                                     "tools": tools, "tool_choice": "required"})
+        plan = check_tools(body)
+        messages.append(plan.messages(body))
+    return plan.schema(), messages
+
+
 def _run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams],
          ) -> tuple[float, list[str], int, int]:
     """Seconds, each request's text, tokens generated, choices cut by ``max_tokens``."""
@@ -92,12 +118,16 @@ def main() -> None:
     ap.add_argument("--schema", action="store_true", help="structured outputs instead of JSON mode")
     ap.add_argument("--rules", action="store_true", help="structured outputs with value rules (formats, bounds)")
     ap.add_argument("--unions", action="store_true", help="structured outputs with unions of models, a map, a tuple")
+    ap.add_argument("--tools", action="store_true", help="tool calls of sixteen tools (tool_choice required)")
     args = ap.parse_args()
     schema = UNIONS if args.unions else RULES if args.rules else SCHEMA if args.schema else None
+    chats = [[{"role": "user", "content": ask}] for ask in ASKS]
+    if args.tools:
+        schema, chats = _tools()
     engine = LLMEngine(EngineConfig())
     tok = engine.tokenizer
-    prompts = [list(tok.apply_chat_template([{"role": "user", "content": ASKS[i % len(ASKS)]}],
-                                            add_generation_prompt=True, tokenize=True, return_dict=False))
+    prompts = [list(tok.apply_chat_template(chats[i % len(chats)], add_generation_prompt=True, tokenize=True,
+                                            return_dict=False))
                for i in range(args.batch)]
     t0 = time.perf_counter()
     engine.prepare_json()

@@ -227,6 +227,18 @@ def test_two_workers_serve_one_engine(service: Service) -> None:
             "name": "cat", "schema": schema}},
         messages=[{"role": "user", "content": "Tell me about a cat called Tom, 4 years old."}])
     assert json.loads(tom.choices[0].message.content) == {"name": "Tom", "age": 4}
+    # tool calls through a worker: "required" decodes a call; under "auto" (json_optional, on the
+    # wire) this model answers "Hi!" in text, where a lost flag would have held it to a call
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    called = client.chat.completions.create(model=MODEL, max_tokens=40, temperature=0, tools=[weather],
+                                            tool_choice="required",
+                                            messages=[{"role": "user", "content": "Weather in Paris?"}])
+    assert called.choices[0].finish_reason == "tool_calls"
+    assert "city" in json.loads(called.choices[0].message.tool_calls[0].function.arguments)
+    said = client.chat.completions.create(model=MODEL, max_tokens=20, temperature=0, tools=[weather],
+                                          messages=[{"role": "user", "content": "Hi!"}])
+    assert said.choices[0].message.content and said.choices[0].message.tool_calls is None
 
 
 def prometheus_sum(text: str, name: str) -> float:
