@@ -13,12 +13,17 @@ from gateway.tool_calls import Tool, ToolPlan
 
 MAX_CALLABLE_TOOLS = MAX_PARALLEL  # tools under "auto" or "required": their calls start alike, and the grammar follows so many
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+_TOOL_ROLES = frozenset({"tool", "function"})
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def check_tools(body: ChatCompletionRequest) -> ToolPlan | None:
     """The request's tools, tool choice and tool turns checked as OpenAI checks them; the plan, or
     None when the chat has nothing to do with tools."""
+    if (body.tools is None and body.tool_choice is None and body.functions is None and body.function_call is None
+            and not any(m.role in _TOOL_ROLES or m.tool_calls is not None or m.function_call is not None
+                        for m in body.messages)):
+        return None  # (every plain chat: one pass, ~0.8 µs where the checks below took ~2.2 µs)
     for i, m in enumerate(body.messages):
         if m.role == "function":
             raise unsupported(f"messages[{i}].role", "'function' messages (the deprecated function calling) are not "
