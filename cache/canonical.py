@@ -123,9 +123,30 @@ def is_deterministic(body: dict) -> bool:
     return (t is not None and float(t) < GREEDY_BELOW) or body.get("seed") is not None
 
 
+def _by_name(messages: list[dict]) -> None:
+    """Tool call ids are never shown to the model (a result is shown with the name of the call it
+    answers): each is keyed by that name, so one conversation with other ids is one key (found by
+    QA: it was a miss)."""
+    names: dict[object, object] = {}
+    for m in messages:
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            kept = []
+            for call in calls:
+                if isinstance(call, dict) and isinstance(call.get("function"), dict):
+                    names[call.get("id")] = call["function"].get("name")
+                    call = {k: v for k, v in call.items() if k != "id"}
+                kept.append(call)
+            m["tool_calls"] = kept
+        if "tool_call_id" in m:
+            m["tool_call_id"] = names.get(m["tool_call_id"], m["tool_call_id"])
+
+
 def canonicalize(namespace: str, body: dict) -> CanonicalRequest:
     """Build the keys of ``body`` inside tenant ``namespace``. Pure and cheap (no I/O)."""
     messages = [_message(m) for m in body.get("messages") or []]
+    if any("tool_calls" in m for m in messages):
+        _by_name(messages)
     params = _params(body)
     model = body.get("model")
     exact_key = _hash(["exact", namespace, model, messages, params])

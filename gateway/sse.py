@@ -31,7 +31,9 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 def encode_event(event: BaseModel | Mapping[str, Any] | bytes) -> bytes:
     """One ``data:`` line. Pydantic models keep their ``null`` fields, as OpenAI's chunks do.
-    Bytes are an event this made already (a big one, encoded on a worker thread)."""
+    Bytes are an event this made already (a big one, encoded on a worker thread). U+2028 and
+    U+2029 are written as JSON escapes: a client that splits its lines with Python's
+    ``str.splitlines`` (httpx's ``iter_lines``) cut an event at them (found by QA)."""
     if isinstance(event, bytes):
         return event
     if isinstance(event, BaseModel):
@@ -41,6 +43,8 @@ def encode_event(event: BaseModel | Mapping[str, Any] | bytes) -> bytes:
             payload = json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
         except UnicodeEncodeError:  # a lone surrogate quoted in an error: JSON's escape for it
             payload = json.dumps(event, separators=(",", ":")).encode()
+    if b"\xe2\x80\xa8" in payload or b"\xe2\x80\xa9" in payload:  # (only ever inside JSON strings)
+        payload = payload.replace(b"\xe2\x80\xa8", b"\\u2028").replace(b"\xe2\x80\xa9", b"\\u2029")
     return b"data: " + payload + b"\n\n"
 
 

@@ -14,16 +14,19 @@ from gateway.formats import ChatFormat
 from gateway.ids import new_hex_id
 from gateway.schemas import ChatChoice, ChatCompletion, ChatResponseMessage, ChunkChoice, ChunkDelta, Usage
 
+_BLANKS = frozenset(" \t\r\n")  # JSON's whitespace
+
 
 class CallScanner:
     """Reads an answer's calls as its text comes, byte by byte of JSON: for "required",
     ``{"tool_calls": [{"name": "...", "arguments": ...}, ...]}`` (keys in that order: the grammar
     writes them so); for "named", the text is the arguments. ``feed`` returns what is new:
     ``("call", index, name)`` once a call's name is whole, ``("args", index, text)`` as its
-    arguments come."""
+    arguments come, without the blanks between their tokens (the grammar lets the model write
+    up to 32 in a row: found by QA, ``'{\n \n   \n \n}'``)."""
 
     __slots__ = ("arguments", "complete", "depth", "_escape", "_in_string", "_key", "_is_key", "_string",
-                 "_capture", "_value", "_blank", "names", "_named")
+                 "_capture", "names", "_named")
 
     def __init__(self, named: str | None = None) -> None:
         self.names: list[str] = []
@@ -35,8 +38,6 @@ class CallScanner:
         self._string: list[str] | None = None  # a string at a call's level, being read
         self._key: str | None = None  # the last key read at a call's level
         self._capture: int | None = None  # the depth the arguments' value ends at (reading them)
-        self._value = False  # after "arguments": before the value's first character
-        self._blank = ""  # whitespace inside the arguments, held until more of them comes
 
     def feed(self, text: str) -> list[tuple]:
         if self._named is not None:
@@ -48,15 +49,27 @@ class CallScanner:
 
     def _feed_named(self, text: str) -> list[tuple]:
         events: list[tuple] = []
+        piece = []
+        for ch in text:
+            if self._in_string:
+                piece.append(ch)
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch not in _BLANKS:
+                self._in_string = ch == '"'
+                piece.append(ch)
+        if not piece:
+            return events
         if not self.names:
-            text = text.lstrip()
-            if not text:
-                return events
             self.names.append(self._named)
             self.arguments.append("")
             events.append(("call", 0, self._named))
-        self.arguments[0] += text
-        events.append(("args", 0, text))
+        self.arguments[0] += "".join(piece)
+        events.append(("args", 0, "".join(piece)))
         return events
 
     def _read(self, ch: str, events: list[tuple]) -> None:  # noqa: C901, PLR0912 - one character's cases
@@ -84,7 +97,6 @@ class CallScanner:
             if self.depth == 0:
                 self.complete = True
         elif ch == ":" and self.depth == 3 and self._key == "arguments" and len(self.arguments) < len(self.names):
-            self._value = True
             self._capture = 3
             self.arguments.append("")
         elif ch == "," and self.depth == 3:
@@ -106,7 +118,8 @@ class CallScanner:
             events.append(("call", len(self.names) - 1, text))
 
     def _argument(self, ch: str, events: list[tuple]) -> None:
-        """A character of the arguments' value (or the one after it, at the call's level)."""
+        """A character of the arguments' value (or the one after it, at the call's level); the
+        blanks between its tokens are left out, as OpenAI's arguments have none."""
         if self._in_string:
             if self._escape:
                 self._escape = False
@@ -114,9 +127,7 @@ class CallScanner:
                 self._escape = True
             elif ch == '"':
                 self._in_string = False
-        elif ch in " \t\r\n":
-            if not self._value:  # (before the value: not its own)
-                self._blank += ch
+        elif ch in _BLANKS:
             return
         elif ch == '"':
             self._in_string = True
@@ -125,19 +136,16 @@ class CallScanner:
         elif ch in "}],":
             if self.depth == self._capture:  # the value has ended: this character is the call's
                 self._capture = None
-                self._blank = ""
                 self._read(ch, events)
                 return
             if ch != ",":
                 self.depth -= 1
-        self._value = False
-        piece, self._blank = self._blank + ch, ""
-        self.arguments[-1] += piece
+        self.arguments[-1] += ch
         index = len(self.arguments) - 1
         if events and events[-1][0] == "args" and events[-1][1] == index:
-            events[-1] = ("args", index, events[-1][2] + piece)
+            events[-1] = ("args", index, events[-1][2] + ch)
         else:
-            events.append(("args", index, piece))
+            events.append(("args", index, ch))
 
 
 def _call_delta(event: tuple, ids: list[str]) -> dict:

@@ -35,6 +35,7 @@ from gateway.errors import invalid_request, quoted_name, unsupported
 from gateway.schemas import ChatCompletionRequest, JsonSchemaFormat, ResponseFormat
 
 _LITERALS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: their "$ref"s are data
+_NAMED = frozenset({"properties", "patternProperties", "dependentSchemas", "$defs", "definitions"})  # name -> schema
 
 
 @dataclass(slots=True)
@@ -107,14 +108,17 @@ class ToolPlan:
         body.response_format = fmt
 
     def messages(self, body: ChatCompletionRequest) -> list[dict]:
-        """The conversation as the model reads it: earlier calls as the assistant's JSON, their
-        results as a user turn, and the tools shown in a system message when a call is asked."""
+        """The conversation as the model reads it: an earlier turn's calls as its words
+        (``Calling get_weather with {"city": "Paris"}.``), their results as one user turn
+        (``Result of get_weather: ...``), and the tools shown in a system message when a call may
+        be made. (The calls as the JSON the model writes made it copy that JSON as its next
+        text answer: found by QA; in words, it answers.)"""
         out: list[dict] = []
         names: dict[str, str] = {}  # call id -> function name
         for m in body.messages:
             role = "system" if m.role == "developer" else m.role
             if m.role == "tool":
-                result = f"{names.get(m.tool_call_id, 'function')} returned: {m.text()}"
+                result = f"Result of {names.get(m.tool_call_id, 'the function')}: {m.text()}"
                 if out and out[-1].get("results"):  # the results of one turn's calls: one turn
                     out[-1]["content"] += "\n" + result
                 else:
@@ -122,11 +126,11 @@ class ToolPlan:
                 continue
             text = m.text()
             if m.role == "assistant" and m.tool_calls:
-                calls = []
+                said = []
                 for call in m.tool_calls:
-                    names[call["id"]] = call["function"]["name"]
-                    calls.append({"name": call["function"]["name"], "arguments": _arguments(call["function"]["arguments"])})
-                text = (text + "\n" if text else "") + json.dumps({"tool_calls": calls}, ensure_ascii=False)
+                    names[call["id"]] = name = call["function"]["name"]
+                    said.append(f"Calling {name} with {_arguments(call['function']['arguments'])}.")
+                text = " ".join([text, *said] if text else said)
             out.append({"role": role, "content": text})
         for turn in out:
             turn.pop("results", None)
@@ -153,14 +157,13 @@ class ToolPlan:
         return "\n".join(lines)
 
 
-def _arguments(text: object) -> object:
-    """An earlier call's arguments (a JSON string) as the model wrote them: parsed when they parse."""
-    if isinstance(text, str):
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
-    return text
+def _arguments(text: str) -> str:
+    """An earlier call's arguments (a JSON string) as the model is shown them: written again as
+    JSON (one line) when they parse, else as sent."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        return text
 
 
 def _schema_error(err: SchemaError, index: int | None, name: str | None):  # noqa: ANN202 - ApiError
@@ -172,28 +175,36 @@ def _schema_error(err: SchemaError, index: int | None, name: str | None):  # noq
     return unsupported(param, message) if err.unsupported else invalid_request(message, param=param)
 
 
-def _hoisted(schema: object, key: str, defs: dict) -> object:
-    """``schema`` (one tool's parameters) placed at ``#/$defs/<key>`` of the calls' schema: its own
-    definitions moved beside it under names of its own, and its references rewritten to reach
-    them (``#`` is the parameters themselves). Other references stay (the compiler names them)."""
-    if isinstance(schema, dict):
-        out = {}
-        for word, value in schema.items():
-            if word in ("$defs", "definitions") and isinstance(value, dict) and value is not schema:
-                tag = "d" if word == "$defs" else "D"
-                for name, sub in value.items():
-                    defs[f"{key}.{tag}.{name}"] = _hoisted(sub, key, defs)
-                continue
-            if word == "$ref" and isinstance(value, str):
-                out[word] = _moved(value, key)
-            elif word in _LITERALS:
-                out[word] = value
-            else:
-                out[word] = _hoisted(value, key, defs)
-        return out
-    if isinstance(schema, list):
-        return [_hoisted(v, key, defs) for v in schema]
-    return schema
+def _hoisted(schema: object, key: str, defs: dict, *, root: bool = True) -> object:
+    """``schema`` (one tool's parameters) placed at ``#/$defs/<key>`` of the calls' schema: the
+    definitions at its root moved beside it under names of its own, and its references rewritten
+    to reach them (``#`` is the parameters themselves). Read as a schema, keyword by keyword
+    (found by QA: a property named ``default`` or ``definitions`` was taken for the keyword):
+    the names under ``properties`` and the like are names, the values of ``const``, ``enum``,
+    ``default`` and ``examples`` are data, and definitions below the root stay where they are
+    (a ``#/$defs/A`` inside them still means the root's ``A``). Other references stay (the
+    compiler names them)."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for word, value in schema.items():
+        if word in ("$defs", "definitions") and root and isinstance(value, dict):
+            tag = "d" if word == "$defs" else "D"
+            for name, sub in value.items():
+                defs[f"{key}.{tag}.{name}"] = _hoisted(sub, key, defs, root=False)
+        elif word == "$ref" and isinstance(value, str):
+            out[word] = _moved(value, key)
+        elif word in _LITERALS:
+            out[word] = value
+        elif word in _NAMED and isinstance(value, dict):
+            out[word] = {name: _hoisted(sub, key, defs, root=False) for name, sub in value.items()}
+        elif isinstance(value, dict):  # (one schema: items, additionalProperties, not, ...)
+            out[word] = _hoisted(value, key, defs, root=False)
+        elif isinstance(value, list):  # (schemas: anyOf, prefixItems, ...; names and types are kept)
+            out[word] = [_hoisted(v, key, defs, root=False) for v in value]
+        else:
+            out[word] = value
+    return out
 
 
 def _moved(ref: str, key: str) -> str:

@@ -55,6 +55,11 @@ def check_tools(body: ChatCompletionRequest) -> ToolPlan | None:
         raise invalid_request("Send one of 'response_format' and a tool_choice that calls a tool.",
                               param="response_format")
     parallel = body.parallel_tool_calls is not False
+    if choice != "auto" and choice is not None and (body.stop or body.stop_token_ids):
+        # a call is certain: a stop could only cut its arguments (found by QA: a named call cut by
+        # "," was a "stop", its success, with arguments that were no JSON)
+        raise unsupported("stop" if body.stop else "stop_token_ids",
+                          "Stop sequences are not supported when a tool call is required: they could only cut it.")
     if choice in (None, "auto", "required"):
         if len(tools) > MAX_CALLABLE_TOOLS:
             raise unsupported("tools", f"At most {MAX_CALLABLE_TOOLS} tools may be called from one request (their calls "
@@ -111,6 +116,9 @@ def _check_tools(tools: list) -> list[Tool]:
         if name in seen:
             raise invalid_request(f"Two tools are named '{name}'.", param=f"tools[{i}].function.name")
         seen.add(name)
+        if function.get("strict") is not None and not isinstance(function["strict"], bool):
+            raise invalid_request(f"Invalid type for 'tools[{i}].function.strict': expected a boolean.",
+                                  param=f"tools[{i}].function.strict", code="invalid_type")
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise invalid_request(f"Invalid type for 'tools[{i}].function.description': expected a string.",
@@ -126,7 +134,7 @@ def _parameters(parameters: object, i: int) -> dict:
     if not isinstance(parameters, dict):
         raise invalid_request(f"Invalid type for '{param}': expected an object (a JSON Schema).", param=param,
                               code="invalid_type")
-    if parameters.get("type", "object") != "object":
+    if parameters.get("type", "object") not in ("object", ["object"]):
         raise invalid_request(f"Invalid '{param}': the arguments must be an object (\"type\": \"object\").",
                               param=param)
     if json_depth(parameters) > MAX_SCHEMA_JSON_DEPTH:

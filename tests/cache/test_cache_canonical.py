@@ -128,3 +128,20 @@ def test_a_schemas_property_order_and_the_grammars_version_are_in_the_key(monkey
     assert canonicalize("t", chat("Where?") | fmt("city", "country")).exact_key == a.exact_key
     monkeypatch.setattr(canonical, "FORMAT_GRAMMAR_VERSION", canonical.FORMAT_GRAMMAR_VERSION + 1)
     assert canonicalize("t", chat("Where?") | fmt("city", "country")).exact_key != a.exact_key
+
+
+def test_tool_call_ids_are_keyed_by_the_call_they_name() -> None:
+    """The model is never shown a call's id (a result is shown with its call's name): the same
+    conversation with other ids is one key; results swapped between two calls are another."""
+    def conversation(ids: tuple[str, str], answers: tuple[str, str]) -> dict:
+        calls = [{"id": ids[0], "type": "function", "function": {"name": "weather", "arguments": "{}"}},
+                 {"id": ids[1], "type": "function", "function": {"name": "time", "arguments": "{}"}}]
+        return chat("Weather and time?", temperature=0, messages=[
+            {"role": "user", "content": "Weather and time?"}, {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": answers[0], "content": "sun"},
+            {"role": "tool", "tool_call_id": answers[1], "content": "noon"}])
+    base = canonicalize("t", conversation(("a", "b"), ("a", "b")))
+    same = canonicalize("t", conversation(("call_x", "call_y"), ("call_x", "call_y")))
+    swapped = canonicalize("t", conversation(("a", "b"), ("b", "a")))
+    assert same.exact_key == base.exact_key and same.context_key == base.context_key
+    assert swapped.exact_key != base.exact_key

@@ -138,8 +138,9 @@ def test_the_conversation_goes_on_after_a_call(api) -> None:  # noqa: ANN001
     answer = client.chat.completions.create(model=api.model, messages=messages, tools=[WEATHER],
                                             tool_choice="none", max_tokens=30, temperature=0)
     assert answer.choices[0].message.content and answer.choices[0].message.tool_calls is None
-    # the result reached the model (this one may well repeat the call as text: a 135M model
-    # copies what it sees): a longer result, a longer prompt by as many tokens
+    # (found by QA: shown its calls as the JSON it writes, the model wrote that JSON again as text)
+    assert "tool_calls" not in answer.choices[0].message.content
+    # the result reached the model: a longer result, a longer prompt by as many tokens
     longer = [*messages[:-len(calls)], *({"role": "tool", "tool_call_id": c.id, "content": "18 degrees, sunny" * 5}
                                          for c in calls)]
     again = client.chat.completions.create(model=api.model, messages=longer, max_tokens=1, temperature=0)
@@ -214,6 +215,12 @@ def test_auto_lets_the_model_answer_in_text_or_calls(api, stream) -> None:  # no
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"},
       "messages": [{"role": "user", "content": "json"}]}, "response_format", "invalid_value"),
     ({"functions": [{"name": "f"}], "function_call": {"name": "f"}}, "functions", "unsupported_parameter"),
+    # a call is certain: a stop could only cut it (found by QA: a named call cut by "," said "stop")
+    ({"tools": [WEATHER], "tool_choice": "required", "stop": ","}, "stop", "unsupported_parameter"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "stop_token_ids": [11]}, "stop_token_ids", "unsupported_parameter"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "tools[0].function.strict",
+     "invalid_type"),
 ])
 def test_what_is_refused(api, fields, param, code) -> None:  # noqa: ANN001
     body = {"model": api.model, "messages": ASK, "max_tokens": 5, **fields}

@@ -72,10 +72,10 @@ def _answer(rng: random.Random) -> tuple[str, list[tuple[str, str]]]:
     for _ in range(rng.randint(1, 3)):
         args = {"s": rng.choice(['a"b', "x\\", "}]{[,", "é\n"]), "n": [rng.randint(-9, 9), {"k": None}]}
         calls.append((rng.choice(["f", "g_h", "x-1"]), args))
-    indent = rng.choice([None, 1, 2])
-    text = json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}, indent=indent,
-                      ensure_ascii=rng.random() < 0.5)
-    shown = [(n, json.dumps(a, indent=indent, ensure_ascii=False)) for n, a in calls]
+    ascii_only = rng.random() < 0.5
+    text = json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in calls]},
+                      indent=rng.choice([None, 1, 2]), ensure_ascii=ascii_only)
+    shown = [(n, json.dumps(a, separators=(",", ":"), ensure_ascii=ascii_only)) for n, a in calls]
     return text, shown
 
 
@@ -89,8 +89,7 @@ def test_the_scanner_reads_calls_from_any_chunking() -> None:
             events += scanner.feed(text[i:i + step])
             i += step
         assert scanner.complete and scanner.names == [n for n, _ in calls]
-        assert [json.loads(a) for a in scanner.arguments] == [json.loads(a) for _, a in calls]
-        assert all(a == a.strip() for a in scanner.arguments)
+        assert scanner.arguments == [a for _, a in calls]  # (as written, without the blanks between tokens)
         pieces: dict[int, str] = {}
         for kind, index, value in events:  # each call's name once, before its arguments
             if kind == "call":
@@ -104,9 +103,10 @@ def test_the_scanner_reads_calls_from_any_chunking() -> None:
 def test_a_cut_answer_shows_what_was_written() -> None:
     scanner = CallScanner()
     scanner.feed('{"tool_calls": [{"name": "f", "arguments": {"a": [1, 2')
-    assert scanner.names == ["f"] and scanner.arguments == ['{"a": [1, 2'] and not scanner.complete
+    assert scanner.names == ["f"] and scanner.arguments == ['{"a":[1,2'] and not scanner.complete
     named = CallScanner("f")
     assert named.feed("  ") == [] and named.feed(' {"a"') == [("call", 0, "f"), ("args", 0, '{"a"')]
+    assert named.feed(' : "a b" ,\n "q\\"r s"') == [("args", 0, ':"a b","q\\"r s"')]  # (a string's blanks are its own)
 
 
 def test_the_format_shows_calls_as_openai_does() -> None:
@@ -121,12 +121,12 @@ def test_the_format_shows_calls_as_openai_does() -> None:
     assert cut["finish_reason"] == "length"
     named = ToolCallFormat(model="m", choice="named", named="f")
     whole = named.response(['{"a": 1}'], ["stop"], make_usage(3, 4, 0)).model_dump()["choices"][0]
-    assert whole["finish_reason"] == "stop" and whole["message"]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'
+    assert whole["finish_reason"] == "stop" and whole["message"]["tool_calls"][0]["function"]["arguments"] == '{"a":1}'
     chunks = [named.text_chunk(0, piece) for piece in ('{"a"', ": 1}")]
     deltas = [c.model_dump()["choices"][0]["delta"]["tool_calls"] for c in chunks]
     assert deltas[0][0]["function"] == {"name": "f", "arguments": ""} and deltas[0][0]["id"].startswith("call_")
     assert deltas[0][1] == {"index": 0, "function": {"arguments": '{"a"'}}
-    assert deltas[1] == [{"index": 0, "function": {"arguments": ": 1}"}}]
+    assert deltas[1] == [{"index": 0, "function": {"arguments": ":1}"}}]
 
 
 def _body(**fields: object) -> ChatCompletionRequest:
@@ -153,11 +153,10 @@ def test_earlier_calls_and_results_are_turns_the_model_reads() -> None:
     assert set(messages[0]) == {"role", "content"} and messages[0]["content"].startswith("Be brief.\n\n")
     assert json.dumps({"name": "weather", "description": "Weather in a city.",
                        "parameters": WEATHER["function"]["parameters"]}) in messages[0]["content"]
-    assert json.loads(messages[2]["content"]) == {"tool_calls": [
-        {"name": "weather", "arguments": {"city": "Paris"}}, {"name": "weather", "arguments": "not json"}]}
-    assert messages[3]["content"] == "weather returned: rain\nweather returned: sun"
+    assert messages[2]["content"] == 'Calling weather with {"city": "Paris"}. Calling weather with not json.'
+    assert messages[3]["content"] == "Result of weather: rain\nResult of weather: sun"
     off = _body(tools=[WEATHER], tool_choice="none", messages=body.messages)
-    assert check_tools(off).choice is None and "weather returned" in check_tools(off).messages(off)[3]["content"]
+    assert check_tools(off).choice is None and "Result of weather" in check_tools(off).messages(off)[3]["content"]
     assert check_tools(off).messages(off)[0]["content"] == "Be brief."  # no call asked: the tools are not shown
     assert check_tools(_body(messages=[{"role": "user", "content": "Hi"}])) is None
 
@@ -186,9 +185,32 @@ def test_auto_shows_text_as_content_and_json_as_calls() -> None:
     pieces = [stream.text_chunk(1, p) for p in (calls[:25], calls[25:])]
     deltas = [d for c in pieces if c is not None for d in c.model_dump()["choices"][0]["delta"]["tool_calls"]]
     assert deltas[0]["function"]["name"] == "f"
-    assert "".join(d["function"]["arguments"] for d in deltas) == '{"a": 1}'
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"a":1}'
     assert stream.finish_chunk(0, "stop").model_dump()["choices"][0]["finish_reason"] == "stop"
     assert stream.finish_chunk(1, "stop").model_dump()["choices"][0]["finish_reason"] == "tool_calls"
     blank = ToolCallFormat(model="m", choice="auto")
     assert blank.text_chunk(0, " ") is None
     assert blank.finish_chunk(0, "stop").model_dump()["choices"][0]["delta"] == {"content": " "}
+
+
+def test_property_names_are_names_and_nested_definitions_stay() -> None:
+    """Found by QA: a property named ``default`` kept its ``$ref`` unrewritten, one named
+    ``definitions`` was dropped, and a nested ``$defs`` entry replaced the root's of its name."""
+    item = {"type": "object", "properties": {"label": {"type": "string", "maxLength": 5}}, "required": ["label"],
+            "additionalProperties": False}
+    params = {"type": "object", "properties": {
+        "default": {"$ref": "#/$defs/Item"}, "examples": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+        "definitions": {"type": "string", "maxLength": 3}, "enum": {"anyOf": [{"type": "integer"}, {"$ref": "#"}]},
+        "b": {"$ref": "#/$defs/B"}},
+        "required": ["default", "examples", "definitions", "enum", "b"], "additionalProperties": False,
+        "$defs": {"Item": item, "A": {"enum": ["AAA"]},
+                  "B": {"type": "object", "properties": {"z": {"$ref": "#/$defs/A"}}, "required": ["z"],
+                        "additionalProperties": False, "$defs": {"A": {"type": "integer"}}}}}
+    plan = ToolPlan("required", [Tool("f", params)])
+    good = {"default": {"label": "x"}, "examples": [], "definitions": "abc",
+            "enum": {"default": {"label": "y"}, "examples": [], "definitions": "", "enum": 1, "b": {"z": "AAA"}},
+            "b": {"z": "AAA"}}
+    assert _accepts(plan.schema(), _calls(("f", good)))
+    assert _accepts(params, json.dumps(good))  # (the same as the parameters alone: named)
+    for wrong in ({**good, "b": {"z": 1}}, {**good, "enum": {"tool_calls": []}}, {**good, "definitions": "abcd"}):
+        assert not _accepts(plan.schema(), _calls(("f", wrong))), wrong
