@@ -53,12 +53,7 @@ class CallScanner:
         for ch in text:
             if self._in_string:
                 piece.append(ch)
-                if self._escape:
-                    self._escape = False
-                elif ch == "\\":
-                    self._escape = True
-                elif ch == '"':
-                    self._in_string = False
+                self._string_char(ch)
             elif ch not in _BLANKS:
                 self._in_string = ch == '"'
                 piece.append(ch)
@@ -79,12 +74,7 @@ class CallScanner:
         if self._in_string:
             if self._string is not None:
                 self._string.append(ch)
-            if self._escape:
-                self._escape = False
-            elif ch == "\\":
-                self._escape = True
-            elif ch == '"':
-                self._in_string = False
+            if self._string_char(ch):
                 self._string_done(events)
             return
         if ch == '"':
@@ -106,6 +96,17 @@ class CallScanner:
         elif ch == ":" and self.depth == 3:
             self._is_key = False
 
+    def _string_char(self, ch: str) -> bool:
+        """A character inside a string; True when it is the closing quote."""
+        if self._escape:
+            self._escape = False
+        elif ch == "\\":
+            self._escape = True
+        elif ch == '"':
+            self._in_string = False
+            return True
+        return False
+
     def _string_done(self, events: list[tuple]) -> None:
         if self._string is None:
             return
@@ -121,12 +122,7 @@ class CallScanner:
         """A character of the arguments' value (or the one after it, at the call's level); the
         blanks between its tokens are left out, as OpenAI's arguments have none."""
         if self._in_string:
-            if self._escape:
-                self._escape = False
-            elif ch == "\\":
-                self._escape = True
-            elif ch == '"':
-                self._in_string = False
+            self._string_char(ch)
         elif ch in _BLANKS:
             return
         elif ch == '"':
