@@ -5,6 +5,7 @@ serves, by ``AsyncEngine.start``, or by the first request that needs them)."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 
 import torch
 
@@ -16,6 +17,7 @@ from engine.tokenizer import TokenBytes
 
 logger = logging.getLogger("engine.json")
 OPEN = ("open",)  # an optional grammar's state before its answer's first token says text or JSON
+OPEN_MASKS = 64  # the open state's masks kept, one per grammar
 _BLANK = b" \t\r\n"
 
 
@@ -34,6 +36,7 @@ class JsonDecoding:
         self.vocab: JsonVocabulary | None = None
         self.token_bytes: list[bytes] = []
         self._braced: torch.Tensor | None = None  # True for the tokens that begin with "{" past whitespace
+        self._open: OrderedDict[str, torch.Tensor] = OrderedDict()  # grammar name -> its open state's mask
 
     def prepare(self) -> JsonVocabulary:
         """The vocabulary's masks, built on the first call (0.4-0.6 s for SmolLM2)."""
@@ -68,18 +71,27 @@ class JsonDecoding:
         mask; before an optional grammar's first token, the tokens that begin JSON the grammar
         refuses are banned, and any other may begin free text)."""
         if seq.json_state is OPEN:
-            return self._braced & self.vocab.banned(seq.json_grammar.initial, seq.json_grammar)
+            grammar = seq.json_grammar
+            mask = self._open.get(grammar.name)
+            if mask is None:
+                mask = self._open[grammar.name] = self._braced & self.vocab.banned(grammar.initial, grammar)
+                if len(self._open) > OPEN_MASKS:
+                    self._open.popitem(last=False)
+            else:
+                self._open.move_to_end(grammar.name)
+            return mask
         return self.vocab.constraint(seq.json_state, seq.json_grammar)
 
     def advance(self, seq: Sequence, token: int) -> bool:
         """Read the choice's new token; True when the choice ends there: its object closed, or (a
         dead end no mask should allow) the token was one the grammar refuses. An optional
-        grammar's first token that does not begin JSON lets the choice go on as free text."""
+        grammar's first token that does not begin JSON lets the choice go on as free text (the
+        gateway tells the answer the same way: its first character past blanks)."""
         if seq.json_state is OPEN:
             raw = self.token_bytes[token] if token < len(self.token_bytes) else b""
-            if raw and not raw.lstrip(_BLANK):
-                return False  # (whitespace: text or JSON is still to be told)
-            if raw.lstrip(_BLANK)[:1] != b"{":  # free text (a special token included: EOS ends it)
+            if not raw.lstrip(_BLANK):
+                return False  # (blanks, or a special token, which shows no text: still to be told)
+            if raw.lstrip(_BLANK)[:1] != b"{":  # free text
                 seq.json_state = seq.json_grammar = None
                 return False
             seq.json_state = seq.json_grammar.initial

@@ -17,7 +17,7 @@ import torch
 import kernels
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.json_decoding import JsonDecoding
+from engine.json_decoding import OPEN, JsonDecoding
 from engine.kv_cache_manager import KVCacheManager
 from engine.model import LlamaModel
 from engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -327,9 +327,13 @@ class LLMEngine:
 
     def _check_finish(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
-        can_stop = seq.num_output_tokens >= p.min_tokens
+        closed = seq.json_state is not None and self.json.advance(seq, tok)
+        # an optional grammar's JSON (a tool call under "auto") is not cut by a stop string or
+        # token: they apply to a text answer (found by review: a stop cut a call's arguments)
+        in_call = p.json_optional and seq.json_state is not None and seq.json_state is not OPEN
+        can_stop = seq.num_output_tokens >= p.min_tokens and not in_call
         hit_stop_string = seq.detok.add_token(tok, check_stop=can_stop)
-        if seq.json_state is not None and self.json.advance(seq, tok):
+        if closed:
             return "stop"  # the object closed
         if can_stop and (
             hit_stop_string or tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids)

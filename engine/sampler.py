@@ -14,7 +14,7 @@ from itertools import chain
 
 import torch
 
-from engine.json_decoding import JsonDecoding
+from engine.json_decoding import OPEN, JsonDecoding
 from engine.request import Sequence
 from engine.sampling_params import MIN_REPETITION_PENALTY
 
@@ -196,8 +196,8 @@ class Sampler:
                 occ.append(i)
             if seq.json_state is not None:  # the grammar alone decides (EOS is banned until the object closes):
                 json_rows.append(i)           # blocking stop tokens could leave it nothing (found by QA)
-            elif seq.num_output_tokens < p.min_tokens:
-                block.append(i)
+            if seq.num_output_tokens < p.min_tokens and (seq.json_state is None or seq.json_state is OPEN):
+                block.append(i)  # (an optional grammar's open state: any text may still come, as in plain text)
         if not (bias or rep or occ or block or json_rows):
             return logits
         if not (scratch and logits.is_contiguous()):

@@ -293,9 +293,9 @@ class ChatCompletionRequest(_Sampling):
     response_format: ResponseFormat | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt | None, Field(ge=0, le=MAX_LOGPROBS)] = None  # needs logprobs: true
-    tools: Annotated[list[dict] | None, Field(fail_fast=True)] = None  # not supported: a non-empty list is refused by the service
-    tool_choice: Any = None  # only "none" (or unset) without tools
-    functions: Annotated[list[dict] | None, Field(fail_fast=True)] = None  # the deprecated tools: refused like them
+    tools: Annotated[list[dict] | None, Field(fail_fast=True)] = None  # checked by gateway.tool_checks
+    tool_choice: Any = None  # "none", "auto", "required" or a named function (gateway.tool_checks)
+    functions: Annotated[list[dict] | None, Field(fail_fast=True)] = None  # the deprecated tools: only turned off
     function_call: Any = None
     modalities: Annotated[list[StrictStr] | None, Field(fail_fast=True)] = None  # only ["text"]
     audio: dict[str, Any] | None = None  # refused

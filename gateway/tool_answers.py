@@ -110,7 +110,10 @@ class CallScanner:
     def _string_done(self, events: list[tuple]) -> None:
         if self._string is None:
             return
-        text = json.loads("".join(self._string))
+        try:
+            text = json.loads("".join(self._string))
+        except ValueError:  # (the grammar writes JSON strings: only text it never held gets here)
+            text = "".join(self._string)[1:-1]
         self._string = None
         if self._is_key:
             self._key = text
@@ -144,11 +147,20 @@ class CallScanner:
             events.append(("args", index, ch))
 
 
-def _call_delta(event: tuple, ids: list[str]) -> dict:
-    kind, index, value = event
-    if kind == "call":
-        return {"index": index, "id": ids[index], "type": "function", "function": {"name": value, "arguments": ""}}
-    return {"index": index, "function": {"arguments": value}}
+def _call_deltas(events: list[tuple], ids: list[str]) -> list[dict]:
+    """One delta's ``tool_calls``: a call's id and name with its arguments so far, then more of its
+    arguments; one entry per call (found by review: a name and its first arguments were two
+    entries of one index, which a client reading ``tool_calls[0]`` lost)."""
+    out: list[dict] = []
+    for kind, index, value in events:
+        if kind == "call":
+            out.append({"index": index, "id": ids[index], "type": "function",
+                        "function": {"name": value, "arguments": ""}})
+        elif out and out[-1]["index"] == index:
+            out[-1]["function"]["arguments"] += value
+        else:
+            out.append({"index": index, "function": {"arguments": value}})
+    return out
 
 
 def _new_call_id() -> str:
@@ -218,8 +230,7 @@ class ToolCallFormat(ChatFormat):
             return None
         while len(state.ids) < len(state.scanner.names):
             state.ids.append(_new_call_id())
-        deltas = [_call_delta(e, state.ids) for e in events]
-        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(tool_calls=deltas))])
+        return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(tool_calls=_call_deltas(events, state.ids)))])
 
     def finish_chunk(self, index: int, finish_reason: str) -> BaseModel:
         state = self._choice(index)

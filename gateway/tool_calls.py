@@ -110,8 +110,9 @@ class ToolPlan:
     def messages(self, body: ChatCompletionRequest) -> list[dict]:
         """The conversation as the model reads it: an earlier turn's calls as its words
         (``Calling get_weather with {"city": "Paris"}.``), their results as one user turn
-        (``Result of get_weather: ...``), and the tools shown in a system message when a call may
-        be made. (The calls as the JSON the model writes made it copy that JSON as its next
+        (``Result of get_weather: ...``; ``Result of get_weather with {...}: ...`` when the turn
+        called it more than once), and the tools shown in a system message when a call may be
+        made (appended to the system message the conversation begins with, if any). (The calls as the JSON the model writes made it copy that JSON as its next
         text answer: found by QA; in words, it answers.)"""
         out: list[dict] = []
         names: dict[str, str] = {}  # call id -> function name
@@ -127,9 +128,12 @@ class ToolPlan:
             text = m.text()
             if m.role == "assistant" and m.tool_calls:
                 said = []
-                for call in m.tool_calls:
-                    names[call["id"]] = name = call["function"]["name"]
-                    said.append(f"Calling {name} with {_arguments(call['function']['arguments'])}.")
+                called = [call["function"]["name"] for call in m.tool_calls]
+                for call, name in zip(m.tool_calls, called, strict=True):
+                    arguments = _arguments(call["function"]["arguments"])
+                    # (a function called twice in the turn: its results told apart by their arguments)
+                    names[call["id"]] = f"{name} with {arguments}" if called.count(name) > 1 else name
+                    said.append(f"Calling {name} with {arguments}.")
                 text = " ".join([text, *said] if text else said)
             out.append({"role": role, "content": text})
         for turn in out:
@@ -215,5 +219,3 @@ def _moved(ref: str, key: str) -> str:
             return f"#/$defs/{key}.{tag}.{ref[len(section):]}"  # (its escapes kept: the compiler reads them)
     return ref
 
-
-# ------------------------------------------------------------------------------------ the checks

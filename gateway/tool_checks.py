@@ -4,6 +4,7 @@ the request's ``ToolPlan`` (``gateway.tool_calls``)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from engine.json_schema_link import MAX_PARALLEL
@@ -102,6 +103,7 @@ def _check_tools(tools: list) -> list[Tool]:
     out: list[Tool] = []
     seen: set[str] = set()
     for i, tool in enumerate(tools):
+        _unicode(tool, f"tools[{i}]")
         if tool.get("type") != "function":
             raise invalid_request(f"Invalid value: {str(tool.get('type'))[:40]!r}. Supported values are: 'function'.",
                                   param=f"tools[{i}].type")
@@ -141,6 +143,16 @@ def _parameters(parameters: object, i: int) -> dict:
         raise invalid_request(f"Invalid '{param}': the schema nests arrays and objects more than "
                               f"{MAX_SCHEMA_JSON_DEPTH} deep.", param=param)
     return parameters
+
+
+def _unicode(value: object, param: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate (``"\\ud800"``), which the tokenizer cannot take (found
+    by review: one in a tool's description was a 500): a 400, as in a message's text."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError as err:
+        raise invalid_request(f"Invalid '{param}': it must be valid Unicode text (it holds a lone UTF-16 "
+                              "surrogate).", param=param) from err
 
 
 def _check_function_name(function: dict, param: str) -> str:
@@ -184,6 +196,7 @@ def _check_turns(body: ChatCompletionRequest) -> bool:
             raise invalid_request(f"Only assistant messages may hold tool_calls ('{m.role}' message).",
                                   param=f"messages[{i}].tool_calls")
         any_turn = True
+        _unicode(m.tool_calls, f"messages[{i}].tool_calls")
         for call_id in _check_calls(m.tool_calls, f"messages[{i}].tool_calls"):
             pending[call_id] = i
             answerable.add(call_id)
@@ -226,5 +239,3 @@ def _check_calls(calls: object, param: str) -> list[str]:
         ids.append(call["id"])
     return ids
 
-
-# ---------------------------------------------------------------------------------- the answer

@@ -131,3 +131,30 @@ def test_json_optional_needs_a_grammar() -> None:
         SamplingParams(json_optional=True)
     with pytest.raises(ValueError, match="json_optional"):
         SamplingParams(json_object=True, json_optional="yes")
+
+
+def test_an_optional_grammars_json_is_not_cut_by_stops_and_min_tokens_hold_its_open_state(
+        engine_config, tiny_model_dir) -> None:
+    """Found by review: under an optional grammar (a tool call under "auto") a stop cut the call's
+    JSON, and EOS drawn before ``min_tokens`` turned the answer into free text that later began
+    with "{". Now stops apply to a text answer only, and the open state bans EOS until
+    ``min_tokens``, as plain text does."""
+    engine = LLMEngine(engine_config(tiny_model_dir))
+    schema = json.dumps({"type": "object", "properties": {"a": {"enum": [1]}}, "required": ["a"],
+                         "additionalProperties": False})
+    json_bias = {ord("{"): 100, ord('"'): 60, ord(":"): 50, ord("1"): 40, ord("}"): 30}  # (over the blanks)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=30, json_schema=schema, json_optional=True, stop=['"'],
+                       stop_token_ids=[ord(":")], logit_bias=json_bias),
+        SamplingParams(temperature=0.0, max_tokens=30, json_object=True, json_optional=True, stop=["x"],
+                       logit_bias={ord("x"): 100}),
+        SamplingParams(temperature=0.0, max_tokens=30, json_object=True, json_optional=True, min_tokens=3,
+                       logit_bias={EOS: 100, ord("{"): 50, ord('"'): 40, ord("}"): 30}),
+    ]
+    out = _run(engine, [list(b"Say: ")] * len(params), params)
+    (called, _, reason), = out["r0"].values()
+    assert (json.loads(called), reason) == ({"a": 1}, "stop")
+    (text, _, reason), = out["r1"].values()
+    assert (text, reason) == ("", "stop")  # a text answer: its stop applies (and is not shown)
+    (held, tokens, reason), = out["r2"].values()
+    assert EOS not in tokens[:3] and held.startswith("{") and json_grammar.accepts(held.encode()) is not None

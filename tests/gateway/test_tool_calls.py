@@ -124,8 +124,9 @@ def test_the_format_shows_calls_as_openai_does() -> None:
     assert whole["finish_reason"] == "stop" and whole["message"]["tool_calls"][0]["function"]["arguments"] == '{"a":1}'
     chunks = [named.text_chunk(0, piece) for piece in ('{"a"', ": 1}")]
     deltas = [c.model_dump()["choices"][0]["delta"]["tool_calls"] for c in chunks]
-    assert deltas[0][0]["function"] == {"name": "f", "arguments": ""} and deltas[0][0]["id"].startswith("call_")
-    assert deltas[0][1] == {"index": 0, "function": {"arguments": '{"a"'}}
+    # a call's name and its first arguments in one entry (found by review: two entries of one index)
+    assert len(deltas[0]) == 1 and deltas[0][0]["id"].startswith("call_")
+    assert deltas[0][0]["function"] == {"name": "f", "arguments": '{"a"'}
     assert deltas[1] == [{"index": 0, "function": {"arguments": ":1}"}}]
 
 
@@ -154,7 +155,11 @@ def test_earlier_calls_and_results_are_turns_the_model_reads() -> None:
     assert json.dumps({"name": "weather", "description": "Weather in a city.",
                        "parameters": WEATHER["function"]["parameters"]}) in messages[0]["content"]
     assert messages[2]["content"] == 'Calling weather with {"city": "Paris"}. Calling weather with not json.'
-    assert messages[3]["content"] == "Result of weather: rain\nResult of weather: sun"
+    # (one function called twice: each result says which call it answers)
+    assert messages[3]["content"] == 'Result of weather with not json: rain\nResult of weather with {"city": "Paris"}: sun'
+    once = _body(messages=[*body.messages[:2], {"role": "assistant", "tool_calls": body.messages[2].tool_calls[:1]},
+                           {"role": "tool", "tool_call_id": "c1", "content": "sun"}])
+    assert check_tools(once).messages(once)[3]["content"] == "Result of weather: sun"
     off = _body(tools=[WEATHER], tool_choice="none", messages=body.messages)
     assert check_tools(off).choice is None and "Result of weather" in check_tools(off).messages(off)[3]["content"]
     assert check_tools(off).messages(off)[0]["content"] == "Be brief."  # no call asked: the tools are not shown
