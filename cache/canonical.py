@@ -125,16 +125,21 @@ def is_deterministic(body: dict) -> bool:
 
 def _by_name(messages: list[dict]) -> None:
     """Tool call ids are never shown to the model (a result is shown with the name of the call it
-    answers): each is keyed by that name, so one conversation with other ids is one key (found by
-    QA: it was a miss)."""
+    answers, and its arguments when the turn called that function more than once:
+    ``gateway.tool_calls``): each is keyed by what is shown, so one conversation with other ids
+    is one key (found by QA: it was a miss), and results swapped between two calls of one
+    function are two (found by the re-check)."""
     names: dict[object, object] = {}
     for m in messages:
         calls = m.get("tool_calls")
         if isinstance(calls, list):
             kept = []
+            called = [c["function"].get("name") for c in calls
+                      if isinstance(c, dict) and isinstance(c.get("function"), dict)]
             for call in calls:
                 if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                    names[call.get("id")] = call["function"].get("name")
+                    name = call["function"].get("name")
+                    names[call.get("id")] = [name, call["function"].get("arguments")] if called.count(name) > 1 else name
                     call = {k: v for k, v in call.items() if k != "id"}
                 kept.append(call)
             m["tool_calls"] = kept

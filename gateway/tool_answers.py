@@ -235,7 +235,7 @@ class ToolCallFormat(ChatFormat):
     def finish_chunk(self, index: int, finish_reason: str) -> BaseModel:
         state = self._choice(index)
         calls = state.scanner if state.text is None else None
-        held = None if state.told else state.text or None  # (an answer of blanks alone: still its text)
+        held = None if state.told else state.text  # (an answer of blanks alone, or none: still its text)
         return self._chunk([ChunkChoice(index=index, delta=ChunkDelta(content=held),
                                         finish_reason=self._reason(calls, finish_reason))])
 

@@ -163,11 +163,14 @@ class ToolPlan:
 
 def _arguments(text: str) -> str:
     """An earlier call's arguments (a JSON string) as the model is shown them: written again as
-    JSON (one line) when they parse, else as sent."""
+    JSON (one line) when they parse, else as sent (and as sent when they hold a ``\\ud800``
+    escape, which parsed is a lone surrogate the tokenizer cannot take: found by QA, a 500)."""
     try:
-        return json.dumps(json.loads(text), ensure_ascii=False)
-    except (ValueError, RecursionError):
+        shown = json.dumps(json.loads(text), ensure_ascii=False)
+        shown.encode()
+    except (ValueError, RecursionError):  # (UnicodeEncodeError is a ValueError)
         return text
+    return shown
 
 
 def _schema_error(err: SchemaError, index: int | None, name: str | None):  # noqa: ANN202 - ApiError

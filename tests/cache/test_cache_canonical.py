@@ -145,3 +145,16 @@ def test_tool_call_ids_are_keyed_by_the_call_they_name() -> None:
     swapped = canonicalize("t", conversation(("a", "b"), ("b", "a")))
     assert same.exact_key == base.exact_key and same.context_key == base.context_key
     assert swapped.exact_key != base.exact_key
+
+
+def test_results_of_one_function_called_twice_are_keyed_by_their_arguments() -> None:
+    """Found by the re-check: two calls of one function are shown with their arguments, so their
+    results swapped are another prompt, and were one key (a hit served the other answer)."""
+    def conversation(answers: tuple[str, str]) -> dict:
+        calls = [{"id": c, "type": "function", "function": {"name": "weather", "arguments": f'{{"city": "{city}"}}'}}
+                 for c, city in (("a", "Paris"), ("b", "London"))]
+        return chat("Weather?", temperature=0, messages=[
+            {"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": answers[0], "content": "sun"},
+            {"role": "tool", "tool_call_id": answers[1], "content": "rain"}])
+    assert canonicalize("t", conversation(("a", "b"))).exact_key != canonicalize("t", conversation(("b", "a"))).exact_key

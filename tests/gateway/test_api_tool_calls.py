@@ -260,6 +260,16 @@ def test_tool_turns_follow_openais_rules(api, messages, param) -> None:  # noqa:
     assert_error(post(api, "/v1/chat/completions", body), 400, param=param)
 
 
+def test_an_earlier_calls_escaped_surrogate_is_shown_as_sent(api) -> None:  # noqa: ANN001
+    """Found by the re-check: arguments holding the escape ``\\ud800`` (valid text) were parsed
+    into a lone surrogate and handed to the tokenizer: a 500."""
+    call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"\\ud800"}'}}
+    resp = post(api, "/v1/chat/completions", {"model": api.model, "max_tokens": 3, "messages": [
+        *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": "sunny"}]})
+    assert resp.status_code == 200, resp.text
+
+
 def test_a_tool_call_is_not_cached(api) -> None:  # noqa: ANN001
     """A stored answer replays as text: tool calls bypass the semantic cache."""
     resp = post(api, "/v1/chat/completions", {"model": api.model, "messages": ASK, "max_tokens": 40, "temperature": 0,

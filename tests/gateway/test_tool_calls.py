@@ -196,6 +196,8 @@ def test_auto_shows_text_as_content_and_json_as_calls() -> None:
     blank = ToolCallFormat(model="m", choice="auto")
     assert blank.text_chunk(0, " ") is None
     assert blank.finish_chunk(0, "stop").model_dump()["choices"][0]["delta"] == {"content": " "}
+    # an empty answer: "" streamed as whole (found by the re-check: none, which the SDK reads as null)
+    assert blank.finish_chunk(1, "stop").model_dump()["choices"][0]["delta"] == {"content": ""}
 
 
 def test_property_names_are_names_and_nested_definitions_stay() -> None:
