@@ -23,11 +23,10 @@ FORMAT_GRAMMAR_VERSION = 2
 # Roles the model reads alike: a developer message reaches the engine as a system one.
 _ROLE_ALIASES = {"developer": "system"}
 # Keys that never change the answer: transport and bookkeeping only.
-_IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier",
-                      "parallel_tool_calls"})  # (it changes only tool calls, which are never cached)
+_IGNORED = frozenset({"stream", "stream_options", "user", "metadata", "store", "service_tier"})
 # Values that mean the same as leaving the field out (the engine's or the service's defaults):
-# dropping them makes "absent" and "explicit default" one key. Tools are called only under a choice
-# that bypasses the cache, so an empty list and a "none" choice are absent (and tools beside it);
+# dropping them makes "absent" and "explicit default" one key. Tools turned off by a "none" choice
+# never reach the model, so an empty list and a "none" choice are absent (and tools beside it);
 # top_k 0 and -1 both turn top-k off; the engine's temperature is 1 (that request is cached only
 # with a seed).
 _DEFAULTS: dict[str, tuple[object, ...]] = {
@@ -49,6 +48,7 @@ _DEFAULTS: dict[str, tuple[object, ...]] = {
     "tool_choice": ("none",),
     "functions": ([],),
     "function_call": ("none",),
+    "parallel_tool_calls": (True,),
     "modalities": (["text"],),
 }
 
@@ -86,6 +86,8 @@ def _params(body: dict) -> dict:
     p: dict[str, object] = {}
     # tools whose choice is "none" never reach the model (the service accepts them only so): absent
     unread = {k for k, choice in (("tools", "tool_choice"), ("functions", "function_call")) if body.get(choice) == "none"}
+    if "tools" in unread or not body.get("tools"):
+        unread.add("parallel_tool_calls")  # (it changes only the calls of tools that may be called)
     for k, v in body.items():
         if k in _IGNORED or k in unread or k in ("messages", "model") or v is None:
             continue
@@ -101,6 +103,8 @@ def _params(body: dict) -> dict:
             v %= 2**64  # -1 and 2**64 - 1 are one seed to the engine: one key (found by QA)
         if k in _DEFAULTS and any(type(v) is type(d) and v == d for d in _DEFAULTS[k]):
             continue
+        if k == "tools":
+            v = [FORMAT_GRAMMAR_VERSION, v]  # (calls are decoded under a grammar made of them)
         if k == "response_format":
             # as written: a schema's property order is the answer's (the key's sorted JSON lost it:
             # found by QA), and the grammars' version, so answers of an older grammar are not served
@@ -156,7 +160,9 @@ def canonicalize(namespace: str, body: dict) -> CanonicalRequest:
     model = body.get("model")
     exact_key = _hash(["exact", namespace, model, messages, params])
     query: str | None = None
-    if messages and messages[-1]["role"] == "user" and len(messages[-1]) == 2:
+    callable_tools = "tools" in params or "functions" in params  # (kept: their choice calls them)
+    if messages and messages[-1]["role"] == "user" and len(messages[-1]) == 2 and not callable_tools:
+        # (tools that may be called: exact hits only, a paraphrase may need other arguments)
         query = messages[-1]["content"]
     context_key = _hash(["ctx", namespace, model, messages[:-1], params])
     return CanonicalRequest(exact_key, context_key, query or None, is_deterministic(body))

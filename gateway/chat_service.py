@@ -108,9 +108,8 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     store: Store | None = None
     land: Callable[[dict | None], None] | None = None  # a leader's (gateway.flights)
     cache = caller.state.cache
-    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None
-                              or isinstance(fmt, ToolCallFormat)):
-        # a stored answer has no logprobs to show (nor tool calls: replays show text)
+    if cache is not None and (fmt.token_names is not None or fmt.prompt_logprobs is not None):
+        # a stored answer has no logprobs to show
         account.cache = caller.response_headers["x-cache"] = "bypass"
         cache = None
     if cache is not None:  # before tokenizing: a hit needs neither the tokenizer nor the engine
@@ -380,6 +379,17 @@ def _whole(gen: Generation, fmt: Format) -> BaseModel:
     return answer
 
 
+def _stored(gen: Generation, fmt: Format) -> BaseModel:
+    """What the cache keeps of an answer: as shown, or for tool calls (``gateway.tool_answers``)
+    each choice's text as decoded, with the engine's finish reason, from which a replay in the
+    request's format shows the calls again (a stored answer replays as text)."""
+    if not isinstance(fmt, ToolCallFormat):
+        return _whole(gen, fmt)
+    n = len(gen.choices)
+    return ChatFormat(model=fmt.model).response([gen.text(i) for i in range(n)],
+                                                [c.finish_reason for c in gen.choices], _usage(gen))
+
+
 async def _settle(gen: Generation, account: RequestAccount, status: str, *, delivered: bool = True) -> None:
     """Close the engine request and the account, to their end through cancellations
     (``to_the_end``); at once when nothing in it waits (the engine's stream ended,
@@ -444,7 +454,7 @@ async def stream_events(gen: Generation, fmt: Format, account: RequestAccount, n
         if fmt.include_usage:
             yield fmt.usage_chunk(_usage(gen))
         if store is not None:  # (the whole answer is built only to be stored)
-            await _store(store, _whole(gen, fmt))
+            await _store(store, _stored(gen, fmt))
     except ApiError:
         status = "error"
         raise
@@ -477,7 +487,7 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
             body = await asyncio.to_thread(lambda: encode_in_pieces(_whole(gen, fmt)))
             return Response(body, media_type="application/json")
         response = _whole(gen, fmt)
-        await _store(store, response)
+        await _store(store, response if not isinstance(fmt, ToolCallFormat) else _stored(gen, fmt))
         return Response(response.model_dump_json(), media_type="application/json")
     finally:
         await _settle(gen, account, status, delivered=False)
@@ -543,7 +553,9 @@ async def replay(stored: dict, fmt: Format, account: RequestAccount, *, stream: 
             pieces = 0
             for i, text in enumerate(texts):
                 for piece in natural_pieces(text):
-                    yield fmt.text_chunk(i, piece)
+                    chunk = fmt.text_chunk(i, piece)
+                    if chunk is not None:  # (a tool call's text shows nothing until a name or arguments come)
+                        yield chunk
                     sent_chars += len(piece)
                     pieces += 1
                     if pieces % REPLAY_PIECES_PER_TURN == 0:

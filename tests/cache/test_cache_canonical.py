@@ -158,3 +158,13 @@ def test_results_of_one_function_called_twice_are_keyed_by_their_arguments() -> 
             {"role": "tool", "tool_call_id": answers[0], "content": "sun"},
             {"role": "tool", "tool_call_id": answers[1], "content": "rain"}])
     assert canonicalize("t", conversation(("a", "b"))).exact_key != canonicalize("t", conversation(("b", "a"))).exact_key
+
+
+def test_parallel_tool_calls_counts_only_for_tools_that_may_be_called() -> None:
+    tool = {"type": "function", "function": {"name": "f"}}
+    calls = chat("Hi", tools=[tool], tool_choice="required")
+    assert keys(dict(calls, parallel_tool_calls=False)) != keys(calls) == keys(dict(calls, parallel_tool_calls=True))
+    assert keys(chat("Hi", parallel_tool_calls=False)) == keys(chat("Hi"))
+    off = chat("Hi", tools=[tool], tool_choice="none")
+    assert keys(dict(off, parallel_tool_calls=False)) == keys(off) == keys(chat("Hi"))
+    assert canonicalize("t", calls).query is None and canonicalize("t", off).query == "Hi"  # (exact tier only)

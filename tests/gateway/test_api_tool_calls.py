@@ -268,11 +268,3 @@ def test_an_earlier_calls_escaped_surrogate_is_shown_as_sent(api) -> None:  # no
         *ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c", "content": "sunny"}]})
     assert resp.status_code == 200, resp.text
-
-
-def test_a_tool_call_is_not_cached(api) -> None:  # noqa: ANN001
-    """A stored answer replays as text: tool calls bypass the semantic cache."""
-    resp = post(api, "/v1/chat/completions", {"model": api.model, "messages": ASK, "max_tokens": 40, "temperature": 0,
-                                              "tools": [WEATHER], "tool_choice": "required"})
-    assert resp.status_code == 200
-    assert resp.headers.get("x-cache") in (None, "bypass")

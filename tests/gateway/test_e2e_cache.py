@@ -513,3 +513,38 @@ def test_a_replayed_stream_cut_short_is_recorded_aborted_with_the_tokens_it_reac
     whole = _post(api, key, dict(body, stream=True))
     row = api.usage_rows(whole.headers["x-request-id"])[0]
     assert (row.status, row.completion_tokens, row.finish_reason) == ("ok", words, "length")
+
+
+def test_a_tool_call_is_replayed_exactly_and_never_by_paraphrase(api_cached) -> None:  # noqa: ANN001
+    """A deterministic request whose tools may be called is cached in the exact tier: the repeat is
+    a hit showing the same calls (new ids), whole and streamed; a paraphrase is a miss (it may
+    need other arguments), and so is the request with other tools."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+    question = f"What is the weather in Paris? ({time.time_ns()})"
+    body = _body(api, question, max_tokens=40, tools=[weather], tool_choice="required")
+    first = _post(api, key, body)
+    assert first.status_code == 200 and first.headers["x-cache"] == "miss"
+    calls = first.json()["choices"][0]["message"]["tool_calls"]
+    assert first.json()["choices"][0]["finish_reason"] == "tool_calls" and calls
+    again = _post(api, key, body)
+    assert again.headers["x-cache"] == "hit"
+    replayed = again.json()["choices"][0]
+    assert replayed["finish_reason"] == "tool_calls" and replayed["message"]["content"] is None
+    assert [c["function"] for c in replayed["message"]["tool_calls"]] == [c["function"] for c in calls]
+    assert {c["id"] for c in replayed["message"]["tool_calls"]}.isdisjoint(c["id"] for c in calls)
+    streamed = _post(api, key, dict(body, stream=True))
+    assert streamed.headers["x-cache"] == "hit"
+    pieces: dict[int, dict] = {}
+    for chunk in _sse(streamed)[:-1]:
+        for piece in chunk["choices"][0]["delta"].get("tool_calls", []) if chunk["choices"] else []:
+            entry = pieces.setdefault(piece["index"], {"name": piece["function"].get("name"), "arguments": ""})
+            entry["arguments"] += piece["function"]["arguments"]
+    assert [pieces[i] for i in sorted(pieces)] == [c["function"] for c in calls]
+    paraphrase = _body(api, question.replace("What is the weather in", "How is the weather in"), max_tokens=40,
+                       tools=[weather], tool_choice="required")
+    assert _post(api, key, paraphrase).headers["x-cache"] == "miss"
+    other = dict(body, tools=[weather, {"type": "function", "function": {"name": "get_time"}}])
+    assert _post(api, key, other).headers["x-cache"] == "miss"
