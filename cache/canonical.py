@@ -45,7 +45,7 @@ _DEFAULTS: dict[str, tuple[object, ...]] = {
     "logit_bias": ({},),
     "response_format": ({"type": "text"},),
     "tools": ([],),
-    "tool_choice": ("none",),
+    "tool_choice": ("none", "auto"),  # ("auto" is the choice tools have when none is sent: found by QA)
     "functions": ([],),
     "function_call": ("none",),
     "parallel_tool_calls": (True,),

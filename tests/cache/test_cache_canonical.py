@@ -168,3 +168,4 @@ def test_parallel_tool_calls_counts_only_for_tools_that_may_be_called() -> None:
     off = chat("Hi", tools=[tool], tool_choice="none")
     assert keys(dict(off, parallel_tool_calls=False)) == keys(off) == keys(chat("Hi"))
     assert canonicalize("t", calls).query is None and canonicalize("t", off).query == "Hi"  # (exact tier only)
+    assert keys(chat("Hi", tools=[tool], tool_choice="auto")) == keys(chat("Hi", tools=[tool])) != keys(calls)
