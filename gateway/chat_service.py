@@ -70,7 +70,6 @@ from gateway.request_checks import (
 from gateway.schemas import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest
 from gateway.sse import SSEResponse, encode_event
 from gateway.tool_answers import ToolCallFormat
-from gateway.tool_calls import ToolPlan
 
 log = logging.getLogger("pagegate.chat")
 
@@ -94,13 +93,14 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     plan = refuse_unhonoured(body)
     await check_schema(body)
     refuse_unsupported(body, engine)
-    if plan is None:
-        messages = chat_messages(body)
-        fmt: ChatFormat = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
-                                     token_names=token_names_for(body, engine),
-                                     prompt_logprobs=_vllm_prompt(body, engine))
+    if plan is not None and plan.choice is not None:  # tools that may be called (gateway.tool_calls)
+        await plan.compile(body)  # (the calls' schema, off the event loop)
+        fmt: ChatFormat = ToolCallFormat(model=engine.model_id, include_usage=body.include_usage, choice=plan.choice,
+                                         named=plan.tools[0].name if plan.choice == "named" else None)
     else:
-        fmt, messages = await _tool_format(body, engine, plan)
+        fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
+                         token_names=token_names_for(body, engine), prompt_logprobs=_vllm_prompt(body, engine))
+    messages = chat_messages(body) if plan is None else plan.messages(body)  # (earlier calls rendered as turns)
     account = RequestAccount(caller.state.services, caller.principal, request_id=caller.request_id,
                              model=engine.model_id, endpoint="chat.completions", started=caller.started)
     size = sum(len(m["content"]) for m in messages)
@@ -148,20 +148,6 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     finally:
         if land is not None:  # (a JSON answer: done by now) no answer stored: the followers run themselves
             land(None)
-
-
-async def _tool_format(body: ChatCompletionRequest, engine: EngineClient,
-                       plan: ToolPlan) -> tuple[ChatFormat, list[dict]]:
-    """A chat with tools (``gateway.tool_calls``): its answer's format and its messages as the
-    model reads them; a call asked has its schema compiled (off the event loop)."""
-    if plan.choice is None:  # only earlier calls and their results: a plain answer
-        fmt = ChatFormat(model=engine.model_id, include_usage=body.include_usage,
-                         token_names=token_names_for(body, engine), prompt_logprobs=_vllm_prompt(body, engine))
-        return fmt, plan.messages(body)
-    await plan.compile(body)
-    fmt = ToolCallFormat(model=engine.model_id, include_usage=body.include_usage, prompt_logprobs=_vllm_prompt(body, engine),
-                         choice=plan.choice, named=plan.tools[0].name if plan.choice == "named" else None)
-    return fmt, plan.messages(body)
 
 
 async def _coalesce(flights: Flights, key: tuple, fmt: Format, account: RequestAccount,
@@ -379,12 +365,13 @@ def _whole(gen: Generation, fmt: Format) -> BaseModel:
     return answer
 
 
-def _stored(gen: Generation, fmt: Format) -> BaseModel:
-    """What the cache keeps of an answer: as shown, or for tool calls (``gateway.tool_answers``)
-    each choice's text as decoded, with the engine's finish reason, from which a replay in the
-    request's format shows the calls again (a stored answer replays as text)."""
+def _stored(gen: Generation, fmt: Format, shown: BaseModel | None = None) -> BaseModel:
+    """What the cache keeps of an answer: as shown (``shown``, when it is built already), or for
+    tool calls (``gateway.tool_answers``) each choice's text as decoded, with the engine's finish
+    reason, from which a replay in the request's format shows the calls again (a stored answer
+    replays as text)."""
     if not isinstance(fmt, ToolCallFormat):
-        return _whole(gen, fmt)
+        return shown if shown is not None else _whole(gen, fmt)
     n = len(gen.choices)
     return ChatFormat(model=fmt.model).response([gen.text(i) for i in range(n)],
                                                 [c.finish_reason for c in gen.choices], _usage(gen))
@@ -487,7 +474,7 @@ async def whole_response(gen: Generation, fmt: Format, account: RequestAccount, 
             body = await asyncio.to_thread(lambda: encode_in_pieces(_whole(gen, fmt)))
             return Response(body, media_type="application/json")
         response = _whole(gen, fmt)
-        await _store(store, response if not isinstance(fmt, ToolCallFormat) else _stored(gen, fmt))
+        await _store(store, _stored(gen, fmt, response))
         return Response(response.model_dump_json(), media_type="application/json")
     finally:
         await _settle(gen, account, status, delivered=False)

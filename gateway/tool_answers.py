@@ -1,7 +1,7 @@
 """A chat answer decoded as tool calls (``gateway.tool_calls``), shown as OpenAI shows them: whole,
-``message.tool_calls`` with ``content: null``; streamed, each call's id and name first (its
-``arguments`` empty), then its arguments in pieces as they are written. ``CallScanner`` reads the
-calls out of the answer's text as it comes."""
+``message.tool_calls`` with ``content: null``; streamed, each call's id and name first (with what
+of its arguments came in the same delta), then its arguments in pieces as they are written.
+``CallScanner`` reads the calls out of the answer's text as it comes."""
 
 from __future__ import annotations
 

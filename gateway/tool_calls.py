@@ -112,8 +112,9 @@ class ToolPlan:
         (``Calling get_weather with {"city": "Paris"}.``), their results as one user turn
         (``Result of get_weather: ...``; ``Result of get_weather with {...}: ...`` when the turn
         called it more than once), and the tools shown in a system message when a call may be
-        made (appended to the system message the conversation begins with, if any). (The calls as the JSON the model writes made it copy that JSON as its next
-        text answer: found by QA; in words, it answers.)"""
+        made (appended to the system message the conversation begins with, if any). (The calls
+        as the JSON the model writes made it copy that JSON as its next text answer: found by QA;
+        in words, it answers.)"""
         out: list[dict] = []
         names: dict[str, str] = {}  # call id -> function name
         for m in body.messages:
