@@ -16,6 +16,9 @@ float32).
 
 While one batch is being encoded, new calls queue up; the next batch takes them all (up to
 ``max_batch``), so under load many lookups share one forward pass and an idle call pays no wait.
+The thread is shared between tenants in turns (``cache.fair_worker``): lookups (``embed``, on a
+chat's path) go first, never twice in a row while other work waits; ``embed_many`` runs in short
+parts, each in its tenant's turn.
 
 The model reads at most ``max_tokens`` tokens (MiniLM: 256 word-pieces, special tokens included)
 and embeds only the beginning of a longer text, so two long texts that differ after that point
@@ -38,17 +41,40 @@ import string
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Hashable, Iterator
 
 import numpy as np
+
+from cache.fair_worker import FairWorker
 
 log = logging.getLogger(__name__)
 
 _BUNDLED = "all-minilm-l6-v2"
-# texts per call on the embedder's thread in ``embed_many``: the process's exit waits for the call
-# running there when a server stops (256 long inputs took ~5-10 s on 2 busy cores; 64 take a quarter)
+# A part of ``embed_many``: at most this many texts and characters per job on the embedder's thread.
+# Every tenant's lookups and embeddings share that thread in turns (``cache.fair_worker``), so a part
+# is what another tenant may wait for: 64 texts of 1,000 characters took ~2 s on 2 cores; 4,096
+# characters take ~0.11 s, and past ~2,000 characters a batch costs the same per character (~27 µs
+# on two threads), so short parts lose no throughput. The process's exit also waits for the part
+# running when a server stops.
 EMBED_MANY_PART = 64
+EMBED_MANY_PART_CHARS = 4096
+
+
+def parts(texts: list[str], size: int = EMBED_MANY_PART, chars: int = EMBED_MANY_PART_CHARS) -> list[list[str]]:
+    """``texts`` in order, in runs of at most ``size`` texts and ``chars`` characters (a longer text
+    alone)."""
+    out: list[list[str]] = []
+    run: list[str] = []
+    held = 0
+    for text in texts:
+        if run and (len(run) == size or held + len(text) > chars):
+            out.append(run)
+            run, held = [], 0
+        run.append(text)
+        held += len(text)
+    if run:
+        out.append(run)
+    return out
 
 
 def resolve_model_path(name: str) -> str:
@@ -60,7 +86,8 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-_SMALL_BATCH = 8  # texts; up to this many run on ``threads`` intra-op threads
+_SMALL_BATCH = 8  # texts; up to this many run on ``threads`` intra-op threads, when short:
+_SMALL_BATCH_CHARS = 400  # a longer batch is compute-bound, and all threads help it
 # No tokenizer makes more tokens of one character than this (WordPiece: 3, a Hangul syllable after
 # NFD; byte-level BPE: 4, the UTF-8 bytes), nor more special tokens than this: so a text of up to
 # (max_tokens - 8) / 4 characters fits without being tokenized.
@@ -154,7 +181,8 @@ class Embedder:
         self._path = resolve_model_path(model)
         self._device = device
         self._max_batch = max_batch
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-embed")
+        # the model's one thread, in turns between tenants: see ``embed`` and ``embed_many``
+        self.worker = FairWorker("cache-embed")
         self._model = None
         self._quantize = quantize and device == "cpu"
         self._threads = threads
@@ -238,7 +266,7 @@ class Embedder:
 
     def _encode(self, texts: list[str]) -> np.ndarray:
         model = self._load()
-        self._pin_threads(len(texts))
+        self._pin_threads(len(texts), sum(map(len, texts)))
         if self._fast is None:
             vecs = model.encode(texts, batch_size=len(texts), convert_to_numpy=True,
                                 normalize_embeddings=True, show_progress_bar=False)
@@ -249,9 +277,10 @@ class Embedder:
         vecs = forward(batch["input_ids"].to(self._device), batch["attention_mask"].to(self._device))
         return np.ascontiguousarray(vecs.cpu().numpy(), dtype=np.float32)
 
-    def _pin_threads(self, batch: int) -> None:
-        """Intra-op threads of the calling (worker) thread: ``threads`` for a few queries, torch's
-        default for big batches (prefill), where the forward is compute-bound and threads help."""
+    def _pin_threads(self, batch: int, chars: int) -> None:
+        """Intra-op threads of the calling (worker) thread: ``threads`` for a few short queries,
+        torch's default for big batches (prefill, embeddings), where the forward is compute-bound
+        and threads help."""
         if self._threads is None:
             return
         local = _thread_state
@@ -260,7 +289,7 @@ class Embedder:
 
             torch.ones(2).add_(1)  # torch's once-per-thread init first, or it would undo ours
             local.default, local.current = torch.get_num_threads(), None
-        want = self._threads if batch <= _SMALL_BATCH else local.default
+        want = self._threads if batch <= _SMALL_BATCH and chars <= _SMALL_BATCH_CHARS else local.default
         if local.current != want and _set_thread_omp_threads(want):
             local.current = want
 
@@ -334,10 +363,10 @@ class Embedder:
         """Load the model and read its files' fingerprint (``space``), once, on the worker thread:
         both read the disk, which the event loop must not wait on."""
         if self._model is None or self._space is None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._ready)
+            await self.worker.run(None, self._ready)
 
     async def warmup(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._encode, ["warm up"])
+        await self.worker.run(None, self._encode, ["warm up"])
 
     # -- async front ------------------------------------------------------------------------
     async def fits(self, text: str) -> bool:
@@ -347,7 +376,7 @@ class Embedder:
         await self.ready()
         if len(text) * _TOKENS_PER_CHAR + _SPECIAL_TOKENS <= self.max_tokens:
             return True
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._fits, text)
+        return await self.worker.run(None, self._fits, text)
 
     async def sees(self, text: str) -> bool:
         """Whether the model's vocabulary holds every letter and digit of ``text``: none of its word
@@ -357,9 +386,11 @@ class Embedder:
         await self.ready()
         if self._sees_ascii and text.isascii():
             return True
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._sees, text)
+        return await self.worker.run(None, self._sees, text)
 
     async def embed(self, text: str) -> np.ndarray:
+        """One text's vector (a cache lookup or store): from the memo, or in the next lookup batch,
+        which goes before the tenants' parts on the embedder's thread (see ``FairWorker``)."""
         hit = self._memo.get(text)
         if hit is not None:
             self._memo.move_to_end(text)
@@ -371,23 +402,22 @@ class Embedder:
             asyncio.get_running_loop().create_task(self._drain())
         return await fut
 
-    async def embed_many(self, texts: list[str]) -> np.ndarray:
-        """One batched call for many texts (prefill, benchmarks); shape (len(texts), dim)."""
-        loop = asyncio.get_running_loop()
-        out = []
-        for i in range(0, len(texts), EMBED_MANY_PART):  # a caller that leaves stops at the next part
-            out.append(await loop.run_in_executor(self._executor, self._encode, texts[i:i + EMBED_MANY_PART]))
+    async def embed_many(self, texts: list[str], *, share: Hashable = "") -> np.ndarray:
+        """Many texts (embeddings, prefill, benchmarks); shape (len(texts), dim). They run in parts
+        (``EMBED_MANY_PART`` texts, ``EMBED_MANY_PART_CHARS`` characters), one per turn of ``share``
+        (the gateway hands in the tenant) on the embedder's thread, so other tenants' work goes
+        between them; a caller that leaves stops at the next part."""
+        out = [await self.worker.run(share, self._encode, part) for part in parts(texts)]
         return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
 
     async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while self._pending:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
                 texts = list(dict.fromkeys(t for t, _ in batch))
                 try:
-                    vecs = await loop.run_in_executor(self._executor, self._encode, texts)
+                    vecs = await self.worker.run(None, self._encode, texts)  # urgent: on a chat's path
                 except Exception as e:  # noqa: BLE001 - handed to every waiter
                     for _, f in batch:
                         if not f.done():
@@ -406,4 +436,4 @@ class Embedder:
             self._draining = False
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.worker.close()

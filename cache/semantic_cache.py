@@ -130,7 +130,7 @@ class SemanticCache:
         reqs = [(q, r) for q, r in reqs if q.deterministic and _complete(r)]
         semantic = [bool(q.query) and await self._unsearchable(q.query) is None for q, _ in reqs]
         texts = [q.query for (q, _), s in zip(reqs, semantic, strict=True) if s]
-        vecs = iter(await self.embedder.embed_many(texts)) if texts else iter(())
+        vecs = iter(await self.embedder.embed_many(texts, share=namespace)) if texts else iter(())
         entries = [NewEntry(q.exact_key, keys.ns(q.context_key, self._space), q.query or "", next(vecs) if s else None, r)
                    for (q, r), s in zip(reqs, semantic, strict=True)]
         for i in range(0, len(entries), 1000):

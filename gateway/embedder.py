@@ -2,10 +2,12 @@
 
     emb = Embedder(model_path)          # loads the model (blocking: build it in a thread)
     emb.embed(["a", "b"])               # np.ndarray [2, 384], float32, L2-normalised
-    await emb.aembed(["a", "b"])        # same, on the embedder's own thread; concurrent calls
-                                        # are merged into one batch while a batch is running
+    await emb.aembed(["a", "b"], share=tenant)  # same, on the embedder's own thread; concurrent
+                                        # calls of one tenant are merged into one batch while
+                                        # its batch is running
 
-One worker thread owns the model, so batches never compete with each other for the CPU.
+One worker thread owns the model, so batches never compete with each other for the CPU; tenants
+take turns on it, a part of a batch each (``cache.fair_worker``).
 
 When the semantic cache is on, it already holds a MiniLM (``cache.embedder.Embedder``); the app
 then serves /v1/embeddings from that one through ``SharedEmbedder`` instead of loading a second.
@@ -14,12 +16,13 @@ then serves /v1/embeddings from that one through ``SharedEmbedder`` instead of l
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
+
+from cache.embedder import parts
+from cache.fair_worker import FairWorker
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
@@ -111,10 +114,10 @@ class Embedder:
         self.max_input_tokens = int(self.model.get_max_seq_length() or 512)  # longer inputs are refused
         self.batch_size = batch_size
         self.max_batch_texts = max_batch_texts
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embedder")
-        self._queue: list[_Pending] = []
-        self._running = False
-        self._drainer: asyncio.Task | None = None
+        self.worker = FairWorker("embedder")  # the model's one thread, in turns between tenants
+        self._queues: dict[Hashable, list[_Pending]] = {}  # per share: calls waiting for its next batch
+        self._draining: set[Hashable] = set()
+        self._drainers: set[asyncio.Task] = set()
         self._closed = False
 
     def embed(self, texts: list[str], abandoned: Callable[[], bool] | None = None) -> np.ndarray:
@@ -141,38 +144,42 @@ class Embedder:
         ``max_input_tokens`` of them)."""
         return token_counts(self.model.tokenizer, texts)
 
-    async def acount_tokens(self, texts: list[str], *, stop_over: int | None = None) -> list[int]:
+    async def acount_tokens(self, texts: list[str], *, stop_over: int | None = None,
+                            share: Hashable = "") -> list[int]:
         """``count_tokens`` on the embedder's thread (the tokenizer is not shared across threads), in
-        parts; see ``count_in_parts`` for ``stop_over``."""
-        loop = asyncio.get_running_loop()
-        return await count_in_parts(lambda part: loop.run_in_executor(self._executor, self.count_tokens, part),
-                                    texts, stop_over=stop_over)
+        parts, each in ``share``'s turn; see ``count_in_parts`` for ``stop_over``."""
+        return await count_in_parts(lambda part: self.worker.run(share, self.count_tokens, part), texts,
+                                    stop_over=stop_over)
 
-    async def aembed(self, texts: list[str]) -> np.ndarray:
-        """``embed`` on the embedder's thread. Calls that arrive while a batch runs are merged."""
+    async def aembed(self, texts: list[str], *, share: Hashable = "") -> np.ndarray:
+        """``embed`` on the embedder's thread. Calls of one share (the gateway hands in the tenant)
+        that arrive while its batch runs are merged into its next one, up to ``max_batch_texts``;
+        a batch runs in parts (``batch_size`` texts, ``cache.embedder.EMBED_MANY_PART_CHARS``
+        characters), one per turn of its share, so other tenants' work goes between them."""
         loop = asyncio.get_running_loop()
         pending = _Pending(list(texts), loop.create_future())
-        self._queue.append(pending)
-        if not self._running:
-            self._running = True
-            self._drainer = loop.create_task(self._drain())
+        self._queues.setdefault(share, []).append(pending)
+        if share not in self._draining:
+            self._draining.add(share)
+            self._drainers.add(task := loop.create_task(self._drain(share)))
+            task.add_done_callback(self._drainers.discard)
         return await pending.future
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _drain(self, share: Hashable) -> None:
         try:
-            while self._queue:
+            while queue := self._queues.get(share):
                 batch: list[_Pending] = []
                 size = 0
-                while self._queue and (not batch or size + len(self._queue[0].texts) <= self.max_batch_texts):
-                    item = self._queue.pop(0)
+                while queue and (not batch or size + len(queue[0].texts) <= self.max_batch_texts):
+                    item = queue.pop(0)
                     batch.append(item)
                     size += len(item.texts)
-                texts = [t for item in batch for t in item.texts]
+                if not queue:
+                    del self._queues[share]
                 try:
-                    vectors = await loop.run_in_executor(
-                        self._executor, self.embed, texts, partial(_all_gone, [item.future for item in batch]))
-                except Exception as err:  # every waiter of this batch gets the error
+                    vectors = await self._embed_batch(share, [t for item in batch for t in item.texts],
+                                                      [item.future for item in batch])
+                except Exception as err:  # noqa: BLE001 - every waiter of this batch gets the error
                     for item in batch:
                         if not item.future.done():
                             item.future.set_exception(err)
@@ -184,13 +191,27 @@ class Embedder:
                         item.future.set_result(vectors[start:end])
                     start = end
         finally:
-            self._running = False
+            self._draining.discard(share)
+
+    async def _embed_batch(self, share: Hashable, texts: list[str], futures: list[asyncio.Future]) -> np.ndarray:
+        """``texts`` in parts, longest first (parts of like lengths pad least), each row back in its
+        place; stops before a part when every caller of the batch has left (found by a security QA:
+        a 2,048-text batch ran on 90 s after its client had left)."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        done = 0
+        for part in parts([texts[i] for i in order], self.batch_size):
+            if _all_gone(futures):
+                raise Abandoned("every caller of this batch has left")
+            out[order[done:done + len(part)]] = await self.worker.run(share, self.embed, part)
+            done += len(part)
+        return out
 
     def close(self) -> None:
         self._closed = True
-        if self._drainer is not None:  # (its callers are gone: the server has stopped)
-            self._drainer.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for task in list(self._drainers):  # (their callers are gone: the server has stopped)
+            task.cancel()
+        self.worker.close()
 
 
 class Abandoned(Exception):
@@ -222,17 +243,16 @@ class SharedEmbedder:
         shared.max_input_tokens = int(inner.max_tokens or 256)  # type: ignore[attr-defined]  # its max_seq_length
         return shared
 
-    async def aembed(self, texts: list[str]) -> np.ndarray:
-        return np.asarray(await self.inner.embed_many(list(texts)), dtype=np.float32)  # type: ignore[attr-defined]
+    async def aembed(self, texts: list[str], *, share: Hashable = "") -> np.ndarray:
+        return np.asarray(await self.inner.embed_many(list(texts), share=share), dtype=np.float32)  # type: ignore[attr-defined]
 
-    async def acount_tokens(self, texts: list[str], *, stop_over: int | None = None) -> list[int]:
+    async def acount_tokens(self, texts: list[str], *, stop_over: int | None = None,
+                            share: Hashable = "") -> list[int]:
         def count(part: list[str]) -> list[int]:
             return token_counts(self.inner._load().tokenizer, part)  # type: ignore[attr-defined]
 
-        executor = self.inner._executor  # type: ignore[attr-defined]  # the thread that owns its model
-        loop = asyncio.get_running_loop()
-        return await count_in_parts(lambda part: loop.run_in_executor(executor, count, part), texts,
-                                    stop_over=stop_over)
+        worker = self.inner.worker  # type: ignore[attr-defined]  # the thread that owns its model
+        return await count_in_parts(lambda part: worker.run(share, count, part), texts, stop_over=stop_over)
 
     def close(self) -> None:
         pass  # the cache closes its embedder

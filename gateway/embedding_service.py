@@ -71,7 +71,8 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
         raise invalid_request(f"dimensions must be at most {embedder.dimensions} for {model}.",
                               param="dimensions")
     limit = embedder.max_input_tokens
-    counts = await embedder.acount_tokens(texts, stop_over=limit)  # a refusal stops at the first too long
+    share = caller.principal.tenant_id  # tenants take turns on the embedder's thread
+    counts = await embedder.acount_tokens(texts, stop_over=limit, share=share)  # a refusal stops at the first too long
     too_long = next((i for i, n in enumerate(counts) if n > limit), None)
     if too_long is not None:  # as OpenAI and vLLM: refused, not silently cut
         which = "Your input" if isinstance(body.input, str) else f"Input {too_long}"
@@ -88,7 +89,7 @@ async def create_embeddings(body: EmbeddingRequest, caller: Caller) -> Embedding
     got: list[np.ndarray] = []
 
     async def embed() -> None:
-        got.append(await embedder.aembed(texts))
+        got.append(await embedder.aembed(texts, share=share))
 
     try:
         # a client that leaves stops its batch at the next part, and pays nothing (found by a security

@@ -97,21 +97,25 @@ def test_onednn_linear_equals_f_linear_and_falls_back(monkeypatch):
 
 async def test_worker_thread_gets_one_intra_op_thread_others_keep_theirs(embedder):
     """A query runs on 1 intra-op thread of the worker thread only; any other thread (such as an
-    in-process engine's) keeps torch's count; a big batch uses the default count."""
+    in-process engine's) keeps torch's count; a big batch uses the default count, and so do a
+    few long texts (compute-bound: both threads help)."""
 
     def in_new_thread() -> int:
         with ThreadPoolExecutor(1) as other:
             return other.submit(lambda: (torch.ones(2).add_(1), torch.get_num_threads())[1]).result()
 
     default = in_new_thread()
+    threads = embedder.worker.executor
     loop = asyncio.get_running_loop()
     await embedder.embed("how many threads does a query use?")
-    assert await loop.run_in_executor(embedder._executor, torch.get_num_threads) == 1
+    assert await loop.run_in_executor(threads, torch.get_num_threads) == 1
     assert in_new_thread() == default
     await embedder.embed_many([f"prefill sentence {i}" for i in range(20)])
-    assert await loop.run_in_executor(embedder._executor, torch.get_num_threads) == default
+    assert await loop.run_in_executor(threads, torch.get_num_threads) == default
     await embedder.embed("and one more query afterwards")
-    assert await loop.run_in_executor(embedder._executor, torch.get_num_threads) == 1
+    assert await loop.run_in_executor(threads, torch.get_num_threads) == 1
+    await embedder.embed_many(["a long passage about rivers and their deltas " * 10] * 2)
+    assert await loop.run_in_executor(threads, torch.get_num_threads) == default
 
 
 async def test_concurrent_calls_are_batched_off_the_loop(embedder):
@@ -157,3 +161,28 @@ def test_vector_space_add_remove_search():
 
 def test_stream_id_order():
     assert _cmp_ids("5-1", "5-0") == 1 and _cmp_ids("4-9", "5-0") == -1 and _cmp_ids("7-2", "7-2") == 0
+
+
+async def test_tenants_take_turns_on_the_thread_and_lookups_go_first(embedder, monkeypatch):
+    """A tenant with four long batches queued first holds a lookup back by the part running, and
+    another tenant's one text by at most one more of its parts (first come, first served it waited
+    for a part of each of the four)."""
+    seen: list[str] = []
+    original = embedder._encode
+
+    def spy(texts: list[str]):  # noqa: ANN202
+        seen.append(texts[0].split()[0])
+        return original(texts)
+
+    monkeypatch.setattr(embedder, "_encode", spy)
+    passage = " a long passage about rivers and the deltas they build at the sea" * 20  # ~1,300 characters
+    heavy = [asyncio.ensure_future(embedder.embed_many([f"heavy{j}{passage}"] * 9, share="tenant-a"))
+             for j in range(4)]
+    await asyncio.sleep(0)
+    light = asyncio.ensure_future(embedder.embed_many(["light tenant text"], share="tenant-b"))
+    lookup = asyncio.ensure_future(embedder.embed("lookup: a query on a chat's path, fresh"))
+    await asyncio.gather(*heavy, light, lookup)
+    assert len(seen) == 4 * 3 + 2  # parts of at most 4,096 characters: three texts each
+    assert seen.index("lookup:") <= 1
+    assert seen.index("light") <= 3
+    assert embedder.worker.turns["tenant-b"] == 1

@@ -99,3 +99,30 @@ def test_one_huge_text_is_refused_by_its_head(embedder, monkeypatch) -> None:  #
     assert asyncio.run(embedder.acount_tokens([huge], stop_over=256)) == [302]
     assert asyncio.run(embedder.acount_tokens(["x" * 50], stop_over=1)) == count(["x" * 50])
     assert not isinstance(asyncio.run(embedder.acount_tokens([huge], stop_over=256))[0], module.AtLeast)
+
+
+def test_tenants_take_turns_a_part_each(embedder, monkeypatch) -> None:  # noqa: ANN001
+    """Without the cache the embeddings of one tenant arriving together are merged into one batch,
+    which runs in parts in its tenant's turns: another tenant's text waits for the part running and
+    at most one more (it waited for the whole merged batch)."""
+    seen: list[str] = []
+    original = embedder.embed
+
+    def spy(texts, abandoned=None):  # noqa: ANN001, ANN202
+        seen.append(texts[0].split()[0])
+        return original(texts, abandoned)
+
+    monkeypatch.setattr(embedder, "embed", spy)
+
+    async def main() -> tuple[list[np.ndarray], np.ndarray]:
+        heavy = [asyncio.ensure_future(embedder.aembed([f"heavy{j} text number {i}" for i in range(6)], share=1))
+                 for j in range(3)]
+        await asyncio.sleep(0)
+        light = asyncio.ensure_future(embedder.aembed(["light text"], share=2))
+        return await asyncio.gather(*heavy), await light
+
+    heavy, light = asyncio.run(main())
+    assert seen.count("light") == 1 and seen.index("light") <= 2
+    assert len(seen) == 9 + 1  # the three calls merged into one batch of 18 texts, in parts of 2 (batch_size)
+    np.testing.assert_allclose(light[0], original(["light text"])[0], atol=1e-5)
+    np.testing.assert_allclose(heavy[2][5], original(["heavy2 text number 5"])[0], atol=1e-5)

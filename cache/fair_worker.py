@@ -1,0 +1,161 @@
+"""One worker thread shared by tenants in turns (``FairWorker``).
+
+A model such as the cache's MiniLM runs on one thread of its own (its tokenizer must not be used
+by two threads at once, and two forwards at once would only fight over the cores). Every tenant's
+semantic-cache lookups and ``/v1/embeddings`` batches go to that thread. Run first come, first
+served, one tenant's 2,048-text batch (tens of seconds of parts) made every other tenant's
+lookups and embeddings wait behind all of its parts that were queued first.
+
+Here each job names its *share* (an opaque value: the gateway hands in the tenant), and the
+thread's time is shared evenly between the shares that have work waiting (start-time fair
+queueing, with each job's cost its time on the thread, measured there):
+
+- a share's next job is tagged with the time its share has had on the thread, counted from the
+  moment it last had work waiting (``max(now, its last job's finish)`` on the worker's virtual clock,
+  which is the tag of the job last started); the job with the smallest tag goes next, the share
+  that waited longest on a tie. So a tenant sending one short text at a time is not held behind
+  another's queue of long parts: its texts go first until it has had as much of the thread, and
+  the wait is at most the part running. A share that goes idle keeps no credit;
+- a job of share ``None`` is *urgent* (a lookup batch on a chat's path, a few short texts): it goes
+  before the shares' jobs, but never twice in a row while a share's job waits, so a flood of
+  lookups cannot hold back the embeddings; its time is charged to no share;
+- a job whose caller has gone (its awaiting task cancelled: the client left) is skipped, not run.
+
+Callers keep their jobs short (``cache.embedder`` cuts batches into parts of ~0.1 s): a job is
+never interrupted. The dispatcher runs on the event loop and puts one job on the thread at a time;
+it exists only while there is work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+
+class _Job:
+    __slots__ = ("args", "fn", "future")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, future: asyncio.Future) -> None:
+        self.fn, self.args, self.future = fn, args, future
+
+
+class FairWorker:
+    """``await worker.run(share, fn, *args)`` runs ``fn(*args)`` on the worker's one thread, in the
+    share's turn; returns its result or raises its exception."""
+
+    def __init__(self, name: str) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._urgent: collections.deque[_Job] = collections.deque()
+        self._shares: dict[Hashable, collections.deque[_Job]] = {}  # waiting jobs; the longest waiting first
+        self._finish: dict[Hashable, float] = {}  # a share's last job's finish tag (seconds of thread time)
+        self._clock = 0.0  # virtual time: the tag of the share's job last started
+        self._last_urgent = False
+        self._dispatching = False
+        self._closed = False
+        self.turns: collections.Counter = collections.Counter()  # jobs run per share (None: urgent)
+        self.busy: collections.Counter = collections.Counter()  # seconds on the thread per share
+
+    async def run(self, share: Hashable | None, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("the worker is closed")
+        loop = asyncio.get_running_loop()
+        job = _Job(fn, args, loop.create_future())
+        if share is None:
+            self._urgent.append(job)
+        else:
+            queue = self._shares.get(share)
+            if queue is None:
+                queue = self._shares[share] = collections.deque()
+            queue.append(job)
+        if not self._dispatching:
+            self._dispatching = True
+            loop.create_task(self._dispatch())
+        return await job.future
+
+    def waiting(self) -> int:
+        """Jobs queued, not counting the one running."""
+        return len(self._urgent) + sum(len(q) for q in self._shares.values())
+
+    def _pick_share(self) -> Hashable:
+        """The share with work waiting whose next job has the smallest start tag."""
+        best, tag = None, 0.0
+        for share in self._shares:
+            t = max(self._clock, self._finish.get(share, 0.0))
+            if best is None or t < tag:
+                best, tag = share, t
+        self._clock = tag
+        return best
+
+    def _next(self) -> tuple[Hashable | None, _Job] | None:
+        """The next job whose caller still waits, and its share; None when there is none."""
+        while self._urgent or self._shares:
+            if self._urgent and not (self._last_urgent and self._shares):
+                job, share = self._urgent.popleft(), None
+            else:
+                share = self._pick_share()
+                queue = self._shares.pop(share)
+                job = queue.popleft()
+                if queue:
+                    self._shares[share] = queue  # behind the others on a tie
+            self._last_urgent = share is None
+            if not job.future.done():  # (cancelled: its caller left)
+                return share, job
+        return None
+
+    def _charge(self, share: Hashable | None, seconds: float) -> None:
+        self.turns[share] += 1
+        self.busy[share] += seconds
+        if share is None:
+            return
+        self._finish[share] = max(self._clock, self._finish.get(share, 0.0)) + seconds
+        for idle in [s for s, f in self._finish.items() if f <= self._clock and s not in self._shares]:
+            del self._finish[idle]  # no debt to remember: it starts from the clock when it comes back
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closed and (picked := self._next()) is not None:
+                share, job = picked
+                try:
+                    seconds, ok, value = await loop.run_in_executor(self.executor, _timed, job.fn, job.args)
+                except RuntimeError as err:  # the executor shut down under it
+                    seconds, ok, value = 0.0, False, err
+                self._charge(share, seconds)
+                if not job.future.done():
+                    if ok:
+                        job.future.set_result(value)
+                    else:
+                        job.future.set_exception(value)
+        finally:
+            self._dispatching = False
+            if self._closed:
+                self._fail_waiting()
+
+    def _fail_waiting(self) -> None:
+        jobs = list(self._urgent) + [j for q in self._shares.values() for j in q]
+        self._urgent.clear()
+        self._shares.clear()
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("the worker is closed"))
+
+    def close(self) -> None:
+        """Stop: the job running finishes on its thread (the process's exit waits for it); the
+        waiting ones fail."""
+        self._closed = True
+        self._fail_waiting()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _timed(fn: Callable[..., Any], args: tuple) -> tuple[float, bool, Any]:
+    """On the worker's thread: (seconds it took, whether it returned, its result or exception)."""
+    t0 = time.perf_counter()
+    try:
+        value, ok = fn(*args), True
+    except Exception as err:  # noqa: BLE001 - handed to its caller
+        value, ok = err, False
+    return time.perf_counter() - t0, ok, value
