@@ -112,6 +112,8 @@ def test_one_minilm_when_the_cache_is_on(api_cached) -> None:  # noqa: ANN001
     got = np.array([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
     assert np.allclose(got, expected, atol=1e-5)
     assert resp.json()["usage"]["prompt_tokens"] == sum(counts)
+    # the request's counting and its part ran in its tenant's turns on the cache's embedder thread
+    assert state.cache.embedder.worker.turns[api_cached.tenant_id] >= 2
 
 
 @pytest.mark.parametrize("server", ["api", "api_cached"])
