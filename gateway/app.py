@@ -90,6 +90,7 @@ def apply_gil_switch_interval(settings: Settings) -> None:
 def _own_figures(state: AppState) -> dict:
     return {"loop": state.loop_lag.snapshot() if state.loop_lag is not None else None,
             "cache": state.cache_stats(),
+            "embedder": state.embedder_stats(),
             "database": database_state(state.services)}
 
 

@@ -92,6 +92,28 @@ class AppState:
             return None
         return {**self.cache.stats(), **(self.flights.stats() if self.flights is not None else {})}
 
+    def embedder_stats(self) -> dict | None:
+        """This process's embedder thread: seconds of it per kind of work (and tenant), and the jobs
+        waiting for it; None before an embedder exists. One thread serves the cache and
+        /v1/embeddings when the cache is on (``SharedEmbedder``), so it is counted once."""
+        workers = {}
+        for holder in (getattr(self.cache, "embedder", None), self.embedder,
+                       getattr(self.embedder, "inner", None)):
+            worker = getattr(holder, "worker", None)
+            if worker is not None and hasattr(worker, "busy"):
+                workers[id(worker)] = worker
+        if not workers:
+            return None
+        busy: dict[tuple[str, str], float] = {}
+        for worker in workers.values():
+            for share, seconds in worker.busy.items():
+                # lookups (the urgent lane), a tenant's embeddings (its id), a cache prefill (a namespace)
+                key = ("lookups", "") if share is None else ("embeddings", str(share)) if isinstance(share, int) \
+                    else ("prefill", "")
+                busy[key] = busy.get(key, 0.0) + seconds
+        return {"busy": [[work, tenant, seconds] for (work, tenant), seconds in sorted(busy.items())],
+                "waiting": sum(worker.waiting() for worker in workers.values())}
+
     async def get_embedder(self) -> Any:
         if self.embedder is None:
             async with self._embedder_lock:

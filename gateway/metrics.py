@@ -346,6 +346,7 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
                     if worker is not None:
                         names, values = ("worker", "event"), (worker, event)
                     out.append(f"pagegate_cache_events_total{_labels(names, values)} {_num(cache[event])}")
+    _embedder_series(family, out, processes)
     family("pagegate_http_responses_total", "HTTP responses sent, by route and status", "counter")
     for (route, status), value in sorted(requests.responses.items()):
         out.append(f"pagegate_http_responses_total{_labels(('route', 'status'), (route, status))} {_num(value)}")
@@ -368,6 +369,23 @@ def render(*, uptime_s: float, engine: dict | None, engine_up: bool, model: str 
             out.append(f"{name}_sum{_labels(label_names, labels)} {_num(series[-2])}")
             out.append(f"{name}_count{_labels(label_names, labels)} {_num(series[-1])}")
     return "\n".join(out) + "\n"
+
+
+def _embedder_series(family: Callable, out: list[str], processes: list[tuple[str | None, dict]]) -> None:
+    embedders = [(w, p["embedder"]) for w, p in processes if p.get("embedder")]
+    if not embedders:
+        return
+    family("pagegate_embedder_busy_seconds_total", "Seconds of the embedder's thread by work (lookups, "
+           "embeddings per tenant, prefill), per process", "counter")
+    for worker, emb in embedders:
+        for work, tenant, seconds in emb["busy"]:
+            names, values = ("work", "tenant") if tenant else ("work",), (work, tenant) if tenant else (work,)
+            if worker is not None:
+                names, values = ("worker", *names), (worker, *values)
+            out.append(f"pagegate_embedder_busy_seconds_total{_labels(names, values)} {_num(seconds)}")
+    family("pagegate_embedder_jobs_waiting", "Jobs waiting for the embedder's thread, per process", "gauge")
+    for worker, emb in embedders:
+        out.append(f"pagegate_embedder_jobs_waiting{_worker(worker)} {_num(emb['waiting'])}")
 
 
 def _dependency_gauges(family: Callable, out: list[str], processes: list[tuple[str | None, dict]],

@@ -114,6 +114,14 @@ def test_one_minilm_when_the_cache_is_on(api_cached) -> None:  # noqa: ANN001
     assert resp.json()["usage"]["prompt_tokens"] == sum(counts)
     # the request's counting and its part ran in its tenant's turns on the cache's embedder thread
     assert state.cache.embedder.worker.turns[api_cached.tenant_id] >= 2
+    # and /metrics shows the thread's time by work and tenant, as JSON and as Prometheus text
+    embedder = httpx.get(api_cached.base_url + "/metrics", timeout=30).json()["embedder"]
+    busy = {(work, tenant): seconds for work, tenant, seconds in embedder["busy"]}
+    assert busy[("embeddings", str(api_cached.tenant_id))] > 0 and embedder["waiting"] == 0
+    text = httpx.get(api_cached.base_url + "/metrics?format=prometheus", timeout=30).text
+    line = next(x for x in text.splitlines()
+                if x.startswith(f'pagegate_embedder_busy_seconds_total{{work="embeddings",tenant="{api_cached.tenant_id}"}}'))
+    assert float(line.rsplit(" ", 1)[1]) > 0
 
 
 @pytest.mark.parametrize("server", ["api", "api_cached"])

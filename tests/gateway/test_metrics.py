@@ -69,7 +69,8 @@ def test_a_process_without_an_engine_has_no_up_series() -> None:
 
 def test_workers_sum_through_their_files_and_no_sum_goes_down(tmp_path) -> None:
     one, two = RequestMetrics(tmp_path, "1"), RequestMetrics(tmp_path, "2")
-    one.process = lambda: {"loop": {"lag_ms_max_last_minute": 3.0, "stalls_total": 1}, "cache": {"hits": 2}}
+    one.process = lambda: {"loop": {"lag_ms_max_last_minute": 3.0, "stalls_total": 1}, "cache": {"hits": 2},
+                           "embedder": {"busy": [["embeddings", "7", 1.5], ["lookups", "", 0.25]], "waiting": 3}}
     two.process = lambda: {"loop": {"lag_ms_max_last_minute": 5.0, "stalls_total": 4}, "cache": {"hits": 7}}
     _observe(one)
     _observe(two, completion_tokens=5)
@@ -82,6 +83,10 @@ def test_workers_sum_through_their_files_and_no_sum_goes_down(tmp_path) -> None:
         # each process's own figures, labelled by worker
         assert got['pagegate_event_loop_stalls_total{worker="1"}'] == 1
         assert got['pagegate_cache_events_total{worker="2",event="hits"}'] == 7
+        assert got['pagegate_embedder_busy_seconds_total{worker="1",work="embeddings",tenant="7"}'] == 1.5
+        assert got['pagegate_embedder_busy_seconds_total{worker="1",work="lookups"}'] == 0.25
+        assert got['pagegate_embedder_jobs_waiting{worker="1"}'] == 3
+        assert not any(k.startswith("pagegate_embedder") and 'worker="2"' in k for k in got)  # no embedder yet
     # found by QA: live counts plus the other's (older) file went back and forth between the
     # workers' answers; a scrape now shows only what is in the files, written first
     _observe(one)  # counted by worker 1, not yet in its file
