@@ -45,16 +45,18 @@ class _Job:
 
 class FairWorker:
     """``await worker.run(share, fn, *args)`` runs ``fn(*args)`` on the worker's one thread, in the
-    share's turn; returns its result or raises its exception."""
+    share's turn; returns its result or raises its exception. Called from one event loop at a time
+    (its queues are the loop's: not for two threads' loops at once)."""
 
     def __init__(self, name: str) -> None:
+        self.name = name
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._urgent: collections.deque[_Job] = collections.deque()
         self._shares: dict[Hashable, collections.deque[_Job]] = {}  # waiting jobs; the longest waiting first
         self._finish: dict[Hashable, float] = {}  # a share's last job's finish tag (seconds of thread time)
         self._clock = 0.0  # virtual time: the tag of the share's job last started
         self._last_urgent = False
-        self._dispatching = False
+        self._dispatcher: asyncio.Task | None = None
         self._closed = False
         self.turns: collections.Counter = collections.Counter()  # jobs run per share (None: urgent)
         self.busy: collections.Counter = collections.Counter()  # seconds on the thread per share
@@ -71,10 +73,23 @@ class FairWorker:
             if queue is None:
                 queue = self._shares[share] = collections.deque()
             queue.append(job)
-        if not self._dispatching:
-            self._dispatching = True
-            loop.create_task(self._dispatch())
+        task = self._dispatcher
+        if task is None or task.done() or task.get_loop() is not loop:
+            if task is not None and task.get_loop() is not loop:  # an earlier loop's, left unfinished
+                self._forget_other_loops(loop)
+            self._dispatcher = loop.create_task(self._dispatch())
         return await job.future
+
+    def _forget_other_loops(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Drop the jobs of an event loop that is gone (a test's, or a server's that stopped with
+        work queued): nobody awaits them, and their futures cannot be set from this loop."""
+        self._urgent = collections.deque(j for j in self._urgent if j.future.get_loop() is loop)
+        for share in list(self._shares):
+            kept = collections.deque(j for j in self._shares[share] if j.future.get_loop() is loop)
+            if kept:
+                self._shares[share] = kept
+            else:
+                del self._shares[share]
 
     def waiting(self) -> int:
         """Jobs queued, not counting the one running."""
@@ -131,7 +146,6 @@ class FairWorker:
                     else:
                         job.future.set_exception(value)
         finally:
-            self._dispatching = False
             if self._closed:
                 self._fail_waiting()
 

@@ -91,10 +91,10 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict]:
 async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
     plan = refuse_unhonoured(body)
-    await check_schema(body)
+    await check_schema(body, caller.principal.tenant_id)
     refuse_unsupported(body, engine)
     if plan is not None and plan.choice is not None:  # tools that may be called (gateway.tool_calls)
-        await plan.compile(body)  # (the calls' schema, off the event loop)
+        await plan.compile(body, caller.principal.tenant_id)  # (the calls' schema, off the event loop)
         fmt: ChatFormat = ToolCallFormat(model=engine.model_id, include_usage=body.include_usage, choice=plan.choice,
                                          named=plan.tools[0].name if plan.choice == "named" else None)
     else:
@@ -205,7 +205,7 @@ async def _follow(waiting: asyncio.Future, flights: Flights, fmt: Format, accoun
 async def create_completion(body: CompletionRequest, caller: Caller) -> Response:
     engine = resolve_engine(caller, body.model)
     refuse_unhonoured(body)
-    await check_schema(body)
+    await check_schema(body, caller.principal.tenant_id)
     refuse_unsupported(body, engine)
     prompts_in = body.prompts()
     limit = min(MAX_PROMPTS, getattr(engine, "max_waiting", None) or MAX_PROMPTS)  # each prompt takes a place

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from pydantic import ValidationError
 
-from engine.json_schema import SchemaError, compile_schema, compiler_thread
+from engine.json_schema import SchemaError
 from engine.protocol import EngineClient
 from engine.sampling_params import SamplingParams
 from gateway.deps import Caller
@@ -21,6 +21,7 @@ from gateway.embedding_service import is_embedding_model, may_use_embedding_mode
 from gateway.errors import invalid_request, model_not_found, permission_denied, quoted_name, unsupported
 from gateway.formats import TokenNames
 from gateway.generation import context_length_exceeded, far_too_long, too_many_turns
+from gateway.schema_thread import compile_in_turn
 from gateway.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -289,18 +290,16 @@ def _check_response_format(body: ChatCompletionRequest | CompletionRequest) -> N
                               "type 'json_object'.", param="messages")
 
 
-async def check_schema(body: ChatCompletionRequest | CompletionRequest) -> None:
+async def check_schema(body: ChatCompletionRequest | CompletionRequest, share: Hashable = "") -> None:
     """A ``json_schema`` format's schema compiled (``refuse_unhonoured`` has checked the rest): a
-    400 saying what and where when the engine cannot decode to it. On a thread of its own: a
-    schema's patterns can take a few hundred milliseconds to compile (``engine.json_regex``'s
-    bound), which the event loop must not wait out (the format holds the grammar until the
-    request's SamplingParams take it, so their compile is a lookup)."""
+    400 saying what and where when the engine cannot decode to it. Off the event loop, in the
+    tenant's (``share``) turn on ``schema_worker`` (the format holds the grammar until the request's
+    SamplingParams take it, so their compile is a lookup)."""
     fmt = body.response_format
     if fmt is None or fmt.type != "json_schema" or fmt.json_schema is None:
         return
     try:  # (nesting is bounded before: JsonSchemaFormat's depth check, then the compiler's)
-        fmt._grammar = await asyncio.get_running_loop().run_in_executor(  # noqa: SLF001 - held, see ResponseFormat
-            compiler_thread(), compile_schema, fmt.schema_text())
+        fmt._grammar = await compile_in_turn(share, fmt.schema_text())  # noqa: SLF001 - held, see ResponseFormat
     except SchemaError as err:
         message = f"Invalid schema for response_format '{fmt.json_schema.name}': {quoted_name(str(err))}."
         if err.unsupported:

@@ -23,15 +23,16 @@ Earlier turns' tool calls and the ``tool`` messages that answer them are rendere
 
 from __future__ import annotations
 
-import asyncio
 import json
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from engine.json_schema import SchemaError, compile_schema, compiler_thread
+from engine.json_schema import SchemaError
 from gateway.errors import invalid_request, quoted_name, unsupported
+from gateway.schema_thread import compile_in_turn
 from gateway.schemas import ChatCompletionRequest, JsonSchemaFormat, ResponseFormat
 
 _LITERALS = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: their "$ref"s are data
@@ -81,20 +82,19 @@ class ToolPlan:
         return {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"],
                 "additionalProperties": False, "$defs": defs}
 
-    async def compile(self, body: ChatCompletionRequest) -> None:
-        """Compile the answer's schema on the compiler thread and hand it to ``body`` as its
-        ``response_format`` (the engine decodes it as structured output). A tool whose
-        parameters the engine cannot decode to is a 400 naming it."""
+    async def compile(self, body: ChatCompletionRequest, share: Hashable = "") -> None:
+        """Compile the answer's schema on the schema thread, in the tenant's (``share``) turn, and
+        hand it to ``body`` as its ``response_format`` (the engine decodes it as structured output).
+        A tool whose parameters the engine cannot decode to is a 400 naming it."""
         schema = self.schema()
         text = json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
-        loop = asyncio.get_running_loop()
         try:
-            grammar = await loop.run_in_executor(compiler_thread(), compile_schema, text)
+            grammar = await compile_in_turn(share, text)
         except SchemaError as err:
             for i, tool in enumerate(self.tools):  # which tool: each alone (only when it failed)
                 alone = json.dumps(tool.parameters, ensure_ascii=False, separators=(",", ":"))
                 try:
-                    await loop.run_in_executor(compiler_thread(), compile_schema, alone)
+                    await compile_in_turn(share, alone)
                 except SchemaError as own:
                     raise _schema_error(own, i if self.choice != "named" else self.index, tool.name) from err
             raise _schema_error(err, None, None) from err

@@ -148,3 +148,29 @@ async def test_closing_fails_the_waiting_jobs_and_refuses_new_ones() -> None:
         await worker.run("a", lambda: None)
     gate.set()
     assert await holder is True  # the job on the thread finishes
+
+
+def test_a_loop_that_ended_with_work_queued_leaves_the_worker_usable() -> None:
+    """A test's event loop, or a stopped server's, may close with jobs queued and its dispatcher
+    never finished; the next loop's callers are served and the old jobs are dropped."""
+    worker = FairWorker("test-fair")
+    ran: list[str] = []
+    gate = threading.Event()
+    old = asyncio.new_event_loop()
+
+    async def leave_work() -> None:
+        asyncio.ensure_future(worker.run("a", gate.wait, 5))
+        asyncio.ensure_future(worker.run("a", ran.append, "old"))
+        await asyncio.sleep(0.05)  # the first job is on the thread, the second waits
+
+    old.run_until_complete(leave_work())
+    old.close()  # (no cancelling: its tasks stay pending, as when a loop is dropped)
+    gate.set()
+
+    async def later() -> str:
+        await worker.run("b", ran.append, "new")
+        return await worker.run("a", lambda: "served")
+
+    assert asyncio.run(later()) == "served"
+    assert ran == ["new"]
+    worker.close()

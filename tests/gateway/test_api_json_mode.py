@@ -210,6 +210,21 @@ def test_json_schema_without_a_schema_is_any_object_and_needs_no_json_word(api) 
     assert isinstance(json.loads(resp.json()["choices"][0]["message"]["content"]), dict)
 
 
+def test_schemas_compile_in_their_tenants_turns(api) -> None:  # noqa: ANN001
+    """A schema is compiled on the server's schema thread in its tenant's turn (gateway.schema_thread),
+    so one tenant's burst of slow schemas holds another's back by the one compiling at most."""
+    from gateway import schema_thread
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"pattern": f"^{uuid.uuid4().hex[:6]}$",
+                                                                               "type": "string"}},
+              "required": ["n", "tag"], "additionalProperties": False}
+    body = {"model": api.model, "max_tokens": 4, "messages": [{"role": "user", "content": "A number, as JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}}
+    before = sum(w.turns[api.tenant_id] for w in list(schema_thread._workers.values()))
+    assert post(api, "/v1/chat/completions", body).status_code == 200
+    assert sum(w.turns[api.tenant_id] for w in list(schema_thread._workers.values())) == before + 1
+
+
 @pytest.mark.parametrize(("fmt", "param", "code", "words"), [
     ({"type": "json_schema"}, "response_format.json_schema", "missing_required_parameter", "json_schema"),
     ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}, "response_format.json_schema.name",
