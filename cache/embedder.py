@@ -193,7 +193,7 @@ class Embedder:
         self._sees_ascii = False  # whether the vocabulary holds every printable ASCII character, once loaded
         self._load_lock = threading.Lock()
         self._pending: list[tuple[str, asyncio.Future]] = []
-        self._draining = False
+        self._drainer: asyncio.Task | None = None  # the task batching the lookups waiting
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()  # repeated texts skip the model
         self._memo_size = memo_size
         self.batches = 0  # forward passes run (for tests and stats)
@@ -395,11 +395,14 @@ class Embedder:
         if hit is not None:
             self._memo.move_to_end(text)
             return hit
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._pending.append((text, fut))
-        if not self._draining:
-            self._draining = True
-            asyncio.get_running_loop().create_task(self._drain())
+        task = self._drainer
+        if task is None or task.done() or task.get_loop() is not loop:
+            if task is not None and task.get_loop() is not loop:  # an earlier loop's, left unfinished
+                self._pending = [(t, f) for t, f in self._pending if f.get_loop() is loop]
+            self._drainer = loop.create_task(self._drain())
         return await fut
 
     async def embed_many(self, texts: list[str], *, share: Hashable = "") -> np.ndarray:
@@ -416,8 +419,9 @@ class Embedder:
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
                 texts = list(dict.fromkeys(t for t, _ in batch))
-                try:
-                    vecs = await self.worker.run(None, self._encode, texts)  # urgent: on a chat's path
+                try:  # urgent (on a chat's path), in parts as a tenant's batch is (review: a lookup
+                    # batch of 64 long prompts took seconds, on no tenant's account)
+                    vecs = np.concatenate([await self.worker.run(None, self._encode, part) for part in parts(texts)])
                 except Exception as e:  # noqa: BLE001 - handed to every waiter
                     for _, f in batch:
                         if not f.done():
@@ -433,7 +437,8 @@ class Embedder:
                     if not f.done():
                         f.set_result(by_text[t])
         finally:
-            self._draining = False
+            if self._drainer is asyncio.current_task():
+                self._drainer = None
 
     def close(self) -> None:
         self.worker.close()

@@ -127,6 +127,9 @@ class FairWorker:
         if share is None:
             return
         self._finish[share] = max(self._clock, self._finish.get(share, 0.0)) + seconds
+        if not self._shares:  # no share waits: nobody is owed anything (and shares that come one
+            self._finish.clear()  # after another, each on the clock, leave no entry behind: review)
+            return
         for idle in [s for s, f in self._finish.items() if f <= self._clock and s not in self._shares]:
             del self._finish[idle]  # no debt to remember: it starts from the clock when it comes back
 
@@ -140,11 +143,15 @@ class FairWorker:
                 except RuntimeError as err:  # the executor shut down under it
                     seconds, ok, value = 0.0, False, err
                 self._charge(share, seconds)
-                if not job.future.done():
+                if job.future.done():
+                    continue
+                try:
                     if ok:
                         job.future.set_result(value)
                     else:
                         job.future.set_exception(value)
+                except (TypeError, RuntimeError) as err:  # (a future refuses some exceptions: its caller
+                    job.future.set_exception(RuntimeError(f"the job failed: {value!r} ({err})"))  # gets why)
         finally:
             if self._closed:
                 self._fail_waiting()
@@ -170,6 +177,8 @@ def _timed(fn: Callable[..., Any], args: tuple) -> tuple[float, bool, Any]:
     t0 = time.perf_counter()
     try:
         value, ok = fn(*args), True
+    except StopIteration as err:  # a future cannot hold it (asyncio refuses it): the caller gets why
+        value, ok = RuntimeError(f"the job raised StopIteration: {err!r}"), False
     except Exception as err:  # noqa: BLE001 - handed to its caller
         value, ok = err, False
     return time.perf_counter() - t0, ok, value

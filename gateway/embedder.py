@@ -116,8 +116,7 @@ class Embedder:
         self.max_batch_texts = max_batch_texts
         self.worker = FairWorker("embedder")  # the model's one thread, in turns between tenants
         self._queues: dict[Hashable, list[_Pending]] = {}  # per share: calls waiting for its next batch
-        self._draining: set[Hashable] = set()
-        self._drainers: set[asyncio.Task] = set()
+        self._drainers: dict[Hashable, asyncio.Task] = {}  # per share with calls: the task batching them
         self._closed = False
 
     def embed(self, texts: list[str], abandoned: Callable[[], bool] | None = None) -> np.ndarray:
@@ -158,11 +157,13 @@ class Embedder:
         characters), one per turn of its share, so other tenants' work goes between them."""
         loop = asyncio.get_running_loop()
         pending = _Pending(list(texts), loop.create_future())
-        self._queues.setdefault(share, []).append(pending)
-        if share not in self._draining:
-            self._draining.add(share)
-            self._drainers.add(task := loop.create_task(self._drain(share)))
-            task.add_done_callback(self._drainers.discard)
+        queue = self._queues.setdefault(share, [])
+        queue.append(pending)
+        task = self._drainers.get(share)
+        if task is None or task.done() or task.get_loop() is not loop:
+            if task is not None and task.get_loop() is not loop:  # an earlier loop's, left unfinished
+                queue[:] = [p for p in queue if p.future.get_loop() is loop]  # (review: it hung the share)
+            self._drainers[share] = loop.create_task(self._drain(share))
         return await pending.future
 
     async def _drain(self, share: Hashable) -> None:
@@ -191,7 +192,8 @@ class Embedder:
                         item.future.set_result(vectors[start:end])
                     start = end
         finally:
-            self._draining.discard(share)
+            if self._drainers.get(share) is asyncio.current_task():
+                del self._drainers[share]
 
     async def _embed_batch(self, share: Hashable, texts: list[str], futures: list[asyncio.Future]) -> np.ndarray:
         """``texts`` in parts, longest first (parts of like lengths pad least), each row back in its
@@ -209,7 +211,7 @@ class Embedder:
 
     def close(self) -> None:
         self._closed = True
-        for task in list(self._drainers):  # (their callers are gone: the server has stopped)
+        for task in list(self._drainers.values()):  # (their callers are gone: the server has stopped)
             task.cancel()
         self.worker.close()
 

@@ -186,3 +186,38 @@ async def test_tenants_take_turns_on_the_thread_and_lookups_go_first(embedder, m
     assert seen.index("lookup:") <= 1
     assert seen.index("light") <= 3
     assert embedder.worker.turns["tenant-b"] == 1
+
+
+async def test_a_lookup_batch_runs_in_parts(embedder, monkeypatch):
+    """Found by review: lookups queued together ran as one job of up to 64 texts whatever their
+    length (64 long prompts: seconds on no tenant's account, every other turn); they run in parts
+    of at most 4,096 characters, as a tenant's batch does."""
+    from cache.embedder import EMBED_MANY_PART_CHARS
+
+    sizes: list[int] = []
+    original = embedder._encode
+
+    def spy(texts: list[str]):  # noqa: ANN202
+        sizes.append(sum(map(len, texts)))
+        return original(texts)
+
+    monkeypatch.setattr(embedder, "_encode", spy)
+    prompts = [f"lookup {i}: " + "what does the river carry to the delta and why " * 20 for i in range(8)]
+    vecs = await asyncio.gather(*(embedder.embed(p) for p in prompts))
+    assert len(sizes) >= 2 and max(sizes) <= EMBED_MANY_PART_CHARS
+    np.testing.assert_allclose(vecs[5], original([prompts[5]])[0], atol=1e-5)
+
+
+def test_a_loop_that_ended_with_a_lookup_queued_leaves_the_embedder_usable(embedder):
+    """A lookup left as its event loop ended must not leave the lookups' batching task marked as
+    running (the next loop's lookups would wait forever)."""
+
+    async def leave() -> None:
+        asyncio.ensure_future(embedder.embed("a lookup left behind as its loop ends"))
+
+    asyncio.run(leave())
+
+    async def later():  # noqa: ANN202
+        return await asyncio.wait_for(embedder.embed("a lookup in the next loop"), 60)
+
+    assert asyncio.run(later()).shape == (embedder.dim,)

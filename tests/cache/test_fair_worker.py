@@ -174,3 +174,29 @@ def test_a_loop_that_ended_with_work_queued_leaves_the_worker_usable() -> None:
     assert asyncio.run(later()) == "served"
     assert ran == ["new"]
     worker.close()
+
+
+async def test_a_job_raising_stop_iteration_fails_its_caller_only() -> None:
+    """Found by review: asyncio refuses StopIteration on a future, which ended the dispatcher and
+    left every queued job of every tenant waiting."""
+    worker = FairWorker("test-fair")
+    gate, holder = await _held(worker)
+    bad = asyncio.ensure_future(worker.run("a", next, iter(())))
+    good = asyncio.ensure_future(worker.run("b", lambda: "served"))
+    await asyncio.sleep(0)
+    gate.set()
+    with pytest.raises(RuntimeError, match="StopIteration"):
+        await bad
+    assert await asyncio.wait_for(good, 5) == "served"
+    await holder
+    worker.close()
+
+
+async def test_shares_that_come_one_after_another_leave_nothing_behind() -> None:
+    """Found by review: each new share's job started on the clock, which stood still, so no entry
+    was ever old enough to drop (20,000 tenants in a row left 20,000)."""
+    worker = FairWorker("test-fair")
+    for i in range(500):
+        await worker.run(f"tenant-{i}", lambda: None)
+    assert len(worker._finish) == 0
+    worker.close()

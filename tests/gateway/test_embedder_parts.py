@@ -126,3 +126,18 @@ def test_tenants_take_turns_a_part_each(embedder, monkeypatch) -> None:  # noqa:
     assert len(seen) == 9 + 1  # the three calls merged into one batch of 18 texts, in parts of 2 (batch_size)
     np.testing.assert_allclose(light[0], original(["light text"])[0], atol=1e-5)
     np.testing.assert_allclose(heavy[2][5], original(["heavy2 text number 5"])[0], atol=1e-5)
+
+
+def test_a_loop_that_ended_with_a_call_queued_leaves_its_tenant_served(embedder) -> None:  # noqa: ANN001
+    """Found by review: a call made and left as its event loop ended (a test's, a stopped server's)
+    kept its tenant's batching task marked as running, and the tenant's later calls waited forever."""
+
+    async def leave() -> None:
+        asyncio.ensure_future(embedder.aembed(["left behind"], share="gone"))
+
+    asyncio.run(leave())
+
+    async def later() -> np.ndarray:
+        return await asyncio.wait_for(embedder.aembed(["served after all"], share="gone"), 60)
+
+    assert asyncio.run(later()).shape == (1, embedder.dimensions)
