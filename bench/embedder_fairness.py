@@ -14,7 +14,7 @@ process:
 
     .venv/bin/python bench/embedder_fairness.py [--seconds 12] [--rounds 2] [--baseline-rev bde5b89]
     .venv/bin/python bench/embedder_fairness.py --every 0    # the heavy tenant alone: its throughput
-    .venv/bin/python bench/embedder_fairness.py --idle 400   # one lookup at a time, nothing else
+    .venv/bin/python bench/embedder_fairness.py --idle 400   # one text at a time, nothing else
 """
 
 from __future__ import annotations
@@ -100,21 +100,28 @@ async def phase(front, lookup, args) -> dict:  # noqa: ANN001
 
 
 async def idle_lookups(sides: dict, n: int) -> None:
-    """One lookup at a time on an idle embedder (what a chat's lookup pays for the turns): this
-    tree and the baseline alternated in blocks of 20, unique texts."""
-    lat: dict[str, list[float]] = {"this": [], "baseline": []}
+    """One text at a time on an idle embedder: a chat's lookup (cache on) and a one-text
+    ``/v1/embeddings`` without the cache (what a request pays for the turns, and for the forward):
+    this tree and the baseline alternated in blocks of 20, unique texts."""
     tag = os.urandom(4).hex()
-    for block in range(n // 20):
-        for name in (("this", "baseline") if block % 2 == 0 else ("baseline", "this")):
-            embed = sides[name]["cache on"][1]
-            for i in range(20):
-                t0 = time.perf_counter()
-                await embed(f"what is the capital of country {block} {i} {name} {tag}?")
-                lat[name].append((time.perf_counter() - t0) * 1000)
-    this, base = pct(lat["this"], .5), pct(lat["baseline"], .5)
-    print(f"idle lookups ({len(lat['this'])} each): p50 this {this:.2f} ms, baseline {base:.2f} ms, "
-          f"baseline / this {base / this:.2f}x; p99 this {pct(lat['this'], .99):.2f} ms, "
-          f"baseline {pct(lat['baseline'], .99):.2f} ms")
+    for config in ("cache on", "cache off"):
+        lat: dict[str, list[float]] = {"this": [], "baseline": []}
+        for block in range(n // 20):
+            for name in (("this", "baseline") if block % 2 == 0 else ("baseline", "this")):
+                front, lookup = sides[name][config]
+                for i in range(20):
+                    text = f"what is the capital of country {block} {i} {name} {tag}?"
+                    t0 = time.perf_counter()
+                    if lookup is not None:
+                        await lookup(text)
+                    else:
+                        await _call(front.aembed, [text], share="light")
+                    lat[name].append((time.perf_counter() - t0) * 1000)
+        this, base = pct(lat["this"], .5), pct(lat["baseline"], .5)
+        what = "lookups (cache on)" if config == "cache on" else "one-text embeddings (cache off)"
+        print(f"idle {what}, {len(lat['this'])} each: p50 this {this:.2f} ms, baseline {base:.2f} ms, "
+              f"baseline / this {base / this:.2f}x; p99 this {pct(lat['this'], .99):.2f} ms, "
+              f"baseline {pct(lat['baseline'], .99):.2f} ms", flush=True)
 
 
 async def main(args) -> None:  # noqa: ANN001
@@ -174,6 +181,7 @@ if __name__ == "__main__":
     ap.add_argument("--chars", type=int, default=600, help="characters per passage")
     ap.add_argument("--every", type=float, default=0.1,
                     help="seconds between the light tenant's requests (0: no light tenant)")
-    ap.add_argument("--idle", type=int, default=0, help="only time this many lookups on an idle embedder")
+    ap.add_argument("--idle", type=int, default=0,
+                    help="only time this many single texts on an idle embedder (a lookup, a cache-off embedding)")
     ap.add_argument("--baseline-rev", default="bde5b89")
     asyncio.run(main(ap.parse_args()))

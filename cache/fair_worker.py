@@ -22,8 +22,8 @@ queueing, with each job's cost its time on the thread, measured there):
 - a job whose caller has gone (its awaiting task cancelled: the client left) is skipped, not run.
 
 Callers keep their jobs short (``cache.embedder`` cuts batches into parts of ~0.1 s): a job is
-never interrupted. The dispatcher runs on the event loop and puts one job on the thread at a time;
-it exists only while there is work.
+never interrupted. One job is on the thread at a time; when it ends, the next is picked on the event
+loop (no task between them).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 
@@ -56,7 +56,8 @@ class FairWorker:
         self._finish: dict[Hashable, float] = {}  # a share's last job's finish tag (seconds of thread time)
         self._clock = 0.0  # virtual time: the tag of the share's job last started
         self._last_urgent = False
-        self._dispatcher: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop whose jobs these are
+        self._running = False  # a job is on the thread
         self._closed = False
         self.turns: collections.Counter = collections.Counter()  # jobs run per share (None: urgent)
         self.busy: collections.Counter = collections.Counter()  # seconds on the thread per share
@@ -73,11 +74,12 @@ class FairWorker:
             if queue is None:
                 queue = self._shares[share] = collections.deque()
             queue.append(job)
-        task = self._dispatcher
-        if task is None or task.done() or task.get_loop() is not loop:
-            if task is not None and task.get_loop() is not loop:  # an earlier loop's, left unfinished
-                self._forget_other_loops(loop)
-            self._dispatcher = loop.create_task(self._dispatch())
+        if self._loop is not loop:  # a first loop, or an earlier one's jobs left (a test's, a stopped
+            if self._loop is not None:  # server's): nobody awaits those, and a job of theirs still on
+                self._forget_other_loops(loop)  # the thread reports to a loop that is gone
+            self._loop, self._running = loop, False
+        if not self._running:
+            self._start_next()
         return await job.future
 
     def _forget_other_loops(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -133,28 +135,39 @@ class FairWorker:
         for idle in [s for s, f in self._finish.items() if f <= self._clock and s not in self._shares]:
             del self._finish[idle]  # no debt to remember: it starts from the clock when it comes back
 
-    async def _dispatch(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _start_next(self) -> None:
+        """Put the next job on the thread; its end comes back to ``_finished`` on the loop (no task
+        between: an idle worker's job costs its caller no more loop turns than ``run_in_executor``)."""
+        picked = None if self._closed else self._next()
+        if picked is None:
+            self._running = False
+            return
+        share, job = picked
+        loop = self._loop
+        self._running = True
+
+        def done(cf: Future) -> None:  # on the worker's thread
+            try:
+                loop.call_soon_threadsafe(self._finished, share, job, cf)
+            except RuntimeError:  # the loop is closed: its callers are gone
+                pass
+
         try:
-            while not self._closed and (picked := self._next()) is not None:
-                share, job = picked
-                try:
-                    seconds, ok, value = await loop.run_in_executor(self.executor, _timed, job.fn, job.args)
-                except RuntimeError as err:  # the executor shut down under it
-                    seconds, ok, value = 0.0, False, err
-                self._charge(share, seconds)
-                if job.future.done():
-                    continue
-                try:
-                    if ok:
-                        job.future.set_result(value)
-                    else:
-                        job.future.set_exception(value)
-                except (TypeError, RuntimeError) as err:  # (a future refuses some exceptions: its caller
-                    job.future.set_exception(RuntimeError(f"the job failed: {value!r} ({err})"))  # gets why)
-        finally:
-            if self._closed:
-                self._fail_waiting()
+            self.executor.submit(_timed, job.fn, job.args).add_done_callback(done)
+        except RuntimeError as err:  # shut down under it
+            self._running = False
+            _settle(job.future, False, err)
+
+    def _finished(self, share: Hashable | None, job: _Job, cf: Future) -> None:
+        try:
+            seconds, ok, value = cf.result()
+        except BaseException as err:  # noqa: BLE001 - cancelled by close(), or a SystemExit in the job
+            seconds, ok, value = 0.0, False, RuntimeError(f"the job did not finish: {err!r}")
+        self._charge(share, seconds)
+        self._start_next()  # the thread's next job first: the caller can wait one loop turn
+        if self._closed:
+            self._fail_waiting()
+        _settle(job.future, ok, value)
 
     def _fail_waiting(self) -> None:
         jobs = list(self._urgent) + [j for q in self._shares.values() for j in q]
@@ -170,6 +183,18 @@ class FairWorker:
         self._closed = True
         self._fail_waiting()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if future.done():  # (cancelled: its caller left)
+        return
+    try:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+    except (TypeError, RuntimeError) as err:  # (a future refuses some exceptions: its caller gets why)
+        future.set_exception(RuntimeError(f"the job failed: {value!r} ({err})"))
 
 
 def _timed(fn: Callable[..., Any], args: tuple) -> tuple[float, bool, Any]:
