@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.embedder_fairness import pct  # noqa: E402
 from engine.json_schema import compile_schema, compiler_thread  # noqa: E402
 from gateway.schema_thread import compile_in_turn  # noqa: E402
 
@@ -41,11 +42,6 @@ def light_schema() -> str:
 
 async def fifo(_share: str, text: str):  # noqa: ANN202 - the code before: one thread, first come first served
     return await asyncio.get_running_loop().run_in_executor(compiler_thread(), compile_schema, text)
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 async def phase(compile_fn, args) -> tuple[list[float], float]:  # noqa: ANN001
