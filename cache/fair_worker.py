@@ -30,10 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import logging
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class _Job:
@@ -56,7 +61,8 @@ class FairWorker:
         self._finish: dict[Hashable, float] = {}  # a share's last job's finish tag (seconds of thread time)
         self._clock = 0.0  # virtual time: the tag of the share's job last started
         self._last_urgent = False
-        self._loop: asyncio.AbstractEventLoop | None = None  # the event loop whose jobs these are
+        self._loop_ref: weakref.ref | None = None  # the event loop whose jobs these are (held weakly:
+        # a worker per loop, as gateway.schema_thread keeps, must not keep its loop alive: review)
         self._running = False  # a job is on the thread
         self._closed = False
         self.turns: collections.Counter = collections.Counter()  # jobs run per share (None: urgent)
@@ -75,16 +81,25 @@ class FairWorker:
                 queue = self._shares[share] = collections.deque()
             queue.append(job)
         if self._loop is not loop:  # a first loop, or an earlier one's jobs left (a test's, a stopped
-            if self._loop is not None:  # server's): nobody awaits those, and a job of theirs still on
-                self._forget_other_loops(loop)  # the thread reports to a loop that is gone
-            self._loop, self._running = loop, False
+            if self._loop_ref is not None:  # server's): nobody awaits those, and a job of theirs still
+                self._forget_other_loops(loop)  # on the thread reports to a loop that is gone
+            self._loop_ref, self._running = weakref.ref(loop), False
         if not self._running:
-            self._start_next()
+            self._advance()
         return await job.future
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop_ref() if self._loop_ref is not None else None
 
     def _forget_other_loops(self, loop: asyncio.AbstractEventLoop) -> None:
         """Drop the jobs of an event loop that is gone (a test's, or a server's that stopped with
-        work queued): nobody awaits them, and their futures cannot be set from this loop."""
+        work queued): their futures cannot be set from this loop; they are cancelled on their own
+        loop if it still runs (review: a loop that stopped and ran again had a caller wait forever)."""
+        for job in [*self._urgent, *(j for q in self._shares.values() for j in q)]:
+            if job.future.get_loop() is not loop:
+                with contextlib.suppress(RuntimeError):  # (that loop is closed)
+                    job.future.get_loop().call_soon_threadsafe(job.future.cancel)
         self._urgent = collections.deque(j for j in self._urgent if j.future.get_loop() is loop)
         for share in list(self._shares):
             kept = collections.deque(j for j in self._shares[share] if j.future.get_loop() is loop)
@@ -118,8 +133,8 @@ class FairWorker:
                 job = queue.popleft()
                 if queue:
                     self._shares[share] = queue  # behind the others on a tie
-            self._last_urgent = share is None
-            if not job.future.done():  # (cancelled: its caller left)
+            if not job.future.done():  # (cancelled: its caller left, and used no turn)
+                self._last_urgent = share is None
                 return share, job
         return None
 
@@ -135,6 +150,19 @@ class FairWorker:
         for idle in [s for s, f in self._finish.items() if f <= self._clock and s not in self._shares]:
             del self._finish[idle]  # no debt to remember: it starts from the clock when it comes back
 
+    def _advance(self, ran: tuple[Hashable | None, float] | None = None) -> None:
+        """Charge the job that ``ran`` (its share, its seconds) and ``_start_next``; should the
+        worker's own bookkeeping fail, every caller waiting is failed and the worker closed rather
+        than left waiting forever (found by review)."""
+        try:
+            if ran is not None:
+                self._charge(*ran)
+            self._start_next()
+        except Exception:
+            log.exception("%s: the worker failed; closing it", self.name)
+            self._running = False
+            self.close()
+
     def _start_next(self) -> None:
         """Put the next job on the thread; its end comes back to ``_finished`` on the loop (no task
         between: an idle worker's job costs its caller no more loop turns than ``run_in_executor``)."""
@@ -148,26 +176,27 @@ class FairWorker:
 
         def done(cf: Future) -> None:  # on the worker's thread
             try:
-                loop.call_soon_threadsafe(self._finished, share, job, cf)
+                loop.call_soon_threadsafe(self._finished, loop, share, job, cf)
             except RuntimeError:  # the loop is closed: its callers are gone
                 pass
 
         try:
             self.executor.submit(_timed, job.fn, job.args).add_done_callback(done)
-        except RuntimeError as err:  # shut down under it
-            self._running = False
+        except RuntimeError as err:  # the executor shut down under it (the interpreter's exit):
+            self._running = False  # nothing more can run
             _settle(job.future, False, err)
+            self.close()
 
-    def _finished(self, share: Hashable | None, job: _Job, cf: Future) -> None:
+    def _finished(self, loop: asyncio.AbstractEventLoop, share: Hashable | None, job: _Job, cf: Future) -> None:
         try:
             seconds, ok, value = cf.result()
         except BaseException as err:  # noqa: BLE001 - cancelled by close(), or a SystemExit in the job
-            seconds, ok, value = 0.0, False, RuntimeError(f"the job did not finish: {err!r}")
-        self._charge(share, seconds)
-        self._start_next()  # the thread's next job first: the caller can wait one loop turn
-        if self._closed:
-            self._fail_waiting()
-        _settle(job.future, ok, value)
+            seconds, ok, value = 0.0, False, RuntimeError(f"the job did not finish: {type(err).__name__}")
+        try:
+            if loop is self._loop:  # (else an earlier loop's job, back late: not this loop's turns)
+                self._advance((share, seconds))  # the thread's next job first: the caller can wait
+        finally:
+            _settle(job.future, ok, value)
 
     def _fail_waiting(self) -> None:
         jobs = list(self._urgent) + [j for q in self._shares.values() for j in q]
@@ -175,14 +204,17 @@ class FairWorker:
         self._shares.clear()
         for job in jobs:
             if not job.future.done():
-                job.future.set_exception(RuntimeError("the worker is closed"))
+                with contextlib.suppress(RuntimeError):  # (its loop is closed)
+                    job.future.set_exception(RuntimeError("the worker is closed"))
 
     def close(self) -> None:
         """Stop: the job running finishes on its thread (the process's exit waits for it); the
         waiting ones fail."""
         self._closed = True
-        self._fail_waiting()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        try:
+            self._fail_waiting()
+        finally:
+            self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:
@@ -194,7 +226,7 @@ def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:
         else:
             future.set_exception(value)
     except (TypeError, RuntimeError) as err:  # (a future refuses some exceptions: its caller gets why)
-        future.set_exception(RuntimeError(f"the job failed: {value!r} ({err})"))
+        future.set_exception(RuntimeError(f"the job failed: {type(value).__name__} ({type(err).__name__})"))
 
 
 def _timed(fn: Callable[..., Any], args: tuple) -> tuple[float, bool, Any]:
@@ -203,7 +235,7 @@ def _timed(fn: Callable[..., Any], args: tuple) -> tuple[float, bool, Any]:
     try:
         value, ok = fn(*args), True
     except StopIteration as err:  # a future cannot hold it (asyncio refuses it): the caller gets why
-        value, ok = RuntimeError(f"the job raised StopIteration: {err!r}"), False
+        value, ok = RuntimeError(f"the job raised {type(err).__name__}"), False
     except Exception as err:  # noqa: BLE001 - handed to its caller
         value, ok = err, False
     return time.perf_counter() - t0, ok, value

@@ -200,3 +200,69 @@ async def test_shares_that_come_one_after_another_leave_nothing_behind() -> None
         await worker.run(f"tenant-{i}", lambda: None)
     assert len(worker._finish) == 0
     worker.close()
+
+
+async def test_a_failure_of_the_workers_own_bookkeeping_fails_its_callers_instead_of_stranding_them(
+        monkeypatch) -> None:
+    """Found by review: an exception in the worker's step between two jobs lost the caller's answer
+    and left every later caller waiting forever."""
+    worker = FairWorker("test-fair")
+    gate, holder = await _held(worker)
+    waiting = asyncio.ensure_future(worker.run("a", lambda: "never"))
+    await asyncio.sleep(0)
+
+    def broken(share, seconds):  # noqa: ANN001, ANN202
+        raise KeyError("bookkeeping")
+
+    monkeypatch.setattr(worker, "_charge", broken)
+    gate.set()
+    assert await asyncio.wait_for(holder, 5) is True  # the job that ran still gets its answer
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(waiting, 5)
+    with pytest.raises(RuntimeError, match="closed"):
+        await worker.run("a", lambda: None)
+
+
+async def test_an_executor_shut_down_under_the_worker_fails_every_waiting_caller() -> None:
+    """Found by review: the job picked failed and the others waited forever."""
+    worker = FairWorker("test-fair")
+    gate, holder = await _held(worker)
+    waiting = [asyncio.ensure_future(worker.run("a", lambda: None)) for _ in range(3)]
+    await asyncio.sleep(0)
+    worker.executor.shutdown(wait=False)
+    gate.set()
+    await holder
+    for task in waiting:
+        with pytest.raises(RuntimeError):
+            await asyncio.wait_for(task, 5)
+
+
+async def test_a_cancelled_urgent_job_takes_no_turn() -> None:
+    worker = FairWorker("test-fair")
+    ran: list[str] = []
+    gate, holder = await _held(worker)
+    urgent = [asyncio.ensure_future(worker.run(None, ran.append, f"u{i}")) for i in range(4)]
+    shares = [asyncio.ensure_future(worker.run("a", ran.append, f"a{i}")) for i in range(2)]
+    await asyncio.sleep(0)
+    for task in urgent[:2]:
+        task.cancel()
+    gate.set()
+    await asyncio.gather(holder, *urgent[2:], *shares)
+    assert ran == ["u2", "a0", "u3", "a1"]
+    worker.close()
+
+
+def test_a_worker_per_loop_does_not_keep_its_loop_nor_its_thread() -> None:
+    """Found by review: the schema workers, one per event loop, held their loop and so their
+    entry and thread for good (30 ``asyncio.run`` calls, 30 threads)."""
+    import gc
+
+    from gateway import schema_thread
+
+    async def compile_one() -> None:
+        await schema_thread.compile_in_turn("t", '{"type": "object"}')
+
+    for _ in range(5):
+        asyncio.run(compile_one())
+    gc.collect()
+    assert len(schema_thread._workers) <= 1
