@@ -60,9 +60,10 @@ EMBED_MANY_PART = 64
 EMBED_MANY_PART_CHARS = 4096
 
 
-def parts(texts: list[str], size: int = EMBED_MANY_PART, chars: int = EMBED_MANY_PART_CHARS) -> list[list[str]]:
-    """``texts`` in order, in runs of at most ``size`` texts and ``chars`` characters (a longer text
-    alone)."""
+def parts(texts: list[str], size: int | None = EMBED_MANY_PART,
+          chars: int = EMBED_MANY_PART_CHARS) -> list[list[str]]:
+    """``texts`` in order, in runs of at most ``size`` texts (None: any number) and ``chars``
+    characters (a longer text alone)."""
     out: list[list[str]] = []
     run: list[str] = []
     held = 0

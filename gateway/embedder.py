@@ -16,13 +16,12 @@ then serves /v1/embeddings from that one through ``SharedEmbedder`` instead of l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 import numpy as np
 
 from cache.embedder import parts
-from cache.fair_worker import FairWorker
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
@@ -48,18 +47,6 @@ def token_counts(tokenizer, texts: list[str]) -> list[int]:  # noqa: ANN001
     return [len(row) for row in ids]
 
 
-def _parts(texts: list[str], chars: int) -> Iterator[list[str]]:
-    """``texts`` in order, cut into runs of about ``chars`` characters (at least one text each)."""
-    start, size = 0, 0
-    for i, text in enumerate(texts):
-        if i > start and size + len(text) > chars:
-            yield texts[start:i]
-            start, size = i, 0
-        size += len(text)
-    if start < len(texts):
-        yield texts[start:]
-
-
 class AtLeast(int):
     """A token count known only from below: the text's head alone already has this many."""
 
@@ -80,7 +67,7 @@ async def count_in_parts(count: Callable[[list[str]], Awaitable[list[int]]], tex
     text longer than ``COUNT_PART_CHARS`` is first counted by its head, so that one huge text is
     refused without tokenizing all of it: its count is then an ``AtLeast``."""
     counts: list[int] = []
-    for part in _parts(list(texts), COUNT_PART_CHARS):
+    for part in parts(list(texts), None, COUNT_PART_CHARS):
         if stop_over is not None and len(part) == 1 and len(part[0]) > COUNT_PART_CHARS:
             head = _head(part[0], COUNT_PART_CHARS)
             if head is not None and (n := (await count([head]))[0]) > stop_over:
@@ -115,16 +102,15 @@ class Embedder:
         self.max_input_tokens = int(self._encoder.max_tokens or 512)  # longer inputs are refused
         self.batch_size = batch_size
         self.max_batch_texts = max_batch_texts
-        self.worker = FairWorker("embedder")  # the model's one thread, in turns between tenants
+        self.worker = self._encoder.worker  # the model's one thread, in turns between tenants
         self._queues: dict[Hashable, list[_Pending]] = {}  # per share: calls waiting for its next batch
         self._drainers: dict[Hashable, asyncio.Task] = {}  # per share with calls: the task batching them
         self._closed = False
 
-    def embed(self, texts: list[str], abandoned: Callable[[], bool] | None = None) -> np.ndarray:
+    def embed(self, texts: list[str]) -> np.ndarray:
         """Blocking: ``[len(texts), dimensions]`` float32, unit norm rows. ``batch_size`` texts at a
         time, so that ``close`` stops a long batch after the current part (the process's exit waits
-        for this thread), and so does ``abandoned()`` turning true (every caller of the batch gone:
-        found by a security QA, a 2,048-text batch ran on 90 s after its client had left)."""
+        for this thread). ``aembed`` runs it a part at a time (see ``_embed_batch``)."""
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # parts of like lengths pad least
@@ -132,8 +118,6 @@ class Embedder:
         for start in range(0, len(texts), self.batch_size):
             if self._closed:
                 raise RuntimeError("the embedder is closed")
-            if abandoned is not None and abandoned():
-                raise Abandoned("every caller of this batch has left")
             rows = order[start:start + self.batch_size]
             out[rows] = self._encoder._encode([texts[i] for i in rows])  # noqa: SLF001 - on this thread
         return out
@@ -213,8 +197,7 @@ class Embedder:
         self._closed = True
         for task in list(self._drainers.values()):  # (their callers are gone: the server has stopped)
             task.cancel()
-        self.worker.close()
-        self._encoder.close()
+        self._encoder.close()  # (and its worker, ``self.worker``)
 
 
 class Abandoned(Exception):

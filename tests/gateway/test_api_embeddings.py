@@ -76,9 +76,9 @@ def test_concurrent_calls_are_batched(api) -> None:  # noqa: ANN001
     async def run() -> list:
         original = embedder.embed
 
-        def counting(batch: list[str], abandoned=None):  # noqa: ANN001, ANN202
+        def counting(batch: list[str]):  # noqa: ANN202
             calls.append(len(batch))
-            return original(batch, abandoned)
+            return original(batch)
 
         embedder.embed = counting
         try:

@@ -108,9 +108,9 @@ def test_tenants_take_turns_a_part_each(embedder, monkeypatch) -> None:  # noqa:
     seen: list[str] = []
     original = embedder.embed
 
-    def spy(texts, abandoned=None):  # noqa: ANN001, ANN202
+    def spy(texts):  # noqa: ANN001, ANN202
         seen.append(texts[0].split()[0])
-        return original(texts, abandoned)
+        return original(texts)
 
     monkeypatch.setattr(embedder, "embed", spy)
 
