@@ -25,7 +25,9 @@ alike; "will" and "would" say when, not what is allowed, and are no modal; "too"
 clause's end are "also", "just" is "only"). What can be done ("possible", "able to"), what may be
 ("okay", "allowed", "legal") and what is safe are apart, and "can" matches each (``logic_apart``).
 Questions that begin with "how" or "where" are about a way or a place, whatever their modal ("How
-can / do / should I reset my password?"): their modals are not compared; nor, in a question for a
+can / do / should I reset my password?"), and so is a "how do / can I" after a short clause put
+first ("In JavaScript, how can I ...?"; not "After surgery, how soon can / must I drive?"): their
+modals are not compared; nor, in a question for a
 thing, a person, a time or a reason, are advice and obligation ("What should / must / do I need to
 bring?"), though permission and possibility still are ("What can / should I eat while pregnant?").
 A favour asked ("Can you explain ...?") is the request's framing, not a modal. Time words (before,
@@ -76,7 +78,13 @@ _SUBJECTS = frozenset("i we you he she they it".split())  # "When I enter the US
 # whether one can, "Can you explain ...?" asks for the explanation
 _FAVOURS = frozenset("please explain tell help recommend give write show list describe suggest summarize "
                      "summarise translate provide make create check fix find name compare define outline "
-                     "draft generate rewrite teach clarify elaborate walk mind".split())
+                     "draft generate rewrite teach clarify elaborate walk mind proofread correct edit "
+                     "calculate convert solve review".split())
+# a short clause put before a "how do / can I" question ("In JavaScript, how can I ...?"), itself with
+# no modal: "how many / soon / old ... can I" asks an amount, which the modal changes, and "where can
+# / should I drive" a place allowed or advised (a QA's finds)
+_WAY_AFTER_CLAUSE = re.compile(r"^(?![^,]*\b(?:can|could|may|might|must|shall|should|ought|need|have to)\b)[^.?!;,]{0,60},"
+                               r"\s*how\s+(?:do|does|did|can|could|should|would|to)\b")
 # "can I" asks what may be done as well as what can: it matches either (``logic_apart``)
 _COMPATIBLE = {frozenset({"can", "possible"}), frozenset({"can", "may"}), frozenset({"may", "safe"}),
                frozenset({"can", "safe"})}
@@ -106,7 +114,8 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
     item" / "multiple items", found by a blind held-out set: ``heldout11``)."""
     low = text.lower()
     words = _WORD.findall(low)
-    way = bool(words) and words[0] in ("how", "where")  # a way or a place, whatever the modal
+    # a way or a place, whatever the modal; a way also after a clause put first ("In JavaScript, how can I ...?")
+    way = bool(words) and (words[0] in ("how", "where") or _WAY_AFTER_CLAUSE.search(low) is not None)
     # "What / When / Why should / must / do I need to ...?": one question
     wh = len(words) > 1 and words[0] in _ASKING and words[1] not in _SUBJECTS
     found: list[str] = []

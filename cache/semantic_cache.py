@@ -34,6 +34,7 @@ from cache.canonical import CanonicalRequest, canonicalize
 from cache.embedder import Embedder
 from cache.ft_index import QueryEngineIndex, has_query_engine
 from cache.local_index import Candidate, LocalIndex
+from cache.shorthand import for_embedding
 from cache.stats import CacheStats
 from cache.store import EntryStore, NewEntry, TenantKeys
 from cache.verifier import Verifier
@@ -129,7 +130,7 @@ class SemanticCache:
         reqs = [(canonicalize(namespace, b), r) for b, r in items]
         reqs = [(q, r) for q, r in reqs if q.deterministic and _complete(r)]
         semantic = [bool(q.query) and await self._unsearchable(q.query) is None for q, _ in reqs]
-        texts = [q.query for (q, _), s in zip(reqs, semantic, strict=True) if s]
+        texts = [self._embedding_text(q.query) for (q, _), s in zip(reqs, semantic, strict=True) if s]
         vecs = iter(await self.embedder.embed_many(texts, share=namespace)) if texts else iter(())
         entries = [NewEntry(q.exact_key, keys.ns(q.context_key, self._space), q.query or "", next(vecs) if s else None, r)
                    for (q, r), s in zip(reqs, semantic, strict=True)]
@@ -198,7 +199,7 @@ class SemanticCache:
             if ns not in tenant.spaces:  # nothing to compare with: skip the embedding
                 return self._miss("below-threshold")
         try:
-            vec = await self.embedder.embed(req.query)
+            vec = await self.embedder.embed(self._embedding_text(req.query))
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
             return self._embed_failed(e)
         if self._local is not None:
@@ -259,7 +260,7 @@ class SemanticCache:
         if req.query:
             try:
                 if await self._unsearchable(req.query) is None:  # else exact tier only
-                    vec = await self.embedder.embed(req.query)
+                    vec = await self.embedder.embed(self._embedding_text(req.query))
             except Exception as e:  # noqa: BLE001
                 self._embed_failed(e)
         keys = self.store_.keys(namespace)
@@ -287,6 +288,12 @@ class SemanticCache:
             self.store_.with_log = False
         else:
             self._local = LocalIndex(self.redis, dim)
+
+    @staticmethod
+    def _embedding_text(query: str) -> str:
+        """What is embedded for ``query``, stored or looked up: its shorthand written out and a
+        request's framing off (``cache.shorthand.for_embedding``); the verifier reads the query."""
+        return for_embedding(query)
 
     async def _io(self, aw, *, slow: bool = False):
         """A Redis round trip under the cache's deadline (a hung Redis must not hang requests)."""

@@ -15,7 +15,8 @@ only if every guard agrees the two questions ask the same thing:
                a person or an amount, however asked (why = how come = what makes; when = what
                year; where = in which city); "what", "which" and "how" alone are no kind
     entity     a name on one side (capitalised, acronym, code-like, known entity class) is
-               missing from the other
+               missing from the other, nor named there another way (``_ALIASES``: American /
+               United States, Earth / the world, Mac / macOS)
     relation   the same words stand in a reversed relation (cache/relations.py): the two sides
                of a direction, comparison or position swap places, or subject and object do
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
@@ -62,7 +63,9 @@ The antonym guard also reads comparatives and superlatives of gradable adjective
 sees them reduced, and no other word is ("water", "offer" stay whole).
 
 Words are read in any script, so that accented Latin words are whole ("müde", "años"), and after
-the written forms are made one (``spelling.normalised``: "dısable" is "disable"). The guards read
+the written forms are made one (``spelling.normalised``: "dısable" is "disable"; shorthand written
+out and a request's neutral framing off, cache/shorthand.py: "WW2" is World War II, "Hey, quick
+question: how ...?" is "How ...?"). The guards read
 English in Latin letters only: ``reads`` says whether a text is that (cache/language.py), and the
 cache gives any other text no semantic tier.
 
@@ -92,6 +95,7 @@ from cache.logic import (
 )
 from cache.persons import Persons, persons, persons_apart
 from cache.relations import Relation, Word, relations, reversed_relation
+from cache.shorthand import written_out
 from cache.spelling import accents_apart, normalised, spelt_apart, symbols
 from cache.substitution import QualifierWords, qualified, substituted
 
@@ -182,6 +186,23 @@ _ING_NOUNS = frozenset("""spring string thing ring king wing sing sting sling sw
 _PRONOUNS = frozenset("i we you he she they it one".split())
 # words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
 _NO_NAMES = frozenset({"ok"})
+# names for one thing that share no word, each standing for the others in the entity guard ("a US
+# citizen" / "an American citizen", "on Earth" / "in the world", "on a Mac" / "on macOS"; the
+# shorthand is written out first: cache/shorthand.py)
+_ALIASES = [("american", "americans", "america", "united states"), ("british", "britain", "united kingdom"),
+            ("earth", "world"), ("mac", "macos", "os x", "osx")]
+_ALIAS_OF: dict[str, list[frozenset[str]]] = {}  # a name's word -> the other names, each whole
+for _names in _ALIASES:
+    _stems = [frozenset(stem(w) for w in name.split()) for name in _names]
+    for _name in _stems:
+        for _w in _name:
+            _ALIAS_OF.setdefault(_w, []).extend(other for other in _stems if other != _name)
+
+
+def _unnamed(entities: frozenset[str], words: frozenset[str]) -> bool:
+    """Whether a name in ``entities`` is neither in ``words`` nor named there another way, whole
+    ("United States" for "American"; "United" alone is no alias)."""
+    return any(e not in words and not any(other <= words for other in _ALIAS_OF.get(e, ())) for e in entities)
 
 
 @dataclass(slots=True, frozen=True)
@@ -241,8 +262,10 @@ class Verifier:
         """Whether the guards can read ``text``: English, in Latin letters (``cache.language.reads``).
         Their word lists are English, and so was MiniLM's training: in another script or language
         neither sees the word that changes a question ("Как включить / выключить wifi?" embed at
-        0.98, "Hoe zet ik wifi aan / uit?" at 0.946). The cache gives any other text no semantic tier."""
-        return language.reads(text, self._vocab)
+        0.98, "Hoe zet ik wifi aan / uit?" at 0.946). The cache gives any other text no semantic tier.
+        Shorthand is read written out, as the guards read it ("sqrt of 144?" is English), but not
+        contractions typed without their apostrophe ("dont" is French too)."""
+        return language.reads(written_out(text, contractions=False), self._vocab)
 
     @property
     def has_vocab(self) -> bool:
@@ -366,7 +389,7 @@ class Verifier:
                         tasks.add(_TASK.get(st) or _TASK[low])
                     is_entity = low not in _NO_NAMES and (
                         low in _ENTITY or st in _ENTITY
-                        or (tok[0].isupper() and not sentence_start and len(tok) > 1 and low != "i"
+                        or (tok[0].isupper() and not sentence_start and len(tok) > 1 and low != "i" and not low.startswith("i'")
                             # (a later sentence's first word is a name only if it is no function or
                             # filler word: "... of 144? Thanks!", found by a held-out QA set)
                             and not (at_start and (low in _STOP or st in _STOP or low in _FILLER)))
@@ -423,7 +446,7 @@ class Verifier:
             return Verdict(False, "task")
         if "interrogative" in g and (q.asks - c.asks) and (c.asks - q.asks):
             return Verdict(False, "interrogative")
-        if "entity" in g and ((q.entities - c.words - c.entities) or (c.entities - q.words - q.entities)):
+        if "entity" in g and (_unnamed(q.entities, c.words | c.entities) or _unnamed(c.entities, q.words | q.entities)):
             return Verdict(False, "entity")
         if "relation" in g and reversed_relation(q.relations, c.relations):
             return Verdict(False, "relation")

@@ -1,0 +1,266 @@
+"""Shorthand written out, so that a question asked in short and the same asked in full read alike.
+
+MiniLM scores "When did WW2 end?" / "What year did World War II end?" 0.87 and "sqrt of 144?" / "What
+is the square root of 144?" 0.90, and the verifier's guards read "WW2" as a name the other side
+lacks: a blind held-out set (``heldout11`` in bench/cache_pairs.jsonl) lost most of its refused
+paraphrases to abbreviations and to a request's framing. Two readings:
+
+    written_out(text)     abbreviations, symbols and run-together contractions written in full:
+                          "USA" / "U.S." United States, "WW2" World War II, "sqrt" square root,
+                          "oz" ounces, "15%" 15 percent, "100°F" 100 degrees Fahrenheit, "w/o"
+                          without, "whats" what's, "dont" don't. Every guard reads it (through
+                          ``spelling.normalised``) and so does the embedder.
+    framed_off(text)      a request's framing taken off its start and end. Its neutral part
+                          (``neutral=True``: a greeting, "Quick question:", "I was wondering",
+                          "Do you know what ...", "thanks") the guards do without too; the favour
+                          asked ("Could you tell me", "Can you explain", "please") only the
+                          embedder, since the guards read it themselves (a favour is no modal,
+                          cache/logic.py; "tell me" names no person, cache/persons.py).
+    for_embedding(text)   what the semantic tier embeds: ``framed_off(written_out(text))``.
+
+Only what has one reading is written out. Case decides where it must: "US" is the United States and
+"us" is not, "ML" machine learning and "ml" millilitres, units are lower case ("oz" is ounces, the
+land of Oz is not; "HR", "TSP", "LB" are other things); a text in capitals only ("HELP US") keeps
+its capitals as they are, and an initialism before a capitalised word may be part of a name ("JS
+Bach", "TS Eliot", "US Open", "ASAP Rocky": as written). Nothing inside backticks is touched, nor
+a word that is part of code ("math.sqrt(x)", "my_dict", "Node.js", "--dict"). Short forms with
+another everyday meaning are left as written: "min" (minimum or minutes), "sec", "LA", "PM", "BC",
+"diff", "u", "repo" (the repo rate), "func", "docs" (Google Docs).
+
+Typos are not mended: the embedder's vocabulary lacks many real words ("bellow", "sliver", "latte"),
+which one swapped or doubled letter turns into others ("below", "silver", "late"), so a mend against
+it served "What does bellow mean?" the answer to "What does below mean?" (found by a QA of the first
+version).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+
+# (short forms, long form, whether case must match). A short form is a regex fragment.
+_FORMS: list[tuple[str, str, bool]] = [
+    # places and bodies
+    (r"U\.S\.A\.?|USA|U\.S\.(?=\s|$|[,;:?!)])|U\.S(?=\s)|US", "United States", True),
+    (r"U\.K\.?|UK", "United Kingdom", True),
+    (r"EU", "European Union", True),
+    (r"UN", "United Nations", True),
+    (r"UAE", "United Arab Emirates", True),
+    (r"NYC", "New York City", False),
+    # history
+    (r"WW\s?(?:2|II)|World War 2|(?:the )?Second World War", "World War II", False),
+    (r"WW\s?(?:1|I)|World War 1|(?:the )?First World War", "World War I", False),
+    # computing
+    (r"JS", "JavaScript", True),
+    (r"TS", "TypeScript", True),
+    (r"AI", "artificial intelligence", True),
+    (r"(?<!\d )ML", "machine learning", True),  # ("5 ML of syrup": millilitres, shouted)
+    (r"k8s", "Kubernetes", False),
+    (r"sqrt", "square root", False),
+    (r"dict", "dictionary", False),
+    (r"dicts", "dictionaries", False),
+    (r"env vars?", "environment variables", False),
+    (r"regexp?", "regular expression", True),
+    # measures, in lower case (the unit guard reads both forms as one unit; the embedder reads the
+    # long one better)
+    (r"oz", "ounces", True),
+    (r"lbs?", "pounds", True),
+    (r"kgs?", "kilograms", True),
+    (r"kms?", "kilometers", True),
+    (r"cm", "centimeters", True),
+    (r"mm", "millimeters", True),
+    (r"ml", "milliliters", True),
+    (r"ft", "feet", True),
+    (r"mph", "miles per hour", True),
+    (r"kph|km/h", "kilometers per hour", True),
+    (r"tbsps?", "tablespoons", True),
+    (r"tsps?", "teaspoons", True),
+    (r"hrs?", "hours", True),
+    (r"mins", "minutes", True),
+    (r"secs", "seconds", True),
+    (r"yrs?", "years", True),
+    # everyday shorthand
+    (r"sci-?fi", "science fiction", False),
+    (r"approx\.?", "approximately", False),
+    (r"w/o", "without", False),
+    (r"w/", "with", False),
+    (r"b/c", "because", False),
+    (r"pls|plz", "please", False),
+    (r"thx|thnx", "thanks", False),
+    (r"govt", "government", False),
+    (r"dept", "department", False),
+    (r"bday", "birthday", False),
+    (r"asap", "as soon as possible", False),
+    (r"btw", "by the way", False),
+    (r"ppl", "people", False),
+    (r"info", "information", False),
+    (r"pics", "pictures", True),
+]
+
+# Contractions typed without their apostrophe (the negation guard reads "don't", not "dont"). Not
+# read when a text's language is judged: "dont" is French too ("le livre dont je parle").
+_CONTRACTIONS: list[tuple[str, str, bool]] = [
+    (r"whats", "what's", False),
+    (r"hows", "how's", False),
+    (r"whos", "who's", False),
+    (r"wheres", "where's", False),
+    (r"thats", "that's", False),
+    (r"theres", "there's", False),
+    (r"dont", "don't", False),
+    (r"doesnt", "doesn't", False),
+    (r"didnt", "didn't", False),
+    (r"isnt", "isn't", False),
+    (r"arent", "aren't", False),
+    (r"wasnt", "wasn't", False),
+    (r"werent", "weren't", False),
+    (r"cant", "can't", False),
+    (r"couldnt", "couldn't", False),
+    (r"shouldnt", "shouldn't", False),
+    (r"wouldnt", "wouldn't", False),
+    (r"havent", "haven't", False),
+    (r"hasnt", "hasn't", False),
+    (r"youre", "you're", False),
+]
+
+# A short form stands alone: not after a word character, a dot, a path, an option or a sigil, and not
+# before a word character, a bracket or call, an assignment, or a dot, colon or hyphen that goes on
+# into a word ("Node.js", "dict.items", "std::", "dict-like" stay as written; "repo." at a sentence's
+# end is written out).
+_BEFORE = r"(?<![\w.@#$/\\'’-])"
+_AFTER = r"(?![\w(\[{=@#$/\\]|['’](?!s\b)|[.:\-/]\w)"
+
+
+def _one(forms: list[tuple[str, str, bool]], case: bool) -> tuple[re.Pattern[str], dict[str, str]]:
+    chosen = [(f, long) for f, long, cs in forms if cs == case]
+    pattern = re.compile(_BEFORE + "(?:" + "|".join(f"(?P<f{i}>{f})" for i, (f, _) in enumerate(chosen)) + ")" + _AFTER,
+                         0 if case else re.I)
+    return pattern, {f"f{i}": long for i, (_, long) in enumerate(chosen)}
+
+
+_CASED, _CASED_LONG = _one(_FORMS, True)
+_ANY_CASE, _ANY_CASE_LONG = _one(_FORMS, False)
+_CONTRACTED, _CONTRACTED_LONG = _one(_CONTRACTIONS, False)
+_PERCENT = re.compile(r"(?<=\d)%(?!\s*\d|[\w(%])")
+_DEGREES = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(?:°|degrees? )? ?([CF])\b|(?<=\bdegrees )([CF])\b")
+_CODE = re.compile(r"(`+)[^`]*?\1|```.*?```", re.S)
+
+
+def _degrees(m: re.Match[str]) -> str:
+    """"100°F", "100 F", "100 degrees F": 100 degrees Fahrenheit; "degrees C": degrees Celsius."""
+    if m.group(3):
+        return "Celsius" if m.group(3) == "C" else "Fahrenheit"
+    return m.group(1) + " degrees " + ("Celsius" if m.group(2) == "C" else "Fahrenheit")
+
+
+_NAME_AFTER = re.compile(r" [A-Z]")
+
+
+def _named(m: re.Match[str]) -> bool:
+    """An initialism before a capitalised word: perhaps part of a name ("JS Bach", "US Open")."""
+    short = m.group(0)
+    return len(short) > 1 and short.isupper() and _NAME_AFTER.match(m.string, m.end()) is not None
+
+
+def _long(table: dict[str, str]) -> Callable[[re.Match[str]], str]:
+    """A match's long form, capitalised where the short one was ("Sqrt": Square root)."""
+    def long_form(m: re.Match[str]) -> str:
+        long, short = table[m.lastgroup], m.group(0)
+        if _named(m):
+            return short
+        return long[0].upper() + long[1:] if short[0].isupper() else long
+    return long_form
+
+
+_ANY_CASE_SUB, _CONTRACTED_SUB = _long(_ANY_CASE_LONG), _long(_CONTRACTED_LONG)
+
+
+def _cased_sub(m: re.Match[str]) -> str:
+    # (as it is written: "ML" is machine learning mid-sentence too)
+    return m.group(0) if _named(m) else _CASED_LONG[m.lastgroup]
+
+
+def _write(segment: str, shouting: bool, contractions: bool) -> str:
+    if not shouting:
+        segment = _CASED.sub(_cased_sub, segment)
+    segment = _ANY_CASE.sub(_ANY_CASE_SUB, segment)
+    if contractions:
+        segment = _CONTRACTED.sub(_CONTRACTED_SUB, segment)
+    if "%" in segment:
+        segment = _PERCENT.sub(" percent", segment)
+    if "C" in segment or "F" in segment:
+        segment = _DEGREES.sub(_degrees, segment)
+    return segment
+
+
+@functools.lru_cache(maxsize=8192)
+def written_out(text: str, contractions: bool = True) -> str:
+    """``text`` with its shorthand written in full (the module's doc), code in backticks as it is."""
+    letters = [ch for ch in text if ch.isalpha()]
+    shouting = bool(letters) and not any(ch.islower() for ch in letters)
+    if "`" not in text:
+        return _write(text, shouting, contractions)
+    out, at = [], 0
+    for m in _CODE.finditer(text):
+        out.append(_write(text[at:m.start()], shouting, contractions))
+        out.append(m.group(0))
+        at = m.end()
+    out.append(_write(text[at:], shouting, contractions))
+    return "".join(out)
+
+
+# -- a request's framing -----------------------------------------------------------------------------
+# At a text's start (repeatedly: "Hi! Quick question: could you tell me ...") and at its end. A
+# favour's verb stays ("Could you explain X" is "explain X"); "tell me" before a question word goes
+# with its framing ("Can you tell me how to ..." is "how to ..."). "Do you know how to swim?" and
+# "Can you write in Chinese?" ask what the listener can do: they keep theirs.
+_WH = r"(?:how|what|why|when|where|which|who|whom|whose|whether|if|about)"
+_NEUTRAL = (
+    r"(?:hi|hello|hey|greetings|good (?:morning|afternoon|evening))(?: there| all| everyone| guys)?\s*[,!.:;-]+"
+    r"|(?:hi|hello|hey)\s+(?=(?:how|what|why|when|where|which|who|can|could|would|will|is|are|do|does|did|should|i|quick)\b)"
+    r"|(?:a )?quick question\s*[,!.:;-]+|(?:i have a |one |simple |a )?question\s*[:,-]+"
+    r"|i (?:was|am|'m) (?:just )?(?:wondering|curious)(?: (?:if|whether)(?: (?:you|anyone) (?:could|can|would)(?: please)?"
+    r"(?= (?:explain|describe|recommend|suggest|list|give|tell|show)\b)|(?= (?:you|anyone) (?:could|can|would)\b)))?"
+    r"|i(?:'d| would) like to know|i want to know|i need to know"
+    r"|(?:do you|does anyone) know(?=\s+(?:what|why|when|where|which|who|whom|whose|whether|if)\b)"
+    r"|any ?idea(?=\s+" + _WH + r"\b)")
+_FAVOUR = (
+    r"(?:please|kindly)\b\s*,?"
+    r"|(?:can|could|would) you (?:please )?help me (?=understand\b)"
+    r"|(?:can|could|would|will) you(?: please)?(?: kindly)?(?: (?:tell|show) me| help me(?: with)?)?(?=\s+" + _WH + r"\b)"
+    r"|(?:can|could|would|will) you(?: please)?(?: kindly)?(?=\s+(?:explain|describe|recommend|suggest|list|give|show|"
+    r"summarize|summarise|translate|define|outline|proofread|correct|check|compare|name|provide|calculate|convert)\b)"
+    r"|(?:you|anyone) (?:could|can|would)(?: please)? (?:tell|show) me(?=\s+" + _WH + r"\b)"
+    r"|tell me(?=\s+" + _WH + r"\b)"
+    r"|(?:can|could|would|will) you(?: please)? tell me(?=\s+the\b)")
+_OPENING_NEUTRAL = re.compile(r"^\s*(?:" + _NEUTRAL + r")\s*", re.I)
+_OPENING = re.compile(r"^\s*(?:" + _NEUTRAL + "|" + _FAVOUR + r")\s*", re.I)
+# thanks or please after a sentence mark or comma ("How do I exit vim? Thanks!", "Explain X, please")
+_CLOSING = re.compile(r"(?<=[,.!?])(?:\s*\b(?:please|thanks(?: (?:a lot|so much|in advance))?|"
+                      r"thank you(?: (?:so much|very much|in advance))?|thx|cheers|ty)\b[\s.!]*)+$", re.I)
+_UNDERSTAND = re.compile(r"^understand\b", re.I)
+
+
+@functools.lru_cache(maxsize=8192)
+def framed_off(text: str, neutral: bool = False) -> str:
+    """``text`` without a request's framing at its start or end (``neutral``: only the part that
+    names no favour, which the guards do without); itself if nothing were left."""
+    opening = _OPENING_NEUTRAL if neutral else _OPENING
+    body = text
+    for _ in range(4):
+        m = opening.match(body)
+        if not m or not m.end():
+            break
+        body = body[m.end():]
+    if not neutral:
+        body = _UNDERSTAND.sub("explain", body)
+    body = _CLOSING.sub("", body).rstrip(" ,;")
+    if body is text or not any(ch.isalnum() for ch in body):
+        return text
+    body = body.strip()
+    return body[0].upper() + body[1:] if text.lstrip()[:1].isupper() else body
+
+
+def for_embedding(text: str) -> str:
+    """What the semantic tier embeds for ``text``: written out, framing off."""
+    return framed_off(written_out(text))

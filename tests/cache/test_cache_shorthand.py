@@ -1,0 +1,147 @@
+"""Shorthand written out (cache/shorthand.py): what the guards and the embedder read, the framing
+taken off, and the semantic tier serving a question asked in short (and not what merely looks so:
+a QA's finds against the first version)."""
+
+import pytest
+from cache_testlib import answer, chat
+
+from cache.api import CachePolicy
+from cache.shorthand import for_embedding, framed_off, written_out
+from cache.verifier import Verifier
+
+
+@pytest.mark.parametrize("text, out", [
+    ("When did WW2 end?", "When did World War II end?"),
+    ("Who was the USA's first president?", "Who was the United States's first president?"),
+    ("Do I need a visa as a US citizen?", "Do I need a visa as a United States citizen?"),
+    ("sqrt of 144?", "square root of 144?"),
+    ("how many oz in a pound", "how many ounces in a pound"),
+    ("What is 15% of 80?", "What is 15 percent of 80?"),
+    ("What is 100°F in Celsius?", "What is 100 degrees Fahrenheit in Celsius?"),
+    ("bake at 400F", "bake at 400 degrees Fahrenheit"),
+    ("in degrees C", "in degrees Celsius"),
+    ("python: sort dict by its values", "python: sort dictionary by its values"),
+    ("Recommend sci-fi books w/o spoilers", "Recommend science fiction books without spoilers"),
+    ("Whats the point? I dont know", "What's the point? I don't know"),
+    ("Dont worry, what is ML?", "Don't worry, what is machine learning?"),
+])
+def test_shorthand_is_written_out(text, out):
+    assert written_out(text) == out
+
+
+@pytest.mark.parametrize("text", [
+    "Can you help us?",  # "us" is no country
+    "HELP US PLEASE",  # capitals only: "US" is the word
+    "print(math.sqrt(2))", "my_dict.items()", "Node.js on a Mac", "x = 10 % 3", "a = 10%3",
+    "`dict(a=1)` or {}", "use --dict here", "0x1F is 31", "Vitamin C", "Jony Ive", "Is the min 5?",
+    # (a QA's finds: names, other acronyms, shouted units)
+    "Who was JS Bach?", "Poems by TS Eliot", "The Wizard of Oz", "Who is ASAP Rocky?", "Ft. Lauderdale beaches",
+    "How do I contact HR?", "Program a PIC", "AWS LB setup", "Give 5 ML of cough syrup", "Google Docs tips",
+    "What is the repo rate?", "func main() {}", "Did the US Open start?",
+])
+def test_code_names_and_other_meanings_are_left_as_written(text):
+    assert written_out(text) == text
+
+
+def test_language_is_judged_on_contractions_as_typed(embedder):
+    v = Verifier(vocab=embedder.vocab())
+    assert v.reads("sqrt of 144?") and not v.reads("Pse laptopi im nuk karikohet?")
+    assert written_out("le livre dont je parle", contractions=False) == "le livre dont je parle"
+
+
+def test_millilitres_and_machine_learning_are_told_apart_by_case():
+    assert written_out("5 ml of water") == "5 milliliters of water"
+    assert written_out("What is ML?") == "What is machine learning?"
+
+
+@pytest.mark.parametrize("text, out", [
+    ("Hey, quick question: could you tell me how to enable dark mode?", "How to enable dark mode?"),
+    ("Can you recommend some good sci-fi books?", "Recommend some good science fiction books?"),
+    ("I was wondering if you could tell me what the capital of France is", "What the capital of France is"),
+    ("Can you help me understand recursion?", "Explain recursion?"),
+    ("Please proofread: 'x'", "Proofread: 'x'"),
+    ("How do I exit vim? Thanks!", "How do I exit vim?"),
+    ("Can you tell me the capital of Australia?", "The capital of Australia?"),
+    ("Explain recursion, please", "Explain recursion"),
+    ("Thanks", "Thanks"), ("Please", "Please"),  # nothing left: as written
+    ("Can you learn guitar at 40?", "Can you learn guitar at 40?"),  # whether one can: no favour
+    # (a QA's finds: what the listener can do, names, words the framing shares)
+    ("Do you know how to swim?", "Do you know how to swim?"), ("Can you write in Chinese?", "Can you write in Chinese?"),
+    ("Hey Jude lyrics", "Hey Jude lyrics"), ("Hello Kitty merchandise", "Hello Kitty merchandise"),
+    ("Any ideas for a birthday gift?", "Any ideas for a birthday gift?"),
+    ("How do you say thank you?", "How do you say thank you?"),
+    ("Do you know what time it is in Tokyo?", "What time it is in Tokyo?"),
+])
+def test_framing_comes_off_for_the_embedder(text, out):
+    assert for_embedding(text) == out
+
+
+def test_the_guards_do_without_the_neutral_framing_only():
+    assert framed_off("Can I eat sushi?", neutral=True) == "Can I eat sushi?"
+    assert framed_off("Hi, could you tell me how to exit vim?", neutral=True) == "Could you tell me how to exit vim?"
+    assert framed_off("Hey, quick question: how long should I boil an egg?", neutral=True) == (
+        "How long should I boil an egg?")
+
+
+@pytest.mark.parametrize("cached, asked", [
+    ("How many ounces are in a pound?", "how many oz in a pound"),
+    ("Who was the first president of the United States?", "Who was the USA's first president?"),
+    ("Do I need a visa to visit Japan as a US citizen?", "As an American citizen, do I need a visa to travel to Japan?"),
+    ("How do I undo the last git commit?", "How can I undo my most recent commit in git?"),
+    ("How do I convert a string to an integer in JavaScript?", "In JavaScript, how can I turn a string into an integer?"),
+    ("Fix the grammar in this sentence: 'He don't like apples.'", "Please correct the grammar: 'He don't like apples.'"),
+    ("Translate 'thank you very much' into Spanish", "How do I say 'thank you very much' in Spanish?"),
+    ("What is the largest ocean on Earth?", "Which ocean is the biggest in the world?"),
+    ("How many teaspoons in a tablespoon?", "How many teaspoons make up one tablespoon?"),
+    ("Please proofread: 'Their going to the store tomorow.'", "Can you proofread this: 'Their going to the store tomorow.'"),
+    ("What's the difference between a virus and bacteria?", "How are viruses different from bacteria?"),
+    ("How do I install Node.js on a Mac?", "Installing Node.js on macOS - how?"),
+    ("How long should I boil an egg?", "Hey, quick question: how long should I boil an egg?"),
+])
+def test_the_guards_pass_a_question_asked_in_short(cached, asked):
+    assert Verifier().check(asked, cached).ok
+
+
+@pytest.mark.parametrize("cached, asked", [
+    ("Who was the first president of the United States?", "Who was the UK's first prime minister?"),
+    ("What year did World War II end?", "When did WW1 end?"),
+    ("How many teaspoons make up one tablespoon?", "How many teaspoons make up two tablespoons?"),
+    ("Do I need a visa to visit Japan as a US citizen?", "As a Canadian citizen, do I need a visa to travel to Japan?"),
+    ("What is the largest ocean on Earth?", "What is the largest ocean on Mars?"),
+    ("How do I say 'thank you' in Spanish?", "How do I say 'thank you' in French?"),
+    ("How do I undo the last git commit?", "How do I undo the first git commit?"),
+    ("How many oz in a pound?", "How many oz in a kilogram?"),
+    ("What is 15% of 80?", "What is 15% of 800?"),
+    ("Can you help us?", "Can you help the US?"),
+    # (a QA's finds against the first version)
+    ("On a student visa, how many hours can I work?", "On a student visa, how many hours must I work?"),
+    ("After surgery, how soon can I drive?", "After surgery, how soon must I drive?"),
+    ("Can I take ibuprofen while pregnant, how often?", "Should I take ibuprofen while pregnant, how often?"),
+    ("What did de Gaulle say in French about Quebec?", "Translate what de Gaulle said about Quebec into French."),
+    ("How heavy is twenty one pounds in kilograms?", "How heavy is twenty pounds in kilograms?"),
+    ("Who founded United Airlines?", "Who founded American Airlines?"),
+])
+def test_the_guards_still_refuse_what_shorthand_changes(cached, asked):
+    assert not Verifier().check(asked, cached).ok
+
+
+@pytest.mark.parametrize("cached, asked, other", [
+    ("What is the square root of 144?", "sqrt of 144?", "sqrt of 169?"),
+    ("What year did World War II end?", "When did WW2 end?", "When did WW1 end?"),
+    ("Can you recommend some good sci-fi books?", "Recommend me a few good science fiction books",
+     "Recommend me a few good romance books"),
+    ("What are the top 3 AI companies?", "Hey! Which are the top 3 artificial intelligence companies? Thanks!",
+     "Hey! Which are the top 3 machine learning companies? Thanks!"),
+])
+async def test_the_semantic_tier_serves_shorthand_framing_and_typos(make_cache, cached, asked, other):
+    """Through SemanticCache and Redis at the default threshold (0.90): each was a miss embedded and
+    guarded as typed."""
+    policy = CachePolicy()
+    assert policy.threshold == 0.90
+    c = make_cache()
+    await c.store("acme", chat(cached), answer("stored"), policy)
+    hit = await c.lookup("acme", chat(asked), policy)
+    assert hit.outcome == "semantic-hit", (asked, hit)
+    assert hit.response["choices"][0]["message"]["content"] == "stored"
+    miss = await c.lookup("acme", chat(other), policy)
+    assert miss.outcome == "miss", miss
