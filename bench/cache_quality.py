@@ -42,7 +42,10 @@ negatives, written blind to the guards, this file and the README by a QA, before
 cache/shorthand.py, ran on them; measured once with its first version, whose later changes some
 of its refusals led to: degrees, "tell me the", "latest") and "qa13" (a QA's 98 hard negatives and
 41 paraphrases written against that first version: abbreviations with other meanings, names,
-aliases, framing, modals after a leading clause; the second version was written from its finds).
+aliases, framing, modals after a leading clause; the second version was written from its finds)
+and "qa14" (a second QA's 106 hard negatives and 37 paraphrases against that second version: aliases
+of a continent or a machine, "latest" / "last", other meanings of AI, ML, hr, "cant", titles that
+open with a greeting, leading clauses over rules and advice; the third was written from its finds).
 "original"
 is the first four splits, the 282 pairs before "qa".
 
@@ -80,7 +83,7 @@ PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
 THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
 DEFAULT_T = 0.90  # the gateway's default (PAGEGATE_CACHE_THRESHOLD)
 SUMMARY_T = (0.85, DEFAULT_T)
-SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8", "qa9", "heldout8", "heldout9", "heldout10", "qa10", "qa11", "qa12", "heldout11", "heldout12", "qa13"]
+SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8", "qa9", "heldout8", "heldout9", "heldout10", "qa10", "qa11", "qa12", "heldout11", "heldout12", "qa13", "qa14"]
 ORIGINAL = SPLITS[:4]
 
 

@@ -26,7 +26,8 @@ clause's end are "also", "just" is "only"). What can be done ("possible", "able 
 ("okay", "allowed", "legal") and what is safe are apart, and "can" matches each (``logic_apart``).
 Questions that begin with "how" or "where" are about a way or a place, whatever their modal ("How
 can / do / should I reset my password?"), and so is a "how do / can I" after a short clause put
-first ("In JavaScript, how can I ...?"; not "After surgery, how soon can / must I drive?"): their
+first ("In JavaScript, how can I ...?"; not "After surgery, how soon can / must I drive?", nor "In
+chess, how can / should a pawn move?"): their
 modals are not compared; nor, in a question for a
 thing, a person, a time or a reason, are advice and obligation ("What should / must / do I need to
 bring?"), though permission and possibility still are ("What can / should I eat while pregnant?").
@@ -81,10 +82,11 @@ _FAVOURS = frozenset("please explain tell help recommend give write show list de
                      "draft generate rewrite teach clarify elaborate walk mind proofread correct edit "
                      "calculate convert solve review".split())
 # a short clause put before a "how do / can I" question ("In JavaScript, how can I ...?"), itself with
-# no modal: "how many / soon / old ... can I" asks an amount, which the modal changes, and "where can
-# / should I drive" a place allowed or advised (a QA's finds)
+# no modal; not "how many / soon / old ... can I", an amount the modal changes, "where can / should I
+# drive", a place allowed or advised, nor "In chess, how can / should a pawn move?", the rules or
+# advice (a QA's finds)
 _WAY_AFTER_CLAUSE = re.compile(r"^(?![^,]*\b(?:can|could|may|might|must|shall|should|ought|need|have to)\b)[^.?!;,]{0,60},"
-                               r"\s*how\s+(?:do|does|did|can|could|should|would|to)\b")
+                               r"\s*how\s+(?:do|does|can)\s+(?:i|we|you|one)\b")
 # "can I" asks what may be done as well as what can: it matches either (``logic_apart``)
 _COMPATIBLE = {frozenset({"can", "possible"}), frozenset({"can", "may"}), frozenset({"may", "safe"}),
                frozenset({"can", "safe"})}

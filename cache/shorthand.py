@@ -39,6 +39,10 @@ import functools
 import re
 from collections.abc import Callable
 
+# After a number or a word that asks for a measure (fixed-width look-behinds, one each).
+_MEASURE = "(?:" + "|".join(f"(?<={w} )" for w in (r"\d", r"\bmany", r"\bmuch", r"\bper", r"\bto", r"\binto",
+                                                   r"\bin", r"\bconvert", r"\bConvert")) + ")"
+
 # (short forms, long form, whether case must match). A short form is a regex fragment.
 _FORMS: list[tuple[str, str, bool]] = [
     # places and bodies
@@ -54,32 +58,21 @@ _FORMS: list[tuple[str, str, bool]] = [
     # computing
     (r"JS", "JavaScript", True),
     (r"TS", "TypeScript", True),
-    (r"AI", "artificial intelligence", True),
-    (r"(?<!\d )ML", "machine learning", True),  # ("5 ML of syrup": millilitres, shouted)
     (r"k8s", "Kubernetes", False),
     (r"sqrt", "square root", False),
     (r"dict", "dictionary", False),
     (r"dicts", "dictionaries", False),
     (r"env vars?", "environment variables", False),
     (r"regexp?", "regular expression", True),
-    # measures, in lower case (the unit guard reads both forms as one unit; the embedder reads the
-    # long one better)
-    (r"oz", "ounces", True),
-    (r"lbs?", "pounds", True),
-    (r"kgs?", "kilograms", True),
-    (r"kms?", "kilometers", True),
-    (r"cm", "centimeters", True),
-    (r"mm", "millimeters", True),
-    (r"ml", "milliliters", True),
-    (r"ft", "feet", True),
-    (r"mph", "miles per hour", True),
-    (r"kph|km/h", "kilometers per hour", True),
-    (r"tbsps?", "tablespoons", True),
-    (r"tsps?", "teaspoons", True),
-    (r"hrs?", "hours", True),
-    (r"mins", "minutes", True),
-    (r"secs", "seconds", True),
-    (r"yrs?", "years", True),
+    # measures, in lower case, after a number or a word that asks for a measure ("6 ft", "how many
+    # oz", "per hr", "lbs to kg"; not "song ft Drake", "my hr", "yr dog", "an lb in nginx"). The
+    # unit guard reads both forms as one unit; the embedder reads the long one better.
+    *((_MEASURE + short, long, True) for short, long in (
+        (r"oz", "ounces"), (r"lbs?", "pounds"), (r"kgs?", "kilograms"), (r"kms?", "kilometers"),
+        (r"cm", "centimeters"), (r"mm", "millimeters"), (r"ml", "milliliters"), (r"ft", "feet"),
+        (r"mph", "miles per hour"), (r"kph|km/h", "kilometers per hour"), (r"tbsps?", "tablespoons"),
+        (r"tsps?", "teaspoons"), (r"hrs", "hours"), (r"mins", "minutes"), (r"secs", "seconds"),
+        (r"yrs?", "years"))),
     # everyday shorthand
     (r"sci-?fi", "science fiction", False),
     (r"approx\.?", "approximately", False),
@@ -94,7 +87,6 @@ _FORMS: list[tuple[str, str, bool]] = [
     (r"asap", "as soon as possible", False),
     (r"btw", "by the way", False),
     (r"ppl", "people", False),
-    (r"info", "information", False),
     (r"pics", "pictures", True),
 ]
 
@@ -114,7 +106,6 @@ _CONTRACTIONS: list[tuple[str, str, bool]] = [
     (r"arent", "aren't", False),
     (r"wasnt", "wasn't", False),
     (r"werent", "weren't", False),
-    (r"cant", "can't", False),
     (r"couldnt", "couldn't", False),
     (r"shouldnt", "shouldn't", False),
     (r"wouldnt", "wouldn't", False),
@@ -142,24 +133,32 @@ _CASED, _CASED_LONG = _one(_FORMS, True)
 _ANY_CASE, _ANY_CASE_LONG = _one(_FORMS, False)
 _CONTRACTED, _CONTRACTED_LONG = _one(_CONTRACTIONS, False)
 _PERCENT = re.compile(r"(?<=\d)%(?!\s*\d|[\w(%])")
-_DEGREES = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(?:°|degrees? )? ?([CF])\b|(?<=\bdegrees )([CF])\b")
+# a temperature: a number with "°" or "degrees" before C or F; or a bare "400F" / "100 C" after a word
+# that leads to a temperature ("bake at 400F", "is 100F"; not "Windows 10 C drive", "a 34C", "2015 F-150")
+_TEMPERATURE_BEFORE = "(?:" + "|".join(f"(?<=\\b{w} )" for w in (
+    "at", "to", "is", "in", "of", "from", "below", "above", "around", "about", "over", "under", "than", "reach",
+    "reaches", "hit", "hits", "convert", "Convert", "be", "was", "set")) + ")"
+_DEGREES = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?) ?(?:°|degrees? ) ?([CF])\b"
+                      r"|" + _TEMPERATURE_BEFORE + r"(\d+(?:\.\d+)?) ?([CF])(?![\w'’-])"
+                      r"|(?<=\bdegrees )([CF])\b")
 _CODE = re.compile(r"(`+)[^`]*?\1|```.*?```", re.S)
 
 
 def _degrees(m: re.Match[str]) -> str:
-    """"100°F", "100 F", "100 degrees F": 100 degrees Fahrenheit; "degrees C": degrees Celsius."""
-    if m.group(3):
-        return "Celsius" if m.group(3) == "C" else "Fahrenheit"
-    return m.group(1) + " degrees " + ("Celsius" if m.group(2) == "C" else "Fahrenheit")
+    """"100°F", "100 degrees F", "at 400F": 100 (400) degrees Fahrenheit; "degrees C": degrees Celsius."""
+    number, scale = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if m.group(5):
+        return "Celsius" if m.group(5) == "C" else "Fahrenheit"
+    return number + " degrees " + ("Celsius" if scale == "C" else "Fahrenheit")
 
 
 _NAME_AFTER = re.compile(r" [A-Z]")
+_INITIALS = frozenset(("JS", "TS", "ASAP"))  # also a person's initials or name: "JS Bach", "ASAP Rocky"
 
 
 def _named(m: re.Match[str]) -> bool:
-    """An initialism before a capitalised word: perhaps part of a name ("JS Bach", "US Open")."""
-    short = m.group(0)
-    return len(short) > 1 and short.isupper() and _NAME_AFTER.match(m.string, m.end()) is not None
+    """An initialism before a capitalised word that may be part of a name ("JS Bach", "TS Eliot")."""
+    return m.group(0) in _INITIALS and _NAME_AFTER.match(m.string, m.end()) is not None
 
 
 def _long(table: dict[str, str]) -> Callable[[re.Match[str]], str]:
@@ -216,8 +215,9 @@ def written_out(text: str, contractions: bool = True) -> str:
 # "Can you write in Chinese?" ask what the listener can do: they keep theirs.
 _WH = r"(?:how|what|why|when|where|which|who|whom|whose|whether|if|about)"
 _NEUTRAL = (
-    r"(?:hi|hello|hey|greetings|good (?:morning|afternoon|evening))(?: there| all| everyone| guys)?\s*[,!.:;-]+"
-    r"|(?:hi|hello|hey)\s+(?=(?:how|what|why|when|where|which|who|can|could|would|will|is|are|do|does|did|should|i|quick)\b)"
+    r"(?:(?:hi|hello|hey|greetings|good (?:morning|afternoon|evening))(?: there| all| everyone| guys)?\s*[,!.:;-]*\s*"
+    r"(?=(?:how|what|why|when|where|which|who|can|could|would|will|is|are|do|does|did|should|i|i'm|my|"
+    r"quick|question|please|tell|explain)\b))"
     r"|(?:a )?quick question\s*[,!.:;-]+|(?:i have a |one |simple |a )?question\s*[:,-]+"
     r"|i (?:was|am|'m) (?:just )?(?:wondering|curious)(?: (?:if|whether)(?: (?:you|anyone) (?:could|can|would)(?: please)?"
     r"(?= (?:explain|describe|recommend|suggest|list|give|tell|show)\b)|(?= (?:you|anyone) (?:could|can|would)\b)))?"
@@ -235,8 +235,9 @@ _FAVOUR = (
     r"|(?:can|could|would|will) you(?: please)? tell me(?=\s+the\b)")
 _OPENING_NEUTRAL = re.compile(r"^\s*(?:" + _NEUTRAL + r")\s*", re.I)
 _OPENING = re.compile(r"^\s*(?:" + _NEUTRAL + "|" + _FAVOUR + r")\s*", re.I)
-# thanks or please after a sentence mark or comma ("How do I exit vim? Thanks!", "Explain X, please")
-_CLOSING = re.compile(r"(?<=[,.!?])(?:\s*\b(?:please|thanks(?: (?:a lot|so much|in advance))?|"
+# thanks or please after a sentence mark ("How do I exit vim? Thanks!"; not after a comma, where it
+# may be a list's last item: "Translate: hello, goodbye, thank you")
+_CLOSING = re.compile(r"(?<=[.!?])(?:\s*\b(?:please|thanks(?: (?:a lot|so much|in advance))?|"
                       r"thank you(?: (?:so much|very much|in advance))?|thx|cheers|ty)\b[\s.!]*)+$", re.I)
 _UNDERSTAND = re.compile(r"^understand\b", re.I)
 

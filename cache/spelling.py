@@ -62,14 +62,13 @@ _TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 # Phrasings that ask the same, written one way for the guards (not for the embedder, which reads
 # them alike), found by a blind held-out set (heldout11): "one" before a unit of measure is "a"
 # ("one tablespoon": the number guard reads no number in "a tablespoon"; not after "twenty", nor
-# before an everyday word that is a unit too: "one day per line"); "the most recent" and "the
-# latest" are "the last" (an ordinal); fixing grammar or spelling is proofreading ("fix" is a task
-# of its own on code); "how are X different from Y" compares; and "how do I say X in French"
-# translates (not "What did de Gaulle say in French?": a QA's find).
+# before an everyday word that is a unit too: "one day per line"); fixing grammar or spelling is
+# proofreading ("fix" is a task of its own on code); "how are X different from Y" compares; and "how
+# do I say X in French" translates (not "What did de Gaulle say in French?": a QA's find). Not "the
+# most recent" / "the latest" as "the last": the last is also the final one (a QA's find).
 _SAME_ASKED = [
     (re.compile(r"(?<!ty )(?<!ty-)\bone(?=\s+(?:" + "|".join(sorted(
         w for w in lx.UNIT_OF if w.isalpha() and len(w) > 2 and w not in lx.WEAK_UNITS)) + r")\b)", re.I), "a"),
-    (re.compile(r"\b(?:most recent|latest)\b", re.I), "last"),
     (re.compile(r"\b(?:fix|correct)(?= (?:the |my |this |any )?(?:grammar|spelling|typos?)\b)", re.I), "proofread"),
     (re.compile(r"\b(?:different|differs?) (?=from\b|than\b)", re.I), "differ "),
     (re.compile(r"\b(how (?:do|would|can|could|should) (?:i|you|we|one) )say\b(?=[^.?!]*\bin (?:"

@@ -15,8 +15,8 @@ only if every guard agrees the two questions ask the same thing:
                a person or an amount, however asked (why = how come = what makes; when = what
                year; where = in which city); "what", "which" and "how" alone are no kind
     entity     a name on one side (capitalised, acronym, code-like, known entity class) is
-               missing from the other, nor named there another way (``_ALIASES``: American /
-               United States, Earth / the world, Mac / macOS)
+               missing from the other, nor named there another way (``_ALIASES``: Earth / the
+               world)
     relation   the same words stand in a reversed relation (cache/relations.py): the two sides
                of a direction, comparison or position swap places, or subject and object do
     content    both sides carry a rare content word the other lacks (a swap of specific terms;
@@ -186,11 +186,11 @@ _ING_NOUNS = frozenset("""spring string thing ring king wing sing sting sling sw
 _PRONOUNS = frozenset("i we you he she they it one".split())
 # words written in capitals that name nothing ("Is it OK to ...?" is "Is it okay to ...?": a cache QA find)
 _NO_NAMES = frozenset({"ok"})
-# names for one thing that share no word, each standing for the others in the entity guard ("a US
-# citizen" / "an American citizen", "on Earth" / "in the world", "on a Mac" / "on macOS"; the
-# shorthand is written out first: cache/shorthand.py)
-_ALIASES = [("american", "americans", "america", "united states"), ("british", "britain", "united kingdom"),
-            ("earth", "world"), ("mac", "macos", "os x", "osx")]
+# names for one thing that share no word, each standing for the others in the entity guard ("on
+# Earth" / "in the world"). Not America / United States (the continent: "Is Canada part of
+# America?"), Britain / United Kingdom (Northern Ireland) nor Mac / macOS (the machine or its
+# system): a QA's finds.
+_ALIASES = [("earth", "world")]
 _ALIAS_OF: dict[str, list[frozenset[str]]] = {}  # a name's word -> the other names, each whole
 for _names in _ALIASES:
     _stems = [frozenset(stem(w) for w in name.split()) for name in _names]

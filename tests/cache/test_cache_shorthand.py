@@ -23,7 +23,8 @@ from cache.verifier import Verifier
     ("python: sort dict by its values", "python: sort dictionary by its values"),
     ("Recommend sci-fi books w/o spoilers", "Recommend science fiction books without spoilers"),
     ("Whats the point? I dont know", "What's the point? I don't know"),
-    ("Dont worry, what is ML?", "Don't worry, what is machine learning?"),
+    ("Dont worry, what is a dict?", "Don't worry, what is a dictionary?"),
+    ("US Constitution", "United States Constitution"),
 ])
 def test_shorthand_is_written_out(text, out):
     assert written_out(text) == out
@@ -37,7 +38,11 @@ def test_shorthand_is_written_out(text, out):
     # (a QA's finds: names, other acronyms, shouted units)
     "Who was JS Bach?", "Poems by TS Eliot", "The Wizard of Oz", "Who is ASAP Rocky?", "Ft. Lauderdale beaches",
     "How do I contact HR?", "Program a PIC", "AWS LB setup", "Give 5 ML of cough syrup", "Google Docs tips",
-    "What is the repo rate?", "func main() {}", "Did the US Open start?",
+    "What is the repo rate?", "func main() {}",
+    # (a second QA's finds: other meanings of AI, ML, hr, ft, yr, lb, cant; dates and sizes read as temperatures)
+    "How do I vectorize an image in AI?", "How do I bet ML on an NFL game?", "Should I report my manager to hr?",
+    "song ft Drake", "yr dog", "an lb in nginx", "wizard of oz", "What does cant mean?", "Windows 10 C drive",
+    "2015 F-150", "Is a 34C bra big?", "the 4 C's of diamonds",
 ])
 def test_code_names_and_other_meanings_are_left_as_written(text):
     assert written_out(text) == text
@@ -49,9 +54,11 @@ def test_language_is_judged_on_contractions_as_typed(embedder):
     assert written_out("le livre dont je parle", contractions=False) == "le livre dont je parle"
 
 
-def test_millilitres_and_machine_learning_are_told_apart_by_case():
+def test_units_are_written_out_where_a_measure_is_asked():
     assert written_out("5 ml of water") == "5 milliliters of water"
-    assert written_out("What is ML?") == "What is machine learning?"
+    assert written_out("how many oz in a pound") == "how many ounces in a pound"
+    assert written_out("lbs to kg") == "lbs to kilograms"
+    assert written_out("best ml course") == "best ml course"
 
 
 @pytest.mark.parametrize("text, out", [
@@ -62,7 +69,10 @@ def test_millilitres_and_machine_learning_are_told_apart_by_case():
     ("Please proofread: 'x'", "Proofread: 'x'"),
     ("How do I exit vim? Thanks!", "How do I exit vim?"),
     ("Can you tell me the capital of Australia?", "The capital of Australia?"),
-    ("Explain recursion, please", "Explain recursion"),
+    ("Explain recursion, please", "Explain recursion, please"),  # (after a comma: perhaps a list's last item)
+    ("Translate: hello, goodbye, thank you", "Translate: hello, goodbye, thank you"),
+    ("Good Morning, Vietnam: is it a true story?", "Good Morning, Vietnam: is it a true story?"),
+    ("Hello, world program in C", "Hello, world program in C"),
     ("Thanks", "Thanks"), ("Please", "Please"),  # nothing left: as written
     ("Can you learn guitar at 40?", "Can you learn guitar at 40?"),  # whether one can: no favour
     # (a QA's finds: what the listener can do, names, words the framing shares)
@@ -86,8 +96,6 @@ def test_the_guards_do_without_the_neutral_framing_only():
 @pytest.mark.parametrize("cached, asked", [
     ("How many ounces are in a pound?", "how many oz in a pound"),
     ("Who was the first president of the United States?", "Who was the USA's first president?"),
-    ("Do I need a visa to visit Japan as a US citizen?", "As an American citizen, do I need a visa to travel to Japan?"),
-    ("How do I undo the last git commit?", "How can I undo my most recent commit in git?"),
     ("How do I convert a string to an integer in JavaScript?", "In JavaScript, how can I turn a string into an integer?"),
     ("Fix the grammar in this sentence: 'He don't like apples.'", "Please correct the grammar: 'He don't like apples.'"),
     ("Translate 'thank you very much' into Spanish", "How do I say 'thank you very much' in Spanish?"),
@@ -95,7 +103,6 @@ def test_the_guards_do_without_the_neutral_framing_only():
     ("How many teaspoons in a tablespoon?", "How many teaspoons make up one tablespoon?"),
     ("Please proofread: 'Their going to the store tomorow.'", "Can you proofread this: 'Their going to the store tomorow.'"),
     ("What's the difference between a virus and bacteria?", "How are viruses different from bacteria?"),
-    ("How do I install Node.js on a Mac?", "Installing Node.js on macOS - how?"),
     ("How long should I boil an egg?", "Hey, quick question: how long should I boil an egg?"),
 ])
 def test_the_guards_pass_a_question_asked_in_short(cached, asked):
@@ -120,6 +127,15 @@ def test_the_guards_pass_a_question_asked_in_short(cached, asked):
     ("What did de Gaulle say in French about Quebec?", "Translate what de Gaulle said about Quebec into French."),
     ("How heavy is twenty one pounds in kilograms?", "How heavy is twenty pounds in kilograms?"),
     ("Who founded United Airlines?", "Who founded American Airlines?"),
+    # (a second QA's finds against the second version)
+    ("Is Canada part of America?", "Is Canada part of the United States?"),
+    ("Is Northern Ireland part of Britain?", "Is Northern Ireland part of the UK?"),
+    ("Which Mac is the fastest?", "Which macOS is the fastest?"),
+    ("What is the latest chapter of One Piece?", "What is the last chapter of One Piece?"),
+    ("In chess, how can a pawn move?", "In chess, how should a pawn move?"),
+    ("As a Christian, how should I vote?", "As a Christian, how can I vote?"),
+    ("What does cant mean?", "What does can't mean?"),
+    ("Good Morning, Vietnam: is it a true story?", "Vietnam: is it a true story?"),
 ])
 def test_the_guards_still_refuse_what_shorthand_changes(cached, asked):
     assert not Verifier().check(asked, cached).ok
@@ -130,8 +146,8 @@ def test_the_guards_still_refuse_what_shorthand_changes(cached, asked):
     ("What year did World War II end?", "When did WW2 end?", "When did WW1 end?"),
     ("Can you recommend some good sci-fi books?", "Recommend me a few good science fiction books",
      "Recommend me a few good romance books"),
-    ("What are the top 3 AI companies?", "Hey! Which are the top 3 artificial intelligence companies? Thanks!",
-     "Hey! Which are the top 3 machine learning companies? Thanks!"),
+    ("What is the population of NYC?", "Hey, quick question: what's the population of New York City? Thanks!",
+     "Hey, quick question: what's the population of Mexico City? Thanks!"),
 ])
 async def test_the_semantic_tier_serves_shorthand_framing_and_typos(make_cache, cached, asked, other):
     """Through SemanticCache and Redis at the default threshold (0.90): each was a miss embedded and
