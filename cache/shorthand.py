@@ -19,13 +19,15 @@ paraphrases to abbreviations and to a request's framing. Two readings:
     for_embedding(text)   what the semantic tier embeds: ``framed_off(written_out(text))``.
 
 Only what has one reading is written out. Case decides where it must: "US" is the United States and
-"us" is not, "ML" machine learning and "ml" millilitres, units are lower case ("oz" is ounces, the
-land of Oz is not; "HR", "TSP", "LB" are other things); a text in capitals only ("HELP US") keeps
-its capitals as they are, and an initialism before a capitalised word may be part of a name ("JS
-Bach", "TS Eliot", "US Open", "ASAP Rocky": as written). Nothing inside backticks is touched, nor
-a word that is part of code ("math.sqrt(x)", "my_dict", "Node.js", "--dict"). Short forms with
-another everyday meaning are left as written: "min" (minimum or minutes), "sec", "LA", "PM", "BC",
-"diff", "u", "repo" (the repo rate), "func", "docs" (Google Docs).
+"us" is not; units are lower case, and written out only after a number or a word that asks for a
+measure ("6 ft", "how many oz"; not "song ft Drake", "the wizard of oz", "yr dog"; "HR", "TSP", "LB"
+are other things); a text in capitals only ("HELP US") keeps its capitals as they are; "JS", "TS"
+and "ASAP" before a capitalised word may be a name ("JS Bach", "TS Eliot", "ASAP Rocky": as
+written). Nothing inside backticks is touched, nor a word that is part of code ("math.sqrt(x)",
+"my_dict", "Node.js", "--dict"). Short forms with another everyday meaning are left as written: "AI"
+(also Adobe Illustrator), "ML" (a moneyline bet, millilitres), "hr" (heart rate), "min" (minimum
+or minutes), "sec", "LA", "PM", "BC", "diff", "u", "repo" (the repo rate), "func", "docs" (Google
+Docs), "info", "cant" (a word). Two QAs' pairs (``qa13``, ``qa14``) found most of these.
 
 Typos are not mended: the embedder's vocabulary lacks many real words ("bellow", "sliver", "latte"),
 which one swapped or doubled letter turns into others ("below", "silver", "late"), so a mend against
@@ -212,7 +214,9 @@ def written_out(text: str, contractions: bool = True) -> str:
 # At a text's start (repeatedly: "Hi! Quick question: could you tell me ...") and at its end. A
 # favour's verb stays ("Could you explain X" is "explain X"); "tell me" before a question word goes
 # with its framing ("Can you tell me how to ..." is "how to ..."). "Do you know how to swim?" and
-# "Can you write in Chinese?" ask what the listener can do: they keep theirs.
+# "Can you write in Chinese?" ask what the listener can do: they keep theirs. A greeting goes only
+# before what opens a question or a request ("Hey Jude", "Good Morning, Vietnam", "Hello, world" are
+# titles).
 _WH = r"(?:how|what|why|when|where|which|who|whom|whose|whether|if|about)"
 _NEUTRAL = (
     r"(?:(?:hi|hello|hey|greetings|good (?:morning|afternoon|evening))(?: there| all| everyone| guys)?\s*[,!.:;-]*\s*"
