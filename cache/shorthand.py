@@ -177,7 +177,7 @@ _ANY_CASE_SUB, _CONTRACTED_SUB = _long(_ANY_CASE_LONG), _long(_CONTRACTED_LONG)
 
 
 def _cased_sub(m: re.Match[str]) -> str:
-    # (as it is written: "ML" is machine learning mid-sentence too)
+    # (the long form as it is written: "United States", "JavaScript", "ounces")
     return m.group(0) if _named(m) else _CASED_LONG[m.lastgroup]
 
 
