@@ -548,3 +548,23 @@ def test_a_tool_call_is_replayed_exactly_and_never_by_paraphrase(api_cached) -> 
     assert _post(api, key, paraphrase).headers["x-cache"] == "miss"
     other = dict(body, tools=[weather, {"type": "function", "function": {"name": "get_time"}}])
     assert _post(api, key, other).headers["x-cache"] == "miss"
+
+
+def test_a_question_in_shorthand_and_framing_is_served_over_http(api_cached) -> None:  # noqa: ANN001
+    """Official ``openai`` client, the gateway's default threshold (0.90): a question asked in short
+    and wrapped in a request is served the stored answer (cache/shorthand.py); the same shorthand
+    asking about another number is not. Embedded and guarded as typed, the first was a miss."""
+    api = api_cached
+    _tid, key = api.make_tenant()
+    client = api.openai(key)
+    kwargs = dict(model=api.model, temperature=0, max_tokens=6)
+    stored = client.chat.completions.with_raw_response.create(
+        messages=[{"role": "user", "content": "What is the square root of 144?"}], **kwargs)
+    assert stored.headers["x-cache"] == "miss"
+    asked = client.chat.completions.with_raw_response.create(
+        messages=[{"role": "user", "content": "Hey, quick question: sqrt of 144? Thanks!"}], **kwargs)
+    assert asked.headers["x-cache"] == "semantic-hit", asked.headers
+    assert asked.parse().choices[0].message.content == stored.parse().choices[0].message.content
+    other = client.chat.completions.with_raw_response.create(
+        messages=[{"role": "user", "content": "Hey, quick question: sqrt of 169? Thanks!"}], **kwargs)
+    assert other.headers["x-cache"] == "miss", other.headers
