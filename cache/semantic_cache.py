@@ -3,8 +3,10 @@
 lookup:  policy gate (enabled, deterministic, no-cache)
          -> exact tier: HGET of the entry keyed by the canonical request's hash
             (pipelined with the tenant's change-log read when the index is in-process)
-         -> semantic tier: embed the final user message, k nearest entries in the same
-            namespace (tenant + model + earlier turns + parameters) with cosine >= threshold,
+         -> semantic tier: embed the final user message (its shorthand written out, a request's
+            framing off: ``cache.shorthand.for_embedding``; the verifier reads it as sent), k
+            nearest entries in the same namespace (tenant + model + earlier turns + parameters)
+            with cosine >= threshold,
             then the hard-negative verifier; the first candidate that passes is served.
             A message longer than the embedder reads gets no semantic tier (miss "too-long"),
             nor does one the verifier cannot read or the embedder cannot see: not English, in
@@ -130,7 +132,7 @@ class SemanticCache:
         reqs = [(canonicalize(namespace, b), r) for b, r in items]
         reqs = [(q, r) for q, r in reqs if q.deterministic and _complete(r)]
         semantic = [bool(q.query) and await self._unsearchable(q.query) is None for q, _ in reqs]
-        texts = [self._embedding_text(q.query) for (q, _), s in zip(reqs, semantic, strict=True) if s]
+        texts = [for_embedding(q.query) for (q, _), s in zip(reqs, semantic, strict=True) if s]
         vecs = iter(await self.embedder.embed_many(texts, share=namespace)) if texts else iter(())
         entries = [NewEntry(q.exact_key, keys.ns(q.context_key, self._space), q.query or "", next(vecs) if s else None, r)
                    for (q, r), s in zip(reqs, semantic, strict=True)]
@@ -199,7 +201,7 @@ class SemanticCache:
             if ns not in tenant.spaces:  # nothing to compare with: skip the embedding
                 return self._miss("below-threshold")
         try:
-            vec = await self.embedder.embed(self._embedding_text(req.query))
+            vec = await self.embedder.embed(for_embedding(req.query))
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
             return self._embed_failed(e)
         if self._local is not None:
@@ -260,7 +262,7 @@ class SemanticCache:
         if req.query:
             try:
                 if await self._unsearchable(req.query) is None:  # else exact tier only
-                    vec = await self.embedder.embed(self._embedding_text(req.query))
+                    vec = await self.embedder.embed(for_embedding(req.query))
             except Exception as e:  # noqa: BLE001
                 self._embed_failed(e)
         keys = self.store_.keys(namespace)
@@ -288,12 +290,6 @@ class SemanticCache:
             self.store_.with_log = False
         else:
             self._local = LocalIndex(self.redis, dim)
-
-    @staticmethod
-    def _embedding_text(query: str) -> str:
-        """What is embedded for ``query``, stored or looked up: its shorthand written out and a
-        request's framing off (``cache.shorthand.for_embedding``); the verifier reads the query."""
-        return for_embedding(query)
 
     async def _io(self, aw, *, slow: bool = False):
         """A Redis round trip under the cache's deadline (a hung Redis must not hang requests)."""

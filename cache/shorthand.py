@@ -126,7 +126,7 @@ _AFTER = r"(?![\w(\[{=@#$/\\]|['’](?!s\b)|[.:\-/]\w)"
 
 def _one(forms: list[tuple[str, str, bool]], case: bool) -> tuple[re.Pattern[str], dict[str, str]]:
     chosen = [(f, long) for f, long, cs in forms if cs == case]
-    pattern = re.compile(_BEFORE + "(?:" + "|".join(f"(?P<f{i}>{f})" for i, (f, _) in enumerate(chosen)) + ")" + _AFTER,
+    pattern = re.compile(_BEFORE + "(?=[A-Za-z])(?:" + "|".join(f"(?P<f{i}>{f})" for i, (f, _) in enumerate(chosen)) + ")" + _AFTER,
                          0 if case else re.I)
     return pattern, {f"f{i}": long for i, (_, long) in enumerate(chosen)}
 

@@ -71,7 +71,7 @@ _SAME_ASKED = [
         w for w in lx.UNIT_OF if w.isalpha() and len(w) > 2 and w not in lx.WEAK_UNITS)) + r")\b)", re.I), "a"),
     (re.compile(r"\b(?:fix|correct)(?= (?:the |my |this |any )?(?:grammar|spelling|typos?)\b)", re.I), "proofread"),
     (re.compile(r"\b(?:different|differs?) (?=from\b|than\b)", re.I), "differ "),
-    (re.compile(r"\b(how (?:do|would|can|could|should) (?:i|you|we|one) )say\b(?=[^.?!]*\bin (?:"
+    (re.compile(r"\b(how (?:do|would|can|could|should) (?:i|you|we|one) )say\b(?=[^.?!]{0,200}?\bin (?:"
                 + "|".join(lx.ENTITY_CLASSES["language"].split()) + r")\b)", re.I), r"\1translate"),
 ]
 

@@ -190,19 +190,12 @@ _NO_NAMES = frozenset({"ok"})
 # Earth" / "in the world"). Not America / United States (the continent: "Is Canada part of
 # America?"), Britain / United Kingdom (Northern Ireland) nor Mac / macOS (the machine or its
 # system): a QA's finds.
-_ALIASES = [("earth", "world")]
-_ALIAS_OF: dict[str, list[frozenset[str]]] = {}  # a name's word -> the other names, each whole
-for _names in _ALIASES:
-    _stems = [frozenset(stem(w) for w in name.split()) for name in _names]
-    for _name in _stems:
-        for _w in _name:
-            _ALIAS_OF.setdefault(_w, []).extend(other for other in _stems if other != _name)
+_ALIASES = {"earth": "world", "world": "earth"}
 
 
 def _unnamed(entities: frozenset[str], words: frozenset[str]) -> bool:
-    """Whether a name in ``entities`` is neither in ``words`` nor named there another way, whole
-    ("United States" for "American"; "United" alone is no alias)."""
-    return any(e not in words and not any(other <= words for other in _ALIAS_OF.get(e, ())) for e in entities)
+    """Whether a name in ``entities`` is neither in ``words`` nor named there another way."""
+    return any(e not in words and _ALIASES.get(e) not in words for e in entities)
 
 
 @dataclass(slots=True, frozen=True)

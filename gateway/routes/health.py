@@ -103,5 +103,6 @@ async def metrics(state: StateDep, request: Request) -> Response:
                                        time.monotonic() - state.started_mono, deps)
         return Response(text, media_type=PROMETHEUS_CONTENT_TYPE)
     return JSONResponse({"uptime_s": round(time.monotonic() - state.started_mono, 3), "engine": stats,
-                         "event_loop": loop_lag, "cache": cache, "embedder": state.embedder_stats(), "dependencies": deps, "pid": os.getpid(),
+                         "event_loop": loop_lag, "cache": cache, "embedder": state.embedder_stats(),
+                         "dependencies": deps, "pid": os.getpid(),
                          "worker": counted.worker if counted is not None and counted.directory else None})
