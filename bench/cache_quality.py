@@ -49,7 +49,7 @@ open with a greeting, leading clauses over rules and advice; the third was writt
 "original"
 is the first four splits, the 282 pairs before "qa".
 
-Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache._unsearchable``:
+Exact repeats are exact-tier hits; a text with no semantic tier (``SemanticCache._prepare``:
 not English in Latin letters, or letters the embedder does not see) is served only by the exact
 tier, whatever its cosine: its "+verif" column counts it as a miss.
 
