@@ -24,11 +24,13 @@ them, or trades one for another of the same meaning, which they are mapped to fi
 alike; "will" and "would" say when, not what is allowed, and are no modal; "too" and "as well" at a
 clause's end are "also", "just" is "only"). What can be done ("possible", "able to"), what may be
 ("okay", "allowed", "legal") and what is safe are apart, and "can" matches each (``logic_apart``).
-Questions that begin with "how" or "where" are about a way or a place, whatever their modal ("How
-can / do / should I reset my password?"), and so is a "how do / can I" after a short clause put
-first ("In JavaScript, how can I ...?"; not "After surgery, how soon can / must I drive?", nor "In
-chess, how can / should a pawn move?"): their
-modals are not compared; nor, in a question for a
+Questions that ask the asker's way are that, whatever their modal ("How can / do / should I reset
+my password?"), and so is a "how do / can I" after a short clause put first ("In JavaScript, how can
+I ...?"; not "After surgery, how soon can / must I drive?", nor "In chess, how can / should a pawn
+move?"): their modals are not compared. Another "how" or "where" question (an amount, the rules, a
+place: "How many hours can / must I work?", "Where can / should I drive?") compares its modals only
+when both sides have one ("How long should / do I boil an egg?", "Where can I find / Where is the
+file?" pass), "should" and "must" alike; nor, in a question for a
 thing, a person, a time or a reason, are advice and obligation ("What should / must / do I need to
 bring?"), though permission and possibility still are ("What can / should I eat while pregnant?").
 A favour asked ("Can you explain ...?") is the request's framing, not a modal. Time words (before,
@@ -85,6 +87,8 @@ _FAVOURS = frozenset("please explain tell help recommend give write show list de
 # no modal; not "how many / soon / old ... can I", an amount the modal changes, "where can / should I
 # drive", a place allowed or advised, nor "In chess, how can / should a pawn move?", the rules or
 # advice (a QA's finds)
+# a way asked at the start: "How do / can / should I ...?" (for the asker, whatever the modal)
+_WAY_ASKED = re.compile(r"^\W*how\s+(?:do|does|did|can|could|should|would|will|must|may|might|shall)\s+(?:i|we|you|one)\b")
 _WAY_AFTER_CLAUSE = re.compile(r"^(?![^,]*\b(?:can|could|may|might|must|shall|should|ought|need|have to)\b)[^.?!;,]{0,60},"
                                r"\s*how\s+(?:do|does|can)\s+(?:i|we|you|one)\b")
 # "can I" asks what may be done as well as what can: it matches either (``logic_apart``)
@@ -109,23 +113,33 @@ def _noun(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
-def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], frozenset[str]]:
+def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], frozenset[str], tuple[str, ...]]:
     """The question's logic words, each as the meaning it stands for, its time words (before, after,
     since, from, ...) and its quantity words (every, some, ...), each sorted (multisets); and how
     many of a thing it names: "one:item" after "a" / "an", "many:item" after a quantity word ("an
-    item" / "multiple items", found by a blind held-out set: ``heldout11``)."""
+    item" / "multiple items", found by a blind held-out set: ``heldout11``); and the modals of a
+    "how" or "where" question that asks no way for the asker ("How many hours can / must I work?",
+    "How can / should a pawn move?", "Where can / should I drive?"), compared only when both sides
+    have some: "How long should / do I boil an egg?" and "Where can I find / Where is the file?"
+    ask the same."""
     low = text.lower()
     words = _WORD.findall(low)
     # a way or a place, whatever the modal; a way also after a clause put first ("In JavaScript, how can I ...?")
-    way = bool(words) and (words[0] in ("how", "where") or _WAY_AFTER_CLAUSE.search(low) is not None)
+    way = bool(words) and (_WAY_ASKED.search(low) is not None or _WAY_AFTER_CLAUSE.search(low) is not None)
+    # an amount, the rules, or a place, asked with a modal or without: theirs compared when both have one
+    loose = bool(words) and not way and words[0] in ("how", "where")
     # "What / When / Why should / must / do I need to ...?": one question
     wh = len(words) > 1 and words[0] in _ASKING and words[1] not in _SUBJECTS
     found: list[str] = []
+    loose_found: list[str] = []
     timed: list[str] = []
     counted: list[str] = []
 
     def modal(meaning: str) -> None:
-        if not (way or (wh and meaning in ("must", "should"))):
+        if loose:  # (advice and obligation alike, as in a question for a thing: "How many hours
+            # should / does a teenager need to sleep?"; what can be done or may be is apart)
+            loose_found.append("should" if meaning == "must" else meaning)
+        elif not (way or (wh and meaning in ("must", "should"))):
             found.append(meaning)
 
     amounts: set[str] = set()
@@ -176,7 +190,8 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
     found += [meaning for phrase, meaning in _PHRASES if phrase.search(low)]
     # time words count when both sides have some: "two weeks from / before today", not "when I wake
     # up" / "after waking up"
-    return tuple(sorted(found)), tuple(sorted(timed)), tuple(sorted(counted)), frozenset(amounts)
+    return (tuple(sorted(found)), tuple(sorted(timed)), tuple(sorted(counted)), frozenset(amounts),
+            tuple(sorted(loose_found)))
 
 
 _ENDS = re.compile(r"\b(?:[Ll]eft|[Rr]ight|[Tt]op|[Bb]ottom|[Oo]ldest|[Nn]ewest|[Hh]ighest|[Ll]owest|[Ss]mallest|"
@@ -352,14 +367,20 @@ def _one_against_many(a: frozenset[str], b: frozenset[str]) -> bool:
 def logic_apart(a: tuple, b: tuple) -> bool:
     """Whether two texts' ``logic_words`` differ: the logic words always (each matched to an equal one,
     or a compatible one: "can" with "may", "possible" or "safe"), the time and the quantity words
-    when both texts have some."""
+    and the modals of a "how" or "where" question that asks no way when both texts have some."""
     if any(x and y and x != y for x, y in zip(a[1:3], b[1:3], strict=True)):
         return True
     if _one_against_many(a[3], b[3]) or _one_against_many(b[3], a[3]):
         return True
-    if a[0] == b[0]:
-        return False
-    left, right = list(a[0]), list(b[0])
+    if a[4] and b[4] and _unmatched(a[4], b[4]):
+        return True
+    return a[0] != b[0] and _unmatched(a[0], b[0])
+
+
+def _unmatched(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether two multisets of logic words differ: each word matched to an equal one or a
+    compatible one (``_COMPATIBLE``)."""
+    left, right = list(a), list(b)
     if len(left) != len(right):
         return True
     for word in left:

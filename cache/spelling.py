@@ -64,11 +64,14 @@ _TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 # ("one tablespoon": the number guard reads no number in "a tablespoon"; not after "twenty", nor
 # before an everyday word that is a unit too: "one day per line"); fixing grammar or spelling is
 # proofreading ("fix" is a task of its own on code); "how are X different from Y" compares; and "how
-# do I say X in French" translates (not "What did de Gaulle say in French?": a QA's find). Not "the
-# most recent" / "the latest" as "the last": the last is also the final one (a QA's find).
+# do I say X in French" translates (not "What did de Gaulle say in French?": a QA's find). "The most
+# recent" is "the latest" (a QA's find, qa13 and qa14; "newest" is their synonym), but neither is
+# "the last": the last is also the final one (an earlier QA's find). "One cup" is "a cup" (a QA's
+# find), though a cup is a weak unit elsewhere (the World Cup).
 _SAME_ASKED = [
     (re.compile(r"(?<!ty )(?<!ty-)\bone(?=\s+(?:" + "|".join(sorted(
-        w for w in lx.UNIT_OF if w.isalpha() and len(w) > 2 and w not in lx.WEAK_UNITS)) + r")\b)", re.I), "a"),
+        w for w in lx.UNIT_OF if w.isalpha() and len(w) > 2 and (w not in lx.WEAK_UNITS or w == "cup"))) + r")\b)", re.I), "a"),
+    (re.compile(r"\bmost recent\b", re.I), "latest"),
     (re.compile(r"\b(?:fix|correct)(?= (?:the |my |this |any )?(?:grammar|spelling|typos?)\b)", re.I), "proofread"),
     (re.compile(r"\b(?:different|differs?) (?=from\b|than\b)", re.I), "differ "),
     (re.compile(r"\b(how (?:do|would|can|could|should) (?:i|you|we|one) )say\b(?=[^.?!]{0,200}?\bin (?:"

@@ -25,6 +25,9 @@ from cache.verifier import Verifier
     ("Whats the point? I dont know", "What's the point? I don't know"),
     ("Dont worry, what is a dict?", "Don't worry, what is a dictionary?"),
     ("US Constitution", "United States Constitution"),
+    ("Why cant I sleep?", "Why can't I sleep?"),  # beside a pronoun only (a QA's find)
+    ("it wont start", "it won't start"),
+    ("Why wont my laptop turn on?", "Why won't my laptop turn on?"),
 ])
 def test_shorthand_is_written_out(text, out):
     assert written_out(text) == out
@@ -42,7 +45,7 @@ def test_shorthand_is_written_out(text, out):
     # (a second QA's finds: other meanings of AI, ML, hr, ft, yr, lb, cant; dates and sizes read as temperatures)
     "How do I vectorize an image in AI?", "How do I bet ML on an NFL game?", "Should I report my manager to hr?",
     "song ft Drake", "yr dog", "an lb in nginx", "wizard of oz", "What does cant mean?", "Windows 10 C drive",
-    "2015 F-150", "Is a 34C bra big?", "the 4 C's of diamonds",
+    "2015 F-150", "Is a 34C bra big?", "the 4 C's of diamonds", "as is his wont", "political cant and hypocrisy",
 ])
 def test_code_names_and_other_meanings_are_left_as_written(text):
     assert written_out(text) == text
@@ -104,6 +107,11 @@ def test_the_guards_do_without_the_neutral_framing_only():
     ("Please proofread: 'Their going to the store tomorow.'", "Can you proofread this: 'Their going to the store tomorow.'"),
     ("What's the difference between a virus and bacteria?", "How are viruses different from bacteria?"),
     ("How long should I boil an egg?", "Hey, quick question: how long should I boil an egg?"),
+    # (a QA's finds: qa13, qa14)
+    ("Why can't I sleep at night?", "Why cant I sleep at night?"),
+    ("What is the latest version of Python?", "What is the most recent version of Python?"),
+    ("What is the newest iPhone?", "What is the latest iPhone?"),
+    ("How many calories in a cup of rice?", "How many calories in one cup of rice?"),
 ])
 def test_the_guards_pass_a_question_asked_in_short(cached, asked):
     assert Verifier().check(asked, cached).ok
@@ -136,6 +144,8 @@ def test_the_guards_pass_a_question_asked_in_short(cached, asked):
     ("As a Christian, how should I vote?", "As a Christian, how can I vote?"),
     ("What does cant mean?", "What does can't mean?"),
     ("Good Morning, Vietnam: is it a true story?", "Vietnam: is it a true story?"),
+    ("What is the latest version of Python?", "What is the oldest version of Python?"),
+    ("How many calories in one cup of rice?", "How many calories in two cups of rice?"),
 ])
 def test_the_guards_still_refuse_what_shorthand_changes(cached, asked):
     assert not Verifier().check(asked, cached).ok
