@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -225,6 +225,34 @@ class Settings(BaseSettings):
             raise ValueError(f"the {backend!r} database is not supported: use PostgreSQL "
                              "(postgresql+asyncpg://user:pass@host/db) or SQLite (sqlite+aiosqlite:///path)")
         return url.render_as_string(hide_password=False)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        """A URL redis-py reads as written. redis-py skips a database number it cannot read
+        ("redis://host:6379/l2", "/99x") and uses database 0 without a word, where another
+        deployment's tenants may live (found by QA)."""
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        example = "(e.g. redis://127.0.0.1:6379/0, rediss://user:pass@host:6380/2, unix:///run/redis.sock?db=1)"
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises on a port that is not a number or out of range
+        except ValueError as e:
+            raise ValueError(f"not a Redis URL: {e} {example}") from None
+        scheme = parts.scheme.lower()
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"not a Redis URL: the scheme must be redis://, rediss:// or unix:// {example}")
+        db = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "db"]
+        if scheme != "unix" and parts.path.strip("/"):
+            db.append(parts.path.strip("/"))
+        for given in db:
+            if not (given.isascii() and given.isdigit()):
+                raise ValueError(f"the Redis database must be a number, not {given!r} {example}")
+        if len(set(map(int, db))) > 1:
+            raise ValueError(f"the Redis URL names two databases ({', '.join(db)}) {example}")
+        return value
 
     @field_validator("admin_jwks_url")
     @classmethod

@@ -51,7 +51,7 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "spool-under-a-file",
+@pytest.mark.parametrize("case", ["redis-unreachable", "redis-malformed", "redis-db-typo", "spool-under-a-file",
                                   "data-dir-under-a-file", "bad-setting", "empty-spool-dir", "miscased-setting", "worker-index",
                                   "unknown-model", "bad-engine-setting", "admission-wait",
                                   "max-model-len", "max-waiting", "bad-device", "kv-beyond-memory", "long-model-id",
@@ -62,7 +62,11 @@ def test_an_unusable_dependency_is_one_line_and_exit_1(tmp_path, case) -> None: 
     settings, expected = {
         "redis-unreachable": ({"PAGEGATE_REDIS_URL": f"redis://:hunter2@127.0.0.1:{free_port()}/0"},
                               "error: cannot use Redis at redis://:***@127.0.0.1:"),
-        "redis-malformed": ({"PAGEGATE_REDIS_URL": "foo://bar"}, "error: cannot use Redis at foo://bar: ValueError"),
+        "redis-malformed": ({"PAGEGATE_REDIS_URL": "foo://bar"},
+                            "error: invalid settings: PAGEGATE_REDIS_URL: not a Redis URL: the scheme must be"),
+        # (found by QA: redis-py reads "/l2" as no database, and database 0 was used without a word)
+        "redis-db-typo": ({"PAGEGATE_REDIS_URL": "redis://:hunter2@127.0.0.1:6379/l2"},
+                          "error: invalid settings: PAGEGATE_REDIS_URL: the Redis database must be a number, not 'l2'"),
         "spool-under-a-file": ({"PAGEGATE_REDIS_URL": REDIS, "PAGEGATE_USAGE_SPOOL_DIR": str(tmp_path / "file/spool")},
                                f"error: cannot use the usage spool directory {tmp_path / 'file/spool'}: "),
         "data-dir-under-a-file": ({"PAGEGATE_DATA_DIR": str(tmp_path / "file/data")},  # no Redis URL: embedded

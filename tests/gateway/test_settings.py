@@ -220,3 +220,26 @@ def test_a_nan_cache_threshold_is_called_not_finite(monkeypatch) -> None:  # noq
     monkeypatch.setenv("PAGEGATE_CACHE_THRESHOLD", "nan")
     with pytest.raises(ValidationError, match="finite number"):
         Settings()
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ("redis://127.0.0.1:6379/l2", "the Redis database must be a number, not 'l2'"),  # (found by QA: database 0)
+    ("redis://127.0.0.1:6379/99x", "the Redis database must be a number, not '99x'"),
+    ("unix:///run/redis.sock?db=one", "the Redis database must be a number, not 'one'"),
+    ("redis://127.0.0.1:6379/1?db=2", "the Redis URL names two databases"),
+    ("redis://127.0.0.1:63x9/1", "not a Redis URL: Port could not be cast"),
+    ("http://127.0.0.1:6379/1", "the scheme must be redis://, rediss:// or unix://"),
+])
+def test_an_unusable_redis_url_is_refused_by_name(given: str, says: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        Settings(redis_url=given, load_engine=False)
+    assert says in err.value.errors()[0]["msg"]
+
+
+@pytest.mark.parametrize("given", ["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "redis://127.0.0.1:6379/15",
+                                   "rediss://app:s3cret@host:6380/2?socket_timeout=1", "unix:///run/redis.sock?db=1",
+                                   "redis://h/3?db=3"])
+def test_a_redis_url_redis_py_reads_as_written_is_taken(given: str) -> None:
+    assert Settings(redis_url=given, load_engine=False).redis_url == given
