@@ -145,10 +145,11 @@ class Authenticator:
                 await self._listener
             self._listener = None
 
-    async def authenticate(self, authorization_header: str | None) -> Principal:
+    async def authenticate(self, authorization_header: str | None, *, query_string: bytes = b"") -> Principal:
+        """``query_string``: the request's, to say so when a key was put in the URL instead."""
         key = bearer_token(authorization_header)
         if key is None:
-            raise invalid_api_key("You didn't provide an API key. Send 'Authorization: Bearer pg-...'.")
+            raise invalid_api_key(_no_key(authorization_header, query_string))
         if not looks_like_key(key):
             raise invalid_api_key()
         try:
@@ -297,6 +298,22 @@ class Authenticator:
         await listen_forever(self._redis, invalidation_channel(self._prefix, self._redis),
                              lambda data: self._drop(data.decode() if isinstance(data, bytes) else str(data)),
                              on_subscribed=ready.set, on_lost=lost)
+
+
+def _no_key(header: str | None, query_string: bytes) -> str:
+    """Why a request has no key, as the client sent it (found by QA: a ``Basic`` header and a key in
+    the URL were both told they sent no key). Never echoes what was sent beyond the scheme's name."""
+    send = "Send 'Authorization: Bearer pg-...'."
+    if header and header.strip():
+        scheme = header.strip().partition(" ")[0]
+        if scheme.lower() == "bearer":
+            return f"The Authorization header holds no API key after 'Bearer'. {send}"
+        shown = scheme[:20] if scheme.isascii() and scheme.isalnum() else "another"
+        return f"The Authorization header uses the {shown!r} scheme; API keys are sent as a Bearer token. {send}"
+    names = {part.partition(b"=")[0].lower() for part in query_string.split(b"&")}
+    if names & {b"api_key", b"api-key", b"apikey", b"key", b"token", b"access_token"}:
+        return f"API keys are not read from the URL (where logs and proxies keep them). {send}"
+    return f"You didn't provide an API key. {send}"
 
 
 def bearer_token(header: str | None) -> str | None:

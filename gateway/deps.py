@@ -158,7 +158,8 @@ async def authenticate_and_limit(request: Request) -> Caller:
         raise ApiError(503, "The gateway is starting.", "server_error", "unavailable")
     principal = request.scope["state"].get("principal")  # checked before the body (gateway.middleware)
     if principal is None:
-        principal = await state.services.auth.authenticate(request.headers.get("authorization"))
+        principal = await state.services.auth.authenticate(request.headers.get("authorization"),
+                                                           query_string=request.scope.get("query_string", b""))
     notice = request.state.engine_notice = announce_generation(request, state.engine)
     headers: dict[str, str] = request.state.response_headers
     try:

@@ -78,7 +78,8 @@ async def _key_first(scope: Scope, authorization: bytes | None) -> ApiError | No
         return None
     try:
         scope["state"]["principal"] = await services.auth.authenticate(
-            authorization.decode("latin-1") if authorization is not None else None)
+            authorization.decode("latin-1") if authorization is not None else None,
+            query_string=scope.get("query_string", b""))
     except ApiError as err:
         return err
     return None

@@ -159,6 +159,12 @@ def test_more_messages_than_the_context_holds_are_refused_before_rendering(api) 
 def test_auth_and_model_errors(api) -> None:  # noqa: ANN001
     resp = httpx.post(api.base_url + "/v1/chat/completions", json=chat(api), timeout=30)
     assert_error(resp, 401, code="invalid_api_key")
+    # a key in the URL, or in another scheme, is told so (found by QA: "You didn't provide an API key.")
+    resp = httpx.post(api.base_url + "/v1/chat/completions?api_key=pg-xyz", json=chat(api), timeout=30)
+    assert "not read from the URL" in assert_error(resp, 401, code="invalid_api_key")["message"]
+    resp = httpx.post(api.base_url + "/v1/chat/completions", json=chat(api), headers={"authorization": "Basic eDp5"},
+                      timeout=30)
+    assert "'Basic' scheme" in assert_error(resp, 401, code="invalid_api_key")["message"]
     assert_error(post(api, "/v1/chat/completions", chat(api), key="pg-" + "x" * 43), 401, code="invalid_api_key")
     assert_error(post(api, "/v1/chat/completions", chat(api, model="gpt-17")), 404, param="model",
                  code="model_not_found")

@@ -39,6 +39,22 @@ async def test_missing_or_unknown_key_is_401(tenancy, header):
     assert e.value.status == 401 and e.value.code == "invalid_api_key"
 
 
+@pytest.mark.parametrize(("header", "query", "says"), [
+    (None, b"", "You didn't provide an API key."),
+    ("Bearer", b"", "no API key after 'Bearer'"),
+    ("Basic dXNlcjpwZy1zZWNyZXQ=", b"", "uses the 'Basic' scheme; API keys are sent as a Bearer token"),
+    ("Tok\u00e9n abc", b"", "uses the 'another' scheme"),
+    (None, b"model=x&api_key=pg-abc", "API keys are not read from the URL"),
+])
+async def test_a_request_without_a_key_is_told_what_it_sent(tenancy, header, query, says):
+    """Found by QA: a ``Basic`` header and a key in the URL were both told no key was sent."""
+    with pytest.raises(ApiError) as e:
+        await tenancy.auth.authenticate(header, query_string=query)
+    assert e.value.status == 401 and e.value.code == "invalid_api_key"
+    assert says in e.value.message and "Authorization: Bearer pg-..." in e.value.message
+    assert "dXNlcjpwZy1zZWNyZXQ" not in e.value.message and "pg-abc" not in e.value.message
+
+
 async def test_revoked_key_and_disabled_tenant(tenancy, make_tenant):
     tenant, key, row = await make_tenant()
     _, key2, _ = await make_tenant()
