@@ -142,7 +142,8 @@ async def create_chat_completion(body: ChatCompletionRequest, caller: Caller) ->
     try:
         prompt = await tokenize(engine, engine.encode_chat, messages, size, messages=len(messages))
         max_tokens = resolve_max_tokens(body.requested_max_tokens(), len(prompt), engine.max_model_len,
-                                        min_tokens=body.min_tokens)
+                                        min_tokens=body.min_tokens, field="max_completion_tokens"
+                                        if body.max_completion_tokens is not None else "max_tokens")
         return await run_generation(engine, [prompt], body, max_tokens, fmt, account, caller, store=store,
                                     unstorable=None if land is None else partial(land, None))
     finally:

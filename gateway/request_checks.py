@@ -77,10 +77,11 @@ async def tokenize(engine: EngineClient, fn: Callable[[Any], list[int]], arg: An
 
 
 def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len: int, *, min_tokens: int = 0,
-                       what: str = "messages", defaulted: bool = False) -> int:
+                       what: str = "messages", defaulted: bool = False, field: str = "max_tokens") -> int:
     """``requested`` if the context has room for it; unset: all the room left. ``min_tokens`` must
     not be more than that (vLLM refuses it too). ``defaulted``: ``requested`` is the route's default
-    (text completions' 16), not the client's."""
+    (text completions' 16), not the client's. ``field``: the name the client gave ``requested``
+    (``max_completion_tokens`` on chat, when sent: found by QA, the message named max_tokens)."""
     room = max_model_len - prompt_tokens
     # max_tokens 0 (a prompt scored with echo) may fill the whole context (found by QA); a requested
     # completion is named in the message (found by QA)
@@ -93,7 +94,7 @@ def resolve_max_tokens(requested: int | None, prompt_tokens: int, max_model_len:
                                   f"the prompt's {prompt_tokens} tokens leave {room} of the model's "
                                   f"{max_model_len}.", param="min_tokens")
         default = ", the default when none is sent" if defaulted else ""  # (a re-check: it named a max_tokens
-        raise invalid_request(f"min_tokens ({min_tokens}) must not be more than max_tokens "  # never sent)
+        raise invalid_request(f"min_tokens ({min_tokens}) must not be more than {field} "  # never sent)
                               f"({max_tokens}{default}).", param="min_tokens")
     return max_tokens
 

@@ -118,6 +118,11 @@ def test_min_tokens_above_max_tokens_is_refused(api) -> None:  # noqa: ANN001
     err = assert_error(post(api, "/v1/completions", {"model": api.model, "prompt": "Hi", "min_tokens": 40}), 400,
                        param="min_tokens", code="invalid_value")
     assert "16, the default when none is sent" in err["message"], err
+    # the limit is named as the client sent it (found by QA: max_completion_tokens was called max_tokens)
+    body = chat(api, max_completion_tokens=3, min_tokens=10)
+    body.pop("max_tokens", None)
+    err = assert_error(post(api, "/v1/chat/completions", body), 400, param="min_tokens", code="invalid_value")
+    assert "more than max_completion_tokens (3)" in err["message"], err
 
 
 def test_a_body_over_the_limit_is_a_413_at_once_or_as_it_arrives(api) -> None:  # noqa: ANN001
