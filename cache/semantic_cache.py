@@ -59,6 +59,10 @@ _STORABLE_FINISH = {"stop", "length"}
 _T = TypeVar("_T")
 
 
+class CacheClosed(Exception):
+    """The cache was closed (the gateway stops) while a lookup or store was under way: a bypass."""
+
+
 def bytes_client(redis: Redis) -> Redis:
     """The same server through a client that returns bytes (vectors are binary)."""
     pool = getattr(redis, "connection_pool", None)
@@ -91,6 +95,7 @@ class SemanticCache:
         self._last_log = 0.0
         # the reading of texts (see the module's docstring); one thread: the verifier's memo is its own
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg-cache-read")
+        self._closed = False
 
     # -- public API ------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -115,6 +120,8 @@ class SemanticCache:
             return self._bypass("no-cache", storable=not policy.no_store)
         try:
             found = await self._lookup(namespace, req, policy)
+        except CacheClosed:
+            return self._bypass("closed")
         except _REDIS_ERRORS as e:
             self._redis_failed("lookup", e)
             return self._bypass("redis-down")
@@ -133,6 +140,8 @@ class SemanticCache:
             return
         try:
             await self._store(namespace, req, response, policy)
+        except CacheClosed:
+            self._stats.store_skips += 1
         except _REDIS_ERRORS as e:
             self._redis_failed("store", e)
 
@@ -163,7 +172,10 @@ class SemanticCache:
         return n
 
     async def close(self) -> None:
-        self._reader.shutdown(wait=False, cancel_futures=True)
+        """Lookups and stores after this are bypassed ("closed"); a reading already queued still runs
+        (a cancelled one would raise CancelledError in a request nobody cancelled: a review's find)."""
+        self._closed = True
+        self._reader.shutdown(wait=False)
         if self._owns_client:
             await self.redis.aclose()
         if self._owns_embedder:
@@ -198,6 +210,8 @@ class SemanticCache:
             return self._miss("stale" if stale else "no-semantic-tier")
         try:
             unsearchable, text = await self._prepare(req.query)
+        except CacheClosed:
+            raise
         except Exception as e:  # noqa: BLE001 - a broken embedder must not fail requests
             return self._embed_failed(e)
         if unsearchable:
@@ -286,6 +300,8 @@ class SemanticCache:
                 unsearchable, text = await self._prepare(req.query)
                 if unsearchable is None:  # else exact tier only
                     vec = await self.embedder.embed(text)
+            except CacheClosed:
+                raise
             except Exception as e:  # noqa: BLE001
                 self._embed_failed(e)
         keys = self.store_.keys(namespace)
@@ -315,8 +331,16 @@ class SemanticCache:
             self._local = LocalIndex(self.redis, dim)
 
     async def _read(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """``fn(*args)`` on the reader thread (see the module's docstring)."""
-        return await asyncio.get_running_loop().run_in_executor(self._reader, fn, *args)
+        """``fn(*args)`` on the reader thread (see the module's docstring); ``CacheClosed`` once the
+        cache is closed."""
+        if self._closed:
+            raise CacheClosed
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._reader, fn, *args)
+        except RuntimeError:
+            if self._closed:  # (shut down since the check: "cannot schedule new futures")
+                raise CacheClosed from None
+            raise
 
     async def _io(self, aw, *, slow: bool = False):
         """A Redis round trip under the cache's deadline (a hung Redis must not hang requests)."""

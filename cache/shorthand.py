@@ -94,6 +94,7 @@ _FORMS: list[tuple[str, str, bool]] = [
 
 # Contractions typed without their apostrophe (the negation guard reads "don't", not "dont"). Not
 # read when a text's language is judged: "dont" is French too ("le livre dont je parle").
+_NOT_OWNED = "".join(f"(?<!\\b{p} )" for p in ("his", "her", "their", "its", "our", "my", "your"))  # "his wont"
 _AFTER_PRONOUN = "(?:" + "|".join(f"(?<=\\b{p} )" for p in ("i", "you", "we", "he", "she", "it", "they")) + ")"
 _CONTRACTIONS: list[tuple[str, str, bool]] = [
     (r"whats", "what's", False),
@@ -117,8 +118,9 @@ _CONTRACTIONS: list[tuple[str, str, bool]] = [
     (r"youre", "you're", False),
     # "cant" and "wont" are words too (hypocritical talk; a habit, "as is his wont"): only beside a
     # pronoun ("Why cant I", "it wont start")
-    (r"cant(?= (?:i|you|we|he|she|it|they)\b)|" + _AFTER_PRONOUN + "cant", "can't", False),
-    (r"wont(?= (?:i|you|we|he|she|it|they|my|your|the|this)\b)|" + _AFTER_PRONOUN + "wont", "won't", False),
+    (_NOT_OWNED + r"cant(?= (?:i|you|we|he|she|it|they)\b)|" + _AFTER_PRONOUN + "cant", "can't", False),
+    (_NOT_OWNED + r"wont(?= (?:i|you|we|he|she|it|they|my|your|the|this)\b)|" + _AFTER_PRONOUN + "wont", "won't",
+     False),
 ]
 
 # A short form stands alone: not after a word character, a dot, a path, an option or a sigil, and not

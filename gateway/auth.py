@@ -300,16 +300,22 @@ class Authenticator:
                              on_subscribed=ready.set, on_lost=lost)
 
 
+_SCHEMES = frozenset(("basic", "digest", "token", "apikey", "api-key", "key", "negotiate", "ntlm", "hoba", "mutual",
+                      "aws4-hmac-sha256", "dpop", "gnap", "privatetoken", "scram-sha-256", "vapid", "oauth"))
+
+
 def _no_key(header: str | None, query_string: bytes) -> str:
     """Why a request has no key, as the client sent it (found by QA: a ``Basic`` header and a key in
     the URL were both told they sent no key). Never echoes what was sent beyond the scheme's name."""
     send = "Send 'Authorization: Bearer pg-...'."
     if header and header.strip():
-        scheme = header.strip().partition(" ")[0]
+        scheme, space, _ = header.strip().partition(" ")
         if scheme.lower() == "bearer":
             return f"The Authorization header holds no API key after 'Bearer'. {send}"
-        shown = scheme[:20] if scheme.isascii() and scheme.isalnum() else "another"
-        return f"The Authorization header uses the {shown!r} scheme; API keys are sent as a Bearer token. {send}"
+        if space and scheme.lower() in _SCHEMES:  # (only a known scheme's name: a bare token would be
+            # the secret itself, found by a review)
+            return f"The Authorization header uses the {scheme!r} scheme; API keys are sent as a Bearer token. {send}"
+        return f"The Authorization header holds no 'Bearer' scheme; API keys are sent as a Bearer token. {send}"
     names = {part.partition(b"=")[0].lower() for part in query_string.split(b"&")}
     if names & {b"api_key", b"api-key", b"apikey", b"key", b"token", b"access_token"}:
         return f"API keys are not read from the URL (where logs and proxies keep them). {send}"

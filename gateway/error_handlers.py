@@ -168,7 +168,8 @@ async def key_refusal(request: Request) -> ApiError | None:
     if services is None:
         return None
     try:
-        await services.auth.authenticate(request.headers.get("authorization"))
+        await services.auth.authenticate(request.headers.get("authorization"),
+                                         query_string=request.scope.get("query_string", b""))
     except ApiError as err:
         return err
     return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -239,14 +239,15 @@ class Settings(BaseSettings):
         try:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises on a port that is not a number or out of range
-        except ValueError as e:
-            raise ValueError(f"not a Redis URL: {e} {example}") from None
+        except ValueError:  # (its text may quote a password cut at a '#', '/' or '?': a review's find)
+            raise ValueError("not a Redis URL: no port number after the host (a password holding '#', '/', '?' "
+                             f"or '@' must be percent-encoded) {example}") from None
         scheme = parts.scheme.lower()
         if scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"not a Redis URL: the scheme must be redis://, rediss:// or unix:// {example}")
         db = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "db"]
         if scheme != "unix" and parts.path.strip("/"):
-            db.append(parts.path.strip("/"))
+            db.append(unquote(parts.path).strip("/"))
         for given in db:
             if not (given.isascii() and given.isdigit()):
                 raise ValueError(f"the Redis database must be a number, not {given!r} {example}")

@@ -1,7 +1,8 @@
 """Everything tenancy the gateway needs per process, built once at start-up and closed at exit:
 
     services = await build_tenancy(settings, redis_url=url)   # url: PAGEGATE_REDIS_URL or EmbeddedRedis
-    principal = await services.auth.authenticate(request.headers.get("authorization"))
+    principal = await services.auth.authenticate(request.headers.get("authorization"),
+                                                 query_string=request.scope.get("query_string", b""))
     headers = await services.limiter.check_request(principal)            # 429 rate_limit_exceeded
     res = await services.quota.reserve(principal, model=m, prompt_tokens=p, max_tokens=n)  # 429s
     ... generate with res.max_tokens (may be clamped) ...

@@ -22,9 +22,15 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
+    from pydantic import ValidationError
+
     from gateway.settings import Settings
 
-    return Settings().database_url
+    try:
+        return Settings().database_url
+    except ValidationError as exc:  # (one line naming each setting, never the values: a URL's password)
+        raise SystemExit("error: invalid settings: " + "; ".join(
+            f"PAGEGATE_{str(e['loc'][0]).upper() if e['loc'] else '?'}: {e['msg']}" for e in exc.errors())) from None
 
 
 def _do_run(connection) -> None:  # noqa: ANN001 - sync Connection

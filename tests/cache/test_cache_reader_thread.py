@@ -5,6 +5,7 @@ import asyncio
 import threading
 import time
 
+import pytest
 from cache_testlib import answer, chat
 
 from cache.api import CachePolicy
@@ -19,6 +20,7 @@ class _Watched(Verifier):
         super().__init__(**kw)
         self.threads: list[str] = []
         self.busy_s = busy_s
+        self.checks = 0  # checks begun
 
     def reads(self, text: str) -> bool:
         self.threads.append(threading.current_thread().name)
@@ -26,6 +28,7 @@ class _Watched(Verifier):
 
     def check(self, query: str, candidate: str) -> Verdict:
         self.threads.append(threading.current_thread().name)
+        self.checks += 1
         end = time.perf_counter() + self.busy_s
         while time.perf_counter() < end:
             pass
@@ -69,3 +72,39 @@ async def test_the_event_loop_runs_on_while_the_guards_read(make_cache, embedder
     ticker.cancel()
     assert found.outcome == "semantic-hit" and v.threads  # the check ran, 0.4 s long
     assert max(gaps) < 0.2, f"the loop stalled {max(gaps) * 1000:.0f} ms"
+
+
+async def test_closing_the_cache_under_lookups_fails_none_of_them(make_cache, embedder):
+    """A review's find: the reader shut down with its queue cancelled raised CancelledError in
+    requests nobody cancelled; lookups under way now finish or are bypassed ("closed")."""
+    v = _Watched(busy_s=0.2, vocab=embedder.vocab())
+    c = make_cache(verifier=v)
+    loose = CachePolicy(threshold=0.5)
+    await c.store("acme", chat("How do I enable two-factor authentication?"), answer("Settings > enable"), loose)
+    asked = [chat(f"How can I enable two-factor authentication on device {i}?") for i in range(3)]
+    running = [asyncio.create_task(c.lookup("acme", body, loose)) for body in asked]
+    while v.checks == 0:  # the first check on the reader, the others queued behind it
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)  # (the check holds the reader 0.2 s)
+    await c.close()
+    found = await asyncio.gather(*running)  # (raises if any lookup failed)
+    assert all(f.outcome in ("semantic-hit", "miss", "bypass") for f in found), found
+    assert (await c.lookup("acme", asked[0], loose)).reason == "closed"
+    await c.store("acme", chat("Another question?"), answer("Another answer"), loose)  # skipped, no error
+
+
+async def test_readings_queued_when_the_cache_closes_still_run(make_cache):
+    from cache.semantic_cache import CacheClosed
+
+    c = make_cache()
+
+    def slow(x: int) -> int:
+        time.sleep(0.1)
+        return x
+
+    queued = [asyncio.create_task(c._read(slow, i)) for i in range(3)]
+    await asyncio.sleep(0.02)
+    await c.close()
+    assert await asyncio.gather(*queued) == [0, 1, 2]
+    with pytest.raises(CacheClosed):
+        await c._read(slow, 3)

@@ -46,6 +46,7 @@ def test_shorthand_is_written_out(text, out):
     "How do I vectorize an image in AI?", "How do I bet ML on an NFL game?", "Should I report my manager to hr?",
     "song ft Drake", "yr dog", "an lb in nginx", "wizard of oz", "What does cant mean?", "Windows 10 C drive",
     "2015 F-150", "Is a 34C bra big?", "the 4 C's of diamonds", "as is his wont", "political cant and hypocrisy",
+    "as was his wont this morning",
 ])
 def test_code_names_and_other_meanings_are_left_as_written(text):
     assert written_out(text) == text
@@ -145,6 +146,8 @@ def test_the_guards_pass_a_question_asked_in_short(cached, asked):
     ("What does cant mean?", "What does can't mean?"),
     ("Good Morning, Vietnam: is it a true story?", "Vietnam: is it a true story?"),
     ("What is the latest version of Python?", "What is the oldest version of Python?"),
+    ("How do I undo my most recent commit?", "How do I undo my recent commits?"),  # (a review's finds)
+    ("How do I install the newest version of Python?", "How do I install a recent version of Python?"),
     ("How many calories in one cup of rice?", "How many calories in two cups of rice?"),
 ])
 def test_the_guards_still_refuse_what_shorthand_changes(cached, asked):

@@ -486,6 +486,10 @@ def test_logic_role_and_layout_hard_negatives_are_rejected(verifier, q, c, reaso
     ("How long should I boil an egg?", "How long do I boil an egg?"),
     ("How many hours should a teenager sleep each night?", "How many hours does a teenager need to sleep each night?"),
     ("Where can I find the hosts file on Windows?", "Where is the hosts file on Windows?"),
+    # a way for a person, not only the asker (a review's finds)
+    ("How can beginners learn to code?", "How should beginners learn to code?"),
+    ("How can my child improve his reading?", "How should my child improve his reading?"),
+    ("Where can I find the config file?", "Where might I find the config file?"),
 ])
 def test_paraphrases_keep_their_logic_words(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
