@@ -45,7 +45,9 @@ of its refusals led to: degrees, "tell me the", "latest") and "qa13" (a QA's 98 
 aliases, framing, modals after a leading clause; the second version was written from its finds)
 and "qa14" (a second QA's 106 hard negatives and 37 paraphrases against that second version: aliases
 of a continent or a machine, "latest" / "last", other meanings of AI, ML, hr, "cant", titles that
-open with a greeting, leading clauses over rules and advice; the third was written from its finds).
+open with a greeting, leading clauses over rules and advice; the third was written from its finds),
+and "heldout13" (160 pairs written blind to the code, the sets and the README: paraphrases, and hard
+negatives in twelve kinds, tense among them; the tense rule was written from its false hits).
 "original"
 is the first four splits, the 282 pairs before "qa".
 

