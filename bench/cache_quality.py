@@ -85,7 +85,7 @@ PAIRS = Path(__file__).with_name("cache_pairs.jsonl")
 THRESHOLDS = [0.70, 0.75, 0.80, 0.85, 0.90, 0.95]
 DEFAULT_T = 0.90  # the gateway's default (PAGEGATE_CACHE_THRESHOLD)
 SUMMARY_T = (0.85, DEFAULT_T)
-SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8", "qa9", "heldout8", "heldout9", "heldout10", "qa10", "qa11", "qa12", "heldout11", "heldout12", "qa13", "qa14", "heldout13"]
+SPLITS = ["dev", "heldout", "heldout2", "heldout3", "qa", "heldout4", "qa4", "heldout5", "qa5", "heldout6", "qa6", "heldout7", "qa7", "qa8", "qa9", "heldout8", "heldout9", "heldout10", "qa10", "qa11", "qa12", "heldout11", "heldout12", "qa13", "qa14", "heldout13", "qa15"]
 ORIGINAL = SPLITS[:4]
 
 

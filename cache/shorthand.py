@@ -95,6 +95,12 @@ _FORMS: list[tuple[str, str, bool]] = [
 # Contractions typed without their apostrophe (the negation guard reads "don't", not "dont"). Not
 # read when a text's language is judged: "dont" is French too ("le livre dont je parle").
 _NOT_OWNED = "".join(f"(?<!\\b{p} )" for p in ("his", "her", "their", "its", "our", "my", "your"))  # "his wont"
+_AFTER_CANT = "|".join((
+    "i", "you", "we", "he", "she", "it", "they", "my", "your", "our", "the", "this", "that", "these", "those",
+    "find", "connect", "open", "load", "log", "login", "sign", "access", "install", "download", "upload", "print",
+    "start", "boot", "charge", "turn", "work", "run", "see", "hear", "get", "send", "receive", "delete", "remove",
+    "update", "sync", "play", "sleep", "stop", "remember", "save", "use", "pay", "change", "reset", "join", "eat",
+    "breathe", "focus", "afford", "go", "be", "do", "have", "make", "let"))
 _AFTER_PRONOUN = "(?:" + "|".join(f"(?<=\\b{p} )" for p in ("i", "you", "we", "he", "she", "it", "they")) + ")"
 _CONTRACTIONS: list[tuple[str, str, bool]] = [
     (r"whats", "what's", False),
@@ -117,10 +123,10 @@ _CONTRACTIONS: list[tuple[str, str, bool]] = [
     (r"hasnt", "hasn't", False),
     (r"youre", "you're", False),
     # "cant" and "wont" are words too (hypocritical talk; a habit, "as is his wont"): only beside a
-    # pronoun ("Why cant I", "it wont start")
-    (_NOT_OWNED + r"cant(?= (?:i|you|we|he|she|it|they)\b)|" + _AFTER_PRONOUN + "cant", "can't", False),
-    (_NOT_OWNED + r"wont(?= (?:i|you|we|he|she|it|they|my|your|the|this)\b)|" + _AFTER_PRONOUN + "wont", "won't",
-     False),
+    # pronoun ("Why cant I", "it wont start"), or before a determiner or an everyday verb ("Why cant my
+    # phone connect", "cant find my printer", "wont charge", "cant Windows find": a re-check QA's finds)
+    (_NOT_OWNED + r"cant(?= (?:(?-i:[A-Z])|(?:" + _AFTER_CANT + r")\b))|" + _AFTER_PRONOUN + "cant", "can't", False),
+    (_NOT_OWNED + r"wont(?= (?:(?-i:[A-Z])|(?:" + _AFTER_CANT + r")\b))|" + _AFTER_PRONOUN + "wont", "won't", False),
 ]
 
 # A short form stands alone: not after a word character, a dot, a path, an option or a sigil, and not

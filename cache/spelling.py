@@ -71,7 +71,7 @@ _TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 _SAME_ASKED = [
     (re.compile(r"(?<!ty )(?<!ty-)\bone(?=\s+(?:" + "|".join(sorted(
         w for w in lx.UNIT_OF if w.isalpha() and len(w) > 2 and (w not in lx.WEAK_UNITS or w == "cup"))) + r")\b)", re.I), "a"),
-    (re.compile(r"\bmost recent\b", re.I), "latest"),
+    (re.compile(r"\b(?:most recent|newest)\b", re.I), "latest"),
     (re.compile(r"\b(?:fix|correct)(?= (?:the |my |this |any )?(?:grammar|spelling|typos?)\b)", re.I), "proofread"),
     (re.compile(r"\b(?:different|differs?) (?=from\b|than\b)", re.I), "differ "),
     (re.compile(r"\b(how (?:do|would|can|could|should) (?:i|you|we|one) )say\b(?=[^.?!]{0,200}?\bin (?:"

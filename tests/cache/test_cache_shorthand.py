@@ -28,6 +28,8 @@ from cache.verifier import Verifier
     ("Why cant I sleep?", "Why can't I sleep?"),  # beside a pronoun only (a QA's find)
     ("it wont start", "it won't start"),
     ("Why wont my laptop turn on?", "Why won't my laptop turn on?"),
+    ("Why cant Windows find my printer?", "Why can't Windows find my printer?"),  # (a re-check QA's finds)
+    ("My phone wont charge", "My phone won't charge"),
 ])
 def test_shorthand_is_written_out(text, out):
     assert written_out(text) == out
