@@ -47,7 +47,8 @@ and "qa14" (a second QA's 106 hard negatives and 37 paraphrases against that sec
 of a continent or a machine, "latest" / "last", other meanings of AI, ML, hr, "cant", titles that
 open with a greeting, leading clauses over rules and advice; the third was written from its finds),
 and "heldout13" (160 pairs written blind to the code, the sets and the README: paraphrases, and hard
-negatives in twelve kinds, tense among them; the tense rule was written from its false hits).
+negatives in twelve kinds, tense among them; the tense rule was written from its false hits) and
+"qa15" (a re-check QA's 155 pairs against that rule's first version and the day's other rules).
 "original"
 is the first four splits, the 282 pairs before "qa".
 
