@@ -318,7 +318,7 @@ class SemanticCache:
         dim = self.embedder.dim
         self._space = getattr(self.embedder, "space", "")  # (read by ``ready`` on the embedder's thread)
         if not self.verifier.has_vocab:  # (on the reader: its memo is cleared)
-            await self._read(self.verifier.set_vocab, self.embedder.vocab())
+            await self._read(self.verifier.set_vocab, await self.embedder.read_vocab())
         mode = self._index_mode
         if mode == "auto":
             mode = "ft" if await self._io(has_query_engine(self.redis)) else "local"
