@@ -357,7 +357,7 @@ hour/hourly while/during pregnant/pregnancy best/ideal/top correct/right/proper 
 strange/weird/odd kid/kids/child/children easy/simple pick/choose/select symptom/sign baby/infant
 subscription/membership cut/chop end/terminate/cancel exercise/workout glasses/spectacles
 licence/license tyre/tire centre/center theatre/theater metre/meter litre/liter fibre/fiber grey/gray
-mould/mold analyse/analyze several/multiple/various latest/newest""".split()
+mould/mold analyse/analyze several/multiple/various""".split()
 
 
 # The qualifier guard (``cache/substitution.py``: one question is the other with words added).

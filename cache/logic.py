@@ -83,16 +83,16 @@ _FAVOURS = frozenset("please explain tell help recommend give write show list de
                      "summarise translate provide make create check fix find name compare define outline "
                      "draft generate rewrite teach clarify elaborate walk mind proofread correct edit "
                      "calculate convert solve review".split())
-# a short clause put before a "how do / can I" question ("In JavaScript, how can I ...?"), itself with
-# no modal; not "how many / soon / old ... can I", an amount the modal changes, "where can / should I
-# drive", a place allowed or advised, nor "In chess, how can / should a pawn move?", the rules or
-# advice (a QA's finds)
 # a way asked at the start, for a person: "How do / can / should I (beginners, someone, my child) ...?",
 # whatever the modal; not "How can / should a pawn move?", the rules or advice about a thing
 _WAY_ASKED = re.compile(r"^\W*how\s+(?:do|does|did|can|could|should|would|will|must|may|might|shall)\s+"
                         r"(?:i|we|you|u|one|someone|somebody|anyone|anybody|everyone|people|(?:a\s+)?(?:beginner|"
                         r"person|student|parent|kid|child|adult|teen|teenager|newbie|developer|user)s?|children|"
                         r"(?:my|your|our|his|her|their)\s+\w+)\b")
+# a short clause put before a "how do / can I" question ("In JavaScript, how can I ...?"), itself with
+# no modal; not "how many / soon / old ... can I", an amount the modal changes, "where can / should I
+# drive", a place allowed or advised, nor "In chess, how can / should a pawn move?", the rules or
+# advice (a QA's finds)
 _WAY_AFTER_CLAUSE = re.compile(r"^(?![^,]*\b(?:can|could|may|might|must|shall|should|ought|need|have to)\b)[^.?!;,]{0,60},"
                                r"\s*how\s+(?:do|does|can)\s+(?:i|we|you|one)\b")
 # "can I" asks what may be done as well as what can: it matches either (``logic_apart``)

@@ -65,8 +65,7 @@ _TIME_OF_DAY = re.compile(r"(?<=\d)\s*([ap])\.?m\b\.?", re.I)
 # before an everyday word that is a unit too: "one day per line"); fixing grammar or spelling is
 # proofreading ("fix" is a task of its own on code); "how are X different from Y" compares; and "how
 # do I say X in French" translates (not "What did de Gaulle say in French?": a QA's find). "The most
-# recent" is "the latest" (a QA's find, qa13 and qa14; "newest" is their synonym), but neither is
-# "the last": the last is also the final one (an earlier QA's find). "One cup" is "a cup" (a QA's
+# recent" and "the newest" are "the latest" (a QA's find, qa13 and qa14), but none is "the last": the last is also the final one (an earlier QA's find). "One cup" is "a cup" (a QA's
 # find), though a cup is a weak unit elsewhere (the World Cup).
 _SAME_ASKED = [
     (re.compile(r"(?<!ty )(?<!ty-)\bone(?=\s+(?:" + "|".join(sorted(

@@ -24,13 +24,12 @@ def _url() -> str:
         return url
     from pydantic import ValidationError
 
-    from gateway.settings import Settings
+    from gateway.settings import Settings, settings_errors
 
     try:
         return Settings().database_url
-    except ValidationError as exc:  # (one line naming each setting, never the values: a URL's password)
-        raise SystemExit("error: invalid settings: " + "; ".join(
-            f"PAGEGATE_{str(e['loc'][0]).upper() if e['loc'] else '?'}: {e['msg']}" for e in exc.errors())) from None
+    except ValidationError as exc:  # (one line, as `pagegate serve` prints it: never the values, a URL's password)
+        raise SystemExit(f"error: invalid settings: {settings_errors(exc)}") from None
 
 
 def _do_run(connection) -> None:  # noqa: ANN001 - sync Connection
